@@ -1,0 +1,20 @@
+//! Compiles `proto/` with the pure-Rust `protox` compiler, so building ringlimit
+//! needs no `protoc` on the machine. The descriptor set is also written out for
+//! gRPC server reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/ringlimit.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("ringlimit_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}
