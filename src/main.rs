@@ -1,1 +1,304 @@
-fn main() {}
+//! The `ringlimit` binary: clap → config → `node::run(config, shutdown)`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use ringlimit::config::node::{NodeConfig, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN};
+use ringlimit::config::rules::RuleSet;
+use ringlimit::proto::rate_limiter_client::RateLimiterClient;
+use ringlimit::proto::{CheckRequest, CheckResponse};
+
+/// A self-contained clustered rate limiter.
+#[derive(Parser)]
+#[command(name = "ringlimit", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node (defaults: gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421,
+    /// built-in rule: sliding window counter, 100 per 60 s).
+    Serve(ServeArgs),
+    /// Ask a node whether one request may proceed.
+    Check(CheckArgs),
+    /// Rule file tools.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// gRPC address to listen on.
+    #[arg(long, default_value = DEFAULT_LISTEN, env = "RINGLIMIT_LISTEN")]
+    listen: SocketAddr,
+    /// Address of the Prometheus /metrics port.
+    #[arg(long, default_value = DEFAULT_METRICS_LISTEN, env = "RINGLIMIT_METRICS_LISTEN")]
+    metrics_listen: SocketAddr,
+    /// Do not serve /metrics.
+    #[arg(long)]
+    no_metrics: bool,
+    /// Rule file (TOML); re-read when it changes. Without it, the built-in default.
+    #[arg(long, env = "RINGLIMIT_RULES")]
+    rules: Option<PathBuf>,
+    /// This node's id in answers (default: ringlimit-<hostname or pid>).
+    #[arg(long, env = "RINGLIMIT_NODE_ID")]
+    node_id: Option<String>,
+    /// Number of shard actors (default: number of cores).
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Most keys this node holds; beyond it the soonest-expiring are evicted (and counted).
+    #[arg(long, default_value_t = 1_000_000)]
+    max_keys: usize,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// Node to ask (host:port or http://host:port).
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    addr: String,
+    /// Client key (who is limited).
+    #[arg(long)]
+    key: String,
+    /// Route, e.g. "POST /v1/charges".
+    #[arg(long)]
+    route: String,
+    /// Units to consume (the node refuses 0 and negatives).
+    #[arg(long, allow_negative_numbers = true)]
+    cost: Option<i64>,
+    /// Tier for rule matching.
+    #[arg(long)]
+    tier: Option<String>,
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+    /// Also print the HTTP headers a gateway should send.
+    #[arg(long)]
+    headers: bool,
+}
+
+#[derive(Subcommand)]
+enum RulesCommand {
+    /// Validate a rule file; prints every problem, naming rule and field.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check(args) => runtime().and_then(|rt| rt.block_on(check(args))),
+        Command::Rules {
+            command: RulesCommand::Check { file },
+        } => rules_check(&file),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let mut config = NodeConfig {
+        listen: args.listen,
+        metrics_listen: (!args.no_metrics).then_some(args.metrics_listen),
+        rules_path: args.rules,
+        ..NodeConfig::default()
+    };
+    if let Some(id) = args.node_id {
+        config.node_id = id;
+    }
+    if let Some(shards) = args.shards {
+        config.shards.shards = shards;
+    }
+    config.shards.max_keys = args.max_keys;
+    runtime()?.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let signal = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown signal received");
+            signal.cancel();
+        });
+        ringlimit::node::run(config, shutdown).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let addr = if args.addr.contains("://") {
+        args.addr.clone()
+    } else {
+        format!("http://{}", args.addr)
+    };
+    let mut client = RateLimiterClient::connect(addr.clone())
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let request = CheckRequest {
+        key: args.key,
+        route: args.route,
+        cost: args.cost,
+        tier: args.tier,
+        descriptors: Vec::new(),
+    };
+    let answer = match client.check(request).await {
+        Ok(answer) => answer.into_inner(),
+        Err(status) => {
+            eprintln!("refused ({:?}): {}", status.code(), status.message());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let now_ms = ringlimit::clock::Clock::now_ms(&ringlimit::clock::SystemClock);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&answer_json(&answer, now_ms, args.headers))?
+        );
+    } else {
+        println!("{}", answer_line(&answer));
+        if args.headers {
+            for (name, value) in ringlimit::client::headers(&answer, now_ms) {
+                println!("  {name}: {value}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn answer_line(a: &CheckResponse) -> String {
+    let decider = a
+        .decider
+        .as_ref()
+        .map(|d| format!("{}@{}", d.node_id, d.generation))
+        .unwrap_or_default();
+    let verdict = if a.allowed { "allowed" } else { "denied " };
+    let mut line = format!(
+        "{verdict} limit={} remaining={} retry_after_ms={} reset_at={} rule={} decider={decider} seq={}",
+        a.limit, a.remaining, a.retry_after_ms, a.reset_at, a.rule, a.sequence
+    );
+    if !a.allowed {
+        line.push_str(&format!(
+            " (Retry-After: {} s)",
+            ringlimit::client::ceil_secs(a.retry_after_ms)
+        ));
+    }
+    if a.delay_ms > 0 {
+        line.push_str(&format!(" delay_ms={}", a.delay_ms));
+    }
+    line
+}
+
+fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json::Value {
+    let descriptors: Vec<_> = a
+        .descriptors
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "key": d.key, "route": d.route, "allowed": d.allowed, "limit": d.limit,
+                "remaining": d.remaining, "retry_after_ms": d.retry_after_ms,
+                "reset_at": d.reset_at, "rule": d.rule, "algorithm": d.algorithm,
+                "window_id": d.window_id, "sequence": d.sequence, "refunded": d.refunded,
+                "delay_ms": d.delay_ms,
+            })
+        })
+        .collect();
+    let mut value = serde_json::json!({
+        "allowed": a.allowed,
+        "limit": a.limit,
+        "remaining": a.remaining,
+        "retry_after_ms": a.retry_after_ms,
+        "retry_after_s": ringlimit::client::ceil_secs(a.retry_after_ms),
+        "reset_at": a.reset_at,
+        "rule": a.rule,
+        "decider": a.decider.as_ref().map(|d| serde_json::json!({"node_id": d.node_id, "generation": d.generation})),
+        "window_id": a.window_id,
+        "sequence": a.sequence,
+        "degraded": a.degraded,
+        "delay_ms": a.delay_ms,
+        "descriptors": descriptors,
+    });
+    if with_headers {
+        let headers: serde_json::Map<_, _> = ringlimit::client::headers(a, now_ms)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
+            .collect();
+        value["headers"] = serde_json::Value::Object(headers);
+    }
+    value
+}
+
+fn rules_check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
+    match RuleSet::load(file) {
+        Ok(rules) => {
+            println!("{}: ok, {} rules", file.display(), rules.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("{}: invalid\n{error}", file.display());
+            Ok(ExitCode::from(1))
+        }
+    }
+}

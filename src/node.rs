@@ -1,0 +1,309 @@
+//! The composition root: the one place that knows every subsystem.
+//!
+//! [`start`] binds the listeners, loads the rules, spawns the shard actors, the rule
+//! watcher, the gRPC server and the metrics port, and returns a [`RunningNode`] with
+//! the bound addresses (tests start nodes on port 0). [`run`] is what `ringlimit serve`
+//! calls: start, wait for the caller's shutdown token, drain.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::node::NodeConfig;
+use crate::config::rules::{RuleSet, RulesError};
+use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::server::{Checker, Decider, RateLimitService, SharedRules};
+use crate::shard::Shards;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A setting is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The rule file is missing or invalid at start (a running node keeps its rules
+    /// on a bad reload instead).
+    #[error("rules: {0}")]
+    Rules(#[from] RulesError),
+    /// gRPC reflection could not read our descriptor set.
+    #[error("reflection: {0}")]
+    Reflection(String),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Serve(String),
+}
+
+/// A started node.
+#[derive(Debug)]
+pub struct RunningNode {
+    /// The bound gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// The bound metrics address, if any.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Who this node says decided.
+    pub decider: Decider,
+    /// The node's shard actors (tests inspect key counts through it).
+    pub shards: Shards,
+    /// The live rule set.
+    pub rules: SharedRules,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl RunningNode {
+    /// Stop serving and wait for every task to finish.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// Wait until the node has stopped (its token was cancelled).
+    pub async fn stopped(self) {
+        self.cancel.cancelled().await;
+        self.shutdown().await;
+    }
+}
+
+/// Start a node with the system clock; it stops when `shutdown` is cancelled.
+pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<(), NodeError> {
+    let node = start_with_clock(config, Arc::new(SystemClock), shutdown).await?;
+    tracing::info!(
+        node_id = %node.decider.node_id,
+        grpc = %node.grpc_addr,
+        metrics = ?node.metrics_addr,
+        "ringlimit node serving"
+    );
+    node.stopped().await;
+    tracing::info!("ringlimit node stopped");
+    Ok(())
+}
+
+/// Start a node with the system clock.
+pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
+    start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await
+}
+
+/// Start a node reading time from `clock` (tests pass a `ManualClock`).
+pub async fn start_with_clock(
+    config: NodeConfig,
+    clock: Arc<dyn Clock>,
+    cancel: CancellationToken,
+) -> Result<RunningNode, NodeError> {
+    config.validate().map_err(NodeError::Config)?;
+    // Install the recorder before any metric handle is created: handles made
+    // earlier would be bound to the no-op recorder for good.
+    metrics_handle();
+    let rules = match &config.rules_path {
+        Some(path) => RuleSet::load(path)?,
+        None => RuleSet::builtin(),
+    };
+    tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
+    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
+
+    let grpc = bind(config.listen).await?;
+    let grpc_addr = grpc.local_addr().map_err(|source| NodeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let metrics = match config.metrics_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+
+    let tracker = TaskTracker::new();
+    let decider = Decider {
+        node_id: Arc::from(config.node_id.as_str()),
+        generation: generation(),
+    };
+    let shards = Shards::spawn(
+        &config.shards,
+        clock,
+        Arc::new(AtomicU64::new(0)),
+        &tracker,
+        cancel.clone(),
+    );
+
+    if let Some(path) = config.rules_path.clone() {
+        tracker.spawn(watch_rules(
+            path,
+            config.rules_poll,
+            rules.clone(),
+            cancel.clone(),
+        ));
+    }
+    if let Some(listener) = metrics {
+        tracker.spawn(serve_metrics(listener, cancel.clone()));
+    }
+
+    let service =
+        RateLimitService::new(Checker::new(shards.clone()), rules.clone(), decider.clone());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimiterServer<RateLimitService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(RateLimiterServer::new(service))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc),
+            cancel.clone().cancelled_owned(),
+        );
+    let server_cancel = cancel.clone();
+    tracker.spawn(async move {
+        if let Err(error) = server.await {
+            tracing::error!(%error, "gRPC server failed");
+            server_cancel.cancel();
+        }
+    });
+
+    Ok(RunningNode {
+        grpc_addr,
+        metrics_addr,
+        decider,
+        shards,
+        rules,
+        cancel,
+        tracker,
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| NodeError::Bind { addr, source })
+}
+
+/// Start time in nanoseconds: increases on every restart, so a restarted node is
+/// told apart from its previous life in every answer it gives.
+fn generation() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// The process-wide Prometheus recorder. `metrics` has one global recorder, so nodes
+/// started in one test process share it.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_duration_seconds".into()),
+                &[
+                    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
+                    0.1, 0.25, 1.0,
+                ],
+            )
+            .expect("non-empty buckets");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder is installed (an embedding program's): then
+        // our handle renders nothing, which is that program's choice.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
+    let handle = metrics_handle();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || async move { handle.render() }),
+    );
+    let upkeep = {
+        let cancel = cancel.clone();
+        async move {
+            // The exporter's histograms need periodic upkeep to drain their buffers.
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        }
+    };
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let (result, ()) = tokio::join!(server, upkeep);
+    if let Err(error) = result {
+        tracing::error!(%error, "metrics server failed");
+    }
+}
+
+/// Re-read the rule file every `every`; swap in a new rule set when its contents
+/// change and parse cleanly. A broken edit is logged and counted, and the node keeps
+/// deciding with its previous rules: a typo must not turn limiting off.
+async fn watch_rules(
+    path: PathBuf,
+    every: Duration,
+    rules: SharedRules,
+    cancel: CancellationToken,
+) {
+    let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
+    let failures = metrics::counter!("ringlimit_rules_reloads_total", "result" => "error");
+    let mut last = tokio::fs::read(&path).await.ok();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let current = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                if last.is_some() {
+                    tracing::error!(path = %path.display(), %error, "cannot read rule file; keeping current rules");
+                    failures.increment(1);
+                    last = None;
+                }
+                continue;
+            }
+        };
+        if last.as_deref() == Some(current.as_slice()) {
+            continue;
+        }
+        last = Some(current.clone());
+        let parsed = std::str::from_utf8(&current)
+            .map_err(|e| format!("not UTF-8: {e}"))
+            .and_then(|text| RuleSet::from_toml_str(text).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(new) => {
+                tracing::info!(path = %path.display(), rules = new.len(), "rules reloaded");
+                rules.store(Arc::new(new));
+                reloads.increment(1);
+            }
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "invalid rule file; keeping current rules");
+                failures.increment(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! Shard actors: where decisions are made, one key at a time, without locks.
+//!
+//! A node runs N shard tasks (default: one per core). Each owns a [`Store`] by value
+//! and is fed by a bounded channel; a client key always hashes to the same shard, so
+//! every check of one key is decided sequentially by one task. That sequential order
+//! is what makes a decision atomic (the role the Lua script plays in the design
+//! reference), and it is why no counter state is ever behind a lock.
+//!
+//! Data flows: server → [`Shards::check`] (groups items by shard, one message per
+//! shard) → actor loop (drains its inbox in batches, reads the clock once per batch,
+//! decides each item) → oneshot reply.
+//!
+//! A full inbox is an explicit [`ShardError::Overloaded`] answer, never an unbounded
+//! queue: a limiter that queues without bound under overload stops protecting anything.
+
+pub mod store;
+
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::Gauge;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::clock::{Clamped, Clock};
+use crate::config::rules::Rule;
+pub use store::{Churn, Counter, StateKey, Store};
+
+/// Seed for the shard-selection hash. Distinct from the ring's, so a node's keys
+/// (which share ring ranges) still spread evenly over its shards.
+const SHARD_SEED: u64 = 0x5348_4152_445f_7631; // "SHARD_v1"
+
+/// Most commands one actor wake-up drains before deciding them.
+const DRAIN_BATCH: usize = 256;
+
+/// Settings of the shard set.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    /// Number of shard actors.
+    pub shards: usize,
+    /// Commands an inbox holds before checks are answered `Overloaded`.
+    pub inbox: usize,
+    /// Keys the whole node holds at most; each shard gets an equal share.
+    pub max_keys: usize,
+    /// How often each shard sweeps a slice of its keys for expired state.
+    pub expiry_tick: Duration,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        Self {
+            shards: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            inbox: 4096,
+            max_keys: 1_000_000,
+            expiry_tick: Duration::from_millis(100),
+        }
+    }
+}
+
+/// One descriptor to decide.
+#[derive(Debug, Clone)]
+pub struct CheckItem {
+    /// The rule that matched (name, numbers, algorithm).
+    pub rule: Arc<Rule>,
+    /// The client key.
+    pub client: Arc<str>,
+    /// The route as sent (part of the counter's identity).
+    pub route: Arc<str>,
+    /// Units to consume.
+    pub cost: NonZeroU64,
+}
+
+impl CheckItem {
+    /// The store's view of this item: which counter, under which numbers.
+    pub fn counter(&self) -> Counter<'_> {
+        Counter {
+            rule: &self.rule.name,
+            fingerprint: self.rule.fingerprint,
+            limiter: &self.rule.limiter,
+            client: self.client.as_bytes(),
+            route: &self.route,
+        }
+    }
+}
+
+/// The shard's answer for one item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The algorithm's verdict and numbers.
+    pub decision: Decision,
+    /// Node-wide sequence number of this decision.
+    pub sequence: u64,
+    /// The (clamped) time the decision was made at; a refund must quote it.
+    pub at: Millis,
+}
+
+/// An admitted item to give back.
+#[derive(Debug, Clone)]
+pub struct RefundItem {
+    /// The item as it was checked.
+    pub item: CheckItem,
+    /// [`Outcome::at`] of its admission.
+    pub at: Millis,
+}
+
+/// Why a shard could not answer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ShardError {
+    /// The shard's inbox is full: the node is overloaded.
+    #[error("shard {0} is overloaded (inbox full)")]
+    Overloaded(usize),
+    /// The shard has stopped (node shutting down).
+    #[error("shard {0} has stopped")]
+    Stopped(usize),
+}
+
+enum Command {
+    Check {
+        items: Vec<CheckItem>,
+        reply: oneshot::Sender<Vec<Outcome>>,
+    },
+    Refund {
+        items: Vec<RefundItem>,
+    },
+    Len {
+        reply: oneshot::Sender<usize>,
+    },
+}
+
+/// Cloneable handle to every shard actor of a node.
+#[derive(Clone, Debug)]
+pub struct Shards {
+    inboxes: Arc<[mpsc::Sender<Command>]>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command")
+    }
+}
+
+impl Shards {
+    /// Spawn the shard actors on `tracker`; they stop when `cancel` fires.
+    ///
+    /// `sequence` is the node-wide decision counter, shared so every answer of this
+    /// node carries a distinct, increasing sequence number.
+    pub fn spawn(
+        config: &ShardConfig,
+        clock: Arc<dyn Clock>,
+        sequence: Arc<AtomicU64>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let shards = config.shards.max(1);
+        let per_shard_cap = config.max_keys.div_ceil(shards).max(1);
+        let inboxes: Vec<_> = (0..shards)
+            .map(|index| {
+                let (tx, rx) = mpsc::channel(config.inbox.max(1));
+                let actor = Actor {
+                    index,
+                    store: Store::new(per_shard_cap, index as u64 + 1),
+                    clock: Clamped::new(clock.clone()),
+                    sequence: sequence.clone(),
+                    metrics: ShardMetrics::new(index),
+                    unlogged_evictions: 0,
+                    last_eviction_log: 0,
+                };
+                tracker.spawn(actor.run(rx, config.expiry_tick, cancel.clone()));
+                tx
+            })
+            .collect();
+        Self {
+            inboxes: inboxes.into(),
+        }
+    }
+
+    /// Number of shards.
+    pub fn len(&self) -> usize {
+        self.inboxes.len()
+    }
+
+    /// Always false: a node has at least one shard.
+    pub fn is_empty(&self) -> bool {
+        self.inboxes.is_empty()
+    }
+
+    /// The shard that owns `client`. Stable across restarts and processes (xxh3, fixed
+    /// seed), which matters once state is handed between nodes with equal shard counts.
+    pub fn shard_of(&self, client: &[u8]) -> usize {
+        (xxhash_rust::xxh3::xxh3_64_with_seed(client, SHARD_SEED) % self.inboxes.len() as u64)
+            as usize
+    }
+
+    /// Decide `items`; answers come back in the same order.
+    ///
+    /// Items are grouped so each shard gets one message; shards decide concurrently.
+    pub async fn check(&self, items: Vec<CheckItem>) -> Result<Vec<Outcome>, ShardError> {
+        if let [item] = items.as_slice() {
+            // The common case: one descriptor, one shard, no regrouping.
+            let shard = self.shard_of(item.client.as_bytes());
+            return self.ask(shard, items).await;
+        }
+        let mut groups: Vec<(Vec<usize>, Vec<CheckItem>)> = vec![Default::default(); self.len()];
+        for (position, item) in items.into_iter().enumerate() {
+            let group = &mut groups[self.shard_of(item.client.as_bytes())];
+            group.0.push(position);
+            group.1.push(item);
+        }
+        let total: usize = groups.iter().map(|g| g.0.len()).sum();
+        let mut pending = Vec::new();
+        for (shard, (positions, items)) in groups.into_iter().enumerate() {
+            if !items.is_empty() {
+                pending.push((positions, self.send_check(shard, items)?));
+            }
+        }
+        let mut answers: Vec<Option<Outcome>> = vec![None; total];
+        for (positions, (shard, reply)) in pending {
+            let outcomes = reply.await.map_err(|_| ShardError::Stopped(shard))?;
+            for (position, outcome) in positions.into_iter().zip(outcomes) {
+                answers[position] = Some(outcome);
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every item answered"))
+            .collect())
+    }
+
+    /// Give back admitted items. Waits until each shard has queued the refund, so a
+    /// refund is never silently dropped; it uses the blocking send because a refund
+    /// must not be lost to a momentarily full inbox.
+    pub async fn refund(&self, items: Vec<RefundItem>) -> Result<(), ShardError> {
+        let mut groups: Vec<Vec<RefundItem>> = vec![Vec::new(); self.len()];
+        for refund in items {
+            groups[self.shard_of(refund.item.client.as_bytes())].push(refund);
+        }
+        for (shard, items) in groups.into_iter().enumerate() {
+            if !items.is_empty() {
+                self.inboxes[shard]
+                    .send(Command::Refund { items })
+                    .await
+                    .map_err(|_| ShardError::Stopped(shard))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys held by every shard together.
+    pub async fn keys(&self) -> Result<usize, ShardError> {
+        let mut total = 0;
+        for (shard, inbox) in self.inboxes.iter().enumerate() {
+            let (reply, rx) = oneshot::channel();
+            inbox
+                .send(Command::Len { reply })
+                .await
+                .map_err(|_| ShardError::Stopped(shard))?;
+            total += rx.await.map_err(|_| ShardError::Stopped(shard))?;
+        }
+        Ok(total)
+    }
+
+    async fn ask(&self, shard: usize, items: Vec<CheckItem>) -> Result<Vec<Outcome>, ShardError> {
+        let (_, reply) = self.send_check(shard, items)?;
+        reply.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    fn send_check(
+        &self,
+        shard: usize,
+        items: Vec<CheckItem>,
+    ) -> Result<(usize, oneshot::Receiver<Vec<Outcome>>), ShardError> {
+        let (reply, rx) = oneshot::channel();
+        self.inboxes[shard]
+            .try_send(Command::Check { items, reply })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => ShardError::Overloaded(shard),
+                mpsc::error::TrySendError::Closed(_) => ShardError::Stopped(shard),
+            })?;
+        Ok((shard, rx))
+    }
+}
+
+/// Pre-registered metric handles: resolving a labelled metric by name on every check
+/// would cost a registry lookup on the hot path.
+struct ShardMetrics {
+    /// [allowed, denied] per algorithm, indexed by `algorithm_index`.
+    checks: [[metrics::Counter; 2]; 5],
+    keys: Gauge,
+    queue_depth: Gauge,
+    evictions: metrics::Counter,
+    expired: metrics::Counter,
+}
+
+const ALGORITHMS: [AlgorithmKind; 5] = [
+    AlgorithmKind::TokenBucket,
+    AlgorithmKind::LeakyBucket,
+    AlgorithmKind::FixedWindow,
+    AlgorithmKind::SlidingWindowLog,
+    AlgorithmKind::SlidingWindowCounter,
+];
+
+fn algorithm_index(kind: AlgorithmKind) -> usize {
+    ALGORITHMS.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+impl ShardMetrics {
+    fn new(index: usize) -> Self {
+        let shard = index.to_string();
+        let checks = ALGORITHMS.map(|kind| {
+            ["allowed", "denied"].map(|verdict| {
+                metrics::counter!("ringlimit_checks_total", "verdict" => verdict, "algorithm" => kind.as_str())
+            })
+        });
+        Self {
+            checks,
+            keys: metrics::gauge!("ringlimit_keys", "shard" => shard.clone()),
+            queue_depth: metrics::gauge!("ringlimit_shard_queue_depth", "shard" => shard.clone()),
+            evictions: metrics::counter!("ringlimit_evictions_total", "shard" => shard.clone()),
+            expired: metrics::counter!("ringlimit_expired_keys_total", "shard" => shard),
+        }
+    }
+}
+
+struct Actor {
+    index: usize,
+    store: Store,
+    clock: Clamped,
+    sequence: Arc<AtomicU64>,
+    metrics: ShardMetrics,
+    /// Evictions not yet logged, and when the last eviction line was written: one
+    /// warning per second per shard, however fast keys are evicted.
+    unlogged_evictions: u64,
+    last_eviction_log: Millis,
+}
+
+impl Actor {
+    /// The actor loop: the only `select!` of the shard (inbox, expiry tick, cancellation).
+    async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<Command>,
+        expiry_tick: Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut batch = Vec::with_capacity(DRAIN_BATCH);
+        let mut tick = tokio::time::interval(expiry_tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                received = inbox.recv_many(&mut batch, DRAIN_BATCH) => {
+                    if received == 0 {
+                        break;
+                    }
+                    self.metrics.queue_depth.set(inbox.len() as f64);
+                    // One clock read per drained batch: every item in it was waiting at
+                    // the same moment, and the read is not free.
+                    let now = self.clock.now_ms();
+                    for command in batch.drain(..) {
+                        self.handle(command, now);
+                    }
+                }
+                _ = tick.tick() => self.expire(),
+            }
+        }
+        tracing::debug!(shard = self.index, keys = self.store.len(), "shard stopped");
+    }
+
+    fn handle(&mut self, command: Command, now: Millis) {
+        match command {
+            Command::Check { items, reply } => {
+                let mut churn = Churn::default();
+                let outcomes = items
+                    .iter()
+                    .map(|item| {
+                        let (decision, c) = self.store.check(item.counter(), now, item.cost);
+                        churn += c;
+                        let algorithm = algorithm_index(item.rule.limiter.kind());
+                        self.metrics.checks[algorithm][usize::from(!decision.allowed)].increment(1);
+                        Outcome {
+                            decision,
+                            sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
+                            at: now,
+                        }
+                    })
+                    .collect();
+                self.record_churn(churn);
+                // The caller may have given up (deadline); its answer is simply dropped.
+                let _ = reply.send(outcomes);
+            }
+            Command::Refund { items } => {
+                for refund in items {
+                    self.store
+                        .refund(refund.item.counter(), refund.at, refund.item.cost);
+                }
+            }
+            Command::Len { reply } => {
+                let _ = reply.send(self.store.len());
+            }
+        }
+    }
+
+    fn expire(&mut self) {
+        let now = self.clock.now_ms();
+        // Examine a sixteenth of the keys per tick (at least 1024): a full pass every
+        // ~16 ticks, while one tick stays a sub-millisecond pause.
+        let budget = (self.store.len() / 16).max(1024);
+        let expired = self.store.expire(now, budget);
+        self.record_churn(Churn {
+            expired,
+            evicted: 0,
+        });
+    }
+
+    fn record_churn(&mut self, churn: Churn) {
+        if churn.expired > 0 {
+            self.metrics.expired.increment(churn.expired);
+        }
+        if churn.evicted > 0 {
+            self.metrics.evictions.increment(churn.evicted);
+            self.unlogged_evictions += churn.evicted;
+        }
+        if self.unlogged_evictions > 0
+            && self.clock.now_ms().saturating_sub(self.last_eviction_log) >= 1_000
+        {
+            // Eviction loses live counts: loud on purpose (design reference, Failure modes).
+            tracing::warn!(
+                shard = self.index,
+                evicted = self.unlogged_evictions,
+                cap = self.store.cap(),
+                "key cap reached: evicted live rate-limit state; raise --max-keys"
+            );
+            self.unlogged_evictions = 0;
+            self.last_eviction_log = self.clock.now_ms();
+        }
+        self.metrics.keys.set(self.store.len() as f64);
+    }
+}
