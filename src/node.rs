@@ -112,9 +112,17 @@ pub async fn start_with_clock(
     // Install the recorder before any metric handle is created: handles made
     // earlier would be bound to the no-op recorder for good.
     metrics_handle();
-    let rules = match &config.rules_path {
-        Some(path) => RuleSet::load(path)?,
-        None => RuleSet::builtin(),
+    // The bytes parsed at start are the watcher's baseline: reading them again inside
+    // the watcher task would miss an edit made between start and the task's first run.
+    let (rules, rules_bytes) = match &config.rules_path {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|source| RulesError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            (RuleSet::load(path)?, Some(bytes))
+        }
+        None => (RuleSet::builtin(), None),
     };
     tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
@@ -146,6 +154,7 @@ pub async fn start_with_clock(
     if let Some(path) = config.rules_path.clone() {
         tracker.spawn(watch_rules(
             path,
+            rules_bytes,
             config.rules_poll,
             rules.clone(),
             cancel.clone(),
@@ -262,13 +271,13 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
 /// deciding with its previous rules: a typo must not turn limiting off.
 async fn watch_rules(
     path: PathBuf,
+    mut last: Option<Vec<u8>>,
     every: Duration,
     rules: SharedRules,
     cancel: CancellationToken,
 ) {
     let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
     let failures = metrics::counter!("ringlimit_rules_reloads_total", "result" => "error");
-    let mut last = tokio::fs::read(&path).await.ok();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
