@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/ringlimit.proto"];
+    let protos = ["proto/ringlimit.proto", "proto/peer.proto"];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -21,8 +21,15 @@ use tokio_util::task::TaskTracker;
 use crate::clock::{Clock, SystemClock};
 use crate::config::node::NodeConfig;
 use crate::config::rules::{RuleSet, RulesError};
+use crate::deny_cache::DenyCache;
+use crate::membership::{ClusterView, Membership};
+use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
-use crate::server::{Checker, Decider, RateLimitService, SharedRules};
+use crate::server::forward::PeerPool;
+use crate::server::handoff::Handoff;
+use crate::server::peer::PeerService;
+use crate::server::router::{Inherited, Router};
+use crate::server::{Decider, RateLimitService, SharedRules};
 use crate::shard::Shards;
 
 /// Why a node could not start.
@@ -46,53 +53,96 @@ pub enum NodeError {
     /// gRPC reflection could not read our descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
-    Serve(String),
+    /// Gossip membership could not start.
+    #[error("membership: {0}")]
+    Membership(String),
 }
 
 /// A started node.
-#[derive(Debug)]
 pub struct RunningNode {
     /// The bound gRPC address.
     pub grpc_addr: SocketAddr,
     /// The bound metrics address, if any.
     pub metrics_addr: Option<SocketAddr>,
+    /// The bound gossip address (give it to other nodes as a seed).
+    pub gossip_addr: SocketAddr,
     /// Who this node says decided.
     pub decider: Decider,
     /// The node's shard actors (tests inspect key counts through it).
     pub shards: Shards,
     /// The live rule set.
     pub rules: SharedRules,
+    /// The routing layer (cluster view, forwarding).
+    pub router: Arc<Router>,
+    membership: Membership,
+    handoff: Handoff,
+    leave_settle: Duration,
     cancel: CancellationToken,
     tracker: TaskTracker,
 }
 
+impl std::fmt::Debug for RunningNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningNode")
+            .field("node_id", &self.decider.node_id)
+            .field("grpc_addr", &self.grpc_addr)
+            .field("gossip_addr", &self.gossip_addr)
+            .finish()
+    }
+}
+
 impl RunningNode {
-    /// Stop serving and wait for every task to finish.
+    /// The current cluster view as this node sees it.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.router.view()
+    }
+
+    /// Stop at once, without telling anyone: to the cluster this looks like a crash
+    /// (its keys restart from empty on their new owners).
     pub async fn shutdown(self) {
         self.cancel.cancel();
+        self.membership.shutdown().await;
         self.tracker.close();
         self.tracker.wait().await;
     }
 
-    /// Wait until the node has stopped (its token was cancelled).
-    pub async fn stopped(self) {
-        self.cancel.cancelled().await;
+    /// Leave gracefully: announce leaving (every ring drops this node, its own too),
+    /// keep answering while the cluster converges, push the state of every key it
+    /// holds to the key's new owner, then stop. Nothing is lost.
+    pub async fn leave(self) {
+        tracing::info!(node_id = %self.decider.node_id, "leaving: announcing and handing state over");
+        self.membership.announce_leaving().await;
+        // The handoff watcher pushes as soon as our own ring drops us; checks that
+        // peers forward to us before they converge are still decided here, so push
+        // once more after the settle time to catch the keys they touched.
+        tokio::time::sleep(self.leave_settle).await;
+        let view = self.router.view();
+        let installed = self.handoff.push_away(&view).await;
+        tracing::info!(installed, "left the cluster");
         self.shutdown().await;
+    }
+
+    /// Wait until `cancel` fires, then leave gracefully.
+    pub async fn serve_until(self, cancel: CancellationToken) {
+        tokio::select! {
+            _ = cancel.cancelled() => self.leave().await,
+            _ = self.cancel.cancelled() => self.shutdown().await,
+        }
     }
 }
 
-/// Start a node with the system clock; it stops when `shutdown` is cancelled.
+/// Start a node with the system clock; when `shutdown` is cancelled it leaves the
+/// cluster gracefully (state handed over) and stops.
 pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<(), NodeError> {
-    let node = start_with_clock(config, Arc::new(SystemClock), shutdown).await?;
+    let node = start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await?;
     tracing::info!(
         node_id = %node.decider.node_id,
         grpc = %node.grpc_addr,
+        gossip = %node.gossip_addr,
         metrics = ?node.metrics_addr,
         "ringlimit node serving"
     );
-    node.stopped().await;
+    node.serve_until(shutdown).await;
     tracing::info!("ringlimit node stopped");
     Ok(())
 }
@@ -132,6 +182,12 @@ pub async fn start_with_clock(
         addr: config.listen,
         source,
     })?;
+    let advertise = config.advertise.unwrap_or(grpc_addr);
+    if advertise.ip().is_unspecified() {
+        return Err(NodeError::Config(format!(
+            "listening on {grpc_addr}: set --advertise to the address peers should use"
+        )));
+    }
     let metrics = match config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
@@ -139,17 +195,56 @@ pub async fn start_with_clock(
     let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
 
     let tracker = TaskTracker::new();
+    let generation = crate::membership::generation_now();
     let decider = Decider {
         node_id: Arc::from(config.node_id.as_str()),
-        generation: generation(),
+        generation,
     };
+    let membership = Membership::start(
+        config.membership(generation, advertise),
+        cancel.child_token(),
+    )
+    .await
+    .map_err(|e| NodeError::Membership(e.to_string()))?;
+    let gossip_addr = membership.gossip_addr();
+
     let shards = Shards::spawn(
         &config.shards,
-        clock,
+        clock.clone(),
         Arc::new(AtomicU64::new(0)),
         &tracker,
         cancel.clone(),
     );
+    let mut forward = config.forward.clone();
+    if forward.local_ip.is_none() && !grpc_addr.ip().is_unspecified() {
+        // Outbound peer traffic leaves from this node's own address, so partition
+        // rules written against a node's address hold in both directions.
+        forward.local_ip = Some(grpc_addr.ip());
+    }
+    let peers = PeerPool::new(
+        decider.node_id.clone(),
+        forward,
+        tracker.clone(),
+        cancel.clone(),
+    );
+    let inherited = Arc::new(Inherited::default());
+    let router = Arc::new(Router::new(
+        decider.clone(),
+        shards.clone(),
+        membership.view(),
+        peers.clone(),
+        DenyCache::new(config.deny_cache),
+        clock.clone(),
+        inherited.clone(),
+    ));
+    let handoff = Handoff::new(
+        decider.node_id.clone(),
+        shards.clone(),
+        peers,
+        inherited,
+        clock,
+    );
+    tracker.spawn(handoff.clone().watch(membership.view(), cancel.clone()));
 
     if let Some(path) = config.rules_path.clone() {
         tracker.spawn(watch_rules(
@@ -164,8 +259,8 @@ pub async fn start_with_clock(
         tracker.spawn(serve_metrics(listener, cancel.clone()));
     }
 
-    let service =
-        RateLimitService::new(Checker::new(shards.clone()), rules.clone(), decider.clone());
+    let service = RateLimitService::new(router.clone(), rules.clone());
+    let peer_service = PeerService::new(router.clone(), rules.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimiterServer<RateLimitService>>()
@@ -176,9 +271,11 @@ pub async fn start_with_clock(
         .build_v1()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimiterServer::new(service))
+        .add_service(PeerServer::new(peer_service))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc),
             cancel.clone().cancelled_owned(),
@@ -194,9 +291,14 @@ pub async fn start_with_clock(
     Ok(RunningNode {
         grpc_addr,
         metrics_addr,
+        gossip_addr,
         decider,
         shards,
         rules,
+        router,
+        membership,
+        handoff,
+        leave_settle: config.leave_settle,
         cancel,
         tracker,
     })
@@ -206,14 +308,6 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| NodeError::Bind { addr, source })
-}
-
-/// Start time in nanoseconds: increases on every restart, so a restarted node is
-/// told apart from its previous life in every answer it gives.
-fn generation() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 /// The process-wide Prometheus recorder. `metrics` has one global recorder, so nodes

@@ -6,6 +6,11 @@
 
 tonic::include_proto!("ringlimit.v1");
 
+/// The node-to-node API (`proto/peer.proto`).
+pub mod peer {
+    tonic::include_proto!("ringlimit.peer.v1");
+}
+
 /// Encoded `FileDescriptorSet` of our protos, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/ringlimit_descriptor.bin"));

@@ -36,17 +36,17 @@ use super::{
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
-    limit: u64,
-    window_ms: u64,
+    pub(super) limit: u64,
+    pub(super) window_ms: u64,
 }
 
 /// Per-key fixed window state: 16 bytes. `Default` is window 0 with nothing counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FixedWindowState {
     /// Newest window index seen (never decreases).
-    idx: u64,
+    pub(super) idx: u64,
     /// Units admitted in window `idx` (`<= limit`).
-    count: u64,
+    pub(super) count: u64,
 }
 
 impl FixedWindow {

@@ -60,13 +60,13 @@ pub enum GcraMode {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gcra {
-    mode: GcraMode,
+    pub(super) mode: GcraMode,
     /// Units per period; also the number of scaled units per ms.
-    limit: u64,
+    pub(super) limit: u64,
     /// Emission interval `T` in scaled units (equal to the period in ms).
-    period_ms: u64,
+    pub(super) period_ms: u64,
     /// `burst` (meter) or `queue_depth + 1` (shaper).
-    capacity: u64,
+    pub(super) capacity: u64,
 }
 
 /// Per-key GCRA state: the schedule plus the newest admission instant.
@@ -77,9 +77,9 @@ pub struct Gcra {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcraState {
     /// Theoretical arrival time in scaled units (ms × limit).
-    tat: u128,
+    pub(super) tat: u128,
     /// Highest `now` at which a check was admitted.
-    last_admit: Millis,
+    pub(super) last_admit: Millis,
 }
 
 impl Gcra {

@@ -68,6 +68,8 @@ use std::time::Duration;
 
 mod fixed_window;
 mod gcra;
+mod merge;
+mod portable;
 mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
@@ -169,6 +171,25 @@ pub enum AlgorithmKind {
 }
 
 impl AlgorithmKind {
+    /// Every kind, in a fixed order (metric handles are indexed by it).
+    pub const ALL: [AlgorithmKind; 5] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::LeakyBucket,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindowLog,
+        AlgorithmKind::SlidingWindowCounter,
+    ];
+
+    /// The kind named by [`AlgorithmKind::as_str`]'s spelling.
+    pub fn parse(name: &str) -> Option<AlgorithmKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// Position in [`AlgorithmKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The snake_case name used in rule files and metric labels; `&'static` so labelling a
     /// metric never allocates.
     ///

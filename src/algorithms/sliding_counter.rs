@@ -45,19 +45,19 @@ use super::{
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingCounter {
-    limit: u64,
-    window_ms: u64,
+    pub(super) limit: u64,
+    pub(super) window_ms: u64,
 }
 
 /// Per-key sliding counter state: 24 bytes. `Default` is window 0 with both counters empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingCounterState {
     /// Newest window index seen (never decreases).
-    idx: u64,
+    pub(super) idx: u64,
     /// Units admitted in window `idx - 1`.
-    prev: u64,
+    pub(super) prev: u64,
     /// Units admitted in window `idx` (`<= limit`).
-    curr: u64,
+    pub(super) curr: u64,
 }
 
 impl SlidingCounter {

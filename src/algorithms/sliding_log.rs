@@ -43,8 +43,8 @@ pub const MAX_SLIDING_LOG_LIMIT: u64 = 1_000_000;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingLog {
-    limit: u64,
-    window_ms: u64,
+    pub(super) limit: u64,
+    pub(super) window_ms: u64,
 }
 
 /// Per-key log: admitted `(ms, cost)` entries in strictly increasing time order, their running
@@ -52,11 +52,11 @@ pub struct SlidingLog {
 /// steps backwards).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingLogState {
-    entries: VecDeque<(Millis, u64)>,
+    pub(super) entries: VecDeque<(Millis, u64)>,
     /// Sum of the costs in `entries` (`<= limit`).
-    sum: u64,
+    pub(super) sum: u64,
     /// Highest `now` applied; checks run at `max(now, high)`.
-    high: Millis,
+    pub(super) high: Millis,
 }
 
 impl SlidingLog {

@@ -44,11 +44,11 @@ use super::{
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBucket {
-    capacity: u64,
-    refill: u64,
-    period_ms: u64,
+    pub(super) capacity: u64,
+    pub(super) refill: u64,
+    pub(super) period_ms: u64,
     /// `capacity * period_ms`: a full bucket in scaled units (validated to fit `u64`).
-    full: u64,
+    pub(super) full: u64,
 }
 
 /// Per-key token bucket state: 16 bytes.
@@ -58,9 +58,9 @@ pub struct TokenBucket {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TokenBucketState {
     /// Scaled tokens missing from a full bucket (`0..=capacity * period_ms`).
-    deficit: u64,
+    pub(super) deficit: u64,
     /// Highest `now` applied so far; refill is computed from here and never goes back.
-    last: Millis,
+    pub(super) last: Millis,
 }
 
 impl TokenBucket {

@@ -4,12 +4,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::membership::MembershipConfig;
+use crate::server::forward::ForwardConfig;
 use crate::shard::ShardConfig;
 
 /// Default gRPC address of `ringlimit serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
 /// Default address of the Prometheus `/metrics` side port.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7421";
+/// Default UDP gossip address.
+pub const DEFAULT_GOSSIP_LISTEN: &str = "127.0.0.1:7422";
 
 /// Everything a node needs to start. `Default` is what `ringlimit serve` runs with no
 /// flags; `for_test()` binds port 0 everywhere so tests run in parallel.
@@ -27,6 +31,25 @@ pub struct NodeConfig {
     pub rules_poll: Duration,
     /// Shard actors and key cap.
     pub shards: ShardConfig,
+    /// gRPC address other nodes use to reach this one; default: the bound `listen`
+    /// address (must then not be a wildcard such as 0.0.0.0).
+    pub advertise: Option<SocketAddr>,
+    /// UDP gossip address (port 0 picks a free port).
+    pub gossip_listen: SocketAddr,
+    /// Gossip address other nodes use; default: the bound gossip address.
+    pub gossip_advertise: Option<SocketAddr>,
+    /// Gossip addresses (`host:port`) of nodes to join through; none: a cluster of one
+    /// that others may join.
+    pub seeds: Vec<String>,
+    /// Nodes only gossip within one cluster id.
+    pub cluster_id: String,
+    /// Forwarding to owners: deadline, batching.
+    pub forward: ForwardConfig,
+    /// Denials the deny cache holds at most.
+    pub deny_cache: usize,
+    /// On graceful leave: how long to keep serving after announcing, so every ring drops
+    /// this node before its state is pushed away.
+    pub leave_settle: Duration,
 }
 
 impl Default for NodeConfig {
@@ -42,6 +65,16 @@ impl Default for NodeConfig {
             rules_path: None,
             rules_poll: Duration::from_secs(1),
             shards: ShardConfig::default(),
+            advertise: None,
+            gossip_listen: DEFAULT_GOSSIP_LISTEN
+                .parse()
+                .expect("valid default address"),
+            gossip_advertise: None,
+            seeds: Vec::new(),
+            cluster_id: crate::membership::DEFAULT_CLUSTER_ID.to_string(),
+            forward: ForwardConfig::default(),
+            deny_cache: 100_000,
+            leave_settle: Duration::from_millis(600),
         }
     }
 }
@@ -59,6 +92,20 @@ impl NodeConfig {
                 shards: 2,
                 ..ShardConfig::default()
             },
+            gossip_listen: "127.0.0.1:0".parse().expect("valid address"),
+            ..Self::default()
+        }
+    }
+
+    /// The membership settings this node config implies, once the gRPC address is bound.
+    pub fn membership(&self, generation: u64, grpc_advertise: SocketAddr) -> MembershipConfig {
+        MembershipConfig {
+            generation,
+            cluster_id: self.cluster_id.clone(),
+            gossip_listen: self.gossip_listen,
+            gossip_advertise: self.gossip_advertise,
+            seeds: self.seeds.clone(),
+            ..MembershipConfig::new(&self.node_id, grpc_advertise)
         }
     }
 
@@ -78,6 +125,9 @@ impl NodeConfig {
         }
         if self.shards.inbox == 0 {
             return Err("shard inbox must hold at least 1 command".into());
+        }
+        if self.forward.timeout.is_zero() {
+            return Err("forward timeout must be positive".into());
         }
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());

@@ -161,6 +161,19 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The fail-open stand-in for this rule on a node deciding alone while the key's
+    /// owner is unreachable: the limit divided by `nodes` (the live node count), and its
+    /// own counters (name `<rule>~fallback`), so degraded decisions never mix with the
+    /// real ones if this node later owns the key.
+    pub fn fallback(&self, nodes: u64) -> Rule {
+        Rule::new(
+            &format!("{}~fallback", self.name),
+            self.selector.clone(),
+            self.spec.divided(nodes),
+            self.on_unavailable,
+        )
+    }
+
     /// The precedence level this rule matches at, derived from its selector alone; reported
     /// with decisions so operators can see why a rule applied.
     pub fn level(&self) -> MatchLevel {
@@ -308,6 +321,51 @@ pub enum LeakyMode {
 }
 
 impl AlgorithmSpec {
+    /// These numbers divided among `nodes` nodes that each decide alone: the per-node
+    /// fallback used when a key's owner is unreachable (fail-open). Every count is
+    /// divided and rounded down, but never below 1: the fallback must still admit.
+    pub fn divided(&self, nodes: u64) -> AlgorithmSpec {
+        let nodes = nodes.max(1);
+        let div = |n: NonZeroU64| NonZeroU64::new(n.get() / nodes).unwrap_or(NonZeroU64::MIN);
+        match *self {
+            AlgorithmSpec::TokenBucket {
+                capacity,
+                refill,
+                period,
+            } => AlgorithmSpec::TokenBucket {
+                capacity: div(capacity),
+                refill: div(refill),
+                period,
+            },
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode,
+            } => AlgorithmSpec::LeakyBucket {
+                limit: div(limit),
+                period,
+                mode: match mode {
+                    LeakyMode::Meter { burst } => LeakyMode::Meter { burst: div(burst) },
+                    shaper => shaper,
+                },
+            },
+            AlgorithmSpec::FixedWindow { limit, window } => AlgorithmSpec::FixedWindow {
+                limit: div(limit),
+                window,
+            },
+            AlgorithmSpec::SlidingWindowLog { limit, window } => AlgorithmSpec::SlidingWindowLog {
+                limit: div(limit),
+                window,
+            },
+            AlgorithmSpec::SlidingWindowCounter { limit, window } => {
+                AlgorithmSpec::SlidingWindowCounter {
+                    limit: div(limit),
+                    window,
+                }
+            }
+        }
+    }
+
     /// Build the algorithm these numbers describe.
     pub fn limiter(&self) -> Result<Limiter, AlgorithmError> {
         Ok(match *self {
@@ -1268,6 +1326,17 @@ mod tests {
 
     const CHARGE: Option<&str> = Some("POST /v1/charges");
     const OTHER: Option<&str> = Some("GET /v1/users");
+
+    #[test]
+    fn fallback_divides_the_limit_by_the_node_count_but_never_below_one() {
+        let rules = RuleSet::builtin();
+        let fallback = rules.default_rule().fallback(3);
+        assert_eq!(&*fallback.name, "default~fallback");
+        assert_eq!(fallback.spec.limit().get(), 33);
+        assert_eq!(fallback.spec.window(), rules.default_rule().spec.window());
+        assert_eq!(rules.default_rule().fallback(1000).spec.limit().get(), 1);
+        assert_ne!(fallback.fingerprint, rules.default_rule().fingerprint);
+    }
 
     #[test]
     fn client_route_beats_client() {

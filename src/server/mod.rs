@@ -1,19 +1,29 @@
-//! The public gRPC service `ringlimit.v1.RateLimiter`, and the wire-independent
-//! [`Checker`] it maps onto.
+//! The gRPC services of a node and the routing beneath them.
+//!
+//! - [`RateLimitService`]: the public `ringlimit.v1.RateLimiter` (`Check`, `CheckBatch`).
+//! - [`peer::PeerService`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks,
+//!   refunds, state handoff, status).
+//! - [`router::Router`]: decides each descriptor on its owner: here, one hop away, from
+//!   the deny cache, or by the fail-open fallback.
+//! - [`forward`]: one batched HTTP/2 channel per peer.
+//! - [`handoff`]: moves key state when ring ownership changes while the old owner lives.
 //!
 //! Flow of one `Check`: validate and match rules for every descriptor
 //! ([`request::plan_check`]; a bad request is refused here with nothing charged) →
-//! [`Checker::decide`] sends all descriptors to their shards at once → if any denied,
-//! the ones that allowed are refunded → [`request::respond`] builds the answer.
+//! [`router::Router::decide`] → if any descriptor denied, the ones that allowed are
+//! refunded where they were charged → [`request::respond`] builds the answer.
 //!
 //! The refund closes the complaint against envoyproxy/ratelimit (#1060) that a denied
 //! request still eats the quota of its other descriptors. What remains is a short race:
-//! between the admit and the refund (one shard round trip) another request for the
-//! same key may be judged against the not-yet-refunded count and denied. That errs in
-//! the safe direction (a spurious deny, never an over-admission) and is documented in
-//! `docs/algorithms.md`.
+//! between the admit and the refund another request for the same key may be judged
+//! against the not-yet-refunded count and denied. That errs in the safe direction (a
+//! spurious deny, never an over-admission); see `docs/algorithms.md`.
 
+pub mod forward;
+pub mod handoff;
+pub mod peer;
 pub mod request;
+pub mod router;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,92 +35,34 @@ use tonic::{Request, Response, Status};
 use crate::config::rules::RuleSet;
 use crate::error::CheckError;
 use crate::proto;
-use crate::shard::{CheckItem, Outcome, RefundItem, ShardError, Shards};
-pub use request::Decider;
+use router::Router;
 
 /// The rules every check is matched against; swapped whole on reload.
 pub type SharedRules = Arc<ArcSwap<RuleSet>>;
 
-/// One check's descriptors with their outcomes after refunds.
-#[derive(Debug)]
-pub struct Decided {
-    /// The descriptors as planned.
-    pub items: Vec<CheckItem>,
-    /// The shard's outcome per descriptor.
-    pub outcomes: Vec<Outcome>,
-    /// Per descriptor: admitted, then given back because another descriptor denied.
-    pub refunded: Vec<bool>,
+/// Who decided: stamped on every answer so a checker can audit the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decider {
+    /// Stable node id.
+    pub node_id: Arc<str>,
+    /// Start time in ns: changes on every restart.
+    pub generation: u64,
 }
 
-impl Decided {
-    /// Allowed only if every descriptor allowed.
-    pub fn allowed(&self) -> bool {
-        self.outcomes.iter().all(|o| o.decision.allowed)
-    }
-}
-
-/// Decides planned checks on this node's shards: the core every wire API maps onto.
-#[derive(Clone, Debug)]
-pub struct Checker {
-    shards: Shards,
-}
-
-impl Checker {
-    /// A checker over `shards`.
-    pub fn new(shards: Shards) -> Self {
-        Self { shards }
-    }
-
-    /// Decide many independent checks: one shard message per shard for all of them.
-    pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
-        let flat: Vec<CheckItem> = checks.iter().flatten().cloned().collect();
-        let mut outcomes = self.shards.check(flat).await?.into_iter();
-        let mut decided = Vec::with_capacity(checks.len());
-        let mut refunds = Vec::new();
-        for items in checks {
-            let outcomes: Vec<Outcome> = outcomes.by_ref().take(items.len()).collect();
-            let any_denied = outcomes.iter().any(|o| !o.decision.allowed);
-            let refunded: Vec<bool> = outcomes
-                .iter()
-                .map(|o| any_denied && o.decision.allowed)
-                .collect();
-            for ((item, outcome), &give_back) in items.iter().zip(&outcomes).zip(&refunded) {
-                if give_back {
-                    refunds.push(RefundItem {
-                        item: item.clone(),
-                        at: outcome.at,
-                    });
-                }
-            }
-            decided.push(Decided {
-                items,
-                outcomes,
-                refunded,
-            });
-        }
-        if !refunds.is_empty() {
-            self.shards.refund(refunds).await?;
-        }
-        Ok(decided)
-    }
-}
-
-/// The gRPC face of a node.
+/// The public gRPC face of a node.
 #[derive(Clone)]
 pub struct RateLimitService {
-    checker: Checker,
+    router: Arc<Router>,
     rules: SharedRules,
-    decider: Decider,
     latency: Histogram,
 }
 
 impl RateLimitService {
-    /// A service deciding on `checker` with the rules in `rules`.
-    pub fn new(checker: Checker, rules: SharedRules, decider: Decider) -> Self {
+    /// A service deciding through `router` with the rules in `rules`.
+    pub fn new(router: Arc<Router>, rules: SharedRules) -> Self {
         Self {
-            checker,
+            router,
             rules,
-            decider,
             latency: metrics::histogram!("ringlimit_check_duration_seconds"),
         }
     }
@@ -134,10 +86,10 @@ impl RateLimitService {
                 request::plan_check(check, &rules, &at)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let decided = self.checker.decide(planned).await?;
+        let decided = self.router.decide(planned).await?;
         Ok(decided
             .iter()
-            .map(|d| request::respond(&d.items, &d.outcomes, &d.refunded, &self.decider))
+            .map(|d| request::respond(&d.items, &d.answers, &d.refunded))
             .collect())
     }
 }

@@ -11,7 +11,8 @@ use crate::config::route::Route;
 use crate::config::rules::RuleSet;
 use crate::error::CheckError;
 use crate::proto;
-use crate::shard::{CheckItem, Outcome};
+use crate::server::router::Answer;
+use crate::shard::CheckItem;
 
 /// Longest client key accepted, in bytes. Keys are stored per counter; a bound keeps
 /// one caller from spending the node's memory on key bytes.
@@ -128,6 +129,36 @@ fn plan_one(
         rule: rule.clone(),
         client: Arc::from(key),
         route: Arc::from(route_text),
+        tier: tier.map(Arc::from),
+        cost,
+    })
+}
+
+/// Validate and plan one descriptor forwarded by a peer (`items[i]`). The sending node
+/// validated it already; the owner re-matches the rule with its own rule set, which is
+/// the same file everywhere except for a moment during a reload.
+pub fn plan_forwarded(
+    item: &crate::proto::peer::ForwardItem,
+    rules: &RuleSet,
+    index: usize,
+) -> Result<Planned, CheckError> {
+    let field = |name: &str| format!("items[{index}].{name}");
+    let route = parse_route(&item.route, &field("route"))?;
+    let tier = parse_tier(item.tier.as_deref(), &field("tier"))?;
+    let cost = NonZeroU64::new(item.cost)
+        .filter(|c| c.get() <= MAX_COST as u64)
+        .ok_or_else(|| CheckError::invalid(field("cost"), "must be 1..=1000000000"))?;
+    let rule = rules.matching(&item.key, tier, Some(&route));
+    if item.key.is_empty() || item.key.len() > MAX_KEY_BYTES {
+        return Err(CheckError::invalid(field("key"), "must be 1..=256 bytes"));
+    }
+    // A cost the owner's rule can never admit is decided (denied) rather than refused:
+    // the sender's rule admitted it, so the rule sets differ for a moment.
+    Ok(CheckItem {
+        rule: rule.clone(),
+        client: Arc::from(item.key.as_str()),
+        route: Arc::from(item.route.as_str()),
+        tier: tier.map(Arc::from),
         cost,
     })
 }
@@ -165,45 +196,27 @@ fn parse_cost(cost: Option<i64>, field: &str) -> Result<NonZeroU64, CheckError> 
     }
 }
 
-/// Who decided: stamped on every answer so a checker can audit the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decider {
-    /// Stable node id.
-    pub node_id: Arc<str>,
-    /// Start time in ns: changes on every restart.
-    pub generation: u64,
-}
-
-/// Combine per-descriptor outcomes into one response.
+/// Combine per-descriptor answers into one response.
 ///
 /// `refunded[i]` marks allowed descriptors given back because another denied. The
 /// overall numbers are the most restrictive descriptor's: the denying one with the
 /// longest wait when denied, else the one with the least remaining.
-pub fn respond(
-    planned: &[Planned],
-    outcomes: &[Outcome],
-    refunded: &[bool],
-    decider: &Decider,
-) -> proto::CheckResponse {
-    let allowed = outcomes.iter().all(|o| o.decision.allowed);
+pub fn respond(planned: &[Planned], answers: &[Answer], refunded: &[bool]) -> proto::CheckResponse {
+    let allowed = answers.iter().all(|a| a.decision.allowed);
     let chosen = if allowed {
-        (0..outcomes.len()).min_by_key(|&i| outcomes[i].decision.remaining)
+        (0..answers.len()).min_by_key(|&i| answers[i].decision.remaining)
     } else {
-        (0..outcomes.len())
-            .filter(|&i| !outcomes[i].decision.allowed)
-            .max_by_key(|&i| outcomes[i].decision.retry_after_ms)
+        (0..answers.len())
+            .filter(|&i| !answers[i].decision.allowed)
+            .max_by_key(|&i| answers[i].decision.retry_after_ms)
     }
     .unwrap_or(0);
-    let wire_decider = proto::Decider {
-        node_id: decider.node_id.to_string(),
-        generation: decider.generation,
-    };
     let descriptors: Vec<proto::DescriptorResult> = planned
         .iter()
-        .zip(outcomes)
+        .zip(answers)
         .zip(refunded)
-        .map(|((item, outcome), &refunded)| {
-            let d = &outcome.decision;
+        .map(|((item, answer), &refunded)| {
+            let d = &answer.decision;
             proto::DescriptorResult {
                 key: item.client.to_string(),
                 route: item.route.to_string(),
@@ -211,16 +224,19 @@ pub fn respond(
                 limit: d.limit,
                 remaining: d.remaining,
                 retry_after_ms: d.retry_after_ms,
-                reset_at: d.reset_at_ms as i64,
-                rule: item.rule.name.to_string(),
-                algorithm: item.rule.limiter.kind().as_str().to_string(),
+                reset_at: d.reset_at_ms.min(i64::MAX as u64) as i64,
+                rule: answer.rule.to_string(),
+                algorithm: answer.algorithm.to_string(),
                 window_id: d.window_id,
-                sequence: outcome.sequence,
-                decider: Some(wire_decider.clone()),
-                degraded: false,
+                sequence: answer.sequence,
+                decider: Some(proto::Decider {
+                    node_id: answer.decider.node_id.to_string(),
+                    generation: answer.decider.generation,
+                }),
+                degraded: answer.degraded,
                 delay_ms: d.delay_ms,
                 refunded,
-                hops: 0,
+                hops: answer.hops,
             }
         })
         .collect();
@@ -232,10 +248,10 @@ pub fn respond(
         retry_after_ms: top.retry_after_ms,
         reset_at: top.reset_at,
         rule: top.rule.clone(),
-        decider: Some(wire_decider),
+        decider: top.decider.clone(),
         window_id: top.window_id,
         sequence: top.sequence,
-        degraded: false,
+        degraded: descriptors.iter().any(|d| d.degraded),
         delay_ms: if allowed {
             descriptors.iter().map(|d| d.delay_ms).max().unwrap_or(0)
         } else {

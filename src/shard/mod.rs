@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::clock::{Clamped, Clock};
 use crate::config::rules::Rule;
-pub use store::{Churn, Counter, StateKey, Store};
+pub use store::{Churn, Counter, Exported, StateKey, Store};
 
 /// Seed for the shard-selection hash. Distinct from the ring's, so a node's keys
 /// (which share ring ranges) still spread evenly over its shards.
@@ -70,6 +70,8 @@ pub struct CheckItem {
     pub client: Arc<str>,
     /// The route as sent (part of the counter's identity).
     pub route: Arc<str>,
+    /// The tier the caller sent (the owner re-matches rules with it when forwarded).
+    pub tier: Option<Arc<str>>,
     /// Units to consume.
     pub cost: NonZeroU64,
 }
@@ -96,6 +98,8 @@ pub struct Outcome {
     pub sequence: u64,
     /// The (clamped) time the decision was made at; a refund must quote it.
     pub at: Millis,
+    /// The key had no state here before this check (new key, or its state expired).
+    pub fresh: bool,
 }
 
 /// An admitted item to give back.
@@ -129,7 +133,18 @@ enum Command {
     Len {
         reply: oneshot::Sender<usize>,
     },
+    Export {
+        leaves: ExportFilter,
+        reply: oneshot::Sender<Vec<Exported>>,
+    },
+    Install {
+        items: Vec<(Exported, Arc<Rule>)>,
+        reply: oneshot::Sender<usize>,
+    },
 }
+
+/// Selects, by client key, the entries a shard hands over.
+pub type ExportFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// Cloneable handle to every shard actor of a node.
 #[derive(Clone, Debug)]
@@ -263,6 +278,47 @@ impl Shards {
         Ok(total)
     }
 
+    /// Remove and return the state of every key `leaves` selects, from every shard.
+    pub async fn export(&self, leaves: ExportFilter) -> Result<Vec<Exported>, ShardError> {
+        let mut out = Vec::new();
+        for (shard, inbox) in self.inboxes.iter().enumerate() {
+            let (reply, rx) = oneshot::channel();
+            inbox
+                .send(Command::Export {
+                    leaves: leaves.clone(),
+                    reply,
+                })
+                .await
+                .map_err(|_| ShardError::Stopped(shard))?;
+            out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
+        }
+        Ok(out)
+    }
+
+    /// Install handed-over state, each item with the local rule it belongs to; keys a
+    /// shard already holds keep their local state. Returns how many were installed.
+    pub async fn install(&self, items: Vec<(Exported, Arc<Rule>)>) -> Result<usize, ShardError> {
+        let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
+        for item in items {
+            let shard = StateKey::decode(item.0.key.as_bytes())
+                .map_or(0, |(_, client, _)| self.shard_of(client));
+            groups[shard].push(item);
+        }
+        let mut installed = 0;
+        for (shard, items) in groups.into_iter().enumerate() {
+            if items.is_empty() {
+                continue;
+            }
+            let (reply, rx) = oneshot::channel();
+            self.inboxes[shard]
+                .send(Command::Install { items, reply })
+                .await
+                .map_err(|_| ShardError::Stopped(shard))?;
+            installed += rx.await.map_err(|_| ShardError::Stopped(shard))?;
+        }
+        Ok(installed)
+    }
+
     async fn ask(&self, shard: usize, items: Vec<CheckItem>) -> Result<Vec<Outcome>, ShardError> {
         let (_, reply) = self.send_check(shard, items)?;
         reply.await.map_err(|_| ShardError::Stopped(shard))
@@ -295,22 +351,10 @@ struct ShardMetrics {
     expired: metrics::Counter,
 }
 
-const ALGORITHMS: [AlgorithmKind; 5] = [
-    AlgorithmKind::TokenBucket,
-    AlgorithmKind::LeakyBucket,
-    AlgorithmKind::FixedWindow,
-    AlgorithmKind::SlidingWindowLog,
-    AlgorithmKind::SlidingWindowCounter,
-];
-
-fn algorithm_index(kind: AlgorithmKind) -> usize {
-    ALGORITHMS.iter().position(|k| *k == kind).unwrap_or(0)
-}
-
 impl ShardMetrics {
     fn new(index: usize) -> Self {
         let shard = index.to_string();
-        let checks = ALGORITHMS.map(|kind| {
+        let checks = AlgorithmKind::ALL.map(|kind| {
             ["allowed", "denied"].map(|verdict| {
                 metrics::counter!("ringlimit_checks_total", "verdict" => verdict, "algorithm" => kind.as_str())
             })
@@ -377,14 +421,15 @@ impl Actor {
                 let outcomes = items
                     .iter()
                     .map(|item| {
-                        let (decision, c) = self.store.check(item.counter(), now, item.cost);
+                        let (decision, c, fresh) = self.store.check(item.counter(), now, item.cost);
                         churn += c;
-                        let algorithm = algorithm_index(item.rule.limiter.kind());
+                        let algorithm = item.rule.limiter.kind().index();
                         self.metrics.checks[algorithm][usize::from(!decision.allowed)].increment(1);
                         Outcome {
                             decision,
                             sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
                             at: now,
+                            fresh,
                         }
                     })
                     .collect();
@@ -400,6 +445,21 @@ impl Actor {
             }
             Command::Len { reply } => {
                 let _ = reply.send(self.store.len());
+            }
+            Command::Export { leaves, reply } => {
+                let exported = self.store.export(now, |client| leaves(client));
+                self.metrics.keys.set(self.store.len() as f64);
+                let _ = reply.send(exported);
+            }
+            Command::Install { items, reply } => {
+                let mut installed = 0;
+                // A state from an owner whose clock ran ahead needs no help here: every
+                // algorithm state clamps time to the newest instant it has acted on.
+                for (item, rule) in items {
+                    installed += usize::from(self.store.install(item, &rule.limiter, now));
+                }
+                self.metrics.keys.set(self.store.len() as f64);
+                let _ = reply.send(installed);
             }
         }
     }

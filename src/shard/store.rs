@@ -48,6 +48,12 @@ impl StateKey {
         Self(buf.into_boxed_slice())
     }
 
+    /// A key received from another node; `None` unless it is a valid encoding.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        Self::decode(bytes)?;
+        Some(Self(bytes.into()))
+    }
+
     /// The encoded bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -92,6 +98,17 @@ pub struct Counter<'a> {
     pub client: &'a [u8],
     /// Route as sent.
     pub route: &'a str,
+}
+
+/// One key's state on its way to another node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    /// The counter's identity.
+    pub key: StateKey,
+    /// Fingerprint of the rule numbers the state was built under.
+    pub fingerprint: u64,
+    /// The algorithm state.
+    pub state: KeyState,
 }
 
 /// One key's state plus what the store needs to manage it.
@@ -165,13 +182,14 @@ impl Store {
     /// Decide one check of `counter` at `now`.
     ///
     /// State built under other rule numbers (another fingerprint) is discarded first.
-    /// Returns the decision and any keys dropped to make room.
+    /// Returns the decision, any keys dropped to make room, and whether the key had no
+    /// live state before (a fresh start: a new key, or one whose state had expired).
     pub fn check(
         &mut self,
         counter: Counter<'_>,
         now: Millis,
         cost: NonZeroU64,
-    ) -> (Decision, Churn) {
+    ) -> (Decision, Churn, bool) {
         let Counter {
             rule,
             fingerprint,
@@ -185,16 +203,17 @@ impl Store {
                 entry.state = limiter.new_state();
                 entry.fingerprint = fingerprint;
             }
+            let fresh = entry.expires_at <= now;
             let decision = limiter.check(&mut entry.state, now, cost);
             entry.expires_at = limiter.expires_at(&entry.state);
-            return (decision, Churn::default());
+            return (decision, Churn::default(), fresh);
         }
         let mut state = limiter.new_state();
         let decision = limiter.check(&mut state, now, cost);
         let expires_at = limiter.expires_at(&state);
         if expires_at <= now {
             // The check left no trace (a denial on fresh state): nothing to remember.
-            return (decision, Churn::default());
+            return (decision, Churn::default(), true);
         }
         let churn = self.make_room(now);
         let key = StateKey(self.scratch.as_slice().into());
@@ -206,7 +225,7 @@ impl Store {
                 fingerprint,
             },
         );
-        (decision, churn)
+        (decision, churn, true)
     }
 
     /// Undo an admitted check made at `at` (another descriptor of the request denied).
@@ -251,9 +270,64 @@ impl Store {
         dropped
     }
 
-    /// Every key with its state, for handing state to another node or inspecting it.
+    /// Every key with its state, for inspecting it.
     pub fn iter(&self) -> impl Iterator<Item = (&StateKey, &KeyState)> {
         self.map.iter().map(|(k, e)| (k, &e.state))
+    }
+
+    /// Remove and return every live entry whose client key `leaves` selects: the state
+    /// this node hands to a key's new owner. Expired entries are dropped, not shipped.
+    pub fn export(&mut self, now: Millis, mut leaves: impl FnMut(&[u8]) -> bool) -> Vec<Exported> {
+        let mut out = Vec::new();
+        self.map.retain(|key, entry| {
+            let Some((_, client, _)) = StateKey::decode(key.as_bytes()) else {
+                return true;
+            };
+            if !leaves(client) {
+                return true;
+            }
+            if entry.expires_at > now {
+                out.push(Exported {
+                    key: key.clone(),
+                    fingerprint: entry.fingerprint,
+                    state: entry.state.clone(),
+                });
+            }
+            false
+        });
+        self.cursor = 0;
+        out
+    }
+
+    /// Install state handed over by a previous owner. If this store already holds the
+    /// key (it decided for it during the gossip window), the two states are merged so
+    /// the admissions recorded on both nodes count. Returns whether anything was taken.
+    pub fn install(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> bool {
+        if !limiter.accepts(&item.state) {
+            return false;
+        }
+        if let Some(entry) = self.map.get_mut(item.key.as_bytes()) {
+            if entry.fingerprint != item.fingerprint {
+                return false;
+            }
+            limiter.merge(&mut entry.state, item.state);
+            entry.expires_at = limiter.expires_at(&entry.state);
+            return true;
+        }
+        let expires_at = limiter.expires_at(&item.state);
+        if expires_at <= now {
+            return false;
+        }
+        self.make_room(now);
+        self.map.insert(
+            item.key,
+            Entry {
+                state: item.state,
+                expires_at,
+                fingerprint: item.fingerprint,
+            },
+        );
+        true
     }
 
     /// Free one slot if the store is full: prefer an expired entry among the sample,
@@ -431,7 +505,7 @@ mod tests {
     fn a_denial_on_fresh_state_stores_nothing() {
         let mut store = Store::new(10, 1);
         let limiter = fixed(1, 1_000);
-        let (decision, _) = store.check(c("r", 1, &limiter, b"a", "/x"), 0, nz(2));
+        let (decision, _, _) = store.check(c("r", 1, &limiter, b"a", "/x"), 0, nz(2));
         assert!(!decision.allowed);
         assert!(store.is_empty());
     }
@@ -474,7 +548,7 @@ mod tests {
         let mut store = Store::new(1, 3);
         let limiter = fixed(5, 1_000);
         store.check(c("r", 1, &limiter, b"a", "/x"), 0, nz(1));
-        let (_, churn) = store.check(c("r", 1, &limiter, b"b", "/x"), 5_000, nz(1));
+        let (_, churn, _) = store.check(c("r", 1, &limiter, b"b", "/x"), 5_000, nz(1));
         assert_eq!(
             churn,
             Churn {
@@ -503,6 +577,61 @@ mod tests {
                 .0
                 .allowed
         );
+    }
+
+    #[test]
+    fn exported_state_installs_elsewhere_and_continues_the_count() {
+        let mut old = Store::new(10, 1);
+        let mut new = Store::new(10, 2);
+        let limiter = fixed(3, 60_000);
+        for _ in 0..3 {
+            old.check(c("r", 1, &limiter, b"moving", "/x"), 10, nz(1));
+        }
+        old.check(c("r", 1, &limiter, b"staying", "/x"), 10, nz(1));
+        let exported = old.export(20, |client| client == b"moving");
+        assert_eq!(exported.len(), 1);
+        assert_eq!(old.len(), 1, "the exported key left the old store");
+        assert!(new.install(exported[0].clone(), &limiter, 30));
+        let (decision, _, _) = new.check(c("r", 1, &limiter, b"moving", "/x"), 40, nz(1));
+        assert!(
+            !decision.allowed,
+            "the new owner continues the exhausted count"
+        );
+    }
+
+    #[test]
+    fn installing_over_local_state_merges_both_nodes_admissions() {
+        let mut old = Store::new(10, 1);
+        let mut new = Store::new(10, 2);
+        let limiter = fixed(5, 60_000);
+        for _ in 0..3 {
+            old.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
+        }
+        // The new owner already admitted 2 for the key during the gossip window.
+        for _ in 0..2 {
+            new.check(c("r", 1, &limiter, b"k", "/x"), 20, nz(1));
+        }
+        let exported = old.export(30, |_| true);
+        assert!(new.install(exported[0].clone(), &limiter, 40));
+        let (decision, _, _) = new.check(c("r", 1, &limiter, b"k", "/x"), 50, nz(1));
+        assert!(
+            !decision.allowed,
+            "3 + 2 = 5 admitted across both nodes: the limit"
+        );
+    }
+
+    #[test]
+    fn install_refuses_state_the_rule_could_not_have_made() {
+        let mut store = Store::new(10, 1);
+        let limiter = fixed(3, 60_000);
+        let bogus = Exported {
+            key: StateKey::new("r", b"a", "/x"),
+            fingerprint: 1,
+            state: KeyState::from_words(crate::algorithms::AlgorithmKind::FixedWindow, &[0, 9])
+                .unwrap(),
+        };
+        assert!(!store.install(bogus, &limiter, 10));
+        assert!(store.is_empty());
     }
 
     #[test]

@@ -1,0 +1,204 @@
+//! Algorithm state as plain words, so it can travel to another node.
+//!
+//! When a key's owner changes while the old owner is alive (graceful leave, scale-out),
+//! the old owner ships the key's state to the new one. The wire format is prost
+//! messages; this module only flattens a [`KeyState`] into `u64` words and back, and
+//! checks that state arriving from elsewhere is consistent with the receiving rule's
+//! numbers before anything decides with it (a state the arithmetic was never built for
+//! must be refused, not trusted to not overflow).
+//!
+//! Times inside a state are wall-clock Unix milliseconds, so they mean the same thing on
+//! the receiving node; see `docs/ownership.md` for what clock skew between the two
+//! owners does.
+
+use std::collections::VecDeque;
+
+use super::{
+    AlgorithmKind, FixedWindowState, GcraState, KeyState, Limiter, SlidingCounterState,
+    SlidingLogState, TokenBucketState,
+};
+
+impl KeyState {
+    /// Which algorithm this state belongs to.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            KeyState::TokenBucket(_) => AlgorithmKind::TokenBucket,
+            KeyState::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
+            KeyState::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            KeyState::SlidingWindowLog(_) => AlgorithmKind::SlidingWindowLog,
+            KeyState::SlidingWindowCounter(_) => AlgorithmKind::SlidingWindowCounter,
+        }
+    }
+
+    /// The state as words; [`KeyState::from_words`] with the same kind restores it.
+    pub fn to_words(&self) -> Vec<u64> {
+        match self {
+            KeyState::TokenBucket(s) => vec![s.deficit, s.last],
+            KeyState::LeakyBucket(s) => {
+                vec![(s.tat >> 64) as u64, s.tat as u64, s.last_admit]
+            }
+            KeyState::FixedWindow(s) => vec![s.idx, s.count],
+            KeyState::SlidingWindowLog(s) => {
+                let mut words = Vec::with_capacity(2 + 2 * s.entries.len());
+                words.extend([s.high, s.sum]);
+                for &(at, cost) in &s.entries {
+                    words.extend([at, cost]);
+                }
+                words
+            }
+            KeyState::SlidingWindowCounter(s) => vec![s.idx, s.prev, s.curr],
+        }
+    }
+
+    /// Rebuild a state from words; `None` when the words cannot be a state of `kind`.
+    pub fn from_words(kind: AlgorithmKind, words: &[u64]) -> Option<KeyState> {
+        Some(match (kind, words) {
+            (AlgorithmKind::TokenBucket, &[deficit, last]) => {
+                KeyState::TokenBucket(TokenBucketState { deficit, last })
+            }
+            (AlgorithmKind::LeakyBucket, &[high, low, last_admit]) => {
+                KeyState::LeakyBucket(GcraState {
+                    tat: (u128::from(high) << 64) | u128::from(low),
+                    last_admit,
+                })
+            }
+            (AlgorithmKind::FixedWindow, &[idx, count]) => {
+                KeyState::FixedWindow(FixedWindowState { idx, count })
+            }
+            (AlgorithmKind::SlidingWindowLog, [high, sum, rest @ ..]) if rest.len() % 2 == 0 => {
+                let entries: VecDeque<(u64, u64)> =
+                    rest.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                KeyState::SlidingWindowLog(SlidingLogState {
+                    entries,
+                    sum: *sum,
+                    high: *high,
+                })
+            }
+            (AlgorithmKind::SlidingWindowCounter, &[idx, prev, curr]) => {
+                KeyState::SlidingWindowCounter(SlidingCounterState { idx, prev, curr })
+            }
+            _ => return None,
+        })
+    }
+}
+
+impl Limiter {
+    /// True when `state` could have been produced by this limiter: right algorithm and
+    /// counts within its numbers. State received from another node is installed only
+    /// if this holds.
+    pub fn accepts(&self, state: &KeyState) -> bool {
+        match (self, state) {
+            (Limiter::TokenBucket(l), KeyState::TokenBucket(s)) => s.deficit <= l.full,
+            (Limiter::LeakyBucket(l), KeyState::LeakyBucket(s)) => {
+                s.tat <= u128::from(u64::MAX) * u128::from(l.limit)
+            }
+            (Limiter::FixedWindow(l), KeyState::FixedWindow(s)) => s.count <= l.limit,
+            (Limiter::SlidingWindowLog(l), KeyState::SlidingWindowLog(s)) => {
+                let sorted = s
+                    .entries
+                    .iter()
+                    .zip(s.entries.iter().skip(1))
+                    .all(|(a, b)| a.0 < b.0);
+                let sum = s
+                    .entries
+                    .iter()
+                    .try_fold(0u64, |acc, &(_, cost)| acc.checked_add(cost));
+                sorted
+                    && sum == Some(s.sum)
+                    && s.sum <= l.limit
+                    && s.entries.iter().all(|&(at, cost)| cost > 0 && at <= s.high)
+            }
+            (Limiter::SlidingWindowCounter(l), KeyState::SlidingWindowCounter(s)) => {
+                s.prev <= l.limit && s.curr <= l.limit
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithms::{FixedWindow, Gcra, SlidingCounter, SlidingLog, TokenBucket};
+
+    fn nz(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).unwrap()
+    }
+
+    fn limiters() -> Vec<Limiter> {
+        let w = Duration::from_secs(10);
+        vec![
+            Limiter::TokenBucket(TokenBucket::new(nz(5), nz(5), w).unwrap()),
+            Limiter::LeakyBucket(Gcra::meter(nz(5), w, nz(3)).unwrap()),
+            Limiter::LeakyBucket(Gcra::shaper(nz(5), w, 3).unwrap()),
+            Limiter::FixedWindow(FixedWindow::new(nz(5), w).unwrap()),
+            Limiter::SlidingWindowLog(SlidingLog::new(nz(5), w).unwrap()),
+            Limiter::SlidingWindowCounter(SlidingCounter::new(nz(5), w).unwrap()),
+        ]
+    }
+
+    proptest! {
+        /// A state shipped as words and rebuilt decides exactly like the original:
+        /// handing a key to another node loses nothing.
+        #[test]
+        fn state_survives_the_trip_and_decides_identically(
+            steps in proptest::collection::vec((0u64..4_000, 1u64..3), 1..40),
+        ) {
+            for limiter in limiters() {
+                let mut state = limiter.new_state();
+                let mut now = 1_000_000;
+                for &(step, cost) in &steps {
+                    now += step;
+                    limiter.check(&mut state, now, nz(cost));
+                    let words = state.to_words();
+                    let mut copy = KeyState::from_words(state.kind(), &words).unwrap();
+                    prop_assert!(limiter.accepts(&copy));
+                    prop_assert_eq!(&copy, &state);
+                    let mut original = state.clone();
+                    let later = now + step / 2;
+                    prop_assert_eq!(
+                        limiter.check(&mut copy, later, nz(cost)),
+                        limiter.check(&mut original, later, nz(cost))
+                    );
+                }
+            }
+        }
+
+        /// Garbage words never panic: they are refused or produce some state, and a
+        /// produced state is only accepted when consistent.
+        #[test]
+        fn arbitrary_words_never_panic(words in proptest::collection::vec(any::<u64>(), 0..8)) {
+            for limiter in limiters() {
+                if let Some(mut state) = KeyState::from_words(limiter.kind(), &words) {
+                    if limiter.accepts(&state) {
+                        limiter.check(&mut state, 5_000_000, nz(1));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_beyond_the_rule_are_refused() {
+        let fixed = Limiter::FixedWindow(FixedWindow::new(nz(5), Duration::from_secs(1)).unwrap());
+        let six = KeyState::from_words(AlgorithmKind::FixedWindow, &[1, 6]).unwrap();
+        assert!(!fixed.accepts(&six));
+        let five = KeyState::from_words(AlgorithmKind::FixedWindow, &[1, 5]).unwrap();
+        assert!(fixed.accepts(&five));
+        let log = KeyState::from_words(AlgorithmKind::SlidingWindowLog, &[10, 2, 5, 1]).unwrap();
+        let sliding_log =
+            Limiter::SlidingWindowLog(SlidingLog::new(nz(5), Duration::from_secs(1)).unwrap());
+        assert!(!sliding_log.accepts(&log), "sum disagrees with the entries");
+    }
+
+    #[test]
+    fn words_of_another_shape_are_refused() {
+        assert!(KeyState::from_words(AlgorithmKind::TokenBucket, &[1]).is_none());
+        assert!(KeyState::from_words(AlgorithmKind::SlidingWindowLog, &[1, 1, 1]).is_none());
+    }
+}

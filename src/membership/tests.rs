@@ -1,0 +1,326 @@
+//! In-process clusters over real UDP on 127.0.0.1, every socket on port 0,
+//! so these tests run in parallel with each other and with anything else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+/// Upper bound the issue sets for a killed node to leave every ring.
+const DETECTION_BUDGET: Duration = Duration::from_secs(3);
+/// Generous bound for gossip convergence, far above the ~1 s it takes.
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// A gRPC address nobody listens on: membership only publishes it.
+fn grpc(id: &str) -> SocketAddr {
+    let port = 20_000 + id.bytes().map(u16::from).sum::<u16>();
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+async fn start_node(id: &str, seeds: &[SocketAddr]) -> Membership {
+    let mut config = MembershipConfig::for_test(id, grpc(id));
+    config.seeds = seeds.iter().map(ToString::to_string).collect();
+    Membership::start(config, CancellationToken::new())
+        .await
+        .expect("membership starts")
+}
+
+/// Starts `ids` as one cluster, each node seeded with the first one.
+async fn start_cluster(ids: &[&str]) -> Vec<Membership> {
+    let first = start_node(ids[0], &[]).await;
+    let seed = first.gossip_addr();
+    let mut nodes = vec![first];
+    for id in &ids[1..] {
+        nodes.push(start_node(id, &[seed]).await);
+    }
+    nodes
+}
+
+/// Waits until `pred` holds on every receiver, all before one deadline;
+/// panics with the offending view otherwise.
+async fn wait_all(
+    views: &[watch::Receiver<Arc<ClusterView>>],
+    within: Duration,
+    what: &str,
+    pred: impl Fn(&ClusterView) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    for rx in views {
+        let mut rx = rx.clone();
+        let reached = matches!(
+            timeout_at(deadline, rx.wait_for(|v| pred(v))).await,
+            Ok(Ok(_))
+        );
+        if !reached {
+            panic!("not within {within:?}: {what}; view is {:?}", *rx.borrow());
+        }
+    }
+}
+
+fn has_all(view: &ClusterView, ids: &[&str]) -> bool {
+    view.members.len() == ids.len()
+        && ids
+            .iter()
+            .all(|id| view.member(id).is_some_and(|m| m.grpc_addr == grpc(id)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_nodes_converge_on_members_and_ring() {
+    let ids = ["conv-a", "conv-b", "conv-c"];
+    let started = Instant::now();
+    let nodes = start_cluster(&ids).await;
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "all three nodes listed", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+    println!("3 nodes converged in {:?}", started.elapsed());
+
+    let digests: Vec<u64> = views.iter().map(|rx| rx.borrow().ring.digest()).collect();
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    for (node, rx) in nodes.iter().zip(&views) {
+        let view = rx.borrow();
+        assert_eq!(view.ring.members(), ids);
+        assert!(view.members.windows(2).all(|w| w[0].node_id < w[1].node_id));
+        let me = view
+            .members
+            .iter()
+            .find(|m| m.gossip_addr == node.gossip_addr())
+            .expect("a node lists itself");
+        assert!(!me.leaving);
+        // Every node agrees on the owner of a key.
+        let owner = view.owner(b"cust_42").unwrap().node_id.clone();
+        assert_eq!(owner, views[0].borrow().owner(b"cust_42").unwrap().node_id);
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_serves_a_single_view_before_gossip() {
+    let node = start_node("alone", &[]).await;
+    let view = node.view().borrow().clone();
+    assert_eq!(view.members.len(), 1);
+    let me = &view.members[0];
+    assert_eq!(
+        (me.node_id.as_str(), me.grpc_addr),
+        ("alone", grpc("alone"))
+    );
+    assert_eq!(me.gossip_addr, node.gossip_addr());
+    assert_ne!(
+        node.gossip_addr().port(),
+        0,
+        "port 0 resolved before advertising"
+    );
+    assert_eq!(view.owner(b"k").unwrap().node_id, "alone");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn detection_time_of_a_killed_node() {
+    const TRIALS: usize = 3;
+    let mut times = Vec::new();
+    for trial in 0..TRIALS {
+        let ids = [
+            format!("kill{trial}-a"),
+            format!("kill{trial}-b"),
+            format!("kill{trial}-c"),
+        ];
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut nodes = start_cluster(&ids).await;
+        let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+        wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+        // Let a few real heartbeat intervals into the failure detector.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let victim = nodes.pop().unwrap();
+        let killed_at = Instant::now();
+        victim.shutdown().await; // no announce_leaving: a crash as peers see it
+        wait_all(&views[..2], Duration::from_secs(15), "victim gone", |v| {
+            v.member(ids[2]).is_none() && !v.ring.contains(ids[2])
+        })
+        .await;
+        let took = killed_at.elapsed();
+        println!("trial {trial}: killed node left both rings after {took:?}");
+        times.push(took);
+        let survivors = [ids[0], ids[1]];
+        for rx in &views[..2] {
+            assert!(has_all(&rx.borrow(), &survivors));
+        }
+        for node in nodes {
+            node.shutdown().await;
+        }
+    }
+    let worst = times.iter().max().unwrap();
+    println!("detection times {times:?}, worst {worst:?}");
+    assert!(
+        *worst <= DETECTION_BUDGET,
+        "detection took {worst:?} > {DETECTION_BUDGET:?}: {times:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn announced_leave_leaves_rings_promptly_while_node_stays_live() {
+    let ids = ["leave-a", "leave-b", "leave-c"];
+    let nodes = start_cluster(&ids).await;
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+
+    let started = Instant::now();
+    nodes[2].announce_leaving().await;
+    // The leaver's own view already reflects it when the call returns.
+    {
+        let own = views[2].borrow();
+        assert!(own.member("leave-c").unwrap().leaving);
+        assert_eq!(own.ring.members(), ["leave-a", "leave-b"]);
+    }
+    let gone_from_ring = |v: &ClusterView| {
+        v.member("leave-c").is_some_and(|m| m.leaving) && !v.ring.contains("leave-c")
+    };
+    wait_all(&views[..2], DETECTION_BUDGET, "leave seen", gone_from_ring).await;
+    let took = started.elapsed();
+    println!("graceful leave reached both other rings after {took:?}");
+    assert!(took < Duration::from_secs(1), "leave took {took:?}");
+
+    // Still alive: after longer than a detection time it is still listed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for rx in &views {
+        let view = rx.borrow();
+        assert!(gone_from_ring(&view), "{view:?}");
+        assert_eq!(view.members.len(), 3);
+    }
+    let digests: Vec<u64> = views.iter().map(|rx| rx.borrow().ring.digest()).collect();
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_with_higher_generation_replaces_old_member() {
+    let ids = ["restart-a", "restart-b", "restart-c"];
+    let mut nodes = start_cluster(&ids).await;
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+    let old = views[1].borrow().member("restart-a").unwrap().clone();
+    let ring_before = views[1].borrow().ring.digest();
+
+    // Crash and restart at once, well before the old incarnation is declared
+    // dead: both incarnations are in chitchat's live set for a while.
+    let seed = nodes[1].gossip_addr();
+    nodes.remove(0).shutdown().await;
+    let restarted_at = Instant::now();
+    let mut config = MembershipConfig::for_test("restart-a", grpc("restart-a"));
+    config.generation = old.generation + 1;
+    config.seeds = vec![seed.to_string()];
+    let new_a = Membership::start(config, CancellationToken::new())
+        .await
+        .unwrap();
+    let new_gossip = new_a.gossip_addr();
+    let new_generation = old.generation + 1;
+
+    let is_new_a = |v: &ClusterView| {
+        v.members.len() == 3
+            && v.member("restart-a")
+                .is_some_and(|m| m.generation == new_generation && m.gossip_addr == new_gossip)
+    };
+    wait_all(
+        &views[1..],
+        CONVERGE,
+        "new incarnation replaces old",
+        is_new_a,
+    )
+    .await;
+    println!(
+        "restarted node replaced its old incarnation after {:?}",
+        restarted_at.elapsed()
+    );
+    for rx in &views[1..] {
+        let view = rx.borrow();
+        let a_entries = view
+            .members
+            .iter()
+            .filter(|m| m.node_id == "restart-a")
+            .count();
+        assert_eq!(a_entries, 1);
+        // Same ids, same ring: a restart moves no keys.
+        assert_eq!(view.ring.digest(), ring_before);
+    }
+    wait_all(&[new_a.view()], CONVERGE, "restarted node sees all", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+
+    // Once the old incarnation is declared dead, nothing changes.
+    tokio::time::sleep(DETECTION_BUDGET).await;
+    for rx in &views[1..] {
+        assert!(is_new_a(&rx.borrow()));
+    }
+    new_a.shutdown().await;
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_the_token_stops_gossip() {
+    let ids = ["cancel-a", "cancel-b"];
+    let a = start_node(ids[0], &[]).await;
+    let token = CancellationToken::new();
+    let mut config = MembershipConfig::for_test(ids[1], grpc(ids[1]));
+    config.seeds = vec![a.gossip_addr().to_string()];
+    let b = Membership::start(config, token.clone()).await.unwrap();
+    wait_all(&[a.view(), b.view()], CONVERGE, "converged", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+    token.cancel();
+    wait_all(&[a.view()], Duration::from_secs(15), "b gone", |v| {
+        v.member(ids[1]).is_none()
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn start_rejects_bad_configs() {
+    let cancel = CancellationToken::new();
+    let mut empty_id = MembershipConfig::for_test("", grpc("x"));
+    empty_id.node_id.clear();
+    assert!(matches!(
+        Membership::start(empty_id, cancel.clone()).await,
+        Err(MembershipError::InvalidConfig(_))
+    ));
+
+    let mut wildcard = MembershipConfig::for_test("x", grpc("x"));
+    wildcard.gossip_listen = SocketAddr::from(([0, 0, 0, 0], 0));
+    let err = Membership::start(wildcard, cancel.clone()).await.err();
+    assert!(
+        matches!(err, Some(MembershipError::InvalidConfig(ref m)) if m.contains("wildcard")),
+        "{err:?}"
+    );
+
+    let mut zero = MembershipConfig::for_test("x", grpc("x"));
+    zero.gossip_interval = Duration::ZERO;
+    assert!(zero.validate().is_err());
+    let mut nan = MembershipConfig::for_test("x", grpc("x"));
+    nan.phi_threshold = f64::NAN;
+    assert!(nan.validate().is_err());
+    assert!(MembershipConfig::for_test("x", grpc("x"))
+        .validate()
+        .is_ok());
+}
+
+#[test]
+fn generations_grow() {
+    let a = generation_now();
+    std::thread::sleep(Duration::from_millis(1));
+    assert!(generation_now() > a);
+}

@@ -1,0 +1,377 @@
+//! The pure half of membership: chitchat's live nodes in, a [`ClusterView`] out.
+//!
+//! Nothing here does I/O or reads a clock, so every rule about which members
+//! count (dedupe by node id, unusable nodes skipped, leaving nodes kept out of
+//! the ring) is unit-tested without a network.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tracing::debug;
+
+use crate::ring::Ring;
+
+/// Chitchat key under which every node publishes its gRPC advertise address.
+pub const KEY_GRPC_ADDR: &str = "grpc_addr";
+
+/// Chitchat key a node sets to `"true"` before it stops on purpose, so that
+/// its peers take it out of their rings while it can still hand state over.
+pub const KEY_LEAVING: &str = "leaving";
+
+/// One live cluster member as the rest of the node sees it.
+///
+/// `(node_id, generation)` identifies one *incarnation*: a restarted node
+/// keeps its id (and so its ring ranges) but comes back with a higher
+/// generation, which is how stale gossip about the old process is told apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Stable node identity; the ring places keys by this id only.
+    pub node_id: String,
+    /// Start time of this incarnation in ns since the Unix epoch; strictly
+    /// higher after every restart.
+    pub generation: u64,
+    /// Where clients and peers reach this node's gRPC services (check and
+    /// forwarded check share one address).
+    pub grpc_addr: SocketAddr,
+    /// Where this node gossips; what other nodes use as a seed.
+    pub gossip_addr: SocketAddr,
+    /// The node announced a graceful leave: still alive (it can answer and
+    /// hand state over) but no longer owns any key.
+    pub leaving: bool,
+}
+
+/// One entry of chitchat's live-node set, reduced to plain data so that
+/// [`build_view`] can be tested without chitchat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveNode {
+    /// The node id part of the chitchat id.
+    pub node_id: String,
+    /// The generation part of the chitchat id.
+    pub generation: u64,
+    /// The gossip advertise address part of the chitchat id.
+    pub gossip_addr: SocketAddr,
+    /// The node's (non-deleted) chitchat key-values.
+    pub kvs: BTreeMap<String, String>,
+}
+
+/// A consistent snapshot of the cluster: who is live and who owns which key.
+///
+/// Published as `watch::Receiver<Arc<ClusterView>>`; readers take the `Arc`
+/// and use members and ring from the same snapshot, so an owner lookup never
+/// mixes two membership states.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    /// Live members sorted by node id, one per node id (the highest
+    /// generation seen), including this node and nodes that are leaving.
+    pub members: Vec<Member>,
+    /// Ring over the ids of the members that are not leaving, with
+    /// [`Ring::DEFAULT_VNODES`] virtual nodes each.
+    pub ring: Arc<Ring>,
+}
+
+impl PartialEq for ClusterView {
+    /// The ring is a function of the members, so comparing members suffices;
+    /// used to skip publishing a view that did not change.
+    fn eq(&self, other: &Self) -> bool {
+        self.members == other.members
+    }
+}
+
+impl Eq for ClusterView {}
+
+impl ClusterView {
+    /// Builds a view from members that are already de-duplicated; sorts them
+    /// and derives the ring.
+    pub(crate) fn from_members(mut members: Vec<Member>) -> ClusterView {
+        members.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        let ring = Ring::new(
+            members
+                .iter()
+                .filter(|m| !m.leaving)
+                .map(|m| m.node_id.as_str()),
+            Ring::DEFAULT_VNODES,
+        );
+        ClusterView {
+            members,
+            ring: Arc::new(ring),
+        }
+    }
+
+    /// A view of only this node: what a node serves with before gossip has
+    /// told it anything, so it can answer from the first moment.
+    pub fn single(self_member: Member) -> ClusterView {
+        ClusterView::from_members(vec![self_member])
+    }
+
+    /// The live member with this id, if any (binary search: members are
+    /// sorted by id).
+    pub fn member(&self, node_id: &str) -> Option<&Member> {
+        self.members
+            .binary_search_by(|m| m.node_id.as_str().cmp(node_id))
+            .ok()
+            .map(|i| &self.members[i])
+    }
+
+    /// The member that owns `key` on this view's ring; `None` only when every
+    /// member is leaving (or there are none).
+    pub fn owner(&self, key: &[u8]) -> Option<&Member> {
+        self.member(self.ring.owner(key)?)
+    }
+}
+
+/// Turns chitchat's live nodes into a [`ClusterView`].
+///
+/// Rules, in order:
+/// 1. A node without a parsable `grpc_addr` key-value is skipped (debug log):
+///    nobody could forward to it. Skipping happens *before* de-duplication,
+///    so while a restarted node's key-values are still in flight, its
+///    previous, still-usable incarnation keeps the node id on the ring instead
+///    of the id blinking out.
+/// 2. One member per node id: the highest generation wins. A restarted node
+///    shows up in chitchat as a new identity while the old one is still
+///    "live" until the failure detector gives up on it.
+/// 3. `leaving = "true"` keeps the member in `members` but off the ring.
+///
+/// The result does not depend on the input order.
+pub fn build_view(live: impl IntoIterator<Item = LiveNode>) -> ClusterView {
+    let mut newest: BTreeMap<String, Member> = BTreeMap::new();
+    for node in live {
+        let Some(member) = to_member(node) else {
+            continue;
+        };
+        match newest.entry(member.node_id.clone()) {
+            Entry::Vacant(slot) => {
+                slot.insert(member);
+            }
+            Entry::Occupied(mut slot) => {
+                let kept = slot.get();
+                // Ties (the same generation twice) should not happen; break
+                // them by gossip address so the outcome is still deterministic.
+                if (member.generation, member.gossip_addr) > (kept.generation, kept.gossip_addr) {
+                    debug!(
+                        node_id = %member.node_id,
+                        old_generation = kept.generation,
+                        new_generation = member.generation,
+                        "newer generation of node supersedes older one"
+                    );
+                    slot.insert(member);
+                }
+            }
+        }
+    }
+    ClusterView::from_members(newest.into_values().collect())
+}
+
+/// Reads one live node's key-values; `None` if it is unusable.
+fn to_member(node: LiveNode) -> Option<Member> {
+    let grpc_addr = match node.kvs.get(KEY_GRPC_ADDR).map(|s| s.parse::<SocketAddr>()) {
+        Some(Ok(addr)) => addr,
+        Some(Err(error)) => {
+            debug!(
+                node_id = %node.node_id,
+                generation = node.generation,
+                value = %node.kvs[KEY_GRPC_ADDR],
+                %error,
+                "skipping live node: unparsable grpc_addr"
+            );
+            return None;
+        }
+        None => {
+            debug!(
+                node_id = %node.node_id,
+                generation = node.generation,
+                "skipping live node: no grpc_addr key-value (yet)"
+            );
+            return None;
+        }
+    };
+    let leaving = node.kvs.get(KEY_LEAVING).is_some_and(|v| v == "true");
+    Some(Member {
+        node_id: node.node_id,
+        generation: node.generation,
+        grpc_addr,
+        gossip_addr: node.gossip_addr,
+        leaving,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    fn live(id: &str, generation: u64, grpc: &str, leaving: Option<&str>) -> LiveNode {
+        let mut kvs = BTreeMap::new();
+        kvs.insert(KEY_GRPC_ADDR.to_string(), grpc.to_string());
+        if let Some(v) = leaving {
+            kvs.insert(KEY_LEAVING.to_string(), v.to_string());
+        }
+        LiveNode {
+            node_id: id.to_string(),
+            generation,
+            gossip_addr: addr(7000 + generation as u16),
+            kvs,
+        }
+    }
+
+    fn ids(view: &ClusterView) -> Vec<&str> {
+        view.members.iter().map(|m| m.node_id.as_str()).collect()
+    }
+
+    #[test]
+    fn members_are_sorted_by_id_and_ring_covers_them() {
+        let view = build_view([
+            live("node-c", 1, "127.0.0.1:9003", None),
+            live("node-a", 1, "127.0.0.1:9001", None),
+            live("node-b", 1, "127.0.0.1:9002", None),
+        ]);
+        assert_eq!(ids(&view), ["node-a", "node-b", "node-c"]);
+        assert_eq!(view.ring.members(), ["node-a", "node-b", "node-c"]);
+        assert_eq!(view.member("node-b").unwrap().grpc_addr, addr(9002));
+        assert!(view.member("node-z").is_none());
+    }
+
+    #[test]
+    fn input_order_does_not_matter() {
+        let nodes = vec![
+            live("n3", 5, "127.0.0.1:9003", None),
+            live("n1", 1, "127.0.0.1:9001", None),
+            live("n1", 2, "127.0.0.1:9011", None),
+            live("n2", 1, "127.0.0.1:9002", Some("true")),
+        ];
+        let forward = build_view(nodes.clone());
+        let backward = build_view(nodes.into_iter().rev());
+        assert_eq!(forward, backward);
+        assert_eq!(forward.ring.digest(), backward.ring.digest());
+    }
+
+    #[test]
+    fn dedupe_keeps_highest_generation_whatever_the_order() {
+        for order in [[1u64, 3, 2], [3, 2, 1], [2, 1, 3]] {
+            let view = build_view(
+                order
+                    .iter()
+                    .map(|&g| live("node-a", g, &format!("127.0.0.1:{}", 9000 + g), None)),
+            );
+            assert_eq!(view.members.len(), 1);
+            let a = view.member("node-a").unwrap();
+            assert_eq!(a.generation, 3);
+            assert_eq!(a.grpc_addr, addr(9003));
+            assert_eq!(a.gossip_addr, addr(7003));
+            assert_eq!(view.ring.members(), ["node-a"]);
+        }
+    }
+
+    #[test]
+    fn newest_generation_without_usable_addr_does_not_evict_older_one() {
+        let mut restarted = live("node-a", 9, "", None);
+        restarted.kvs.clear();
+        let view = build_view([live("node-a", 1, "127.0.0.1:9001", None), restarted]);
+        assert_eq!(view.member("node-a").unwrap().generation, 1);
+        assert_eq!(view.ring.members(), ["node-a"]);
+    }
+
+    #[test]
+    fn leaving_member_is_listed_but_owns_nothing() {
+        let view = build_view([
+            live("node-a", 1, "127.0.0.1:9001", None),
+            live("node-b", 1, "127.0.0.1:9002", Some("true")),
+            live("node-c", 1, "127.0.0.1:9003", Some("false")),
+        ]);
+        assert_eq!(ids(&view), ["node-a", "node-b", "node-c"]);
+        assert!(view.member("node-b").unwrap().leaving);
+        assert!(!view.member("node-c").unwrap().leaving);
+        assert_eq!(view.ring.members(), ["node-a", "node-c"]);
+        for i in 0..1_000 {
+            let key = format!("cust_{i}");
+            assert_ne!(view.owner(key.as_bytes()).unwrap().node_id, "node-b");
+        }
+    }
+
+    #[test]
+    fn leaving_flag_of_newest_generation_wins() {
+        let view = build_view([
+            live("node-a", 1, "127.0.0.1:9001", Some("true")),
+            live("node-a", 2, "127.0.0.1:9001", None),
+        ]);
+        assert!(!view.member("node-a").unwrap().leaving);
+        assert_eq!(view.ring.members(), ["node-a"]);
+    }
+
+    #[test]
+    fn nodes_without_parsable_grpc_addr_are_skipped() {
+        let mut missing = live("node-m", 1, "", None);
+        missing.kvs.remove(KEY_GRPC_ADDR);
+        let view = build_view([
+            live("node-a", 1, "127.0.0.1:9001", None),
+            live("node-b", 1, "not an address", None),
+            live("node-c", 1, "127.0.0.1", None),
+            missing,
+        ]);
+        assert_eq!(ids(&view), ["node-a"]);
+        assert_eq!(view.ring.members(), ["node-a"]);
+    }
+
+    #[test]
+    fn owner_is_the_rings_owner() {
+        let view = build_view([
+            live("node-a", 1, "127.0.0.1:9001", None),
+            live("node-b", 1, "127.0.0.1:9002", None),
+            live("node-c", 1, "[::1]:9003", None),
+        ]);
+        for i in 0..200 {
+            let key = format!("cust_{i}");
+            let owner = view.owner(key.as_bytes()).unwrap();
+            assert_eq!(
+                Some(owner.node_id.as_str()),
+                view.ring.owner(key.as_bytes())
+            );
+        }
+    }
+
+    #[test]
+    fn empty_and_all_leaving_views_have_no_owner() {
+        let empty = build_view(Vec::new());
+        assert!(empty.members.is_empty());
+        assert!(empty.owner(b"k").is_none());
+
+        let all_leaving = build_view([live("node-a", 1, "127.0.0.1:9001", Some("true"))]);
+        assert_eq!(all_leaving.members.len(), 1);
+        assert!(all_leaving.ring.is_empty());
+        assert!(all_leaving.owner(b"k").is_none());
+    }
+
+    #[test]
+    fn single_view_owns_everything_itself() {
+        let me = Member {
+            node_id: "node-a".into(),
+            generation: 42,
+            grpc_addr: addr(9001),
+            gossip_addr: addr(7001),
+            leaving: false,
+        };
+        let view = ClusterView::single(me.clone());
+        assert_eq!(view.members, std::slice::from_ref(&me));
+        assert_eq!(view.owner(b"anything"), Some(&me));
+    }
+
+    #[test]
+    fn equal_member_sets_give_equal_ring_digests() {
+        let a = build_view([
+            live("x", 1, "127.0.0.1:1", None),
+            live("y", 1, "127.0.0.1:2", None),
+        ]);
+        let b = build_view([
+            live("y", 7, "127.0.0.1:20", None),
+            live("x", 3, "127.0.0.1:10", None),
+        ]);
+        // Different incarnations, same ids: same placement.
+        assert_ne!(a, b);
+        assert_eq!(a.ring.digest(), b.ring.digest());
+    }
+}

@@ -1,0 +1,328 @@
+//! Forwarding checks to their owner: one persistent HTTP/2 channel per peer, with the
+//! checks bound for one peer coalesced into batches.
+//!
+//! Each peer has a batcher task fed by a bounded channel. It takes whatever checks are
+//! queued (up to `max_batch`), optionally waits `flush_delay` for more, and sends them
+//! as one `Peer/Forward` call, without waiting for the previous call to return, so
+//! batches pipeline over the one connection. With the default `flush_delay` of zero
+//! the batch is "everything that arrived while the last one was being sent", which
+//! batches under load and adds no latency when idle.
+//!
+//! Every forward has a deadline. A check whose owner does not answer in time comes
+//! back as [`ForwardError`]; the router then fails open (or closed, per rule).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::membership::Member;
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::{
+    ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState, RefundItem,
+    RefundRequest,
+};
+use crate::server::Decider;
+
+/// Forwarding settings.
+#[derive(Debug, Clone)]
+pub struct ForwardConfig {
+    /// How long a forwarded check may take before the receiving node gives up on the
+    /// owner and falls back.
+    pub timeout: Duration,
+    /// How long a batcher waits for more checks once it has one (0: send what is queued).
+    pub flush_delay: Duration,
+    /// Most checks in one forwarded batch.
+    pub max_batch: usize,
+    /// Checks queued per peer before new ones are failed over at once.
+    pub queue: usize,
+    /// Source IP for outbound peer connections (so partition rules that match a
+    /// node's address also match its outbound traffic); `None` lets the OS choose.
+    pub local_ip: Option<IpAddr>,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_millis(250),
+            flush_delay: Duration::ZERO,
+            max_batch: 1000,
+            queue: 16_384,
+            local_ip: None,
+        }
+    }
+}
+
+/// Why a forwarded check got no answer from its owner.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    /// No answer within the deadline.
+    #[error("owner {0} did not answer within the deadline")]
+    Timeout(String),
+    /// The call failed (connection refused, reset, owner shutting down).
+    #[error("owner {0} unreachable: {1}")]
+    Unreachable(String, String),
+    /// The peer's queue is full.
+    #[error("forward queue to {0} is full")]
+    Overloaded(String),
+}
+
+/// An owner's answer to one forwarded check.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    /// The owner's decision.
+    pub outcome: ForwardOutcome,
+    /// The owner.
+    pub decider: Decider,
+}
+
+struct Pending {
+    item: ForwardItem,
+    reply: oneshot::Sender<Result<Forwarded, ForwardError>>,
+}
+
+#[derive(Clone)]
+struct Link {
+    generation: u64,
+    addr: SocketAddr,
+    queue: mpsc::Sender<Pending>,
+    client: PeerClient<Channel>,
+}
+
+/// Connections to every peer this node has forwarded to.
+#[derive(Clone)]
+pub struct PeerPool {
+    me: Arc<str>,
+    config: ForwardConfig,
+    links: Arc<DashMap<String, Link>>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for PeerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerPool")
+            .field("me", &self.me)
+            .field("peers", &self.links.len())
+            .finish()
+    }
+}
+
+impl PeerPool {
+    /// A pool whose batcher tasks run on `tracker` until `cancel`.
+    pub fn new(
+        me: Arc<str>,
+        config: ForwardConfig,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            me,
+            config,
+            links: Arc::new(DashMap::new()),
+            tracker,
+            cancel,
+        }
+    }
+
+    /// The forwarding settings.
+    pub fn config(&self) -> &ForwardConfig {
+        &self.config
+    }
+
+    /// Forward one check to `owner` and wait for its answer (batched with other checks
+    /// for the same owner).
+    pub async fn forward(
+        &self,
+        owner: &Member,
+        item: ForwardItem,
+    ) -> Result<Forwarded, ForwardError> {
+        let link = self.link(owner);
+        let (reply, rx) = oneshot::channel();
+        link.queue
+            .try_send(Pending { item, reply })
+            .map_err(|_| ForwardError::Overloaded(owner.node_id.clone()))?;
+        match tokio::time::timeout(self.config.timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(ForwardError::Unreachable(
+                owner.node_id.clone(),
+                "batcher stopped".into(),
+            )),
+            Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
+        }
+    }
+
+    /// Give back admitted checks on `owner`. Best effort within the deadline: a refund
+    /// that cannot be delivered leaves the owner's count higher than necessary, which
+    /// can only cause a spurious deny, never an over-admission.
+    pub async fn refund(&self, owner: &Member, items: Vec<RefundItem>) -> Result<(), ForwardError> {
+        let mut client = self.link(owner).client;
+        match tokio::time::timeout(self.config.timeout, client.refund(RefundRequest { items }))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(ForwardError::Unreachable(
+                owner.node_id.clone(),
+                status.message().to_string(),
+            )),
+            Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
+        }
+    }
+
+    /// Push handed-over state to `owner`; returns how many keys it installed.
+    pub async fn install(
+        &self,
+        owner: &Member,
+        states: Vec<WireState>,
+    ) -> Result<u64, ForwardError> {
+        let mut client = self.link(owner).client;
+        let request = InstallRequest {
+            from_node: self.me.to_string(),
+            states,
+        };
+        // Handoff is not on a caller's path: give it more time than a check.
+        let deadline = self.config.timeout.max(Duration::from_secs(5));
+        match tokio::time::timeout(deadline, client.install(request)).await {
+            Ok(Ok(response)) => Ok(response.into_inner().installed),
+            Ok(Err(status)) => Err(ForwardError::Unreachable(
+                owner.node_id.clone(),
+                status.message().to_string(),
+            )),
+            Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
+        }
+    }
+
+    /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.
+    fn link(&self, owner: &Member) -> Link {
+        if let Some(link) = self.links.get(&owner.node_id) {
+            if link.generation == owner.generation && link.addr == owner.grpc_addr {
+                return link.clone();
+            }
+        }
+        let mut endpoint = Endpoint::from_shared(format!("http://{}", owner.grpc_addr))
+            .expect("a socket address is a valid URI")
+            .connect_timeout(self.config.timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_while_idle(true);
+        if let Some(ip) = self.config.local_ip {
+            endpoint = endpoint.local_address(Some(ip));
+        }
+        let client = PeerClient::new(endpoint.connect_lazy());
+        let (queue, rx) = mpsc::channel(self.config.queue.max(1));
+        let link = Link {
+            generation: owner.generation,
+            addr: owner.grpc_addr,
+            queue,
+            client: client.clone(),
+        };
+        // Replacing the link drops the old sender, which ends the old batcher.
+        self.links.insert(owner.node_id.clone(), link.clone());
+        self.tracker.spawn(batcher(
+            rx,
+            client,
+            self.me.clone(),
+            owner.node_id.clone(),
+            self.config.clone(),
+            self.cancel.clone(),
+        ));
+        link
+    }
+}
+
+/// Coalesce queued checks for one peer into `Forward` calls.
+async fn batcher(
+    mut rx: mpsc::Receiver<Pending>,
+    client: PeerClient<Channel>,
+    me: Arc<str>,
+    peer: String,
+    config: ForwardConfig,
+    cancel: CancellationToken,
+) {
+    let max = config.max_batch.max(1);
+    let batches = metrics::histogram!("ringlimit_forward_batch_size");
+    loop {
+        let mut batch = Vec::with_capacity(64);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            received = rx.recv_many(&mut batch, max) => if received == 0 { return },
+        }
+        if !config.flush_delay.is_zero() && batch.len() < max {
+            let until = tokio::time::Instant::now() + config.flush_delay;
+            while batch.len() < max {
+                let room = max - batch.len();
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => break,
+                    received = rx.recv_many(&mut batch, room) => if received == 0 { break },
+                }
+            }
+        }
+        batches.record(batch.len() as f64);
+        tokio::spawn(send(
+            client.clone(),
+            batch,
+            me.clone(),
+            peer.clone(),
+            config.timeout,
+        ));
+    }
+}
+
+async fn send(
+    mut client: PeerClient<Channel>,
+    batch: Vec<Pending>,
+    me: Arc<str>,
+    peer: String,
+    timeout: Duration,
+) {
+    let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+    let request = ForwardRequest {
+        from_node: me.to_string(),
+        items,
+    };
+    let result = match tokio::time::timeout(timeout, client.forward(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(ForwardError::Unreachable(
+            peer.clone(),
+            status.message().to_string(),
+        )),
+        Err(_) => Err(ForwardError::Timeout(peer.clone())),
+    };
+    match result {
+        Ok(response) if response.outcomes.len() == replies.len() => {
+            let decider = Decider {
+                node_id: Arc::from(response.node_id.as_str()),
+                generation: response.generation,
+            };
+            for (outcome, reply) in response.outcomes.into_iter().zip(replies) {
+                let _ = reply.send(Ok(Forwarded {
+                    outcome,
+                    decider: decider.clone(),
+                }));
+            }
+        }
+        Ok(response) => {
+            let error = ForwardError::Unreachable(
+                peer,
+                format!(
+                    "{} answers for {} checks",
+                    response.outcomes.len(),
+                    replies.len()
+                ),
+            );
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Moving key state when ring ownership changes and the old owner is alive.
+//!
+//! Push-based: every node watches its cluster view. When the ring changes, a node
+//! exports (removes) the state of every key it holds that the new ring gives to
+//! another member and pushes it to that member's `Peer/Install`. The receiver merges
+//! it with any state it already built for the key during the gossip window, so counts
+//! from both sides survive. This serves scale-out (a joiner takes ~1/N of the keys, the
+//! old owners push them) and graceful leave (the leaver drops off every ring, including
+//! its own, and pushes everything).
+//!
+//! A crashed node cannot push: its keys restart from empty on their new owners. Each
+//! ring change logs how much of the hash space moved and from whom; keys restarted
+//! because their owner died are counted in `ringlimit_ownership_resets_total` (see
+//! `docs/ownership.md`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::membership::{ClusterView, Member};
+use crate::proto::peer::KeyState as WireState;
+use crate::ring::diff;
+use crate::server::forward::PeerPool;
+use crate::server::router::Inherited;
+use crate::shard::{ExportFilter, Shards};
+
+/// States per `Install` call.
+const PUSH_CHUNK: usize = 1000;
+
+/// Moves state off this node when its ring says the state belongs elsewhere.
+#[derive(Clone)]
+pub struct Handoff {
+    me: Arc<str>,
+    shards: Shards,
+    peers: PeerPool,
+    inherited: Arc<Inherited>,
+    clock: Arc<dyn Clock>,
+    pushed: metrics::Counter,
+    lost: metrics::Counter,
+}
+
+impl Handoff {
+    /// A handoff for node `me`.
+    pub fn new(
+        me: Arc<str>,
+        shards: Shards,
+        peers: PeerPool,
+        inherited: Arc<Inherited>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            me,
+            shards,
+            peers,
+            inherited,
+            clock,
+            pushed: metrics::counter!("ringlimit_handoff_pushed_total"),
+            lost: metrics::counter!("ringlimit_handoff_failed_total"),
+        }
+    }
+
+    /// React to every ring change until `cancel`.
+    pub async fn watch(
+        self,
+        mut views: watch::Receiver<Arc<ClusterView>>,
+        cancel: CancellationToken,
+    ) {
+        let mut current = views.borrow_and_update().clone();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = views.changed() => if changed.is_err() { return },
+            }
+            let next = views.borrow_and_update().clone();
+            if next.ring.digest() != current.ring.digest() {
+                self.ring_changed(&current, &next).await;
+            }
+            current = next;
+        }
+    }
+
+    /// Log and account for one ring change, and push away what is no longer ours.
+    async fn ring_changed(&self, old: &ClusterView, new: &ClusterView) {
+        let moves = diff(&old.ring, &new.ring);
+        let me = &*self.me;
+        let mut from_dead: Vec<&str> = Vec::new();
+        for member in &old.members {
+            if new.member(&member.node_id).is_none() && !member.leaving {
+                from_dead.push(&member.node_id);
+            }
+        }
+        let inherited_from_dead = crate::ring::RingDiff {
+            moves: moves
+                .moves
+                .iter()
+                .filter(|m| m.to == me && from_dead.contains(&m.from.as_str()))
+                .cloned()
+                .collect(),
+        };
+        let share_to_me: f64 = moves
+            .moves
+            .iter()
+            .filter(|m| m.to == me)
+            .map(|m| m.fraction())
+            .sum();
+        let share_from_me: f64 = moves
+            .moves
+            .iter()
+            .filter(|m| m.from == me)
+            .map(|m| m.fraction())
+            .sum();
+        tracing::info!(
+            members_before = old.ring.len(),
+            members_after = new.ring.len(),
+            digest = format_args!("{:016x}", new.ring.digest()),
+            moved = format_args!("{:.1}%", moves.moved_fraction() * 100.0),
+            to_me = format_args!("{:.1}%", share_to_me * 100.0),
+            from_me = format_args!("{:.1}%", share_from_me * 100.0),
+            "ring changed"
+        );
+        if !inherited_from_dead.is_empty() {
+            tracing::warn!(
+                dead = ?from_dead,
+                share = format_args!("{:.1}%", inherited_from_dead.moved_fraction() * 100.0),
+                "inherited keys of a dead node: their counts restart from empty here (see docs/ownership.md)"
+            );
+            self.inherited
+                .record(inherited_from_dead, self.clock.now_ms());
+        }
+        if share_from_me > 0.0 {
+            self.push_away(new).await;
+        }
+    }
+
+    /// Export every key `view` gives to another member and push it there. Returns how
+    /// many keys were installed by their new owners.
+    pub async fn push_away(&self, view: &ClusterView) -> u64 {
+        let me = self.me.clone();
+        let ring = view.ring.clone();
+        let leaves: ExportFilter =
+            Arc::new(move |client: &[u8]| ring.owner(client).is_some_and(|owner| owner != &*me));
+        let exported = match self.shards.export(leaves).await {
+            Ok(exported) => exported,
+            Err(error) => {
+                tracing::error!(%error, "handoff export failed");
+                return 0;
+            }
+        };
+        if exported.is_empty() {
+            return 0;
+        }
+        let mut by_owner: HashMap<String, (Member, Vec<WireState>)> = HashMap::new();
+        for item in exported {
+            let Some((_, client, _)) = crate::shard::StateKey::decode(item.key.as_bytes()) else {
+                continue;
+            };
+            let Some(owner) = view.owner(client) else {
+                continue;
+            };
+            by_owner
+                .entry(owner.node_id.clone())
+                .or_insert_with(|| (owner.clone(), Vec::new()))
+                .1
+                .push(WireState {
+                    key: item.key.as_bytes().to_vec(),
+                    fingerprint: item.fingerprint,
+                    algorithm: item.state.kind().as_str().to_string(),
+                    words: item.state.to_words(),
+                });
+        }
+        let mut installed = 0;
+        for (owner_id, (owner, states)) in by_owner {
+            let total = states.len();
+            let mut delivered = 0;
+            for chunk in states.chunks(PUSH_CHUNK) {
+                match self.peers.install(&owner, chunk.to_vec()).await {
+                    Ok(n) => {
+                        installed += n;
+                        delivered += chunk.len();
+                    }
+                    Err(error) => {
+                        tracing::error!(to = %owner_id, %error, keys = chunk.len(), "handoff push failed: these counts are lost");
+                        self.lost.increment(chunk.len() as u64);
+                    }
+                }
+            }
+            self.pushed.increment(delivered as u64);
+            tracing::info!(to = %owner_id, keys = total, delivered, "handed state over");
+        }
+        installed
+    }
+}
