@@ -8,7 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use ringlimit::config::node::{NodeConfig, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN};
+use ringlimit::config::node::{
+    NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
+};
 use ringlimit::config::rules::RuleSet;
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
@@ -33,6 +35,39 @@ enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
+    /// Cluster tools.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Start N nodes on loopback in one process, to try a cluster (Ctrl-C stops them).
+    DevCluster(DevClusterArgs),
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Members, generations, ring shares and ring digest as one node sees them.
+    Status {
+        /// Node to ask (host:port or http://host:port).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        addr: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct DevClusterArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// First port: node i listens on base+3i (gRPC), base+3i+1 (metrics), base+3i+2 (gossip).
+    #[arg(long, default_value_t = 7420)]
+    base_port: u16,
+    /// Rule file for every node.
+    #[arg(long)]
+    rules: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -61,6 +96,30 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// gRPC address peers use to reach this node (default: the --listen address).
+    #[arg(long, env = "RINGLIMIT_ADVERTISE")]
+    advertise: Option<SocketAddr>,
+    /// UDP gossip address.
+    #[arg(long, default_value = DEFAULT_GOSSIP_LISTEN, env = "RINGLIMIT_GOSSIP_LISTEN")]
+    gossip_listen: SocketAddr,
+    /// Gossip address peers use (default: the --gossip-listen address).
+    #[arg(long, env = "RINGLIMIT_GOSSIP_ADVERTISE")]
+    gossip_advertise: Option<SocketAddr>,
+    /// Gossip address (host:port) of a node to join through; repeat for several.
+    #[arg(long = "seed", env = "RINGLIMIT_SEEDS", value_delimiter = ',')]
+    seeds: Vec<String>,
+    /// Cluster id: nodes only gossip within the same id.
+    #[arg(long, default_value = ringlimit::membership::DEFAULT_CLUSTER_ID)]
+    cluster_id: String,
+    /// Deadline of a forwarded check, in ms; past it the node fails open (or closed).
+    #[arg(long, default_value_t = 250)]
+    forward_timeout_ms: u64,
+    /// How long a forward batch waits for more checks, in µs (0: send what is queued).
+    #[arg(long, default_value_t = 0)]
+    forward_flush_us: u64,
+    /// Most checks in one forwarded batch.
+    #[arg(long, default_value_t = 1000)]
+    forward_max_batch: usize,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -111,6 +170,10 @@ fn main() -> ExitCode {
         Command::Rules {
             command: RulesCommand::Check { file },
         } => rules_check(&file),
+        Command::Cluster {
+            command: ClusterCommand::Status { addr, json },
+        } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json))),
+        Command::DevCluster(args) => dev_cluster(args),
     };
     match result {
         Ok(code) => code,
@@ -143,6 +206,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.shards.shards = shards;
     }
     config.shards.max_keys = args.max_keys;
+    config.advertise = args.advertise;
+    config.gossip_listen = args.gossip_listen;
+    config.gossip_advertise = args.gossip_advertise;
+    config.seeds = args.seeds;
+    config.cluster_id = args.cluster_id;
+    config.forward.timeout = std::time::Duration::from_millis(args.forward_timeout_ms);
+    config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
+    config.forward.max_batch = args.forward_max_batch;
     runtime()?.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
@@ -151,8 +222,126 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("shutdown signal received");
             signal.cancel();
         });
-        ringlimit::node::run(config, shutdown).await
+        let node = ringlimit::node::start(config).await?;
+        // One machine-readable line on stdout: scripts and tests that start nodes on
+        // port 0 learn the bound addresses from it.
+        println!(
+            "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={}",
+            node.decider.node_id,
+            node.decider.generation,
+            node.grpc_addr,
+            node.gossip_addr,
+            node.metrics_addr.map_or("-".to_string(), |a| a.to_string())
+        );
+        tracing::info!(node_id = %node.decider.node_id, grpc = %node.grpc_addr, gossip = %node.gossip_addr, "ringlimit node serving");
+        node.serve_until(shutdown).await;
+        tracing::info!("ringlimit node stopped");
+        anyhow::Ok(())
     })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
+    init_logging(LogFormat::Text);
+    anyhow::ensure!((1..=20).contains(&args.nodes), "--nodes must be 1..=20");
+    runtime()?.block_on(async move {
+        let mut nodes = Vec::new();
+        let mut seed: Option<String> = None;
+        for i in 0..args.nodes {
+            let port = |offset: usize| -> anyhow::Result<SocketAddr> {
+                let port = usize::from(args.base_port) + 3 * i + offset;
+                let port = u16::try_from(port).context("--base-port too high")?;
+                Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+            };
+            let config = NodeConfig {
+                node_id: format!("node-{}", i + 1),
+                listen: port(0)?,
+                metrics_listen: Some(port(1)?),
+                gossip_listen: port(2)?,
+                rules_path: args.rules.clone(),
+                seeds: seed.iter().cloned().collect(),
+                ..NodeConfig::default()
+            };
+            let node = ringlimit::node::start(config).await?;
+            seed.get_or_insert_with(|| node.gossip_addr.to_string());
+            println!(
+                "node-{}  grpc={}  metrics=http://{}/metrics  gossip={}",
+                i + 1,
+                node.grpc_addr,
+                node.metrics_addr.map_or("-".into(), |a| a.to_string()),
+                node.gossip_addr
+            );
+            nodes.push(node);
+        }
+        println!(
+            "{} nodes running. Try: ringlimit check --addr {} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
+            nodes.len(),
+            nodes[0].grpc_addr
+        );
+        wait_for_signal().await;
+        println!("stopping: each node leaves gracefully");
+        for node in nodes.into_iter().rev() {
+            node.leave().await;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn cluster_status(addr: String, json: bool) -> anyhow::Result<ExitCode> {
+    let addr = if addr.contains("://") {
+        addr
+    } else {
+        format!("http://{addr}")
+    };
+    let mut client = ringlimit::proto::peer::peer_client::PeerClient::connect(addr.clone())
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let status = client
+        .status(ringlimit::proto::peer::StatusRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", addr, s.message()))?
+        .into_inner();
+    if json {
+        let members: Vec<_> = status
+            .members
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "node_id": m.node_id, "generation": m.generation, "grpc_addr": m.grpc_addr,
+                    "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "node_id": status.node_id, "generation": status.generation,
+                "ring_digest": format!("{:016x}", status.ring_digest), "keys": status.keys,
+                "members": members,
+            })
+        );
+    } else {
+        println!(
+            "asked {} ({}@{}): ring digest {:016x}, {} keys held",
+            addr, status.node_id, status.generation, status.ring_digest, status.keys
+        );
+        println!(
+            "{:<20} {:>20} {:<22} {:<22} {:>7} state",
+            "node", "generation", "grpc", "gossip", "share"
+        );
+        for m in &status.members {
+            println!(
+                "{:<20} {:>20} {:<22} {:<22} {:>6.1}% {}",
+                m.node_id,
+                m.generation,
+                m.grpc_addr,
+                m.gossip_addr,
+                m.ring_share * 100.0,
+                if m.leaving { "leaving" } else { "live" }
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
