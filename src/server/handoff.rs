@@ -40,6 +40,7 @@ pub struct Handoff {
     clock: Arc<dyn Clock>,
     pushed: metrics::Counter,
     lost: metrics::Counter,
+    restarts: metrics::Counter,
 }
 
 impl Handoff {
@@ -59,6 +60,7 @@ impl Handoff {
             clock,
             pushed: metrics::counter!("ringlimit_handoff_pushed_total"),
             lost: metrics::counter!("ringlimit_handoff_failed_total"),
+            restarts: metrics::counter!("ringlimit_member_restarts_total"),
         }
     }
 
@@ -75,10 +77,30 @@ impl Handoff {
                 changed = views.changed() => if changed.is_err() { return },
             }
             let next = views.borrow_and_update().clone();
+            self.note_restarts(&current, &next);
             if next.ring.digest() != current.ring.digest() {
                 self.ring_changed(&current, &next).await;
             }
             current = next;
+        }
+    }
+
+    /// A member that came back with a higher generation before it was declared dead
+    /// keeps its ring ranges, so no ring change shows it, but it restarted empty: every
+    /// key it owned restarts from zero. Say so, loudly, and count it.
+    fn note_restarts(&self, old: &ClusterView, new: &ClusterView) {
+        for member in &new.members {
+            if let Some(before) = old.member(&member.node_id) {
+                if member.generation > before.generation && !old.members.is_empty() {
+                    self.restarts.increment(1);
+                    tracing::warn!(
+                        node = %member.node_id,
+                        from = before.generation,
+                        to = member.generation,
+                        "member restarted: the keys it owned restart from empty (see docs/ownership.md)"
+                    );
+                }
+            }
         }
     }
 

@@ -55,3 +55,72 @@ pub fn descriptor(key: &str) -> Descriptor {
         ..Default::default()
     }
 }
+
+/// Write `toml` to a rule file in a fresh temp dir (kept alive by the returned guard).
+pub fn rules_file(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, toml).expect("write rules");
+    (dir, path)
+}
+
+/// A config for cluster member `id`, joining through `seeds`.
+pub fn member_config(id: &str, seeds: &[String], rules: Option<&std::path::Path>) -> NodeConfig {
+    NodeConfig {
+        node_id: id.into(),
+        seeds: seeds.to_vec(),
+        rules_path: rules.map(|p| p.to_path_buf()),
+        ..NodeConfig::for_test()
+    }
+}
+
+/// Start `ids.len()` nodes, each joining through the first; waits until all agree.
+pub async fn start_cluster(ids: &[&str], rules: Option<&std::path::Path>) -> Vec<RunningNode> {
+    let mut nodes: Vec<RunningNode> = Vec::new();
+    for id in ids {
+        let seeds: Vec<String> = nodes
+            .first()
+            .map(|n| n.gossip_addr.to_string())
+            .into_iter()
+            .collect();
+        nodes.push(start(member_config(id, &seeds, rules)).await);
+    }
+    wait_converged(&nodes, ids.len()).await;
+    nodes
+}
+
+/// Wait (at most 15 s) until every node's ring has `members` members and all rings are equal.
+pub async fn wait_converged(nodes: &[RunningNode], members: usize) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let views: Vec<_> = nodes.iter().map(|n| n.view()).collect();
+        let digest = views[0].ring.digest();
+        if views
+            .iter()
+            .all(|v| v.ring.len() == members && v.ring.digest() == digest)
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cluster did not converge to {members} members: {:?}",
+            views
+                .iter()
+                .map(|v| v.ring.members().to_vec())
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A client key that the ring over `members` gives to `owner`, with a name prefix.
+pub fn key_owned_by(owner: &str, members: &[&str], prefix: &str) -> String {
+    let ring = ringlimit::ring::Ring::new(
+        members.iter().copied(),
+        ringlimit::ring::Ring::DEFAULT_VNODES,
+    );
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|k| ring.owner(k.as_bytes()) == Some(owner))
+        .expect("some key lands on every member")
+}

@@ -1,0 +1,3 @@
+//! stub
+#[test]
+fn stub() {}
