@@ -120,6 +120,10 @@ struct ServeArgs {
     /// Most checks in one forwarded batch.
     #[arg(long, default_value_t = 1000)]
     forward_max_batch: usize,
+    /// NEGATIVE CONTROL for the chaos tests: decide every check locally, ignoring the
+    /// ring (a deliberately broken cluster). Never use in production.
+    #[arg(long, hide = true)]
+    broken_decide_locally: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -214,6 +218,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.forward.timeout = std::time::Duration::from_millis(args.forward_timeout_ms);
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
     config.forward.max_batch = args.forward_max_batch;
+    config.broken_decide_locally = args.broken_decide_locally;
     runtime()?.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();

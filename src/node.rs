@@ -228,7 +228,7 @@ pub async fn start_with_clock(
         cancel.clone(),
     );
     let inherited = Arc::new(Inherited::default());
-    let router = Arc::new(Router::new(
+    let mut router = Router::new(
         decider.clone(),
         shards.clone(),
         membership.view(),
@@ -236,7 +236,11 @@ pub async fn start_with_clock(
         DenyCache::new(config.deny_cache),
         clock.clone(),
         inherited.clone(),
-    ));
+    );
+    if config.broken_decide_locally {
+        router = router.break_decide_locally();
+    }
+    let router = Arc::new(router);
     let handoff = Handoff::new(
         decider.node_id.clone(),
         shards.clone(),

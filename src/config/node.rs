@@ -50,6 +50,10 @@ pub struct NodeConfig {
     /// On graceful leave: how long to keep serving after announcing, so every ring drops
     /// this node before its state is pushed away.
     pub leave_settle: Duration,
+    /// NEGATIVE CONTROL ONLY: decide every check on the receiving node, ignoring the
+    /// ring. A deliberately broken cluster (each node enforces the full limit alone,
+    /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
+    pub broken_decide_locally: bool,
 }
 
 impl Default for NodeConfig {
@@ -75,6 +79,7 @@ impl Default for NodeConfig {
             forward: ForwardConfig::default(),
             deny_cache: 100_000,
             leave_settle: Duration::from_millis(600),
+            broken_decide_locally: false,
         }
     }
 }

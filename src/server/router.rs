@@ -134,6 +134,7 @@ pub struct Router {
     clock: Arc<dyn Clock>,
     inherited: Arc<Inherited>,
     metrics: RouterMetrics,
+    broken_decide_locally: bool,
 }
 
 impl std::fmt::Debug for Router {
@@ -169,7 +170,18 @@ impl Router {
             clock,
             inherited,
             metrics: RouterMetrics::new(),
+            broken_decide_locally: false,
         }
+    }
+
+    /// NEGATIVE CONTROL ONLY: decide every check here, ignoring the ring, so the chaos
+    /// checkers can be shown to catch a cluster that over-admits.
+    pub fn break_decide_locally(mut self) -> Self {
+        tracing::warn!(
+            "BROKEN MODE: every check is decided locally; limits are not enforced cluster-wide"
+        );
+        self.broken_decide_locally = true;
+        self
     }
 
     /// This node's identity.
@@ -382,6 +394,9 @@ impl Router {
     }
 
     fn route(&self, view: &ClusterView, client: &[u8]) -> Route {
+        if self.broken_decide_locally {
+            return Route::Here;
+        }
         match view.owner(client) {
             Some(owner) if owner.node_id != *self.me.node_id => Route::Owner(owner.clone()),
             // This node owns the key, or the ring is empty (every member leaving):
