@@ -42,6 +42,9 @@ enum Command {
     },
     /// Start N nodes on loopback in one process, to try a cluster (Ctrl-C stops them).
     DevCluster(DevClusterArgs),
+    /// Load generator: checks/s and latency percentiles, optionally side by side with
+    /// Redis + the design reference's Lua script (--compare-redis).
+    Bench(ringlimit::bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -178,6 +181,9 @@ fn main() -> ExitCode {
             command: ClusterCommand::Status { addr, json },
         } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json))),
         Command::DevCluster(args) => dev_cluster(args),
+        Command::Bench(args) => runtime()
+            .and_then(|rt| rt.block_on(ringlimit::bench::run(args)))
+            .map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,616 @@
+//! `ringlimit bench`: a gRPC load generator, and the same load against the reference
+//! design (Redis + the design reference's Lua script) on the same machine.
+//!
+//! Tooling, not product: it may use `anyhow`. Latency is measured per call (a unary
+//! check, or one `CheckBatch` / one pipelined round of EVALSHA) into an HDR histogram
+//! in microseconds; throughput counts checks, not calls.
+
+pub mod redis;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+
+use crate::proto::rate_limiter_client::RateLimiterClient;
+use crate::proto::{CheckBatchRequest, CheckRequest};
+
+/// How keys are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Distribution {
+    /// Every key equally likely.
+    Uniform,
+    /// Zipf with exponent `--zipf-s`: a few hot keys, a long tail.
+    Zipf,
+}
+
+/// `ringlimit bench` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Target node(s) (host:port). None: start --nodes local node processes.
+    #[arg(long = "addr")]
+    pub targets: Vec<String>,
+    /// Local nodes to start when no --addr is given (3 = a local cluster; checks go to
+    /// random nodes, so about 2/3 are forwarded).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 50)]
+    pub concurrency: usize,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Unmeasured seconds before each run.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    /// Distinct client keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: usize,
+    /// Key distribution.
+    #[arg(long, value_enum, default_value_t = Distribution::Uniform)]
+    pub distribution: Distribution,
+    /// Zipf exponent.
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf_s: f64,
+    /// Cost per check.
+    #[arg(long, default_value_t = 1)]
+    pub cost: i64,
+    /// Checks per call: 1 = unary Check; N = CheckBatch of N (Redis: pipelined N deep).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Limit per 60 s of the benchmark rule (sliding window counter, both systems).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub limit: u64,
+    /// Also run the same load against Redis + the reference Lua script, alternating.
+    #[arg(long)]
+    pub compare_redis: bool,
+    /// Alternating rounds (ringlimit, redis, ringlimit, redis, ...).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Seed of the key sequence.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Instead of load: bytes per key at --keys keys for --algorithm (RSS delta), and
+    /// Redis used_memory per client with --compare-redis.
+    #[arg(long)]
+    pub memory: bool,
+    /// Algorithm for --memory.
+    #[arg(long, default_value = "sliding_window_counter")]
+    pub algorithm: String,
+}
+
+/// The outcome of one measured run.
+pub struct RunResult {
+    /// "ringlimit" or "redis".
+    pub system: &'static str,
+    /// Checks decided.
+    pub checks: u64,
+    /// Allowed checks.
+    pub allowed: u64,
+    /// Failed calls.
+    pub errors: u64,
+    /// Measured time.
+    pub elapsed: Duration,
+    /// Per-call latency, µs.
+    pub latency: Histogram<u64>,
+}
+
+impl RunResult {
+    /// Checks per second.
+    pub fn rate(&self) -> f64 {
+        self.checks as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Latency quantile in ms.
+    pub fn ms(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    fn print(&self) {
+        println!(
+            "{:<10} checks/s {:>10.0}  p50 {:>7.3} ms  p90 {:>7.3} ms  p99 {:>7.3} ms  p99.9 {:>7.3} ms  allowed {:>9}  denied {:>9}  errors {}",
+            self.system,
+            self.rate(),
+            self.ms(0.50),
+            self.ms(0.90),
+            self.ms(0.99),
+            self.ms(0.999),
+            self.allowed,
+            self.checks - self.allowed,
+            self.errors
+        );
+    }
+}
+
+/// Run `ringlimit bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
+    anyhow::ensure!((1..=1000).contains(&args.batch), "--batch must be 1..=1000");
+    anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    if args.memory {
+        return memory(&args).await;
+    }
+    let rules_dir = tempfile_dir()?;
+    let (mut nodes, targets) = if args.targets.is_empty() {
+        let nodes = start_nodes(
+            args.nodes,
+            &rules_dir,
+            &rule_toml("sliding_window_counter", args.limit),
+        )?;
+        let targets = nodes.iter().map(|n| n.grpc.clone()).collect();
+        (nodes, targets)
+    } else {
+        (Vec::new(), args.targets.clone())
+    };
+    let redis = if args.compare_redis {
+        let server = redis::start().await?;
+        let sha = redis::load_script(&server.addr).await?;
+        Some((server, sha))
+    } else {
+        None
+    };
+    println!(
+        "bench: concurrency {} batch {} keys {} ({:?}) cost {} duration {} s, targets {:?}{}",
+        args.concurrency,
+        args.batch,
+        args.keys,
+        args.distribution,
+        args.cost,
+        args.duration,
+        targets,
+        if redis.is_some() {
+            format!(", vs {}", redis::version())
+        } else {
+            String::new()
+        }
+    );
+    let keys = Keys::new(&args);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..args.rounds.max(1) {
+        println!("round {}: ringlimit", round + 1);
+        let result = drive(&args, &keys, Target::Ringlimit(&targets)).await?;
+        result.print();
+        ours.push(result);
+        if let Some((server, sha)) = &redis {
+            println!("round {}: redis", round + 1);
+            let result = drive(&args, &keys, Target::Redis(&server.addr, sha)).await?;
+            result.print();
+            theirs.push(result);
+        }
+    }
+    if !theirs.is_empty() {
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let rate_ours = median(&mut ours.iter().map(RunResult::rate).collect());
+        let rate_theirs = median(&mut theirs.iter().map(RunResult::rate).collect());
+        let p99_ours = median(&mut ours.iter().map(|r| r.ms(0.99)).collect());
+        let p99_theirs = median(&mut theirs.iter().map(|r| r.ms(0.99)).collect());
+        println!("median ringlimit checks/s {rate_ours:.0} p99 {p99_ours:.3} ms; redis checks/s {rate_theirs:.0} p99 {p99_theirs:.3} ms");
+        println!(
+            "ratio ringlimit/redis checks_per_s: {:.2}",
+            rate_ours / rate_theirs
+        );
+        println!("ratio ringlimit/redis p99: {:.2}", p99_ours / p99_theirs);
+    }
+    for node in &mut nodes {
+        node.stop();
+    }
+    Ok(())
+}
+
+enum Target<'a> {
+    Ringlimit(&'a [String]),
+    Redis(&'a str, &'a str),
+}
+
+/// Drive one system for warmup + duration with the configured load.
+async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Result<RunResult> {
+    let checks = Arc::new(AtomicU64::new(0));
+    let allowed = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let ctx = Worker {
+            keys: keys.clone(),
+            rng: args.seed ^ (worker as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            batch: args.batch,
+            cost: args.cost,
+            limit: args.limit,
+            checks: checks.clone(),
+            allowed: allowed.clone(),
+            errors: errors.clone(),
+            measuring: measuring.clone(),
+            stop: stop.clone(),
+        };
+        workers.push(match &target {
+            Target::Ringlimit(targets) => {
+                let addr = format!("http://{}", targets[worker % targets.len()]);
+                tokio::spawn(ctx.ringlimit(addr))
+            }
+            Target::Redis(addr, sha) => tokio::spawn(ctx.redis(addr.to_string(), sha.to_string())),
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(args.warmup)).await;
+    checks.store(0, Ordering::SeqCst);
+    allowed.store(0, Ordering::SeqCst);
+    errors.store(0, Ordering::SeqCst);
+    measuring.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    for second in 1..=args.duration {
+        tokio::time::sleep_until((started + Duration::from_secs(second)).into()).await;
+        eprintln!(
+            "  {second:>3} s  {:>10.0} checks/s so far, errors {}",
+            checks.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
+            errors.load(Ordering::Relaxed)
+        );
+    }
+    measuring.store(false, Ordering::SeqCst);
+    let elapsed = started.elapsed();
+    let total = checks.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for worker in workers {
+        latency.add(worker.await??)?;
+    }
+    Ok(RunResult {
+        system: match target {
+            Target::Ringlimit(_) => "ringlimit",
+            Target::Redis(..) => "redis",
+        },
+        checks: total,
+        allowed: allowed.load(Ordering::SeqCst),
+        errors: errors.load(Ordering::SeqCst),
+        elapsed,
+        latency,
+    })
+}
+
+struct Worker {
+    keys: Keys,
+    rng: u64,
+    batch: usize,
+    cost: i64,
+    limit: u64,
+    checks: Arc<AtomicU64>,
+    allowed: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn record(&self, latency: &mut Histogram<u64>, started: Instant, checks: u64, allowed: u64) {
+        if self.measuring.load(Ordering::Relaxed) {
+            let _ = latency.record(started.elapsed().as_micros().max(1) as u64);
+            self.checks.fetch_add(checks, Ordering::Relaxed);
+            self.allowed.fetch_add(allowed, Ordering::Relaxed);
+        }
+    }
+
+    async fn ringlimit(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
+        let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        let mut client = RateLimiterClient::connect(addr.clone())
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        while !self.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            if self.batch == 1 {
+                let key = self.keys.next(&mut self.rng);
+                match client.check(self.request(key)).await {
+                    Ok(a) => {
+                        self.record(&mut latency, started, 1, u64::from(a.into_inner().allowed))
+                    }
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            } else {
+                let checks = (0..self.batch)
+                    .map(|_| {
+                        let key = self.keys.next(&mut self.rng);
+                        self.request(key)
+                    })
+                    .collect();
+                match client.check_batch(CheckBatchRequest { checks }).await {
+                    Ok(a) => {
+                        let results = a.into_inner().results;
+                        let allowed = results.iter().filter(|r| r.allowed).count() as u64;
+                        self.record(&mut latency, started, results.len() as u64, allowed);
+                    }
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Ok(latency)
+    }
+
+    fn request(&self, key: &str) -> CheckRequest {
+        CheckRequest {
+            key: key.to_string(),
+            route: "GET /bench".into(),
+            cost: Some(self.cost),
+            tier: None,
+            descriptors: Vec::new(),
+        }
+    }
+
+    async fn redis(mut self, addr: String, sha: String) -> anyhow::Result<Histogram<u64>> {
+        let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        let mut conn = redis::Conn::connect(&addr).await?;
+        while !self.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+            for _ in 0..self.batch {
+                let key = self.keys.next(&mut self.rng);
+                redis::push_check(
+                    &mut conn,
+                    &sha,
+                    key,
+                    "GET /bench",
+                    self.limit,
+                    60_000,
+                    now_ms,
+                );
+            }
+            conn.flush().await?;
+            let mut allowed = 0;
+            let mut failed = false;
+            for _ in 0..self.batch {
+                match redis::admitted(&conn.read().await?) {
+                    Ok(a) => allowed += u64::from(a),
+                    Err(_) => failed = true,
+                }
+            }
+            if failed {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.record(&mut latency, started, self.batch as u64, allowed);
+            }
+        }
+        Ok(latency)
+    }
+}
+
+/// The key space and its sampler.
+#[derive(Clone)]
+struct Keys {
+    names: Arc<Vec<String>>,
+    /// Cumulative Zipf weights; empty for uniform.
+    cdf: Arc<Vec<f64>>,
+}
+
+impl Keys {
+    fn new(args: &BenchArgs) -> Self {
+        let names = (0..args.keys).map(|i| format!("client_{i}")).collect();
+        let cdf = match args.distribution {
+            Distribution::Uniform => Vec::new(),
+            Distribution::Zipf => {
+                let mut total = 0.0;
+                let mut cdf: Vec<f64> = (1..=args.keys)
+                    .map(|rank| {
+                        total += 1.0 / (rank as f64).powf(args.zipf_s);
+                        total
+                    })
+                    .collect();
+                for c in &mut cdf {
+                    *c /= total;
+                }
+                cdf
+            }
+        };
+        Self {
+            names: Arc::new(names),
+            cdf: Arc::new(cdf),
+        }
+    }
+
+    fn next(&self, rng: &mut u64) -> &str {
+        let r = splitmix(rng);
+        let index = if self.cdf.is_empty() {
+            (r % self.names.len() as u64) as usize
+        } else {
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            self.cdf
+                .partition_point(|&c| c < u)
+                .min(self.names.len() - 1)
+        };
+        &self.names[index]
+    }
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn rule_toml(algorithm: &str, limit: u64) -> String {
+    let extra = if algorithm == "leaky_bucket" {
+        format!("burst = {limit}\n")
+    } else {
+        String::new()
+    };
+    format!("[default]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"60s\"\n{extra}")
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ringlimit-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A node process started by the bench.
+struct LocalNode {
+    child: Child,
+    grpc: String,
+}
+
+impl LocalNode {
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LocalNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Start `count` node processes of this binary, clustered, with `rules`.
+fn start_nodes(count: usize, dir: &std::path::Path, rules: &str) -> anyhow::Result<Vec<LocalNode>> {
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, rules)?;
+    let exe = std::env::current_exe()?;
+    let mut nodes: Vec<LocalNode> = Vec::new();
+    let mut seed: Option<String> = None;
+    for i in 0..count.max(1) {
+        let mut command = Command::new(&exe);
+        command
+            .args(["serve", "--node-id", &format!("bench-{}", i + 1)])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--gossip-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--rules")
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(seed) = &seed {
+            command.args(["--seed", seed]);
+        }
+        let mut child = command.spawn().context("starting a ringlimit node")?;
+        let stdout = child.stdout.take().context("node stdout")?;
+        let line = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .next()
+            .context("node exited before it was ready")??;
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .map(str::to_string)
+                .with_context(|| format!("no {name}= in ready line {line:?}"))
+        };
+        let grpc = field("grpc")?;
+        seed.get_or_insert(field("gossip")?);
+        nodes.push(LocalNode { child, grpc });
+    }
+    if count > 1 {
+        // Let gossip converge so checks are routed on the full ring.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    Ok(nodes)
+}
+
+fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .context("no VmRSS")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kb * 1024)
+}
+
+/// Bytes per key: fill a fresh node with --keys keys of --algorithm, RSS after minus
+/// before, divided by keys (and Redis used_memory per client with --compare-redis).
+async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile_dir()?;
+    let mut nodes = start_nodes(1, &dir, &rule_toml(&args.algorithm, 1_000_000))?;
+    let node = &mut nodes[0];
+    let pid = node.child.id();
+    let mut client = RateLimiterClient::connect(format!("http://{}", node.grpc)).await?;
+    // One check first, so connection buffers and lazily built structures are counted
+    // in the baseline, not per key.
+    client
+        .check(CheckRequest {
+            key: "warm".into(),
+            route: "GET /m".into(),
+            ..Default::default()
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_bytes(pid)?;
+    let started = Instant::now();
+    for chunk in 0..args.keys.div_ceil(1000) {
+        let checks = (chunk * 1000..((chunk + 1) * 1000).min(args.keys))
+            .map(|i| CheckRequest {
+                key: format!("client_{i}"),
+                route: "GET /m".into(),
+                ..Default::default()
+            })
+            .collect();
+        client.check_batch(CheckBatchRequest { checks }).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_bytes(pid)?;
+    println!(
+        "ringlimit {:<24} keys {:>9}  RSS {:>7.1} MiB -> {:>7.1} MiB  bytes/key {:>6.1}  (filled in {:.1} s)",
+        args.algorithm,
+        args.keys,
+        before as f64 / 1048576.0,
+        after as f64 / 1048576.0,
+        after.saturating_sub(before) as f64 / args.keys as f64,
+        started.elapsed().as_secs_f64()
+    );
+    node.stop();
+    if args.compare_redis {
+        let server = redis::start().await?;
+        let sha = redis::load_script(&server.addr).await?;
+        let before = redis::used_memory(&server.addr).await?;
+        let mut conn = redis::Conn::connect(&server.addr).await?;
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+        for chunk in 0..args.keys.div_ceil(1000) {
+            let range = chunk * 1000..((chunk + 1) * 1000).min(args.keys);
+            let n = range.len();
+            for i in range {
+                redis::push_check(
+                    &mut conn,
+                    &sha,
+                    &format!("client_{i}"),
+                    "GET /m",
+                    1_000_000,
+                    60_000,
+                    now_ms,
+                );
+            }
+            conn.flush().await?;
+            for _ in 0..n {
+                if let Err(e) = redis::admitted(&conn.read().await?) {
+                    bail!("redis script failed: {e}");
+                }
+            }
+        }
+        let after = redis::used_memory(&server.addr).await?;
+        println!(
+            "redis     sliding_window_counter   keys {:>9}  used_memory {:>7.1} MiB -> {:>7.1} MiB  bytes/key {:>6.1}  ({})",
+            args.keys,
+            before as f64 / 1048576.0,
+            after as f64 / 1048576.0,
+            after.saturating_sub(before) as f64 / args.keys as f64,
+            redis::version()
+        );
+    }
+    Ok(())
+}
