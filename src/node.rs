@@ -14,9 +14,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::transport::server::TcpIncoming;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::node::NodeConfig;
@@ -275,13 +275,14 @@ pub async fn start_with_clock(
         .build_v1()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RateLimiterServer::new(service))
         .add_service(PeerServer::new(peer_service))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc),
+            // tonic applies TCP_NODELAY only to listeners it builds itself; without it
+            // Nagle's algorithm meets delayed ACKs and small answers wait ~40 ms.
+            TcpIncoming::from(grpc).with_nodelay(Some(true)),
             cancel.clone().cancelled_owned(),
         );
     let server_cancel = cancel.clone();

@@ -315,12 +315,12 @@ impl Router {
     /// Decide on this node's shards (checks forwarded here, and locally owned keys).
     pub async fn decide_here(&self, items: Vec<CheckItem>) -> Result<Vec<Answer>, ShardError> {
         let outcomes = self.shards.check(items.clone()).await?;
+        let view = self.view();
         Ok(items
             .into_iter()
             .zip(outcomes)
             .map(|(item, outcome)| {
-                if outcome.fresh && self.inherited.contains(item.client.as_bytes()) {
-                    // This key's previous owner died with its count: it restarts here.
+                if outcome.fresh && self.restarts_here(&view, item.client.as_bytes()) {
                     self.metrics.resets.increment(1);
                 }
                 Answer {
@@ -391,6 +391,18 @@ impl Router {
             });
         }
         Ok(())
+    }
+
+    /// Whether a key that starts from empty here is (probably) a count that restarts:
+    /// its range was inherited from a node that died, or this node's own ring still
+    /// names another owner (a peer with a newer view forwarded it here, so this node
+    /// is an extra decider for the key). Over-counting a genuinely new key in those
+    /// moments is the safe side: a silent reset is the failure to avoid.
+    fn restarts_here(&self, view: &ClusterView, client: &[u8]) -> bool {
+        let stray = view
+            .owner(client)
+            .is_some_and(|owner| owner.node_id != *self.me.node_id);
+        stray || self.inherited.contains(client)
     }
 
     fn route(&self, view: &ClusterView, client: &[u8]) -> Route {
