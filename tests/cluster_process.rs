@@ -1,3 +1,871 @@
-//! stub
-#[test]
-fn stub() {}
+//! Multi-process cluster tests: real `ringlimit serve` processes on loopback port 0,
+//! faults injected with signals (kill -9, SIGSTOP/SIGCONT, SIGTERM), answers checked
+//! over real gRPC. Every test starts its own 3-node cluster, so the tests run in
+//! parallel with each other and with the rest of the suite.
+//!
+//! Each node's stderr goes to a log file in the cluster's temp dir; when a test fails
+//! the dir is kept and the log paths (and their last lines) are printed.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ringlimit::proto::peer::peer_client::PeerClient;
+use ringlimit::proto::peer::StatusRequest;
+use ringlimit::proto::rate_limiter_client::RateLimiterClient;
+use ringlimit::proto::{CheckRequest, CheckResponse};
+use ringlimit::ring::Ring;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ringlimit");
+const ROUTE: &str = "GET /t";
+const LIMIT: u64 = 20;
+const RULES: &str = r#"
+[[rule]]
+name = "t"
+route = "GET /t"
+algorithm = "fixed_window"
+limit = 20
+window = "1h"
+"#;
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Client-side deadline of one check: far above anything a healthy answer needs.
+const CHECK_DEADLINE: Duration = Duration::from_secs(3);
+
+// ---------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------
+
+/// One `ringlimit serve` process.
+struct Node {
+    id: String,
+    child: Child,
+    grpc: SocketAddr,
+    gossip: SocketAddr,
+    metrics: SocketAddr,
+    generation: u64,
+    log: PathBuf,
+    /// Everything the node printed on stdout.
+    stdout_log: PathBuf,
+    /// The thread copying stdout to `stdout_log` (ends when the process exits).
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// Reaped (exited and waited for): Drop leaves it alone.
+    exited: bool,
+}
+
+impl Node {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A cluster of node processes. Dropping it kills every process still running, so a
+/// failing test never leaves nodes behind.
+struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    rules: PathBuf,
+    extra_args: Vec<String>,
+    nodes: Vec<Node>,
+}
+
+impl Cluster {
+    /// Start `ids.len()` nodes (the first is every other node's seed) and wait until
+    /// every node sees all of them with equal rings.
+    async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("ringlimit-cluster-")
+            .tempdir()
+            .expect("temp dir");
+        let rules = dir.path().join("rules.toml");
+        std::fs::write(&rules, RULES).expect("write rules");
+        let mut cluster = Cluster {
+            dir: Some(dir),
+            rules,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            nodes: Vec::new(),
+        };
+        for id in ids {
+            let seed = cluster.nodes.first().map(|n| n.gossip);
+            let node = cluster.spawn(id, seed);
+            cluster.nodes.push(node);
+        }
+        let started = Instant::now();
+        cluster.wait_converged(ids).await;
+        eprintln!(
+            "[harness] {} nodes converged {:?} after the last ready line (logs in {})",
+            ids.len(),
+            started.elapsed(),
+            cluster.dir().display()
+        );
+        cluster
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.as_ref().expect("dir kept until drop").path()
+    }
+
+    fn spawn(&self, id: &str, seed: Option<SocketAddr>) -> Node {
+        let log = self.dir().join(format!("{id}.log"));
+        let stderr = std::fs::File::create(&log).expect("create log file");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .args(["--node-id", id])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(["--gossip-listen", "127.0.0.1:0"])
+            .arg("--rules")
+            .arg(&self.rules)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
+        if let Some(seed) = seed {
+            cmd.args(["--seed", &seed.to_string()]);
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let mut child = cmd.spawn().expect("spawn ringlimit serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stdout_log = self.dir().join(format!("{id}.stdout.log"));
+        let mut copy = std::fs::File::create(&stdout_log).expect("create stdout log");
+        let (tx, rx) = mpsc::channel();
+        // Every stdout line goes to `<id>.stdout.log`; the ready line is also handed
+        // over. Lines other than the ready line break the stdout contract, which
+        // `serve_prints_only_the_ready_line_on_stdout` checks; the other tests only
+        // need the ready line, so they tolerate them.
+        let reader = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(copy, "{line}");
+                if line.starts_with("ringlimit ready ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        });
+        let line = match rx.recv_timeout(READY_TIMEOUT) {
+            Ok(line) => line,
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "node {id}: no ready line within {READY_TIMEOUT:?} ({error}); log: {}\n{}\nstdout: {}\n{}",
+                    log.display(),
+                    tail(&log, 30),
+                    stdout_log.display(),
+                    tail(&stdout_log, 10)
+                );
+            }
+        };
+        let parsed = parse_ready(&line, id);
+        let (grpc, gossip, metrics, generation) = match parsed {
+            Ok(fields) => fields,
+            Err(message) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id}: {message}; log: {}", log.display());
+            }
+        };
+        let node = Node {
+            id: id.to_string(),
+            grpc,
+            gossip,
+            metrics,
+            generation,
+            child,
+            log,
+            stdout_log,
+            reader: Some(reader),
+            exited: false,
+        };
+        eprintln!(
+            "[harness] {} pid={} generation={} grpc={} gossip={} metrics={} log={}",
+            node.id,
+            node.pid(),
+            node.generation,
+            node.grpc,
+            node.gossip,
+            node.metrics,
+            node.log.display()
+        );
+        node
+    }
+
+    fn node(&self, id: &str) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn node_mut(&mut self, id: &str) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// Send `sig` (e.g. "KILL", "STOP", "CONT", "TERM") to node `id` with `kill(1)`.
+    fn signal(&self, id: &str, sig: &str) {
+        let pid = self.node(id).pid();
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(
+            status.success(),
+            "kill -{sig} {pid} ({id}) failed: {status}"
+        );
+    }
+
+    /// kill -9 node `id` and reap it.
+    fn crash(&mut self, id: &str) {
+        self.signal(id, "KILL");
+        let node = self.node_mut(id);
+        let status = node.child.wait().expect("wait for killed node");
+        node.exited = true;
+        eprintln!("[harness] {id} killed with SIGKILL: {status}");
+    }
+
+    /// Wait up to `timeout` for node `id` to exit; returns its exit status.
+    fn wait_exit(&mut self, id: &str, timeout: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        let node = self.node_mut(id);
+        loop {
+            if let Some(status) = node.child.try_wait().expect("try_wait") {
+                node.exited = true;
+                return status;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{id} did not exit within {timeout:?}; log: {}",
+                node.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Poll every listed node's `Peer/Status` until each lists exactly `ids` as live
+    /// (non-leaving) members and all report the same ring digest.
+    async fn wait_converged(&self, ids: &[&str]) {
+        let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
+        let started = Instant::now();
+        loop {
+            let last = match self.ring_views(ids).await {
+                Ok(views) => {
+                    let digests: BTreeSet<u64> = views.iter().map(|(_, d, _)| *d).collect();
+                    let all_match = views.iter().all(|(_, _, members)| *members == want);
+                    if all_match && digests.len() == 1 {
+                        return;
+                    }
+                    format!("{views:?}")
+                }
+                Err(error) => error,
+            };
+            assert!(
+                started.elapsed() < CONVERGE_TIMEOUT,
+                "cluster did not converge on {want:?} within {CONVERGE_TIMEOUT:?}; last views \
+                 (node, digest, live members): {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// (node, ring digest, live members) as each of `ids` reports it.
+    async fn ring_views(
+        &self,
+        ids: &[&str],
+    ) -> Result<Vec<(String, u64, BTreeSet<String>)>, String> {
+        let mut views = Vec::new();
+        for id in ids {
+            let node = self.node(id);
+            let status = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut client = PeerClient::connect(format!("http://{}", node.grpc))
+                    .await
+                    .map_err(|e| format!("{id}: connect: {e}"))?;
+                client
+                    .status(StatusRequest {})
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|e| format!("{id}: status: {e}"))
+            })
+            .await
+            .map_err(|_| format!("{id}: status timed out"))??;
+            let live = status
+                .members
+                .iter()
+                .filter(|m| !m.leaving)
+                .map(|m| m.node_id.clone())
+                .collect();
+            views.push((id.to_string(), status.ring_digest, live));
+        }
+        Ok(views)
+    }
+
+    async fn client(&self, id: &str) -> RateLimiterClient<Channel> {
+        RateLimiterClient::connect(format!("http://{}", self.node(id).grpc))
+            .await
+            .unwrap_or_else(|e| panic!("connect to {id}: {e}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        for node in &mut self.nodes {
+            if !node.exited {
+                // SIGKILL also ends a SIGSTOPped process.
+                let _ = node.child.kill();
+                let _ = node.child.wait();
+            }
+        }
+        if failed {
+            if let Some(dir) = self.dir.take() {
+                let path = dir.keep();
+                eprintln!(
+                    "[harness] test failed; node logs kept in {}",
+                    path.display()
+                );
+                for node in &self.nodes {
+                    eprintln!(
+                        "[harness] ---- {} log: {} (last lines; stdout in {}) ----\n{}",
+                        node.id,
+                        node.log.display(),
+                        node.stdout_log.display(),
+                        tail(&node.log, 25)
+                    );
+                    eprintln!(
+                        "[harness] ---- {} stdout: {} (last lines) ----\n{}",
+                        node.id,
+                        node.stdout_log.display(),
+                        tail(&node.stdout_log, 25)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// (grpc, gossip, metrics, generation) from
+/// `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A`.
+fn parse_ready(line: &str, id: &str) -> Result<(SocketAddr, SocketAddr, SocketAddr, u64), String> {
+    let field = |name: &str| -> Result<&str, String> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .ok_or_else(|| format!("ready line lacks {name}=: {line:?}"))
+    };
+    if field("node_id")? != id {
+        return Err(format!("ready line names another node: {line:?}"));
+    }
+    let addr = |name: &str| -> Result<SocketAddr, String> {
+        field(name)?
+            .parse()
+            .map_err(|e| format!("{name} in {line:?}: {e}"))
+    };
+    let generation = field("generation")?
+        .parse()
+        .map_err(|e| format!("generation in {line:?}: {e}"))?;
+    Ok((addr("grpc")?, addr("gossip")?, addr("metrics")?, generation))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A client key that `owner` owns in the ring of node-a, node-b, node-c and that
+/// `heir` owns once `owner` is gone.
+fn key_owned_by(prefix: &str, owner: &str, heir: &str) -> String {
+    let full = Ring::new(["node-a", "node-b", "node-c"], Ring::DEFAULT_VNODES);
+    let rest: Vec<&str> = ["node-a", "node-b", "node-c"]
+        .into_iter()
+        .filter(|n| *n != owner)
+        .collect();
+    let after = Ring::new(rest, Ring::DEFAULT_VNODES);
+    (0..100_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|k| {
+            full.owner(k.as_bytes()) == Some(owner) && after.owner(k.as_bytes()) == Some(heir)
+        })
+        .expect("some key has that owner and heir")
+}
+
+fn request(key: &str) -> CheckRequest {
+    CheckRequest {
+        key: key.to_string(),
+        route: ROUTE.to_string(),
+        cost: None,
+        tier: None,
+        descriptors: vec![],
+    }
+}
+
+/// One check with a client-side deadline; `Err` carries the gRPC status or "deadline".
+async fn check(
+    client: &mut RateLimiterClient<Channel>,
+    key: &str,
+) -> Result<CheckResponse, String> {
+    match tokio::time::timeout(CHECK_DEADLINE, client.check(request(key))).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+        Err(_) => Err(format!("no answer within {CHECK_DEADLINE:?}")),
+    }
+}
+
+fn decider(a: &CheckResponse) -> String {
+    a.decider
+        .as_ref()
+        .map(|d| d.node_id.clone())
+        .unwrap_or_default()
+}
+
+fn hops(a: &CheckResponse) -> Option<u32> {
+    a.descriptors.first().map(|d| d.hops)
+}
+
+fn brief(a: &CheckResponse) -> String {
+    format!(
+        "allowed={} remaining={} limit={} decider={}@{} degraded={} seq={} hops={:?} rule={}",
+        a.allowed,
+        a.remaining,
+        a.limit,
+        decider(a),
+        a.decider.as_ref().map_or(0, |d| d.generation),
+        a.degraded,
+        a.sequence,
+        hops(a),
+        a.rule
+    )
+}
+
+/// Admit the key's whole limit through node `via`; every answer must be an admission
+/// by the owner `owner`, not degraded.
+async fn exhaust(client: &mut RateLimiterClient<Channel>, via: &str, key: &str, owner: &str) {
+    for i in 0..LIMIT {
+        let a = check(client, key)
+            .await
+            .unwrap_or_else(|e| panic!("exhausting {key} via {via}: check {i}: {e}"));
+        assert!(
+            a.allowed && !a.degraded && decider(&a) == owner,
+            "exhausting {key} via {via}: check {i} should be admitted by {owner}: {}",
+            brief(&a)
+        );
+        assert_eq!(a.remaining, LIMIT - 1 - i, "check {i}: {}", brief(&a));
+    }
+}
+
+/// The value of an unlabelled counter on a node's `/metrics` (raw HTTP/1.0 GET).
+async fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut body = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&body);
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        (series == name || series.starts_with(&format!("{name}{{"))).then(|| value.parse().ok())?
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------
+
+/// One answer seen after the fault, with when it came.
+struct Seen {
+    at: Duration,
+    answer: Result<CheckResponse, String>,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_owner_keys_are_answered_by_a_new_owner_within_5s_and_within_the_bound() {
+    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &[]).await;
+    let key = key_owned_by("killed", "node-c", "node-b");
+    eprintln!("[kill-9] key {key}: owner node-c, heir node-b");
+    let mut via_a = cluster.client("node-a").await;
+    exhaust(&mut via_a, "node-a", &key, "node-c").await;
+
+    cluster.crash("node-c");
+    let killed = Instant::now();
+
+    // Check every ~50 ms until the heir has answered for a while and denied (it starts
+    // from empty, so it admits up to the limit again), at most 12 s.
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut recovered: Option<(Duration, String)> = None;
+    let mut heir_denied_at: Option<usize> = None;
+    while killed.elapsed() < Duration::from_secs(12) {
+        let answer = check(&mut via_a, &key).await;
+        let at = killed.elapsed();
+        if let Ok(a) = &answer {
+            if recovered.is_none() && !a.degraded && decider(a) != "node-c" {
+                recovered = Some((at, decider(a)));
+            }
+            if recovered.is_some() && !a.allowed && heir_denied_at.is_none() {
+                heir_denied_at = Some(seen.len());
+            }
+        }
+        seen.push(Seen { at, answer });
+        if heir_denied_at.is_some_and(|i| seen.len() >= i + 5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for s in &seen {
+        match &s.answer {
+            Ok(a) => eprintln!("[kill-9] +{:>5} ms {}", s.at.as_millis(), brief(a)),
+            Err(e) => eprintln!("[kill-9] +{:>5} ms error: {e}", s.at.as_millis()),
+        }
+    }
+
+    let errors = seen.iter().filter(|s| s.answer.is_err()).count();
+    let first_answer = seen
+        .iter()
+        .find(|s| s.answer.as_ref().is_ok_and(|a| decider(a) != "node-c"))
+        .map(|s| s.at);
+    let (recovery, new_owner) = recovered.unwrap_or_else(|| {
+        panic!(
+            "no answer from a new owner (non-degraded, decider != node-c) within 12 s of kill -9"
+        )
+    });
+    eprintln!(
+        "[kill-9] first non-error answer not from node-c: {:?}; first answer by the new owner \
+         {new_owner} (not degraded): {recovery:?}; errors in between: {errors}",
+        first_answer
+    );
+    assert_eq!(
+        new_owner, "node-b",
+        "the ring without node-c gives {key} to node-b"
+    );
+    assert!(
+        recovery <= Duration::from_secs(5),
+        "the new owner took {recovery:?} (> 5 s) to answer after kill -9"
+    );
+    // After recovery nothing is an error and nothing is decided by the dead node.
+    for s in seen.iter().filter(|s| s.at >= recovery) {
+        let a = s
+            .answer
+            .as_ref()
+            .unwrap_or_else(|e| panic!("+{:?}: error after the new owner took over: {e}", s.at));
+        assert_ne!(decider(a), "node-c", "+{:?}: {}", s.at, brief(a));
+    }
+
+    // The bound: L more per ownership change + limit/live-nodes per fail-open decider.
+    let answers: Vec<&CheckResponse> = seen.iter().filter_map(|s| s.answer.as_ref().ok()).collect();
+    let admitted = answers.iter().filter(|a| a.allowed).count() as u64;
+    // Fail-open answers: degraded and decided by a node's own fallback counter (a deny
+    // cache hit repeats an owner's denial and is also flagged degraded, but admits
+    // nothing and has no sequence number).
+    let fail_open: Vec<&&CheckResponse> = answers
+        .iter()
+        .filter(|a| a.degraded && a.sequence != 0)
+        .collect();
+    let fail_open_admitted = fail_open.iter().filter(|a| a.allowed).count() as u64;
+    let degraded_deciders: BTreeSet<String> = fail_open.iter().map(|a| decider(a)).collect();
+    let by_new_owner = answers
+        .iter()
+        .filter(|a| a.allowed && !a.degraded && decider(a) == new_owner)
+        .count() as u64;
+    let fallback_limit = LIMIT / 3;
+    let bound = LIMIT + fallback_limit * degraded_deciders.len() as u64 + LIMIT;
+    eprintln!(
+        "[kill-9] admitted after the kill: {admitted} (fail-open {fail_open_admitted} by \
+         {degraded_deciders:?}, new owner {by_new_owner}); bound {LIMIT} + {fallback_limit}×{} + \
+         {LIMIT} = {bound}; checks {}",
+        degraded_deciders.len(),
+        seen.len()
+    );
+    assert!(
+        by_new_owner <= LIMIT,
+        "the new owner admitted {by_new_owner} > {LIMIT} in one window"
+    );
+    assert!(
+        fail_open_admitted <= fallback_limit * degraded_deciders.len() as u64,
+        "fail-open admitted {fail_open_admitted} > {fallback_limit} per degraded decider"
+    );
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} after the kill, more than the documented bound {bound}"
+    );
+    assert!(
+        heir_denied_at.is_some(),
+        "the new owner never denied the key within 12 s (it should after {LIMIT} admissions)"
+    );
+
+    // The new owner counted the restart of the key it inherited from the dead node.
+    let metrics = cluster.node(&new_owner).metrics;
+    let started = Instant::now();
+    let resets = loop {
+        let value = metric(metrics, "ringlimit_ownership_resets_total").await;
+        if value.is_some_and(|v| v >= 1.0) || started.elapsed() > Duration::from_secs(3) {
+            break value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("[kill-9] {new_owner} ringlimit_ownership_resets_total = {resets:?}");
+    assert!(
+        resets.is_some_and(|v| v >= 1.0),
+        "{new_owner} decided {key} from empty after node-c died but \
+         ringlimit_ownership_resets_total = {resets:?} (a silent reset); log: {}",
+        cluster.node(&new_owner).log.display()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
+    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &[]).await;
+    let key = key_owned_by("leave", "node-c", "node-b");
+    eprintln!("[leave] key {key}: owner node-c, heir node-b");
+    let mut via_a = cluster.client("node-a").await;
+    let mut via_b = cluster.client("node-b").await;
+    exhaust(&mut via_a, "node-a", &key, "node-c").await;
+
+    cluster.signal("node-c", "TERM");
+    let termed = Instant::now();
+    let status = cluster.wait_exit("node-c", Duration::from_secs(15));
+    let exit_time = termed.elapsed();
+    eprintln!("[leave] node-c exited {exit_time:?} after SIGTERM: {status}");
+    assert!(
+        status.success(),
+        "node-c's graceful leave exited with {status}"
+    );
+    cluster.wait_converged(&["node-a", "node-b"]).await;
+    eprintln!(
+        "[leave] node-a and node-b agree on a 2-node ring {:?} after SIGTERM",
+        termed.elapsed()
+    );
+
+    let mut answers = Vec::new();
+    for (via, client) in [("node-a", &mut via_a), ("node-b", &mut via_b)] {
+        for i in 0..10 {
+            let a = check(client, &key)
+                .await
+                .unwrap_or_else(|e| panic!("check {i} via {via} after the leave: {e}"));
+            eprintln!("[leave] via {via} #{i}: {}", brief(&a));
+            answers.push((via, i, a));
+        }
+    }
+    let admitted = answers.iter().filter(|(_, _, a)| a.allowed).count();
+    eprintln!(
+        "[leave] admitted after the handoff: {admitted} of {}",
+        answers.len()
+    );
+    for (via, i, a) in &answers {
+        assert!(
+            !a.allowed,
+            "via {via} #{i}: the handed-over key was exhausted, yet admitted: {}",
+            brief(a)
+        );
+        let d = decider(a);
+        assert!(
+            d == "node-a" || d == "node-b",
+            "via {via} #{i}: decided by {d}, not by a remaining node: {}",
+            brief(a)
+        );
+        // The owner's own answers are not degraded. A non-owner repeats the owner's
+        // denial from its deny cache once it has seen one; the product flags those
+        // `degraded` (src/server/router.rs, `Router::cached`), but they carry the new
+        // owner's verdict and no fail-open: no sequence number, decider = the owner.
+        let deny_cache_hit = a.degraded && a.sequence == 0 && d == "node-b" && *via == "node-a";
+        assert!(
+            !a.degraded || deny_cache_hit,
+            "via {via} #{i}: a degraded (fail-open or fail-closed) answer after a graceful \
+             leave: {}",
+            brief(a)
+        );
+        if *i == 0 {
+            assert!(
+                !a.degraded && d == "node-b",
+                "via {via} #{i}: the first answer must be the new owner's own decision: {}",
+                brief(a)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_owner_gets_degraded_answers_within_the_deadline() {
+    let cluster = Cluster::start(
+        &["node-a", "node-b", "node-c"],
+        &["--forward-timeout-ms", "200"],
+    )
+    .await;
+    let key = key_owned_by("stopped", "node-c", "node-b");
+    eprintln!("[stop] key {key}: owner node-c, heir node-b");
+    let mut via_a = cluster.client("node-a").await;
+    // Warm the node-a → node-c link, so the stall below is a silent peer, not a connect.
+    let warm = check(&mut via_a, &key).await.expect("warm-up check");
+    assert!(
+        warm.allowed && !warm.degraded && decider(&warm) == "node-c",
+        "warm-up: {}",
+        brief(&warm)
+    );
+
+    cluster.signal("node-c", "STOP");
+    let stopped = Instant::now();
+    let result = stopped_owner_checks(&cluster, &key, stopped).await;
+    cluster.signal("node-c", "CONT");
+    eprintln!(
+        "[stop] node-c continued {:?} after SIGSTOP",
+        stopped.elapsed()
+    );
+    if let Err(message) = result {
+        panic!("{message}");
+    }
+}
+
+/// The checks of the SIGSTOP test; `Err` so the caller can SIGCONT before failing.
+async fn stopped_owner_checks(
+    cluster: &Cluster,
+    key: &str,
+    stopped: Instant,
+) -> Result<(), String> {
+    let fallback_limit = LIMIT / 3;
+    let mut via_a = cluster.client("node-a").await;
+    let expect_degraded = |what: &str, a: &CheckResponse, took: Duration| -> Result<(), String> {
+        if took > Duration::from_secs(1) {
+            return Err(format!("{what}: took {took:?} (> 1 s): {}", brief(a)));
+        }
+        if !a.degraded || decider(a) != "node-a" {
+            return Err(format!(
+                "{what} (+{:?} after SIGSTOP): expected a degraded answer decided by node-a: {}",
+                stopped.elapsed(),
+                brief(a)
+            ));
+        }
+        if a.limit != fallback_limit {
+            return Err(format!(
+                "{what}: the fallback limit should be {LIMIT}/3 = {fallback_limit}: {}",
+                brief(a)
+            ));
+        }
+        Ok(())
+    };
+
+    // 1. One check, timed.
+    let sent = Instant::now();
+    let first = check(&mut via_a, key)
+        .await
+        .map_err(|e| format!("first check: {e}"))?;
+    let took = sent.elapsed();
+    eprintln!(
+        "[stop] first check via node-a answered in {took:?}: {}",
+        brief(&first)
+    );
+    expect_degraded("first check", &first, took)?;
+    if !first.allowed {
+        return Err(format!(
+            "first check should fail open (allowed): {}",
+            brief(&first)
+        ));
+    }
+
+    // 2. Five more at once (sequentially they would take longer than failure detection,
+    //    after which the heir decides): all admitted by node-a's fallback counter.
+    let sent = Instant::now();
+    let mut batch = tokio::task::JoinSet::new();
+    for _ in 1..fallback_limit {
+        let mut client = via_a.clone();
+        let key = key.to_string();
+        batch.spawn(async move {
+            let answer = check(&mut client, &key).await;
+            (answer, Instant::now())
+        });
+    }
+    let mut admitted = 1;
+    while let Some(joined) = batch.join_next().await {
+        let (answer, done) = joined.map_err(|e| format!("check task: {e}"))?;
+        let a = answer.map_err(|e| format!("concurrent check: {e}"))?;
+        let took = done - sent;
+        eprintln!(
+            "[stop] concurrent check via node-a answered in {took:?}: {}",
+            brief(&a)
+        );
+        expect_degraded("concurrent check", &a, took)?;
+        if a.allowed {
+            admitted += 1;
+        }
+    }
+    if admitted != fallback_limit {
+        return Err(format!(
+            "node-a's fallback admitted {admitted} of the first {fallback_limit} checks; all \
+             should be admitted"
+        ));
+    }
+
+    // 3. The next one is denied: the fallback allowance is per node and used up.
+    let sent = Instant::now();
+    let next = check(&mut via_a, key)
+        .await
+        .map_err(|e| format!("check 7: {e}"))?;
+    let took = sent.elapsed();
+    eprintln!(
+        "[stop] check {} via node-a answered in {took:?} (+{:?} after SIGSTOP): {}",
+        fallback_limit + 1,
+        stopped.elapsed(),
+        brief(&next)
+    );
+    expect_degraded("the check after the fallback allowance", &next, took)?;
+    if next.allowed {
+        return Err(format!(
+            "after {fallback_limit} degraded admissions node-a admitted another: {}",
+            brief(&next)
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_prints_only_the_ready_line_on_stdout() {
+    let mut cluster = Cluster::start(&["node-a"], &[]).await;
+    let mut client = cluster.client("node-a").await;
+    let a = check(&mut client, "stdout-contract")
+        .await
+        .expect("a check on a 1-node cluster");
+    assert!(a.allowed && !a.degraded, "{}", brief(&a));
+    drop(client);
+    cluster.signal("node-a", "TERM");
+    let status = cluster.wait_exit("node-a", Duration::from_secs(15));
+    assert!(
+        status.success(),
+        "node-a exited with {status} after SIGTERM"
+    );
+    let node = cluster.node_mut("node-a");
+    if let Some(reader) = node.reader.take() {
+        reader.join().expect("stdout reader");
+    }
+    let stdout = std::fs::read_to_string(&node.stdout_log).expect("stdout log");
+    let lines: Vec<&str> = stdout.lines().collect();
+    eprintln!(
+        "[stdout] `ringlimit serve` printed {} line(s) on stdout",
+        lines.len()
+    );
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("ringlimit ready "),
+        "`ringlimit serve` must print exactly one line on stdout, the ready line (logs go to \
+         stderr); it printed {} lines, the first ones:\n{}",
+        lines.len(),
+        lines.iter().take(5).copied().collect::<Vec<_>>().join("\n")
+    );
+}
