@@ -1,0 +1,134 @@
+//! Microbenchmarks: one in-shard decision per algorithm (the target is ≤ 50 ns), the
+//! `governor` crate's GCRA as a reference point, and one shard round trip (handle →
+//! bounded channel → actor → oneshot back).
+//!
+//! Run: `cargo bench --bench decision`. Time is injected, so every decision runs the
+//! full algorithm on a live state with a moving clock, not a cached answer.
+
+use std::num::NonZeroU64;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use divan::{black_box, Bencher};
+use ringlimit::algorithms::{FixedWindow, Gcra, Limiter, SlidingCounter, SlidingLog, TokenBucket};
+use ringlimit::clock::SystemClock;
+use ringlimit::config::rules::RuleSet;
+use ringlimit::shard::{CheckItem, ShardConfig, Shards, Store};
+
+fn main() {
+    divan::main();
+}
+
+fn nz(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).unwrap()
+}
+
+fn limiters() -> Vec<(&'static str, Limiter)> {
+    // Limits high enough that the benchmark mostly admits (the full update path).
+    let w = Duration::from_secs(60);
+    let big = nz(1_000_000_000);
+    vec![
+        (
+            "token_bucket",
+            Limiter::TokenBucket(TokenBucket::new(big, big, w).unwrap()),
+        ),
+        (
+            "gcra_meter",
+            Limiter::LeakyBucket(Gcra::meter(big, w, big).unwrap()),
+        ),
+        (
+            "fixed_window",
+            Limiter::FixedWindow(FixedWindow::new(big, w).unwrap()),
+        ),
+        (
+            "sliding_window_log",
+            Limiter::SlidingWindowLog(SlidingLog::new(nz(100_000), w).unwrap()),
+        ),
+        (
+            "sliding_window_counter",
+            Limiter::SlidingWindowCounter(SlidingCounter::new(big, w).unwrap()),
+        ),
+    ]
+}
+
+/// One decision on one key's state, the clock advancing 1 ms per call.
+#[divan::bench(args = ["token_bucket", "gcra_meter", "fixed_window", "sliding_window_log", "sliding_window_counter"])]
+fn algorithm_decision(bencher: Bencher, name: &str) {
+    let limiter = limiters().into_iter().find(|(n, _)| *n == name).unwrap().1;
+    let mut state = limiter.new_state();
+    let mut now = 1_767_225_600_000u64;
+    bencher.bench_local(|| {
+        now += 1;
+        black_box(limiter.check(&mut state, black_box(now), NonZeroU64::MIN))
+    });
+}
+
+/// The `governor` crate's GCRA on a direct (single-key) limiter, for reference.
+#[divan::bench]
+fn governor_gcra_direct(bencher: Bencher) {
+    use governor::{Quota, RateLimiter};
+    let limiter = RateLimiter::direct(Quota::per_second(
+        std::num::NonZeroU32::new(1_000_000_000).unwrap(),
+    ));
+    bencher.bench_local(|| black_box(limiter.check()));
+}
+
+/// A decision through the shard's store: key encoding, hash lookup, algorithm, expiry
+/// bookkeeping (10,000 keys, round robin).
+#[divan::bench]
+fn store_decision_10k_keys(bencher: Bencher) {
+    let rules = RuleSet::builtin();
+    let rule = rules.default_rule().clone();
+    let mut store = Store::new(1_000_000, 1);
+    let keys: Vec<Vec<u8>> = (0..10_000)
+        .map(|i| format!("client_{i}").into_bytes())
+        .collect();
+    let mut i = 0;
+    let mut now = 1_767_225_600_000u64;
+    bencher.bench_local(|| {
+        i = (i + 1) % keys.len();
+        now += 1;
+        let counter = ringlimit::shard::Counter {
+            rule: &rule.name,
+            fingerprint: rule.fingerprint,
+            limiter: &rule.limiter,
+            client: &keys[i],
+            route: "GET /bench",
+        };
+        black_box(store.check(counter, now, NonZeroU64::MIN))
+    });
+}
+
+/// One shard round trip on a current-thread runtime: send, actor decides, reply.
+#[divan::bench]
+fn shard_round_trip(bencher: Bencher) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tracker = tokio_util::task::TaskTracker::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let shards = runtime.block_on(async {
+        Shards::spawn(
+            &ShardConfig {
+                shards: 1,
+                ..ShardConfig::default()
+            },
+            Arc::new(SystemClock),
+            Arc::new(AtomicU64::new(0)),
+            &tracker,
+            cancel.clone(),
+        )
+    });
+    let rules = RuleSet::builtin();
+    let item = CheckItem {
+        rule: rules.default_rule().clone(),
+        client: Arc::from("client_1"),
+        route: Arc::from("GET /bench"),
+        tier: None,
+        cost: NonZeroU64::MIN,
+    };
+    bencher.bench_local(|| runtime.block_on(shards.check(vec![item.clone()])).unwrap());
+    cancel.cancel();
+}
