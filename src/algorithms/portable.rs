@@ -30,6 +30,17 @@ impl KeyState {
         }
     }
 
+    /// A fresh state of the same algorithm.
+    pub fn empty_like(state: &KeyState) -> KeyState {
+        match state {
+            KeyState::TokenBucket(_) => KeyState::TokenBucket(Default::default()),
+            KeyState::LeakyBucket(_) => KeyState::LeakyBucket(Default::default()),
+            KeyState::FixedWindow(_) => KeyState::FixedWindow(Default::default()),
+            KeyState::SlidingWindowLog(_) => KeyState::SlidingWindowLog(Default::default()),
+            KeyState::SlidingWindowCounter(_) => KeyState::SlidingWindowCounter(Default::default()),
+        }
+    }
+
     /// The state as words; [`KeyState::from_words`] with the same kind restores it.
     pub fn to_words(&self) -> Vec<u64> {
         match self {

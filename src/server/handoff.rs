@@ -1,10 +1,13 @@
 //! Moving key state when ring ownership changes and the old owner is alive.
 //!
 //! Push-based: every node watches its cluster view. When the ring changes, a node
-//! exports (removes) the state of every key it holds that the new ring gives to
-//! another member and pushes it to that member's `Peer/Install`. The receiver merges
-//! it with any state it already built for the key during the gossip window, so counts
-//! from both sides survive. This serves scale-out (a joiner takes ~1/N of the keys, the
+//! copies the state of every key it holds that the new ring gives to another member
+//! and pushes it to that member's `Peer/Install`. The receiver merges it with any state
+//! it already built for the key during the gossip window, so counts from both sides
+//! survive. The old owner keeps the handed-over state: a node still on the old ring may
+//! forward a late check to it, and a forwarded check is never forwarded again, so the
+//! old owner decides it on the same count (never on a fresh one) and pushes what it
+//! admitted as a delta every 100 ms. This serves scale-out (a joiner takes ~1/N of the keys, the
 //! old owners push them) and graceful leave (the leaver drops off every ring, including
 //! its own, and pushes everything).
 //!
@@ -20,12 +23,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::membership::{ClusterView, Member};
+use crate::membership::ClusterView;
 use crate::proto::peer::KeyState as WireState;
 use crate::ring::diff;
 use crate::server::forward::PeerPool;
 use crate::server::router::Inherited;
-use crate::shard::{ExportFilter, Shards};
+use crate::shard::{Exported, NewOwner, Shards};
 
 /// States per `Install` call.
 const PUSH_CHUNK: usize = 1000;
@@ -41,6 +44,7 @@ pub struct Handoff {
     pushed: metrics::Counter,
     lost: metrics::Counter,
     restarts: metrics::Counter,
+    deltas: metrics::Counter,
 }
 
 impl Handoff {
@@ -61,6 +65,7 @@ impl Handoff {
             pushed: metrics::counter!("ringlimit_handoff_pushed_total"),
             lost: metrics::counter!("ringlimit_handoff_failed_total"),
             restarts: metrics::counter!("ringlimit_member_restarts_total"),
+            deltas: metrics::counter!("ringlimit_handoff_deltas_total"),
         }
     }
 
@@ -157,44 +162,78 @@ impl Handoff {
         }
     }
 
-    /// Export every key `view` gives to another member and push it there. Returns how
-    /// many keys were installed by their new owners.
+    /// Hand every key `view` gives to another member to that member. Returns how many
+    /// keys their new owners installed.
     pub async fn push_away(&self, view: &ClusterView) -> u64 {
         let me = self.me.clone();
         let ring = view.ring.clone();
-        let leaves: ExportFilter =
-            Arc::new(move |client: &[u8]| ring.owner(client).is_some_and(|owner| owner != &*me));
-        let exported = match self.shards.export(leaves).await {
-            Ok(exported) => exported,
+        let new_owner: NewOwner = Arc::new(move |client: &[u8]| {
+            ring.owner(client)
+                .filter(|owner| *owner != &*me)
+                .map(Arc::from)
+        });
+        match self.shards.export(new_owner).await {
+            Ok(exported) => self.push(view, exported, "handed state over").await,
             Err(error) => {
                 tracing::error!(%error, "handoff export failed");
-                return 0;
+                0
             }
-        };
-        if exported.is_empty() {
-            return 0;
         }
-        let mut by_owner: HashMap<String, (Member, Vec<WireState>)> = HashMap::new();
-        for item in exported {
-            let Some((_, client, _)) = crate::shard::StateKey::decode(item.key.as_bytes()) else {
-                continue;
-            };
-            let Some(owner) = view.owner(client) else {
-                continue;
-            };
-            by_owner
-                .entry(owner.node_id.clone())
-                .or_insert_with(|| (owner.clone(), Vec::new()))
-                .1
-                .push(WireState {
-                    key: item.key.as_bytes().to_vec(),
-                    fingerprint: item.fingerprint,
-                    algorithm: item.state.kind().as_str().to_string(),
-                    words: item.state.to_words(),
-                });
+    }
+
+    /// Push admissions made on handed-over keys (late checks from nodes on the old
+    /// ring) to the keys' new owners, every `every`, until `cancel`.
+    pub async fn flush_deltas(
+        self,
+        views: watch::Receiver<Arc<ClusterView>>,
+        every: std::time::Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let view = views.borrow().clone();
+            self.flush_once(&view).await;
+        }
+    }
+
+    /// One delta push (also the last step of a graceful leave).
+    pub async fn flush_once(&self, view: &ClusterView) -> u64 {
+        match self.shards.drain_deltas().await {
+            Ok(deltas) if !deltas.is_empty() => {
+                self.deltas.increment(deltas.len() as u64);
+                self.push(view, deltas, "pushed late admissions").await
+            }
+            Ok(_) => 0,
+            Err(error) => {
+                tracing::debug!(%error, "delta drain failed");
+                0
+            }
+        }
+    }
+
+    /// Push states to their destinations, in chunks, counting what is lost.
+    async fn push(&self, view: &ClusterView, items: Vec<(Arc<str>, Exported)>, what: &str) -> u64 {
+        let mut by_owner: HashMap<Arc<str>, Vec<WireState>> = HashMap::new();
+        for (to, item) in items {
+            by_owner.entry(to).or_default().push(WireState {
+                key: item.key.as_bytes().to_vec(),
+                fingerprint: item.fingerprint,
+                algorithm: item.state.kind().as_str().to_string(),
+                words: item.state.to_words(),
+            });
         }
         let mut installed = 0;
-        for (owner_id, (owner, states)) in by_owner {
+        for (owner_id, states) in by_owner {
+            let Some(owner) = view.member(&owner_id).cloned() else {
+                tracing::error!(to = %owner_id, keys = states.len(), "handoff target left the cluster: these counts are lost");
+                self.lost.increment(states.len() as u64);
+                continue;
+            };
             let total = states.len();
             let mut delivered = 0;
             for chunk in states.chunks(PUSH_CHUNK) {
@@ -210,7 +249,7 @@ impl Handoff {
                 }
             }
             self.pushed.increment(delivered as u64);
-            tracing::info!(to = %owner_id, keys = total, delivered, "handed state over");
+            tracing::info!(to = %owner_id, keys = total, delivered, "{what}");
         }
         installed
     }

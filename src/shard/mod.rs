@@ -134,8 +134,11 @@ enum Command {
         reply: oneshot::Sender<usize>,
     },
     Export {
-        leaves: ExportFilter,
-        reply: oneshot::Sender<Vec<Exported>>,
+        new_owner: NewOwner,
+        reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
+    },
+    DrainDeltas {
+        reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
     },
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
@@ -143,8 +146,8 @@ enum Command {
     },
 }
 
-/// Selects, by client key, the entries a shard hands over.
-pub type ExportFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+/// For a client key: the node it must be handed to, or `None` if it stays here.
+pub type NewOwner = Arc<dyn Fn(&[u8]) -> Option<Arc<str>> + Send + Sync>;
 
 /// Cloneable handle to every shard actor of a node.
 #[derive(Clone, Debug)]
@@ -278,16 +281,34 @@ impl Shards {
         Ok(total)
     }
 
-    /// Remove and return the state of every key `leaves` selects, from every shard.
-    pub async fn export(&self, leaves: ExportFilter) -> Result<Vec<Exported>, ShardError> {
+    /// Hand over every key `new_owner` gives to another node, from every shard: a copy
+    /// of each state with its destination (the entries stay, marked moved).
+    pub async fn export(
+        &self,
+        new_owner: NewOwner,
+    ) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
         let mut out = Vec::new();
         for (shard, inbox) in self.inboxes.iter().enumerate() {
             let (reply, rx) = oneshot::channel();
             inbox
                 .send(Command::Export {
-                    leaves: leaves.clone(),
+                    new_owner: new_owner.clone(),
                     reply,
                 })
+                .await
+                .map_err(|_| ShardError::Stopped(shard))?;
+            out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
+        }
+        Ok(out)
+    }
+
+    /// Admissions made on handed-over keys since the last call, per destination.
+    pub async fn drain_deltas(&self) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
+        let mut out = Vec::new();
+        for (shard, inbox) in self.inboxes.iter().enumerate() {
+            let (reply, rx) = oneshot::channel();
+            inbox
+                .send(Command::DrainDeltas { reply })
                 .await
                 .map_err(|_| ShardError::Stopped(shard))?;
             out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
@@ -446,10 +467,13 @@ impl Actor {
             Command::Len { reply } => {
                 let _ = reply.send(self.store.len());
             }
-            Command::Export { leaves, reply } => {
-                let exported = self.store.export(now, |client| leaves(client));
+            Command::Export { new_owner, reply } => {
+                let exported = self.store.export(now, |client| new_owner(client));
                 self.metrics.keys.set(self.store.len() as f64);
                 let _ = reply.send(exported);
+            }
+            Command::DrainDeltas { reply } => {
+                let _ = reply.send(self.store.drain_deltas());
             }
             Command::Install { items, reply } => {
                 let mut installed = 0;

@@ -16,6 +16,7 @@
 //!   eviction the one failure that shows no error signal.
 
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 
@@ -103,6 +104,7 @@ pub struct Counter<'a> {
 /// One key's state on its way to another node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exported {
+    // (`to` travels beside it: see `Store::export` and `Store::drain_deltas`.)
     /// The counter's identity.
     pub key: StateKey,
     /// Fingerprint of the rule numbers the state was built under.
@@ -120,6 +122,26 @@ struct Entry {
     /// Fingerprint of the rule numbers the state was built under: a rule whose numbers
     /// changed on reload starts its keys afresh instead of misreading old state.
     fingerprint: u64,
+    /// Set once the state was handed to a new owner (boxed: rare, keeps entries small).
+    moved: Option<Box<Moved>>,
+}
+
+/// A key whose state was handed to a new owner but may still be decided here.
+///
+/// A node still on the old ring may forward a check to the old owner after the
+/// handoff, and a forwarded check is never forwarded again. Deciding it on a fresh
+/// counter would let this node admit the key's limit twice in one window under one
+/// identity. So the old owner keeps the handed-over state and keeps counting on it, and
+/// records what it admits after the handoff in `delta`, which is pushed to the new
+/// owner and merged there: both sides see every admission.
+#[derive(Debug, Clone)]
+struct Moved {
+    /// The new owner.
+    to: Arc<str>,
+    /// Admissions made here since the handoff (or the last delta push).
+    delta: KeyState,
+    /// `delta` holds admissions not pushed yet.
+    dirty: bool,
 }
 
 /// What happened to the store's size during one operation, for metrics.
@@ -206,6 +228,11 @@ impl Store {
             let fresh = entry.expires_at <= now;
             let decision = limiter.check(&mut entry.state, now, cost);
             entry.expires_at = limiter.expires_at(&entry.state);
+            if let (Some(moved), true) = (entry.moved.as_mut(), decision.allowed) {
+                // A late check for a key handed away: remember it for the new owner.
+                limiter.check(&mut moved.delta, now, cost);
+                moved.dirty = true;
+            }
             return (decision, Churn::default(), fresh);
         }
         let mut state = limiter.new_state();
@@ -223,6 +250,7 @@ impl Store {
                 state,
                 expires_at,
                 fingerprint,
+                moved: None,
             },
         );
         (decision, churn, true)
@@ -243,6 +271,9 @@ impl Store {
             if entry.fingerprint == fingerprint {
                 limiter.refund(&mut entry.state, at, cost);
                 entry.expires_at = limiter.expires_at(&entry.state);
+                if let Some(moved) = entry.moved.as_mut() {
+                    limiter.refund(&mut moved.delta, at, cost);
+                }
             }
         }
     }
@@ -275,27 +306,67 @@ impl Store {
         self.map.iter().map(|(k, e)| (k, &e.state))
     }
 
-    /// Remove and return every live entry whose client key `leaves` selects: the state
-    /// this node hands to a key's new owner. Expired entries are dropped, not shipped.
-    pub fn export(&mut self, now: Millis, mut leaves: impl FnMut(&[u8]) -> bool) -> Vec<Exported> {
+    /// Hand over every live entry whose client key `new_owner` gives to another node:
+    /// returns a copy of each state with its new owner, and keeps the entry, marked
+    /// moved, so late checks forwarded here by nodes on the old ring continue its count
+    /// (see [`Store::drain_deltas`]). Entries already handed over are not shipped again;
+    /// expired ones are dropped.
+    pub fn export(
+        &mut self,
+        now: Millis,
+        mut new_owner: impl FnMut(&[u8]) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, Exported)> {
         let mut out = Vec::new();
         self.map.retain(|key, entry| {
             let Some((_, client, _)) = StateKey::decode(key.as_bytes()) else {
                 return true;
             };
-            if !leaves(client) {
+            let Some(to) = new_owner(client) else {
                 return true;
+            };
+            if entry.expires_at <= now {
+                return false;
             }
-            if entry.expires_at > now {
-                out.push(Exported {
-                    key: key.clone(),
-                    fingerprint: entry.fingerprint,
-                    state: entry.state.clone(),
-                });
+            if entry.moved.is_none() {
+                out.push((
+                    to.clone(),
+                    Exported {
+                        key: key.clone(),
+                        fingerprint: entry.fingerprint,
+                        state: entry.state.clone(),
+                    },
+                ));
+                entry.moved = Some(Box::new(Moved {
+                    to,
+                    delta: KeyState::empty_like(&entry.state),
+                    dirty: false,
+                }));
             }
-            false
+            true
         });
         self.cursor = 0;
+        out
+    }
+
+    /// Admissions made on handed-over keys since the last call, per new owner: to be
+    /// pushed and merged there.
+    pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
+        let mut out = Vec::new();
+        for (key, entry) in self.map.iter_mut() {
+            let Some(moved) = entry.moved.as_mut().filter(|m| m.dirty) else {
+                continue;
+            };
+            let delta = std::mem::replace(&mut moved.delta, KeyState::empty_like(&entry.state));
+            moved.dirty = false;
+            out.push((
+                moved.to.clone(),
+                Exported {
+                    key: key.clone(),
+                    fingerprint: entry.fingerprint,
+                    state: delta,
+                },
+            ));
+        }
         out
     }
 
@@ -310,7 +381,13 @@ impl Store {
             if entry.fingerprint != item.fingerprint {
                 return false;
             }
-            limiter.merge(&mut entry.state, item.state);
+            if entry.moved.take().is_some() {
+                // The key comes back after this node handed it away: the sender's state
+                // already includes everything this node pushed, so it replaces ours.
+                entry.state = item.state;
+            } else {
+                limiter.merge(&mut entry.state, item.state);
+            }
             entry.expires_at = limiter.expires_at(&entry.state);
             return true;
         }
@@ -325,6 +402,7 @@ impl Store {
                 state: item.state,
                 expires_at,
                 fingerprint: item.fingerprint,
+                moved: None,
             },
         );
         true
@@ -588,10 +666,15 @@ mod tests {
             old.check(c("r", 1, &limiter, b"moving", "/x"), 10, nz(1));
         }
         old.check(c("r", 1, &limiter, b"staying", "/x"), 10, nz(1));
-        let exported = old.export(20, |client| client == b"moving");
+        let exported = old.export(20, |client| (client == b"moving").then(|| Arc::from("new")));
         assert_eq!(exported.len(), 1);
-        assert_eq!(old.len(), 1, "the exported key left the old store");
-        assert!(new.install(exported[0].clone(), &limiter, 30));
+        assert_eq!(&*exported[0].0, "new");
+        assert!(
+            old.export(25, |client| (client == b"moving").then(|| Arc::from("new")))
+                .is_empty(),
+            "a handed-over key is not shipped twice"
+        );
+        assert!(new.install(exported[0].1.clone(), &limiter, 30));
         let (decision, _, _) = new.check(c("r", 1, &limiter, b"moving", "/x"), 40, nz(1));
         assert!(
             !decision.allowed,
@@ -611,12 +694,51 @@ mod tests {
         for _ in 0..2 {
             new.check(c("r", 1, &limiter, b"k", "/x"), 20, nz(1));
         }
-        let exported = old.export(30, |_| true);
-        assert!(new.install(exported[0].clone(), &limiter, 40));
+        let exported = old.export(30, |_| Some(Arc::from("new")));
+        assert!(new.install(exported[0].1.clone(), &limiter, 40));
         let (decision, _, _) = new.check(c("r", 1, &limiter, b"k", "/x"), 50, nz(1));
         assert!(
             !decision.allowed,
             "3 + 2 = 5 admitted across both nodes: the limit"
+        );
+    }
+
+    #[test]
+    fn late_checks_on_a_handed_over_key_continue_its_count_and_travel_as_deltas() {
+        let mut old = Store::new(10, 1);
+        let mut new = Store::new(10, 2);
+        let limiter = fixed(5, 60_000);
+        for _ in 0..3 {
+            old.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
+        }
+        let exported = old.export(20, |_| Some(Arc::from("new")));
+        assert!(new.install(exported[0].1.clone(), &limiter, 21));
+        // A node on the old ring forwards two more checks to the old owner.
+        assert!(
+            old.check(c("r", 1, &limiter, b"k", "/x"), 22, nz(1))
+                .0
+                .allowed
+        );
+        assert!(
+            old.check(c("r", 1, &limiter, b"k", "/x"), 23, nz(1))
+                .0
+                .allowed
+        );
+        assert!(
+            !old.check(c("r", 1, &limiter, b"k", "/x"), 24, nz(1))
+                .0
+                .allowed,
+            "the old owner keeps counting on the handed-over state: 5 is the limit"
+        );
+        let deltas = old.drain_deltas();
+        assert_eq!(deltas.len(), 1);
+        assert!(old.drain_deltas().is_empty(), "a delta is pushed once");
+        assert!(new.install(deltas[0].1.clone(), &limiter, 25));
+        assert!(
+            !new.check(c("r", 1, &limiter, b"k", "/x"), 26, nz(1))
+                .0
+                .allowed,
+            "the new owner saw 3 + 2 admissions"
         );
     }
 
