@@ -1,0 +1,739 @@
+//! Real `ringlimit serve` processes, each on its own loopback address, plus what the
+//! nemesis needs to hurt them (signals, iptables) and a guard that undoes everything.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Scraped counters of one node incarnation: (resets, restarts, fail_open).
+pub type Scraped = (u64, u64, u64);
+
+use ringlimit::proto::peer::peer_client::PeerClient;
+use ringlimit::proto::peer::StatusRequest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::history::{now_ms, Entry, History, MemberView};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ringlimit");
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    /// Running, reachable.
+    Up,
+    /// SIGSTOPped.
+    Paused,
+    /// Cut off from the other nodes by iptables (clients still reach it).
+    Partitioned,
+    /// SIGTERM sent: leaving gracefully.
+    Leaving,
+    /// Killed or exited.
+    Dead,
+}
+
+/// One incarnation of a node process.
+pub struct NodeProc {
+    pub id: String,
+    pub ip: Ipv4Addr,
+    pub child: Child,
+    pub pid: u32,
+    pub grpc: SocketAddr,
+    pub gossip: SocketAddr,
+    pub metrics: SocketAddr,
+    pub generation: u64,
+    pub log: PathBuf,
+    pub state: NodeState,
+    /// Clients send checks to it (set once it has joined the cluster).
+    pub serving: bool,
+}
+
+struct Inner {
+    nodes: Vec<NodeProc>,
+    next_host: u8,
+    next_id: u32,
+    /// iptables argument lists (after `-I`/`-D`) currently installed.
+    rules: Vec<Vec<String>>,
+}
+
+/// The cluster under test. `cleanup()` (also run by [`Guard`] on drop, even on panic)
+/// kills every process it started and removes every iptables rule it added.
+pub struct Harness {
+    pub dir: PathBuf,
+    pub rules_file: PathBuf,
+    pub extra_args: Vec<String>,
+    pub ip_prefix: [u8; 3],
+    pub history: Arc<History>,
+    pub iptables_ok: bool,
+    inner: Mutex<Inner>,
+    channels: Mutex<HashMap<SocketAddr, Channel>>,
+    /// Last scraped metrics per (id, generation): resets, restarts, fail_open.
+    pub scraped: Mutex<HashMap<(String, u64), Scraped>>,
+}
+
+pub struct Guard(pub Arc<Harness>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.cleanup();
+    }
+}
+
+fn iptables(args: &[String]) -> Result<(), String> {
+    let out = Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Whether iptables works here (root, binary present): probes with a rule on a
+/// reserved address and removes it again.
+pub fn iptables_available() -> bool {
+    let spec: Vec<String> = [
+        "INPUT",
+        "-s",
+        "127.254.254.253",
+        "-d",
+        "127.254.254.254",
+        "-j",
+        "DROP",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut add = vec!["-I".to_string()];
+    add.extend(spec.iter().cloned());
+    if iptables(&add).is_err() {
+        return false;
+    }
+    let mut del = vec!["-D".to_string()];
+    del.extend(spec);
+    iptables(&del).is_ok()
+}
+
+pub fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn parse_ready(line: &str) -> Option<(u64, SocketAddr, SocketAddr, SocketAddr)> {
+    let mut generation = None;
+    let mut grpc = None;
+    let mut gossip = None;
+    let mut metrics = None;
+    for field in line.split_whitespace() {
+        let Some((k, v)) = field.split_once('=') else {
+            continue;
+        };
+        match k {
+            "generation" => generation = v.parse().ok(),
+            "grpc" => grpc = v.parse().ok(),
+            "gossip" => gossip = v.parse().ok(),
+            "metrics" => metrics = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((generation?, grpc?, gossip?, metrics?))
+}
+
+impl Harness {
+    pub fn new(
+        run_dir: PathBuf,
+        rules_toml: &str,
+        extra_args: &[&str],
+        ip_prefix: [u8; 3],
+        history: Arc<History>,
+    ) -> Arc<Harness> {
+        std::fs::create_dir_all(&run_dir).expect("run dir");
+        let rules_file = run_dir.join("rules.toml");
+        std::fs::write(&rules_file, rules_toml).expect("write rules");
+        Arc::new(Harness {
+            dir: run_dir,
+            rules_file,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            ip_prefix,
+            history,
+            iptables_ok: iptables_available(),
+            inner: Mutex::new(Inner {
+                nodes: Vec::new(),
+                next_host: 10,
+                next_id: 1,
+                rules: Vec::new(),
+            }),
+            channels: Mutex::new(HashMap::new()),
+            scraped: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh node id with a fresh loopback address.
+    pub fn new_identity(&self) -> (String, Ipv4Addr) {
+        let mut inner = self.lock();
+        let id = format!("n{}", inner.next_id);
+        inner.next_id += 1;
+        let host = inner.next_host;
+        inner.next_host = inner.next_host.checked_add(1).expect("too many nodes");
+        let [a, b, c] = self.ip_prefix;
+        let _ = a;
+        (id, Ipv4Addr::new(127, b, c, host))
+    }
+
+    /// Start a process for `id` on `ip`, seeded with up to two running nodes. Blocking:
+    /// call through `spawn_blocking`.
+    pub fn spawn_blocking(self: &Arc<Self>, id: &str, ip: Ipv4Addr) -> Result<(), String> {
+        let seeds: Vec<SocketAddr> = {
+            let inner = self.lock();
+            inner
+                .nodes
+                .iter()
+                .filter(|n| matches!(n.state, NodeState::Up))
+                .map(|n| n.gossip)
+                .take(2)
+                .collect()
+        };
+        let incarnation = {
+            let inner = self.lock();
+            inner.nodes.iter().filter(|n| n.id == id).count()
+        };
+        let log = self.dir.join(format!("{id}.{incarnation}.log"));
+        let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .args(["--node-id", id])
+            .args(["--listen", &format!("{ip}:0")])
+            .args(["--metrics-listen", &format!("{ip}:0")])
+            .args(["--gossip-listen", &format!("{ip}:0")])
+            .arg("--rules")
+            .arg(&self.rules_file)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
+        for seed in &seeds {
+            cmd.args(["--seed", &seed.to_string()]);
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("spawn {BIN}: {e}"))?;
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("ringlimit ready ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        });
+        let parsed = rx
+            .recv_timeout(READY_TIMEOUT)
+            .ok()
+            .and_then(|l| parse_ready(&l));
+        let Some((generation, grpc, gossip, metrics)) = parsed else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "node {id}: no ready line within {READY_TIMEOUT:?}; log {}:\n{}",
+                log.display(),
+                tail(&log, 20)
+            ));
+        };
+        self.history.record(&Entry::Spawn {
+            t: now_ms(),
+            node: id.to_string(),
+            generation,
+            ip: ip.to_string(),
+            grpc: grpc.to_string(),
+            pid,
+        });
+        eprintln!(
+            "[harness] {id} pid={pid} generation={generation} grpc={grpc} gossip={gossip} metrics={metrics} log={}",
+            log.display()
+        );
+        self.lock().nodes.push(NodeProc {
+            id: id.to_string(),
+            ip,
+            child,
+            pid,
+            grpc,
+            gossip,
+            metrics,
+            generation,
+            log,
+            state: NodeState::Up,
+            serving: false,
+        });
+        Ok(())
+    }
+
+    /// Start a node and wait until it has joined (its ring holds every running node);
+    /// then clients start sending to it.
+    pub async fn start_node(self: &Arc<Self>, id: &str, ip: Ipv4Addr) -> Result<(), String> {
+        let me = self.clone();
+        let id2 = id.to_string();
+        tokio::task::spawn_blocking(move || me.spawn_blocking(&id2, ip))
+            .await
+            .map_err(|e| e.to_string())??;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some((gen, expected)) = self
+                .with_node(id, |n| n.generation)
+                .map(|g| (g, self.expected_ring()))
+            {
+                if let Ok(st) = self.status(id).await {
+                    let ring: BTreeSet<String> =
+                        st.1.iter()
+                            .filter(|m| !m.leaving)
+                            .map(|m| m.id.clone())
+                            .collect();
+                    if st.0 == gen && expected.iter().all(|e| ring.contains(e)) {
+                        break;
+                    }
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                eprintln!("[harness] WARNING: {id} did not see every running node within 15 s; serving anyway");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut inner = self.lock();
+        if let Some(n) = inner.nodes.iter_mut().rev().find(|n| n.id == id) {
+            n.serving = true;
+        }
+        Ok(())
+    }
+
+    pub fn with_node<T>(&self, id: &str, f: impl FnOnce(&mut NodeProc) -> T) -> Option<T> {
+        let mut inner = self.lock();
+        inner
+            .nodes
+            .iter_mut()
+            .rev()
+            .find(|n| n.id == id && n.state != NodeState::Dead)
+            .map(f)
+    }
+
+    /// Node ids that should be on the ring: running and not leaving.
+    pub fn expected_ring(&self) -> BTreeSet<String> {
+        self.lock()
+            .nodes
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.state,
+                    NodeState::Up | NodeState::Paused | NodeState::Partitioned
+                )
+            })
+            .map(|n| n.id.clone())
+            .collect()
+    }
+
+    /// (id, state) of every running node.
+    pub fn running(&self) -> Vec<(String, NodeState)> {
+        self.lock()
+            .nodes
+            .iter()
+            .filter(|n| n.state != NodeState::Dead)
+            .map(|n| (n.id.clone(), n.state))
+            .collect()
+    }
+
+    /// Where clients may send checks: (id, grpc address).
+    pub fn targets(&self) -> Vec<(String, SocketAddr)> {
+        self.lock()
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.serving
+                    && matches!(
+                        n.state,
+                        NodeState::Up | NodeState::Paused | NodeState::Partitioned
+                    )
+            })
+            .map(|n| (n.id.clone(), n.grpc))
+            .collect()
+    }
+
+    pub fn channel(&self, addr: SocketAddr) -> Channel {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        channels
+            .entry(addr)
+            .or_insert_with(|| {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .expect("endpoint")
+                    .connect_timeout(Duration::from_millis(500))
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            })
+            .clone()
+    }
+
+    /// A node's view: (generation, members, digest).
+    pub async fn status(&self, id: &str) -> Result<(u64, Vec<MemberView>, u64), String> {
+        let addr = self.with_node(id, |n| n.grpc).ok_or("not running")?;
+        let mut client = PeerClient::new(self.channel(addr));
+        let answer =
+            tokio::time::timeout(Duration::from_millis(400), client.status(StatusRequest {}))
+                .await
+                .map_err(|_| "status timed out".to_string())?
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+                .into_inner();
+        let members = answer
+            .members
+            .iter()
+            .map(|m| MemberView {
+                id: m.node_id.clone(),
+                generation: m.generation,
+                leaving: m.leaving,
+            })
+            .collect();
+        Ok((answer.generation, members, answer.ring_digest))
+    }
+
+    /// Wait until every running, unpaused node reports the same digest, with exactly
+    /// the expected ring members at their current generations.
+    pub async fn wait_converged(&self, timeout: Duration) -> Result<Duration, String> {
+        let start = tokio::time::Instant::now();
+        let mut last = String::new();
+        loop {
+            let expected = self.expected_ring();
+            let gens: HashMap<String, u64> = self
+                .lock()
+                .nodes
+                .iter()
+                .filter(|n| n.state != NodeState::Dead)
+                .map(|n| (n.id.clone(), n.generation))
+                .collect();
+            let asked: Vec<String> = self
+                .running()
+                .into_iter()
+                .filter(|(_, s)| matches!(s, NodeState::Up | NodeState::Partitioned))
+                .map(|(id, _)| id)
+                .collect();
+            let mut digests = BTreeSet::new();
+            let mut ok = true;
+            for id in &asked {
+                match self.status(id).await {
+                    Ok((_, members, digest)) => {
+                        let ring: BTreeSet<String> = members
+                            .iter()
+                            .filter(|m| !m.leaving)
+                            .map(|m| m.id.clone())
+                            .collect();
+                        let gens_ok = members
+                            .iter()
+                            .filter(|m| !m.leaving)
+                            .all(|m| gens.get(&m.id) == Some(&m.generation));
+                        if ring != expected || !gens_ok {
+                            ok = false;
+                            last = format!("{id} sees {ring:?} (expected {expected:?}, generations ok: {gens_ok})");
+                        }
+                        digests.insert(digest);
+                    }
+                    Err(e) => {
+                        ok = false;
+                        last = format!("{id}: {e}");
+                    }
+                }
+            }
+            if ok && digests.len() == 1 {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                return Err(format!("no convergence within {timeout:?}: {last}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// kill -9 (the process is reaped; state Dead).
+    pub fn kill9(&self, id: &str) -> Option<u64> {
+        let mut inner = self.lock();
+        let node = inner
+            .nodes
+            .iter_mut()
+            .rev()
+            .find(|n| n.id == id && n.state != NodeState::Dead)?;
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+        node.state = NodeState::Dead;
+        node.serving = false;
+        let generation = node.generation;
+        drop(inner);
+        self.history.record(&Entry::Exit {
+            t: now_ms(),
+            node: id.to_string(),
+            generation,
+            how: "kill -9".into(),
+        });
+        Some(generation)
+    }
+
+    /// The address of the most recent incarnation of `id` (running or not).
+    pub fn last_ip(&self, id: &str) -> Option<Ipv4Addr> {
+        self.lock()
+            .nodes
+            .iter()
+            .rev()
+            .find(|n| n.id == id)
+            .map(|n| n.ip)
+    }
+
+    pub fn set_state(&self, id: &str, state: NodeState) {
+        self.with_node(id, |n| n.state = state);
+    }
+
+    pub fn pid(&self, id: &str) -> Option<u32> {
+        self.with_node(id, |n| n.pid)
+    }
+
+    /// SIGTERM and wait (at most `timeout`) for a graceful exit; kill -9 after that.
+    pub async fn leave(&self, id: &str, timeout: Duration) -> Result<Duration, String> {
+        let pid = self.pid(id).ok_or("not running")?;
+        self.with_node(id, |n| {
+            n.state = NodeState::Leaving;
+            n.serving = false;
+        });
+        signal(pid, "TERM");
+        let start = tokio::time::Instant::now();
+        loop {
+            let exited = self
+                .with_node(id, |n| matches!(n.child.try_wait(), Ok(Some(_))))
+                .unwrap_or(true);
+            if exited {
+                let generation = self.with_node(id, |n| {
+                    n.state = NodeState::Dead;
+                    n.generation
+                });
+                self.history.record(&Entry::Exit {
+                    t: now_ms(),
+                    node: id.to_string(),
+                    generation: generation.unwrap_or(0),
+                    how: "graceful leave".into(),
+                });
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                self.kill9(id);
+                return Err(format!(
+                    "{id} did not exit within {timeout:?} after SIGTERM; killed"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Cut `id` off from every other running node (both directions). Err: iptables
+    /// failed (the rules added so far are removed again).
+    pub fn partition(&self, id: &str) -> Result<usize, String> {
+        let (victim, others): (Ipv4Addr, Vec<Ipv4Addr>) = {
+            let inner = self.lock();
+            let victim = inner
+                .nodes
+                .iter()
+                .rev()
+                .find(|n| n.id == id && n.state != NodeState::Dead)
+                .ok_or("not running")?
+                .ip;
+            let others = inner
+                .nodes
+                .iter()
+                .filter(|n| n.state != NodeState::Dead && n.ip != victim)
+                .map(|n| n.ip)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            (victim, others)
+        };
+        let mut added = 0;
+        for other in others {
+            for (s, d) in [(victim, other), (other, victim)] {
+                let spec: Vec<String> = vec![
+                    "INPUT".into(),
+                    "-s".into(),
+                    s.to_string(),
+                    "-d".into(),
+                    d.to_string(),
+                    "-j".into(),
+                    "DROP".into(),
+                ];
+                let mut args = vec!["-I".to_string()];
+                args.extend(spec.iter().cloned());
+                if let Err(e) = iptables(&args) {
+                    self.heal_partitions();
+                    return Err(e);
+                }
+                self.lock().rules.push(spec);
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    /// Remove every iptables rule this harness added.
+    pub fn heal_partitions(&self) {
+        let rules = std::mem::take(&mut self.lock().rules);
+        for spec in rules {
+            let mut args = vec!["-D".to_string()];
+            args.extend(spec.iter().cloned());
+            if let Err(e) = iptables(&args) {
+                eprintln!("[harness] WARNING: could not remove iptables rule {spec:?}: {e}");
+            }
+        }
+    }
+
+    /// Kill every process, remove every rule. Idempotent.
+    pub fn cleanup(&self) {
+        self.heal_partitions();
+        let mut inner = self.lock();
+        for node in inner.nodes.iter_mut() {
+            if node.state != NodeState::Dead {
+                let _ = node.child.kill();
+                let _ = node.child.wait();
+                node.state = NodeState::Dead;
+            } else {
+                let _ = node.child.try_wait();
+            }
+        }
+    }
+
+    /// Scrape one node's counters and record them.
+    pub async fn scrape(&self, id: &str) -> Option<(u64, u64, u64)> {
+        let (addr, generation) = self.with_node(id, |n| (n.metrics, n.generation))?;
+        let text = tokio::time::timeout(Duration::from_secs(1), http_get(addr, "/metrics"))
+            .await
+            .ok()?
+            .ok()?;
+        let sum = |name: &str, label: Option<&str>| -> u64 {
+            text.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter(|l| {
+                    l.starts_with(name)
+                        && matches!(l.as_bytes().get(name.len()), Some(b' ') | Some(b'{'))
+                        && label.is_none_or(|lb| l.contains(lb))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        let values = (
+            sum("ringlimit_ownership_resets_total", None),
+            sum("ringlimit_member_restarts_total", None),
+            sum("ringlimit_degraded_total", Some("reason=\"fail_open\"")),
+        );
+        self.history.record(&Entry::Metrics {
+            t: now_ms(),
+            node: id.to_string(),
+            generation,
+            resets: values.0,
+            restarts: values.1,
+            fail_open: values.2,
+        });
+        self.scraped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((id.to_string(), generation), values);
+        Some(values)
+    }
+
+    /// Log paths of every incarnation (for failure messages).
+    pub fn logs(&self) -> Vec<PathBuf> {
+        self.lock().nodes.iter().map(|n| n.log.clone()).collect()
+    }
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(text))
+}
+
+/// Every ~200 ms: every running node's members and digest, into the history.
+pub fn spawn_sampler(h: Arc<Harness>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut round = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            round += 1;
+            let ids: Vec<(String, u64)> = h
+                .running()
+                .into_iter()
+                .filter_map(|(id, _)| h.with_node(&id, |n| (n.id.clone(), n.generation)))
+                .collect();
+            let futures = ids.into_iter().map(|(id, generation)| {
+                let h = h.clone();
+                async move {
+                    let t0 = now_ms();
+                    let res = h.status(&id).await;
+                    let entry = match res {
+                        Ok((g, members, digest)) => Entry::Ring {
+                            t: t0,
+                            round,
+                            node: id,
+                            generation: g,
+                            ok: true,
+                            members,
+                            digest,
+                            error: String::new(),
+                        },
+                        Err(e) => Entry::Ring {
+                            t: t0,
+                            round,
+                            node: id,
+                            generation,
+                            ok: false,
+                            members: Vec::new(),
+                            digest: 0,
+                            error: e,
+                        },
+                    };
+                    h.history.record(&entry);
+                }
+            });
+            futures_util::future::join_all(futures).await;
+        }
+    })
+}

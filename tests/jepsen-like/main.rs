@@ -1,0 +1,370 @@
+//! Jepsen-like chaos tests: real `ringlimit serve` processes on their own loopback
+//! addresses, a seeded workload, a seeded nemesis schedule (kill -9 and restart, kill -9
+//! and replace, SIGSTOP/SIGCONT, join, graceful leave, iptables partition), a JSON-lines
+//! history, and checkers for S1–S6 and availability that read only that history.
+//! See docs/chaos.md.
+//!
+//! - `cargo test --test jepsen-like` runs the SHORT profile (3 nodes) and the negative
+//!   control (a `--broken-decide-locally` cluster the checkers must flag).
+//! - `RINGLIMIT_CHAOS=long` runs the LONG profile (5 nodes, ≥ 10 minutes).
+//! - `RINGLIMIT_CHAOS_SEED=N` repeats a run; `RINGLIMIT_CHAOS_RECHECK=FILE` re-checks a
+//!   history file offline.
+
+mod checker;
+mod harness;
+mod history;
+mod nemesis;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use harness::{Guard, Harness};
+use history::{now_ms, Entry, History, RuleInfo};
+
+const RULES: &str = r#"
+[[rule]]
+name = "fw"
+route = "GET /fw"
+algorithm = "fixed_window"
+limit = 10
+window = "2s"
+
+[[rule]]
+name = "log"
+route = "GET /log"
+algorithm = "sliding_window_log"
+limit = 8
+window = "2s"
+
+[[rule]]
+name = "tb"
+route = "GET /tb"
+algorithm = "token_bucket"
+limit = 10
+window = "2s"
+burst = 5
+"#;
+
+fn rule_infos() -> Vec<RuleInfo> {
+    vec![
+        RuleInfo {
+            route: "GET /fw".into(),
+            algorithm: "fixed_window".into(),
+            limit: 10,
+            window_ms: 2000,
+            burst: 10,
+        },
+        RuleInfo {
+            route: "GET /log".into(),
+            algorithm: "sliding_window_log".into(),
+            limit: 8,
+            window_ms: 2000,
+            burst: 8,
+        },
+        RuleInfo {
+            route: "GET /tb".into(),
+            algorithm: "token_bucket".into(),
+            limit: 10,
+            window_ms: 2000,
+            burst: 5,
+        },
+    ]
+}
+
+/// Chaos runs share two cores: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Profile {
+    name: &'static str,
+    nodes: usize,
+    /// Number of nemesis steps (short: every kind once).
+    events: usize,
+    /// Keep injecting until at least this long has passed (long profile).
+    min_chaos: Duration,
+    fault_free: Duration,
+    clients: u32,
+    broken: bool,
+    faults: bool,
+}
+
+fn seed_from_env() -> u64 {
+    match std::env::var("RINGLIMIT_CHAOS_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .expect("RINGLIMIT_CHAOS_SEED must be an integer"),
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+        }
+    }
+}
+
+struct Outcome {
+    report: checker::Report,
+    seed: u64,
+    schedule: Vec<String>,
+    history: PathBuf,
+    logs: Vec<PathBuf>,
+}
+
+impl Outcome {
+    fn repro(&self) -> String {
+        format!(
+            "seed={} (repeat: RINGLIMIT_CHAOS_SEED={})\nschedule: {:?}\nhistory: {}\nnode logs: {:?}",
+            self.seed,
+            self.seed,
+            self.schedule,
+            self.history.display(),
+            self.logs
+        )
+    }
+}
+
+async fn run(profile: Profile, seed: u64) -> Outcome {
+    let run_id = format!("{}-{seed}-{}", profile.name, now_ms());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("jepsen-like")
+        .join(&run_id);
+    let history_path = dir.join("history.jsonl");
+    let history = Arc::new(History::create(history_path.clone()));
+    let mut rng = workload::Rng::new(seed);
+    let ip_prefix = [127, 77 + (rng.range(0, 100) as u8), rng.range(1, 250) as u8];
+    let steps = if profile.faults {
+        nemesis::schedule(seed, profile.name == "long", profile.nodes, profile.events)
+    } else {
+        Vec::new()
+    };
+    let schedule: Vec<String> = steps.iter().map(|s| s.describe()).collect();
+    eprintln!(
+        "================ jepsen-like profile={} seed={seed} ================",
+        profile.name
+    );
+    eprintln!("[chaos] repeat with RINGLIMIT_CHAOS_SEED={seed}");
+    eprintln!("[chaos] schedule: {schedule:?}");
+    eprintln!("[chaos] history: {}", history_path.display());
+    history.record(&Entry::Meta {
+        t: now_ms(),
+        seed,
+        profile: profile.name.into(),
+        broken: profile.broken,
+        deadline_ms: 2000,
+        schedule: schedule.clone(),
+        rules: rule_infos(),
+    });
+    let extra: &[&str] = if profile.broken {
+        &["--broken-decide-locally"]
+    } else {
+        &[]
+    };
+    let h = Harness::new(dir.clone(), RULES, extra, ip_prefix, history.clone());
+    let guard = Guard(h.clone());
+    if profile.faults && !h.iptables_ok {
+        eprintln!("[chaos] iptables is not usable here: the partition nemesis will be SKIPPED");
+    }
+    let started = Instant::now();
+    for _ in 0..profile.nodes {
+        let (id, ip) = h.new_identity();
+        h.start_node(&id, ip)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let took = h
+        .wait_converged(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "[chaos] {} nodes converged ({took:?} after the last start)",
+        profile.nodes
+    );
+
+    let stop_sampler = CancellationToken::new();
+    let sampler = harness::spawn_sampler(h.clone(), stop_sampler.clone());
+    let stop_clients = CancellationToken::new();
+    let cfg = Arc::new(workload::WorkloadConfig {
+        clients: profile.clients,
+        hot_keys: 4,
+        zipf_keys: 200,
+        deadline: Duration::from_secs(2),
+        window_ms: 2000,
+        routes: vec![
+            ("GET /fw".into(), 60),
+            ("GET /log".into(), 25),
+            ("GET /tb".into(), 15),
+        ],
+    });
+    let clients = workload::spawn(h.clone(), cfg, seed, stop_clients.clone());
+    let phase = |name: &str, edge: &str, faults: bool| {
+        eprintln!("[chaos] phase {name} {edge}");
+        history.record(&Entry::Phase {
+            t: now_ms(),
+            name: name.into(),
+            edge: edge.into(),
+            faults,
+        });
+    };
+
+    phase("fault-free-1", "start", false);
+    tokio::time::sleep(profile.fault_free).await;
+    phase("fault-free-1", "end", false);
+
+    if profile.faults {
+        phase("chaos", "start", true);
+        let chaos_start = Instant::now();
+        let mut error = None;
+        for (i, step) in steps.iter().enumerate() {
+            if let Err(e) = nemesis::run_step(&h, i as u32 + 1, step).await {
+                error = Some(e);
+                break;
+            }
+            if profile.name == "long"
+                && i + 1 >= profile.events
+                && chaos_start.elapsed() >= profile.min_chaos
+            {
+                break;
+            }
+        }
+        phase("chaos", "end", true);
+        if let Some(e) = error {
+            stop_clients.cancel();
+            history.flush();
+            panic!(
+                "nemesis step failed: {e}\nseed={seed}\nschedule: {schedule:?}\nhistory: {}",
+                history_path.display()
+            );
+        }
+        let agreed = h.wait_converged(Duration::from_secs(10)).await;
+        eprintln!("[chaos] after the last heal: {agreed:?}");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        phase("fault-free-2", "start", false);
+        tokio::time::sleep(profile.fault_free).await;
+        phase("fault-free-2", "end", false);
+    }
+
+    stop_clients.cancel();
+    for c in clients {
+        let _ = c.await;
+    }
+    for (id, _) in h.running() {
+        let _ = h.scrape(&id).await;
+    }
+    stop_sampler.cancel();
+    let _ = sampler.await;
+    history.flush();
+    let logs = h.logs();
+    drop(guard);
+    eprintln!(
+        "[chaos] run took {:?}; checking {}",
+        started.elapsed(),
+        history_path.display()
+    );
+
+    let entries = history::load(&history_path);
+    let report = checker::check(&entries);
+    eprintln!(
+        "\n==== summary: profile={} seed={seed} history={} ====",
+        profile.name,
+        history_path.display()
+    );
+    eprintln!("{}", report.summary);
+    eprintln!("{}", report.details(5));
+    Outcome {
+        report,
+        seed,
+        schedule,
+        history: history_path,
+        logs,
+    }
+}
+
+fn chaos_profile() -> Profile {
+    if std::env::var("RINGLIMIT_CHAOS").as_deref() == Ok("long") {
+        Profile {
+            name: "long",
+            nodes: 5,
+            events: 40,
+            min_chaos: Duration::from_secs(600),
+            fault_free: Duration::from_secs(10),
+            clients: 16,
+            broken: false,
+            faults: true,
+        }
+    } else {
+        Profile {
+            name: "short",
+            nodes: 3,
+            events: 6,
+            min_chaos: Duration::ZERO,
+            fault_free: Duration::from_secs(8),
+            clients: 12,
+            broken: false,
+            faults: true,
+        }
+    }
+}
+
+// Each test has its own runtime; the lock only keeps two clusters from loading the
+// 2-core machine at once, so holding it across awaits cannot deadlock.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = seed_from_env();
+    let out = run(chaos_profile(), seed).await;
+    assert!(
+        out.report.total() == 0,
+        "chaos run found {} violation(s):\n{}\n{}\n{}",
+        out.report.total(),
+        out.report.details(10),
+        out.report.summary,
+        out.repro()
+    );
+}
+
+/// A cluster where every node decides every key itself: the checkers must flag it.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn negative_control_broken_cluster_is_flagged() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = seed_from_env();
+    let profile = Profile {
+        name: "negative-control",
+        nodes: 3,
+        events: 0,
+        min_chaos: Duration::ZERO,
+        fault_free: Duration::from_secs(12),
+        clients: 12,
+        broken: true,
+        faults: false,
+    };
+    let out = run(profile, seed).await;
+    let s5 = out.report.count("S5");
+    let owner = out.report.count("S3-owner");
+    eprintln!(
+        "[negative control] S5 violations: {s5}, S3-owner violations: {owner} (both must be > 0)"
+    );
+    assert!(
+        s5 > 0 && owner > 0,
+        "the checkers did not flag a --broken-decide-locally cluster (S5: {s5}, S3-owner: {owner})\n{}",
+        out.repro()
+    );
+}
+
+/// Re-check a history file offline: `RINGLIMIT_CHAOS_RECHECK=path cargo test --test
+/// jepsen-like recheck -- --nocapture`. Does nothing without the variable.
+#[test]
+fn recheck_history_file() {
+    let Ok(path) = std::env::var("RINGLIMIT_CHAOS_RECHECK") else {
+        return;
+    };
+    let entries = history::load(std::path::Path::new(&path));
+    let report = checker::check(&entries);
+    eprintln!("{}\n{}", report.summary, report.details(20));
+    assert_eq!(report.total(), 0, "violations in {path}");
+}

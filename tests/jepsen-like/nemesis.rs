@@ -1,0 +1,308 @@
+//! The nemesis: a schedule of faults generated from the seed, and its execution.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::harness::{signal, Harness, NodeState};
+use crate::history::{now_ms, Entry};
+use crate::workload::Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// kill -9, then restart with the same id (new generation).
+    KillRestart,
+    /// kill -9, then start a node with a new id in its place.
+    KillReplace,
+    /// SIGSTOP, then SIGCONT.
+    Pause,
+    /// Start an extra node.
+    Add,
+    /// SIGTERM: graceful leave with state handoff.
+    Leave,
+    /// iptables DROP between one node and every other node, both directions.
+    Partition,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::KillRestart,
+        Kind::KillReplace,
+        Kind::Pause,
+        Kind::Add,
+        Kind::Leave,
+        Kind::Partition,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::KillRestart => "kill-restart",
+            Kind::KillReplace => "kill-replace",
+            Kind::Pause => "pause",
+            Kind::Add => "add",
+            Kind::Leave => "leave",
+            Kind::Partition => "partition",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub kind: Kind,
+    /// Index (mod the number of candidates) of the victim among running nodes by id.
+    pub victim_pick: u64,
+    /// How long the fault lasts (down time, pause, partition) in ms.
+    pub hold_ms: u64,
+    /// Quiet time after the cluster converged again, in ms.
+    pub settle_ms: u64,
+}
+
+impl Step {
+    pub fn describe(&self) -> String {
+        format!(
+            "{}(victim#{} hold={}ms settle={}ms)",
+            self.kind.name(),
+            self.victim_pick % 97,
+            self.hold_ms,
+            self.settle_ms
+        )
+    }
+}
+
+fn hold_for(kind: Kind, rng: &mut Rng, long: bool) -> u64 {
+    let scale = if long { 2 } else { 1 };
+    match kind {
+        // Sometimes back before the failure detector notices (< ~1.1 s), sometimes after.
+        Kind::KillRestart => rng.range(300, 3000 * scale),
+        Kind::KillReplace => rng.range(1500, 3000 * scale),
+        Kind::Pause => rng.range(1500, 3500 * scale),
+        Kind::Partition => rng.range(2500, 4000 * scale),
+        Kind::Add | Kind::Leave => 0,
+    }
+}
+
+/// Short profile: every kind once in a seeded order (an add before the leave, so
+/// three nodes never shrink to two for long); long profile: a random mix of `events`
+/// steps keeping between `min_live` and `max_live` members.
+pub fn schedule(seed: u64, long: bool, initial: usize, events: usize) -> Vec<Step> {
+    let mut rng = Rng::new(seed ^ 0x4E45_4D45_5349_5300);
+    let mut steps = Vec::new();
+    if !long {
+        let mut kinds = Kind::ALL.to_vec();
+        for i in (1..kinds.len()).rev() {
+            let j = rng.range(0, i as u64) as usize;
+            kinds.swap(i, j);
+        }
+        let add = kinds.iter().position(|k| *k == Kind::Add).unwrap();
+        let leave = kinds.iter().position(|k| *k == Kind::Leave).unwrap();
+        if leave < add {
+            kinds.swap(add, leave);
+        }
+        for kind in kinds {
+            steps.push(Step {
+                kind,
+                victim_pick: rng.next_u64(),
+                hold_ms: hold_for(kind, &mut rng, false),
+                settle_ms: rng.range(1000, 2000),
+            });
+        }
+    } else {
+        let (min_live, max_live) = (initial - 1, initial + 1);
+        let mut live = initial;
+        while steps.len() < events {
+            let kind = *rng.pick(&Kind::ALL);
+            match kind {
+                Kind::Add if live >= max_live => continue,
+                Kind::Leave if live <= min_live => continue,
+                Kind::Add => live += 1,
+                Kind::Leave => live -= 1,
+                _ => {}
+            }
+            steps.push(Step {
+                kind,
+                victim_pick: rng.next_u64(),
+                hold_ms: hold_for(kind, &mut rng, true),
+                settle_ms: rng.range(1000, 4000),
+            });
+        }
+    }
+    steps
+}
+
+fn record(h: &Harness, n: u32, kind: Kind, victim: &str, edge: &str, detail: String) {
+    eprintln!("[nemesis] #{n} {} {victim} {edge} {detail}", kind.name());
+    h.history.record(&Entry::Nemesis {
+        t: now_ms(),
+        n,
+        kind: kind.name().into(),
+        victim: victim.into(),
+        edge: edge.into(),
+        detail,
+    });
+}
+
+async fn scrape_all(h: &Harness) {
+    for (id, _) in h.running() {
+        let _ = h.scrape(&id).await;
+    }
+}
+
+/// Run one step: inject, hold, heal, then wait for convergence and settle.
+pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), String> {
+    let mut candidates: Vec<String> = h
+        .running()
+        .into_iter()
+        .filter(|(_, s)| *s == NodeState::Up)
+        .map(|(id, _)| id)
+        .collect();
+    candidates.sort();
+    let victim = candidates[(step.victim_pick % candidates.len() as u64) as usize].clone();
+    let hold = Duration::from_millis(step.hold_ms);
+    match step.kind {
+        Kind::KillRestart => {
+            scrape_all(h).await;
+            let ip = h.last_ip(&victim).unwrap();
+            let gen = h.kill9(&victim);
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "start",
+                format!("killed generation {gen:?}"),
+            );
+            tokio::time::sleep(hold).await;
+            h.start_node(&victim, ip).await?;
+            let gen = h.with_node(&victim, |n| n.generation);
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "end",
+                format!("restarted as generation {gen:?}"),
+            );
+        }
+        Kind::KillReplace => {
+            scrape_all(h).await;
+            let gen = h.kill9(&victim);
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "start",
+                format!("killed generation {gen:?}"),
+            );
+            tokio::time::sleep(hold).await;
+            let (id, ip) = h.new_identity();
+            h.start_node(&id, ip).await?;
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "end",
+                format!("replaced by {id} on {ip}"),
+            );
+        }
+        Kind::Pause => {
+            let pid = h.pid(&victim).ok_or("victim gone")?;
+            h.set_state(&victim, NodeState::Paused);
+            signal(pid, "STOP");
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "start",
+                format!("SIGSTOP pid {pid}"),
+            );
+            tokio::time::sleep(hold).await;
+            signal(pid, "CONT");
+            h.set_state(&victim, NodeState::Up);
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "end",
+                format!("SIGCONT pid {pid}"),
+            );
+        }
+        Kind::Add => {
+            let (id, ip) = h.new_identity();
+            record(
+                h,
+                n,
+                step.kind,
+                &id,
+                "start",
+                format!("starting {id} on {ip}"),
+            );
+            h.start_node(&id, ip).await?;
+            record(h, n, step.kind, &id, "end", "joined".into());
+        }
+        Kind::Leave => {
+            scrape_all(h).await;
+            record(h, n, step.kind, &victim, "start", "SIGTERM".into());
+            let took = h.leave(&victim, Duration::from_secs(20)).await;
+            record(h, n, step.kind, &victim, "end", format!("exited: {took:?}"));
+            took?;
+        }
+        Kind::Partition => {
+            if !h.iptables_ok {
+                eprintln!("[nemesis] iptables unavailable: the partition nemesis is SKIPPED");
+                record(
+                    h,
+                    n,
+                    step.kind,
+                    &victim,
+                    "skipped",
+                    "iptables unavailable".into(),
+                );
+                return Ok(());
+            }
+            h.set_state(&victim, NodeState::Partitioned);
+            match h.partition(&victim) {
+                Ok(rules) => {
+                    record(
+                        h,
+                        n,
+                        step.kind,
+                        &victim,
+                        "start",
+                        format!("{rules} iptables DROP rules"),
+                    );
+                    tokio::time::sleep(hold).await;
+                    h.heal_partitions();
+                    h.set_state(&victim, NodeState::Up);
+                    record(h, n, step.kind, &victim, "end", "rules removed".into());
+                }
+                Err(e) => {
+                    h.set_state(&victim, NodeState::Up);
+                    eprintln!("[nemesis] iptables failed ({e}): the partition nemesis is SKIPPED");
+                    record(
+                        h,
+                        n,
+                        step.kind,
+                        &victim,
+                        "skipped",
+                        format!("iptables failed: {e}"),
+                    );
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let converged = h.wait_converged(Duration::from_secs(15)).await;
+    record(
+        h,
+        n,
+        step.kind,
+        &victim,
+        "settled",
+        format!("converged: {converged:?}"),
+    );
+    converged?;
+    tokio::time::sleep(Duration::from_millis(step.settle_ms)).await;
+    Ok(())
+}
