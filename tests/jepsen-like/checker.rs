@@ -844,8 +844,7 @@ pub fn check(entries: &[Entry]) -> Report {
     // ---------- availability: rings agree after the last heal ----------
     let last_heal = events.iter().filter(|e| !e.skipped).map(|e| e.end).max();
     if let Some(heal) = last_heal {
-        let mut rounds: BTreeMap<u64, Vec<&Sample>> =
-            BTreeMap::new();
+        let mut rounds: BTreeMap<u64, Vec<&Sample>> = BTreeMap::new();
         for s in samples.iter().filter(|s| s.0 >= heal) {
             rounds.entry(s.1).or_default().push(s);
         }
@@ -875,8 +874,7 @@ pub fn check(entries: &[Entry]) -> Report {
 
     // ---------- availability of keys the nemesis did not touch ----------
     let agreed_ring_at = |t: u64, before: bool| -> Option<&Ring> {
-        let mut rounds: BTreeMap<u64, Vec<&Sample>> =
-            BTreeMap::new();
+        let mut rounds: BTreeMap<u64, Vec<&Sample>> = BTreeMap::new();
         for s in samples.iter().filter(|s| {
             if before {
                 s.0 < t && s.0 + 10_000 > t
@@ -886,9 +884,7 @@ pub fn check(entries: &[Entry]) -> Report {
         }) {
             rounds.entry(s.1).or_default().push(s);
         }
-        let pick = |round: &Vec<&Sample>| {
-            round.iter().all(|s| s.3 && s.5 == round[0].5)
-        };
+        let pick = |round: &Vec<&Sample>| round.iter().all(|s| s.3 && s.5 == round[0].5);
         let found = if before {
             rounds.values().rev().find(|r| pick(r))
         } else {
