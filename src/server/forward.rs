@@ -281,9 +281,13 @@ async fn send(
     timeout: Duration,
 ) {
     let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+    let deadline_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64 + timeout.as_millis() as u64);
     let request = ForwardRequest {
         from_node: me.to_string(),
         items,
+        deadline_ms,
     };
     let result = match tokio::time::timeout(timeout, client.forward(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),

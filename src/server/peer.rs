@@ -23,6 +23,7 @@ pub struct PeerService {
     rules: SharedRules,
     not_owner: metrics::Counter,
     installed: metrics::Counter,
+    stale: metrics::Counter,
 }
 
 impl PeerService {
@@ -33,6 +34,7 @@ impl PeerService {
             rules,
             not_owner: metrics::counter!("ringlimit_forwarded_not_owner_total"),
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
+            stale: metrics::counter!("ringlimit_forwarded_stale_total"),
         }
     }
 }
@@ -44,6 +46,15 @@ impl Peer for PeerService {
         request: Request<ForwardRequest>,
     ) -> Result<Response<ForwardResponse>, Status> {
         let request = request.into_inner();
+        if request.deadline_ms != 0 && self.router.now_ms() > request.deadline_ms {
+            // The sender gave up on this batch and answered from its fallback; charging
+            // it now (after a pause or a healed partition) would only deny later
+            // requests for admissions nobody made.
+            self.stale.increment(request.items.len() as u64);
+            return Err(Status::deadline_exceeded(
+                "forwarded batch arrived after its deadline",
+            ));
+        }
         let rules = self.rules.load();
         let items = request
             .items

@@ -184,6 +184,11 @@ impl Router {
         self
     }
 
+    /// This node's clock (Unix ms).
+    pub fn now_ms(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
     /// This node's identity.
     pub fn me(&self) -> &Decider {
         &self.me
