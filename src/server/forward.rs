@@ -92,7 +92,16 @@ struct Link {
     addr: SocketAddr,
     queue: mpsc::Sender<Pending>,
     client: PeerClient<Channel>,
+    created: std::time::Instant,
 }
+
+/// A link that timed out is replaced by a fresh connection, but at most this often.
+///
+/// After a partition heals, the old TCP connection can sit in retransmission back-off
+/// for seconds (the RTO doubles with every lost segment) while a new connection would
+/// work at once; without the reset, entry nodes keep failing open long after the
+/// network is back.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// Connections to every peer this node has forwarded to.
 #[derive(Clone)]
@@ -147,14 +156,21 @@ impl PeerPool {
         link.queue
             .try_send(Pending { item, reply })
             .map_err(|_| ForwardError::Overloaded(owner.node_id.clone()))?;
-        match tokio::time::timeout(self.config.timeout, rx).await {
+        let result = match tokio::time::timeout(self.config.timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(ForwardError::Unreachable(
                 owner.node_id.clone(),
                 "batcher stopped".into(),
             )),
             Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
+        };
+        if result.is_err() && link.created.elapsed() >= RECONNECT_AFTER {
+            // Drop the link only if it is still the one that failed (not already
+            // replaced by a concurrent caller); the next forward connects afresh.
+            self.links
+                .remove_if(&owner.node_id, |_, current| current.created == link.created);
         }
+        result
     }
 
     /// Give back admitted checks on `owner`. Best effort within the deadline: a refund
@@ -220,6 +236,7 @@ impl PeerPool {
             addr: owner.grpc_addr,
             queue,
             client: client.clone(),
+            created: std::time::Instant::now(),
         };
         // Replacing the link drops the old sender, which ends the old batcher.
         self.links.insert(owner.node_id.clone(), link.clone());

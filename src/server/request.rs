@@ -48,69 +48,91 @@ pub fn plan_check(
             ),
         ));
     }
-    let route = parse_route(&request.route, &format!("{at}route"))?;
-    let tier = parse_tier(request.tier.as_deref(), &format!("{at}tier"))?;
-    let cost = parse_cost(request.cost, &format!("{at}cost"))?;
+    let top = Field {
+        at,
+        descriptor: None,
+    };
+    let route = parse_route(&request.route, top, "route")?;
+    let tier = parse_tier(request.tier.as_deref(), top, "tier")?;
+    let cost = parse_cost(request.cost, top, "cost")?;
     let mut planned = Vec::with_capacity(total);
     planned.push(plan_one(
         rules,
         &request.key,
-        &format!("{at}key"),
         &request.route,
         &route,
         tier,
         cost,
-        &format!("{at}cost"),
+        top,
     )?);
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let field = |name: &str| format!("{at}descriptors[{i}].{name}");
+        let field = Field {
+            at,
+            descriptor: Some(i),
+        };
         let (route_text, route) = if descriptor.route.is_empty() {
             (request.route.as_str(), route)
         } else {
             (
                 descriptor.route.as_str(),
-                parse_route(&descriptor.route, &field("route"))?,
+                parse_route(&descriptor.route, field, "route")?,
             )
         };
         let tier = match descriptor.tier.as_deref() {
-            Some(t) => parse_tier(Some(t), &field("tier"))?,
+            Some(t) => parse_tier(Some(t), field, "tier")?,
             None => tier,
         };
         let cost = match descriptor.cost {
-            Some(c) => parse_cost(Some(c), &field("cost"))?,
+            Some(c) => parse_cost(Some(c), field, "cost")?,
             None => cost,
         };
         planned.push(plan_one(
             rules,
             &descriptor.key,
-            &field("key"),
             route_text,
             &route,
             tier,
             cost,
-            &field("cost"),
+            field,
         )?);
     }
     Ok(planned)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where in a request a value sits; the path string is only built for an error, so a
+/// valid request pays nothing for the field names.
+#[derive(Clone, Copy)]
+struct Field<'a> {
+    /// `""` or `"checks[3]."`.
+    at: &'a str,
+    /// Index into `descriptors`, for the extra descriptors.
+    descriptor: Option<usize>,
+}
+
+impl Field<'_> {
+    fn name(self, leaf: &str) -> String {
+        match self.descriptor {
+            Some(i) => format!("{}descriptors[{i}].{leaf}", self.at),
+            None => format!("{}{leaf}", self.at),
+        }
+    }
+}
+
 fn plan_one(
     rules: &RuleSet,
     key: &str,
-    key_field: &str,
     route_text: &str,
     route: &Route,
     tier: Option<&str>,
     cost: NonZeroU64,
-    cost_field: &str,
+    field: Field<'_>,
 ) -> Result<Planned, CheckError> {
     if key.is_empty() {
-        return Err(CheckError::invalid(key_field, "must not be empty"));
+        return Err(CheckError::invalid(field.name("key"), "must not be empty"));
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(CheckError::invalid(
-            key_field,
+            field.name("key"),
             format!("{} bytes is over the limit of {MAX_KEY_BYTES}", key.len()),
         ));
     }
@@ -118,7 +140,7 @@ fn plan_one(
     let max_cost = rule.limiter.max_cost();
     if cost.get() > max_cost {
         return Err(CheckError::invalid(
-            cost_field,
+            field.name("cost"),
             format!(
                 "cost {cost} can never be admitted: rule \"{}\" admits at most {max_cost} at once",
                 rule.name
@@ -143,8 +165,9 @@ pub fn plan_forwarded(
     index: usize,
 ) -> Result<Planned, CheckError> {
     let field = |name: &str| format!("items[{index}].{name}");
-    let route = parse_route(&item.route, &field("route"))?;
-    let tier = parse_tier(item.tier.as_deref(), &field("tier"))?;
+    let route = Route::parse(&item.route)
+        .map_err(|e| CheckError::invalid(field("route"), e.to_string()))?;
+    let tier = item.tier.as_deref();
     let cost = NonZeroU64::new(item.cost)
         .filter(|c| c.get() <= MAX_COST as u64)
         .ok_or_else(|| CheckError::invalid(field("cost"), "must be 1..=1000000000"))?;
@@ -163,33 +186,38 @@ pub fn plan_forwarded(
     })
 }
 
-fn parse_route<'a>(text: &'a str, field: &str) -> Result<Route<'a>, CheckError> {
-    Route::parse(text).map_err(|e| CheckError::invalid(field, e.to_string()))
+fn parse_route<'a>(text: &'a str, field: Field<'_>, leaf: &str) -> Result<Route<'a>, CheckError> {
+    Route::parse(text).map_err(|e| CheckError::invalid(field.name(leaf), e.to_string()))
 }
 
-fn parse_tier<'a>(tier: Option<&'a str>, field: &str) -> Result<Option<&'a str>, CheckError> {
+fn parse_tier<'a>(
+    tier: Option<&'a str>,
+    field: Field<'_>,
+    leaf: &str,
+) -> Result<Option<&'a str>, CheckError> {
     match tier {
         None => Ok(None),
-        Some("") => Err(CheckError::invalid(field, "must not be empty when set")),
+        Some("") => Err(CheckError::invalid(
+            field.name(leaf),
+            "must not be empty when set",
+        )),
         Some(t) if t.len() > MAX_TIER_BYTES => Err(CheckError::invalid(
-            field,
+            field.name(leaf),
             format!("{} bytes is over the limit of {MAX_TIER_BYTES}", t.len()),
         )),
         Some(t) => Ok(Some(t)),
     }
 }
 
-fn parse_cost(cost: Option<i64>, field: &str) -> Result<NonZeroU64, CheckError> {
+fn parse_cost(cost: Option<i64>, field: Field<'_>, leaf: &str) -> Result<NonZeroU64, CheckError> {
     match cost {
         None => Ok(NonZeroU64::MIN),
-        // `!(c >= 1)` rather than `c < 1` is the design reference's habit for floats; for
-        // integers the plain comparison is exact.
         Some(c) if c < 1 => Err(CheckError::invalid(
-            field,
+            field.name(leaf),
             format!("must be a positive integer (got {c}); a cost of 0 would admit for ever and a negative one would refund"),
         )),
         Some(c) if c > MAX_COST => Err(CheckError::invalid(
-            field,
+            field.name(leaf),
             format!("{c} is over the limit of {MAX_COST}"),
         )),
         Some(c) => Ok(NonZeroU64::new(c as u64).expect("checked positive")),

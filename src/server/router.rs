@@ -12,7 +12,7 @@ use dashmap::DashMap;
 use futures_util::future::join_all;
 use tokio::sync::watch;
 
-use crate::algorithms::{Decision, Millis};
+use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::clock::Clock;
 use crate::config::rules::{FailMode, Rule};
 use crate::deny_cache::{Denial, DenyCache};
@@ -46,7 +46,7 @@ pub struct Answer {
     /// Rule name as the decider reported it.
     pub rule: Arc<str>,
     /// Algorithm name as the decider reported it.
-    pub algorithm: Arc<str>,
+    pub algorithm: &'static str,
     /// Where a refund of this answer must go.
     pub charged: Charged,
 }
@@ -336,7 +336,7 @@ impl Router {
                     degraded: false,
                     hops: 0,
                     rule: item.rule.name.clone(),
-                    algorithm: Arc::from(item.rule.limiter.kind().as_str()),
+                    algorithm: item.rule.limiter.kind().as_str(),
                     charged: if outcome.decision.allowed {
                         Charged::Here(item.rule.clone())
                     } else {
@@ -436,7 +436,7 @@ impl Router {
             degraded: true,
             hops: 0,
             rule: item.rule.name.clone(),
-            algorithm: Arc::from(item.rule.limiter.kind().as_str()),
+            algorithm: item.rule.limiter.kind().as_str(),
             charged: Charged::Nothing,
         })
     }
@@ -479,7 +479,7 @@ impl Router {
             degraded: true,
             hops: 0,
             rule: item.rule.name.clone(),
-            algorithm: Arc::from(item.rule.limiter.kind().as_str()),
+            algorithm: item.rule.limiter.kind().as_str(),
             charged: Charged::Nothing,
         }
     }
@@ -519,7 +519,7 @@ fn remote_answer(forwarded: crate::server::forward::Forwarded, owner: &Member) -
         degraded: false,
         hops: 1,
         rule: Arc::from(o.rule.as_str()),
-        algorithm: Arc::from(o.algorithm.as_str()),
+        algorithm: AlgorithmKind::parse(&o.algorithm).map_or("unknown", |k| k.as_str()),
         charged: if o.allowed {
             Charged::Owner(owner.clone())
         } else {

@@ -164,9 +164,10 @@ impl std::ops::AddAssign for Churn {
 #[derive(Debug)]
 pub struct Store {
     // IndexMap: O(1) lookup plus stable positions, which the expiry cursor and the
-    // random eviction sample both need. Its default SipHash keeps attacker-chosen keys
-    // from forcing collisions.
-    map: IndexMap<StateKey, Entry>,
+    // random eviction sample both need. foldhash with a per-process random seed: about
+    // 3x faster than SipHash on short keys, and the random seed still keeps
+    // attacker-chosen keys from forcing collisions.
+    map: IndexMap<StateKey, Entry, foldhash::fast::RandomState>,
     cap: usize,
     cursor: usize,
     rng: u64,
@@ -178,7 +179,7 @@ impl Store {
     /// sampling, so tests are reproducible.
     pub fn new(cap: usize, seed: u64) -> Self {
         Self {
-            map: IndexMap::new(),
+            map: IndexMap::with_hasher(foldhash::fast::RandomState::default()),
             cap: cap.max(1),
             cursor: 0,
             rng: seed | 1,
