@@ -869,3 +869,50 @@ async fn serve_prints_only_the_ready_line_on_stdout() {
         lines.iter().take(5).copied().collect::<Vec<_>>().join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_forwards_to_one_owner_are_coalesced_into_batches() {
+    // A 2 ms flush delay makes coalescing certain; with the default (0) batches form only
+    // from what queues while the previous batch is in flight.
+    let cluster = Cluster::start(
+        &["node-a", "node-b", "node-c"],
+        &["--forward-flush-us", "2000"],
+    )
+    .await;
+    let keys: Vec<String> = (0..40)
+        .map(|i| key_owned_by(&format!("batch{i}"), "node-b", "node-a"))
+        .collect();
+    let mut tasks = Vec::new();
+    for key in keys {
+        let mut client = cluster.client("node-a").await;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let a = check(&mut client, &key).await.expect("answer");
+                assert_eq!(decider(&a), "node-b");
+                assert_eq!(hops(&a), Some(1));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let metrics = cluster.node("node-a").metrics;
+    let sum = metric(metrics, "ringlimit_forward_batch_size_sum")
+        .await
+        .unwrap_or(0.0);
+    let count = metric(metrics, "ringlimit_forward_batch_size_count")
+        .await
+        .unwrap_or(0.0);
+    eprintln!(
+        "[batching] 200 forwarded checks in {count} batches (mean {:.1} per batch)",
+        sum / count.max(1.0)
+    );
+    assert!(
+        sum >= 200.0,
+        "every forwarded check went through a batch (sum {sum})"
+    );
+    assert!(
+        count > 0.0 && sum / count >= 2.0,
+        "40 concurrent callers to one owner must share batches: {sum} checks in {count} calls"
+    );
+}
