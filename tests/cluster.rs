@@ -10,7 +10,7 @@ use common::{
     check, client, key_owned_by, member_config, rules_file, start, start_cluster, wait_converged,
 };
 
-/// 20 per hour: no window rolls over during a test.
+/// 20 per hour: no window rolls over during a test. `GET /closed` fails closed.
 const RULES: &str = r#"
 [[rule]]
 name = "t"
@@ -18,6 +18,14 @@ route = "GET /t"
 algorithm = "fixed_window"
 limit = 20
 window = "1h"
+
+[[rule]]
+name = "closed"
+route = "GET /closed"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1h"
+on_unavailable = "closed"
 "#;
 
 const LIMIT: usize = 20;
@@ -233,6 +241,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
                 route: "GET /t".into(),
                 tier: None,
                 cost: 1,
+                hops: 1,
             }],
             deadline_ms: 0,
         })
@@ -253,6 +262,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
                 route: "GET /t".into(),
                 tier: None,
                 cost: 1,
+                hops: 1,
             }],
             deadline_ms: 1,
         })
@@ -267,6 +277,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
                 route: "GET /t".into(),
                 tier: None,
                 cost: 1,
+                hops: 1,
             }],
             deadline_ms: 0,
         })
@@ -278,6 +289,38 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
         (LIMIT - 2) as u64,
         "the stale batch charged nothing"
     );
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_owner_fails_open_or_closed_per_rule() {
+    let (_dir, rules) = rules_file(RULES);
+    let mut nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let key = key_owned_by("c", &["a", "b", "c"], "gone");
+    // Crash c; a and b still have it on their rings until failure detection (~1.2 s),
+    // so their forwards fail and they decide without the owner.
+    nodes.pop().unwrap().shutdown().await;
+    let mut via_a = client(&nodes[0]).await;
+    let open = via_a
+        .check(check(&key, "GET /t", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(open.allowed && open.degraded, "fail-open: {open:?}");
+    assert_eq!(open.limit, 6, "fallback limit: 20 / 3 nodes");
+    assert_eq!(open.decider.unwrap().node_id, "a");
+    let closed = via_a
+        .check(check(&key, "GET /closed", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !closed.allowed && closed.degraded,
+        "fail-closed: {closed:?}"
+    );
+    assert!(closed.retry_after_ms > 0);
     for node in nodes {
         node.shutdown().await;
     }

@@ -117,6 +117,7 @@ impl Peer for PeerService {
                 route: item.route.clone(),
                 tier: item.tier.clone(),
                 cost: item.cost,
+                hops: 1,
             };
             refunds.push(RefundItem {
                 item: plan_forwarded(&forward, &rules, i)?,

@@ -498,6 +498,7 @@ fn forward_item(item: &CheckItem) -> ForwardItem {
         route: item.route.to_string(),
         tier: item.tier.as_deref().map(str::to_string),
         cost: item.cost.get(),
+        hops: 1,
     }
 }
 

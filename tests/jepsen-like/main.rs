@@ -137,7 +137,14 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     let mut rng = workload::Rng::new(seed);
     let ip_prefix = [127, 77 + (rng.range(0, 100) as u8), rng.range(1, 250) as u8];
     let steps = if profile.faults {
-        nemesis::schedule(seed, profile.name == "long", profile.nodes, profile.events)
+        // The long profile stops once it has run `events` steps AND `min_chaos` has
+        // passed, so draw enough steps that the time bound, not the list, ends it.
+        let steps = if profile.min_chaos.is_zero() {
+            profile.events
+        } else {
+            profile.events * 4
+        };
+        nemesis::schedule(seed, profile.name == "long", profile.nodes, steps)
     } else {
         Vec::new()
     };
