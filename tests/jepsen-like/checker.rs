@@ -133,6 +133,9 @@ struct NemesisEvent {
 }
 
 /// A run of identical ring samples of one node, valid over [lo, hi].
+/// Longest gap between two ring samples of one node (the sampler runs every ~200 ms).
+const SAMPLE_GAP_MS: u64 = 400;
+
 struct ViewRun {
     node: String,
     lo: u64,
@@ -369,11 +372,46 @@ pub fn check(entries: &[Entry]) -> Report {
             ));
         }
     }
+    // Between two samples a node may pass through views nobody sampled: gossip reveals
+    // members one at a time (a healed partition, a restart). Every member set between
+    // the two sampled ones (common ⊆ S ⊆ union) is a view the node may have routed by.
+    let mut transitions: Vec<(u64, u64, Ring)> = Vec::new();
+    for pair in runs.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.node != b.node {
+            continue;
+        }
+        let common: BTreeSet<String> = a.members.intersection(&b.members).cloned().collect();
+        let changed: Vec<String> = a
+            .members
+            .symmetric_difference(&b.members)
+            .cloned()
+            .collect();
+        if changed.is_empty() || changed.len() > 6 {
+            continue;
+        }
+        for mask in 1..(1u32 << changed.len()) - 1 {
+            let mut members = common.clone();
+            for (i, m) in changed.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    members.insert(m.clone());
+                }
+            }
+            transitions.push((
+                a.hi.min(b.lo),
+                b.lo.max(a.hi) + SAMPLE_GAP_MS,
+                Ring::new(members, Ring::DEFAULT_VNODES),
+            ));
+        }
+    }
     let owner_ok = |key: &str, decider: &str, lo: u64, hi: u64| -> bool {
+        let overlaps = |from: u64, to: u64| {
+            from.saturating_sub(VIEW_SLACK_MS) <= hi && lo <= to.saturating_add(VIEW_SLACK_MS)
+        };
         runs.iter().any(|run| {
-            run.lo.saturating_sub(VIEW_SLACK_MS) <= hi
-                && lo <= run.hi.saturating_add(VIEW_SLACK_MS)
-                && rings[&run.digest].owner(key.as_bytes()) == Some(decider)
+            overlaps(run.lo, run.hi) && rings[&run.digest].owner(key.as_bytes()) == Some(decider)
+        }) || transitions.iter().any(|(from, to, ring)| {
+            overlaps(*from, *to) && ring.owner(key.as_bytes()) == Some(decider)
         })
     };
 
