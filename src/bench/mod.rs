@@ -537,14 +537,13 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
 /// before, divided by keys (and Redis used_memory per client with --compare-redis).
 async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
-    // The log stores one entry per admitted request and caps its limit at 100,000;
-    // every key here gets one request, so a small limit measures the same thing.
-    let limit = if args.algorithm == "sliding_window_log" {
-        100
-    } else {
-        1_000_000
-    };
-    let mut nodes = start_nodes(1, &dir, &rule_toml(&args.algorithm, limit))?;
+    // Each key gets one check. A limit of 100 per day keeps that check's trace alive
+    // until it is measured for every algorithm (a token bucket refills one token in
+    // 864 s); with a huge limit or a short window the state would equal a fresh one
+    // within milliseconds and the store would rightly drop it, measuring nothing.
+    let limit = 100;
+    let rules = rule_toml(&args.algorithm, limit).replace("\"60s\"", "\"1d\"");
+    let mut nodes = start_nodes(1, &dir, &rules)?;
     let node = &mut nodes[0];
     let pid = node.child.id();
     let mut client = RateLimiterClient::connect(format!("http://{}", node.grpc)).await?;
