@@ -311,6 +311,8 @@ impl Membership {
             leaving: false,
             live,
             view_tx,
+            last_run: std::time::Instant::now(),
+            hold_removals_until: None,
         };
         let driver = tokio::spawn(driver.run(handle, commands_rx, stop.clone()));
         Ok(Membership {
@@ -389,7 +391,23 @@ struct Driver {
     leaving: bool,
     live: watch::Receiver<BTreeMap<ChitchatId, NodeState>>,
     view_tx: watch::Sender<Arc<ClusterView>>,
+    /// When this task last ran (a tick every gossip interval keeps it fresh).
+    last_run: std::time::Instant,
+    /// After this process was stalled (SIGSTOP, a starved machine), removals are held
+    /// until then; see [`STALL`].
+    hold_removals_until: Option<std::time::Instant>,
 }
+
+/// A gap this long between two runs of the driver means the process itself was frozen.
+///
+/// On waking up, chitchat's failure detector sees every peer silent for the whole pause
+/// and declares them all dead for a gossip round, until their heartbeats arrive again.
+/// Published, that view says "I own every key", and the node would decide keys it
+/// never owned. So after a stall, members are only added, never removed, for
+/// [`STALL_HOLD`]: long enough for gossip to refresh, short against failure detection.
+const STALL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long removals are held after a stall.
+const STALL_HOLD: std::time::Duration = std::time::Duration::from_millis(1500);
 
 impl Driver {
     async fn run(
@@ -401,9 +419,22 @@ impl Driver {
         let terminated = handle.termination_watcher();
         tokio::pin!(terminated);
         let mut gossip_running = true;
+        let mut tick = tokio::time::interval(DEFAULT_GOSSIP_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = tick.tick() => {
+                    self.note_stall();
+                    if self
+                        .hold_removals_until
+                        .is_some_and(|until| std::time::Instant::now() >= until)
+                    {
+                        self.hold_removals_until = None;
+                        info!(node_id = %self.self_id.node_id, "stall hold over: publishing removals again");
+                        self.publish();
+                    }
+                }
                 result = &mut terminated, if gossip_running => {
                     // The gossip loop only ends on its own if its socket broke.
                     error!(?result, "chitchat stopped unexpectedly; cluster view frozen");
@@ -450,9 +481,25 @@ impl Driver {
         info!(node_id = %self.self_id.node_id, "membership stopped");
     }
 
+    /// Notice whether this task was frozen since it last ran; if so, hold removals.
+    fn note_stall(&mut self) {
+        let now = std::time::Instant::now();
+        let gap = now.duration_since(self.last_run);
+        self.last_run = now;
+        if gap >= STALL {
+            warn!(
+                node_id = %self.self_id.node_id,
+                gap_ms = gap.as_millis() as u64,
+                "this process was stalled: holding member removals while gossip catches up"
+            );
+            self.hold_removals_until = Some(now + STALL_HOLD);
+        }
+    }
+
     /// Recomputes the view from the latest live set and publishes it if the
     /// members changed.
     fn publish(&mut self) {
+        self.note_stall();
         let view = {
             let live = self.live.borrow_and_update();
             let mut nodes: Vec<LiveNode> = live.iter().map(|(id, s)| live_node(id, s)).collect();
@@ -479,6 +526,20 @@ impl Driver {
                 }
             }
             build_view(nodes)
+        };
+        let view = match self.hold_removals_until {
+            Some(until) if std::time::Instant::now() < until => {
+                // Keep members that vanished only because we were frozen.
+                let current = self.view_tx.borrow().clone();
+                let mut members = view.members.clone();
+                for old in &current.members {
+                    if view.member(&old.node_id).is_none() {
+                        members.push(old.clone());
+                    }
+                }
+                ClusterView::from_members(members)
+            }
+            _ => view,
         };
         let changed = self.view_tx.send_if_modified(|current| {
             if **current == view {
