@@ -233,57 +233,27 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
     ))
     .await
     .unwrap();
-    let response = peer
-        .forward(ringlimit::proto::peer::ForwardRequest {
-            from_node: "a".into(),
-            items: vec![ringlimit::proto::peer::ForwardItem {
-                key: key.clone(),
-                route: "GET /t".into(),
-                tier: None,
-                cost: 1,
-                hops: 1,
-            }],
-            deadline_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let forward_one = |deadline_ms: u64| ringlimit::proto::peer::ForwardRequest {
+        from_node: "a".into(),
+        items: vec![ringlimit::proto::peer::ForwardItem {
+            key: key.clone(),
+            route: "GET /t".into(),
+            tier: None,
+            cost: 1,
+            hops: 1,
+        }],
+        deadline_ms,
+    };
+    let response = peer.forward(forward_one(0)).await.unwrap().into_inner();
     assert_eq!(response.node_id, "b");
     assert!(response.outcomes[0].allowed);
     assert_eq!(response.outcomes[0].remaining, (LIMIT - 1) as u64);
 
     // A batch that arrives after its sender gave up (a paused owner waking up) is
     // refused, not charged.
-    let stale = peer
-        .forward(ringlimit::proto::peer::ForwardRequest {
-            from_node: "a".into(),
-            items: vec![ringlimit::proto::peer::ForwardItem {
-                key: key.clone(),
-                route: "GET /t".into(),
-                tier: None,
-                cost: 1,
-                hops: 1,
-            }],
-            deadline_ms: 1,
-        })
-        .await
-        .unwrap_err();
+    let stale = peer.forward(forward_one(1)).await.unwrap_err();
     assert_eq!(stale.code(), tonic::Code::DeadlineExceeded);
-    let again = peer
-        .forward(ringlimit::proto::peer::ForwardRequest {
-            from_node: "a".into(),
-            items: vec![ringlimit::proto::peer::ForwardItem {
-                key: key.clone(),
-                route: "GET /t".into(),
-                tier: None,
-                cost: 1,
-                hops: 1,
-            }],
-            deadline_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = peer.forward(forward_one(0)).await.unwrap().into_inner();
     assert_eq!(
         again.outcomes[0].remaining,
         (LIMIT - 2) as u64,
