@@ -88,12 +88,6 @@ impl Clamped {
         self.high = self.high.max(self.clock.now_ms());
         self.high
     }
-
-    /// Raise the high-water mark to `at` (state handed over from a node whose clock
-    /// runs ahead must not see this shard's time run backwards).
-    pub fn observe(&mut self, at: Millis) {
-        self.high = self.high.max(at);
-    }
 }
 
 #[cfg(test)]
@@ -109,8 +103,6 @@ mod tests {
         assert_eq!(clamped.now_ms(), 10_000, "a backward step freezes time");
         manual.set(10_500);
         assert_eq!(clamped.now_ms(), 10_500);
-        clamped.observe(20_000);
-        assert_eq!(clamped.now_ms(), 20_000);
     }
 
     #[test]

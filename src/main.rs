@@ -233,21 +233,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("shutdown signal received");
             signal.cancel();
         });
-        let node = ringlimit::node::start(config).await?;
-        // One machine-readable line on stdout: scripts and tests that start nodes on
-        // port 0 learn the bound addresses from it.
-        println!(
-            "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={}",
-            node.decider.node_id,
-            node.decider.generation,
-            node.grpc_addr,
-            node.gossip_addr,
-            node.metrics_addr.map_or("-".to_string(), |a| a.to_string())
-        );
-        tracing::info!(node_id = %node.decider.node_id, grpc = %node.grpc_addr, gossip = %node.gossip_addr, "ringlimit node serving");
-        node.serve_until(shutdown).await;
-        tracing::info!("ringlimit node stopped");
-        anyhow::Ok(())
+        ringlimit::node::run(config, shutdown, |node| {
+            // One machine-readable line on stdout: scripts and tests that start nodes
+            // on port 0 learn the bound addresses from it.
+            println!(
+                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={}",
+                node.decider.node_id,
+                node.decider.generation,
+                node.grpc_addr,
+                node.gossip_addr,
+                node.metrics_addr.map_or("-".to_string(), |a| a.to_string())
+            );
+        })
+        .await
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -134,10 +134,16 @@ impl RunningNode {
     }
 }
 
-/// Start a node with the system clock; when `shutdown` is cancelled it leaves the
-/// cluster gracefully (state handed over) and stops.
-pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<(), NodeError> {
+/// Start a node with the system clock, call `on_ready` once it serves (the binary
+/// prints its ready line there); when `shutdown` is cancelled it leaves the cluster
+/// gracefully (state handed over) and stops.
+pub async fn run(
+    config: NodeConfig,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(&RunningNode),
+) -> Result<(), NodeError> {
     let node = start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await?;
+    on_ready(&node);
     tracing::info!(
         node_id = %node.decider.node_id,
         grpc = %node.grpc_addr,
