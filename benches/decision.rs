@@ -95,6 +95,7 @@ fn store_decision_10k_keys(bencher: Bencher) {
             limiter: &rule.limiter,
             client: &keys[i],
             route: "GET /bench",
+            local: false,
         };
         black_box(store.check(counter, now, NonZeroU64::MIN))
     });

@@ -93,6 +93,57 @@ impl KeyState {
     }
 }
 
+impl KeyState {
+    /// The state in two words, the store's compact in-memory form; `None` when it does
+    /// not fit (always for the sliding log; for GCRA when the schedule is beyond `u64`
+    /// scaled units; for the sliding counter when a count is beyond `u32`). The store
+    /// keeps such states whole, on the side.
+    ///
+    /// Why two words: at a million keys the state is most of a key's memory, and
+    /// every fixed-size state fits two words with room to spare in practice (a GCRA
+    /// schedule of `u64` scaled units covers limits up to ~10^7 per ms-period today;
+    /// sliding-counter counts are bounded by the limit).
+    pub fn to_pair(&self) -> Option<[u64; 2]> {
+        match self {
+            KeyState::TokenBucket(s) => Some([s.deficit, s.last]),
+            KeyState::LeakyBucket(s) => Some([u64::try_from(s.tat).ok()?, s.last_admit]),
+            KeyState::FixedWindow(s) => Some([s.idx, s.count]),
+            KeyState::SlidingWindowLog(_) => None,
+            KeyState::SlidingWindowCounter(s) => {
+                let prev = u32::try_from(s.prev).ok()?;
+                let curr = u32::try_from(s.curr).ok()?;
+                Some([s.idx, (u64::from(prev) << 32) | u64::from(curr)])
+            }
+        }
+    }
+
+    /// Rebuild a state packed by [`KeyState::to_pair`]; `None` for the sliding log,
+    /// which never packs.
+    pub fn from_pair(kind: AlgorithmKind, [a, b]: [u64; 2]) -> Option<KeyState> {
+        Some(match kind {
+            AlgorithmKind::TokenBucket => KeyState::TokenBucket(TokenBucketState {
+                deficit: a,
+                last: b,
+            }),
+            AlgorithmKind::LeakyBucket => KeyState::LeakyBucket(GcraState {
+                tat: u128::from(a),
+                last_admit: b,
+            }),
+            AlgorithmKind::FixedWindow => {
+                KeyState::FixedWindow(FixedWindowState { idx: a, count: b })
+            }
+            AlgorithmKind::SlidingWindowLog => return None,
+            AlgorithmKind::SlidingWindowCounter => {
+                KeyState::SlidingWindowCounter(SlidingCounterState {
+                    idx: a,
+                    prev: b >> 32,
+                    curr: b & u64::from(u32::MAX),
+                })
+            }
+        })
+    }
+}
+
 impl Limiter {
     /// True when `state` could have been produced by this limiter: right algorithm and
     /// counts within its numbers. State received from another node is installed only
@@ -180,6 +231,29 @@ mod tests {
             }
         }
 
+        /// Packing into two words is lossless whenever it succeeds, and it succeeds
+        /// for every state but the log's under ordinary numbers.
+        #[test]
+        fn pairs_round_trip_exactly(
+            steps in proptest::collection::vec((0u64..4_000, 1u64..3), 1..40),
+        ) {
+            for limiter in limiters() {
+                let mut state = limiter.new_state();
+                let mut now = 1_000_000;
+                for &(step, cost) in &steps {
+                    now += step;
+                    limiter.check(&mut state, now, nz(cost));
+                    match state.to_pair() {
+                        Some(pair) => prop_assert_eq!(
+                            KeyState::from_pair(state.kind(), pair),
+                            Some(state.clone())
+                        ),
+                        None => prop_assert_eq!(state.kind(), AlgorithmKind::SlidingWindowLog),
+                    }
+                }
+            }
+        }
+
         /// Garbage words never panic: they are refused or produce some state, and a
         /// produced state is only accepted when consistent.
         #[test]
@@ -205,6 +279,25 @@ mod tests {
         let sliding_log =
             Limiter::SlidingWindowLog(SlidingLog::new(nz(5), Duration::from_secs(1)).unwrap());
         assert!(!sliding_log.accepts(&log), "sum disagrees with the entries");
+    }
+
+    #[test]
+    fn states_beyond_two_words_do_not_pack() {
+        let big_tat = KeyState::from_words(AlgorithmKind::LeakyBucket, &[1, 0, 5]).unwrap();
+        assert_eq!(big_tat.to_pair(), None);
+        let big_count =
+            KeyState::from_words(AlgorithmKind::SlidingWindowCounter, &[3, 1 << 32, 1]).unwrap();
+        assert_eq!(big_count.to_pair(), None);
+        let fits = KeyState::from_words(
+            AlgorithmKind::SlidingWindowCounter,
+            &[3, u64::from(u32::MAX), 7],
+        )
+        .unwrap();
+        let pair = fits.to_pair().unwrap();
+        assert_eq!(
+            KeyState::from_pair(AlgorithmKind::SlidingWindowCounter, pair),
+            Some(fits)
+        );
     }
 
     #[test]

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::StatusRequest;
 use crate::proto::rate_limiter_client::RateLimiterClient;
 use crate::proto::{CheckBatchRequest, CheckRequest};
 
@@ -140,6 +142,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.nodes,
             &rules_dir,
             &rule_toml("sliding_window_counter", args.limit),
+            &[],
         )?;
         let targets = nodes.iter().map(|n| n.grpc.clone()).collect();
         (nodes, targets)
@@ -472,7 +475,13 @@ impl Drop for LocalNode {
 }
 
 /// Start `count` node processes of this binary, clustered, with `rules`.
-fn start_nodes(count: usize, dir: &std::path::Path, rules: &str) -> anyhow::Result<Vec<LocalNode>> {
+/// Start `count` local nodes on port 0 with `rules`; `extra` are more `serve` flags.
+fn start_nodes(
+    count: usize,
+    dir: &std::path::Path,
+    rules: &str,
+    extra: &[&str],
+) -> anyhow::Result<Vec<LocalNode>> {
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules)?;
     let exe = std::env::current_exe()?;
@@ -492,6 +501,7 @@ fn start_nodes(count: usize, dir: &std::path::Path, rules: &str) -> anyhow::Resu
             ])
             .arg("--rules")
             .arg(&path)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -543,7 +553,10 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
     // within milliseconds and the store would rightly drop it, measuring nothing.
     let limit = 100;
     let rules = rule_toml(&args.algorithm, limit).replace("\"60s\"", "\"1d\"");
-    let mut nodes = start_nodes(1, &dir, &rules)?;
+    // A key cap well above --keys: the shards' shares of the keys are not exactly even,
+    // and an eviction would make the figure look better than it is.
+    let cap = (args.keys * 2).max(1_000).to_string();
+    let mut nodes = start_nodes(1, &dir, &rules, &["--max-keys", &cap])?;
     let node = &mut nodes[0];
     let pid = node.child.id();
     let mut client = RateLimiterClient::connect(format!("http://{}", node.grpc)).await?;
@@ -571,6 +584,18 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_bytes(pid)?;
+    let held = PeerClient::connect(format!("http://{}", node.grpc))
+        .await?
+        .status(StatusRequest {})
+        .await?
+        .into_inner()
+        .keys;
+    // The warm-up key is held too.
+    anyhow::ensure!(
+        held > args.keys as u64,
+        "the node holds {held} keys, not all {} filled: the figure would be wrong",
+        args.keys
+    );
     println!(
         "ringlimit {:<24} keys {:>9}  RSS {:>7.1} MiB -> {:>7.1} MiB  bytes/key {:>6.1}  (filled in {:.1} s)",
         args.algorithm,

@@ -139,6 +139,9 @@ pub const BUILTIN_LIMIT: u64 = 100;
 /// The window of the built-in default rule, from the design reference.
 pub const BUILTIN_WINDOW: Duration = Duration::from_secs(60);
 
+/// Name suffix of the fail-open stand-ins built by [`Rule::fallback`].
+pub const FALLBACK_SUFFIX: &str = "~fallback";
+
 /// One validated rule. Only the loader builds the rules a [`RuleSet`] holds, so every rule
 /// inside a rule set has passed validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,11 +170,17 @@ impl Rule {
     /// real ones if this node later owns the key.
     pub fn fallback(&self, nodes: u64) -> Rule {
         Rule::new(
-            &format!("{}~fallback", self.name),
+            &format!("{}{FALLBACK_SUFFIX}", self.name),
             self.selector.clone(),
             self.spec.divided(nodes),
             self.on_unavailable,
         )
+    }
+
+    /// True for a [`Rule::fallback`]: its counters belong to this node alone and are never
+    /// handed to another (rule names cannot contain `~`, so no configured rule matches).
+    pub fn is_node_local(&self) -> bool {
+        self.name.ends_with(FALLBACK_SUFFIX)
     }
 
     /// The precedence level this rule matches at, derived from its selector alone; reported

@@ -254,7 +254,7 @@ impl Ring {
     }
 
     /// Owner id of key hash `h`; `None` if empty.
-    pub(crate) fn owner_of_hash(&self, h: u64) -> Option<&str> {
+    pub fn owner_of_hash(&self, h: u64) -> Option<&str> {
         self.owner_index_of_hash(h)
             .map(|i| self.members[i as usize].as_str())
     }

@@ -167,8 +167,8 @@ impl Handoff {
     pub async fn push_away(&self, view: &ClusterView) -> u64 {
         let me = self.me.clone();
         let ring = view.ring.clone();
-        let new_owner: NewOwner = Arc::new(move |client: &[u8]| {
-            ring.owner(client)
+        let new_owner: NewOwner = Arc::new(move |placement: u64| {
+            ring.owner_of_hash(placement)
                 .filter(|owner| *owner != &*me)
                 .map(Arc::from)
         });
@@ -221,7 +221,8 @@ impl Handoff {
         let mut by_owner: HashMap<Arc<str>, Vec<WireState>> = HashMap::new();
         for (to, item) in items {
             by_owner.entry(to).or_default().push(WireState {
-                key: item.key.as_bytes().to_vec(),
+                placement: item.id.placement,
+                id: item.id.disc,
                 fingerprint: item.fingerprint,
                 algorithm: item.state.kind().as_str().to_string(),
                 words: item.state.to_words(),

@@ -1,10 +1,12 @@
 //! The node-to-node service `ringlimit.peer.v1.Peer`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use crate::algorithms::AlgorithmKind;
+use crate::config::rules::Rule;
 use crate::error::CheckError;
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::{
@@ -14,7 +16,7 @@ use crate::proto::peer::{
 use crate::server::request::plan_forwarded;
 use crate::server::router::Router;
 use crate::server::SharedRules;
-use crate::shard::{Exported, RefundItem, StateKey};
+use crate::shard::{Exported, KeyId, RefundItem};
 
 /// Serves forwarded checks, refunds, handed-over state and status to peers.
 #[derive(Clone)]
@@ -140,21 +142,18 @@ impl Peer for PeerService {
         let rules = self.rules.load();
         let total = request.states.len() as u64;
         let mut items = Vec::with_capacity(request.states.len());
+        // Any local rule with the same numbers decides identically: the counter's
+        // identity (which includes the rule name) travels in the id, so the receiver
+        // needs the rule only for its arithmetic. Fallback counters never travel.
+        let by_fingerprint: HashMap<u64, &Arc<Rule>> = rules
+            .rules()
+            .iter()
+            .map(|rule| (rule.fingerprint, rule))
+            .collect();
         for state in request.states {
-            let Some(key) = StateKey::from_bytes(&state.key) else {
+            let Some(rule) = by_fingerprint.get(&state.fingerprint) else {
                 continue;
             };
-            let Some((rule_name, _, _)) = StateKey::decode(key.as_bytes()) else {
-                continue;
-            };
-            // Only state of a rule with the same numbers here is meaningful; fallback
-            // counters (`<rule>~fallback`) are node-local and never travel.
-            let Some(rule) = rules.get(rule_name) else {
-                continue;
-            };
-            if rule.fingerprint != state.fingerprint {
-                continue;
-            }
             let Some(kind) = AlgorithmKind::parse(&state.algorithm) else {
                 continue;
             };
@@ -164,11 +163,14 @@ impl Peer for PeerService {
             };
             items.push((
                 Exported {
-                    key,
+                    id: KeyId {
+                        placement: state.placement,
+                        disc: state.id,
+                    },
                     fingerprint: state.fingerprint,
                     state: key_state,
                 },
-                rule.clone(),
+                Arc::clone(rule),
             ));
         }
         let installed = self

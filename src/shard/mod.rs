@@ -28,7 +28,8 @@ use tokio_util::task::TaskTracker;
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::clock::{Clamped, Clock};
 use crate::config::rules::Rule;
-pub use store::{Churn, Counter, Exported, StateKey, Store};
+use crate::ring::Ring;
+pub use store::{Churn, Counter, Exported, KeyId, StateKey, Store};
 
 /// Seed for the shard-selection hash. Distinct from the ring's, so a node's keys
 /// (which share ring ranges) still spread evenly over its shards.
@@ -85,6 +86,7 @@ impl CheckItem {
             limiter: &self.rule.limiter,
             client: self.client.as_bytes(),
             route: &self.route,
+            local: self.rule.is_node_local(),
         }
     }
 }
@@ -146,8 +148,9 @@ enum Command {
     },
 }
 
-/// For a client key: the node it must be handed to, or `None` if it stays here.
-pub type NewOwner = Arc<dyn Fn(&[u8]) -> Option<Arc<str>> + Send + Sync>;
+/// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
+/// must be handed to, or `None` if it stays here.
+pub type NewOwner = Arc<dyn Fn(u64) -> Option<Arc<str>> + Send + Sync>;
 
 /// Cloneable handle to every shard actor of a node.
 #[derive(Clone, Debug)]
@@ -206,11 +209,19 @@ impl Shards {
         self.inboxes.is_empty()
     }
 
-    /// The shard that owns `client`. Stable across restarts and processes (xxh3, fixed
-    /// seed), which matters once state is handed between nodes with equal shard counts.
+    /// The shard that owns `client`. Stable across restarts and processes, which
+    /// matters once state is handed between nodes with equal shard counts.
     pub fn shard_of(&self, client: &[u8]) -> usize {
-        (xxhash_rust::xxh3::xxh3_64_with_seed(client, SHARD_SEED) % self.inboxes.len() as u64)
-            as usize
+        self.shard_of_placement(Ring::key_hash(client))
+    }
+
+    /// The shard of a key at ring position `placement` ([`Ring::key_hash`] of its
+    /// client key): handed-over state arrives with only that.
+    pub fn shard_of_placement(&self, placement: u64) -> usize {
+        // Remixed with a seed: the ring already sorted this node's keys by placement,
+        // and the shard must not follow the ring's arcs.
+        (xxhash_rust::xxh3::xxh3_64_with_seed(&placement.to_le_bytes(), SHARD_SEED)
+            % self.inboxes.len() as u64) as usize
     }
 
     /// Decide `items`; answers come back in the same order.
@@ -321,8 +332,7 @@ impl Shards {
     pub async fn install(&self, items: Vec<(Exported, Arc<Rule>)>) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
-            let shard = StateKey::decode(item.0.key.as_bytes())
-                .map_or(0, |(_, client, _)| self.shard_of(client));
+            let shard = self.shard_of_placement(item.0.id.placement);
             groups[shard].push(item);
         }
         let mut installed = 0;
@@ -468,7 +478,7 @@ impl Actor {
                 let _ = reply.send(self.store.len());
             }
             Command::Export { new_owner, reply } => {
-                let exported = self.store.export(now, |client| new_owner(client));
+                let exported = self.store.export(now, |placement| new_owner(placement));
                 self.metrics.keys.set(self.store.len() as f64);
                 let _ = reply.send(exported);
             }

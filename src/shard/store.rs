@@ -1,33 +1,64 @@
 //! The per-shard counter store: pure, synchronous, time injected.
 //!
 //! One [`Store`] is owned by value by exactly one shard actor, so it needs no locks. It
-//! maps a [`StateKey`] (rule, client key, route) to the algorithm state of that key and
-//! bounds its own memory in two ways:
+//! maps a [`KeyId`] (a 128-bit identity of rule, client key and route) to the algorithm
+//! state of that key and bounds its own memory in two ways:
 //!
 //! - **Expiry.** Every algorithm reports when a key's state becomes indistinguishable
 //!   from a fresh one (a token bucket that has refilled, a window that has aged out).
-//!   Dropping it then loses nothing. [`Store::expire`] walks the map incrementally from a
-//!   cursor, a bounded number of entries per call, like Redis's active expiry, so a tick
-//!   never pauses the shard for long however many keys it holds.
+//!   Dropping it then loses nothing. [`Store::expire`] walks the keys incrementally from
+//!   a cursor, a bounded number of entries per call, like Redis's active expiry, so a
+//!   tick never pauses the shard for long however many keys it holds.
 //! - **A key cap.** When a new key arrives at a full store, a few random entries are
 //!   sampled and the one whose state expires soonest is evicted: it is the one closest to
 //!   being forgotten anyway. Eviction does lose counts (that client's budget restarts),
 //!   which is why every eviction is counted and surfaced: the design reference calls
 //!   eviction the one failure that shows no error signal.
+//!
+//! ## Memory layout
+//!
+//! A rate limiter holds one small state for each of millions of keys, so the bytes per
+//! key are the product (the target is at most 64 at 1,000,000 keys). Each key is one
+//! 40-byte [`Slot`] in a dense vector: its [`KeyId`] (16 bytes, in place of the key's
+//! bytes, which would be a separate allocation of ~60 bytes), the state packed into two
+//! words ([`KeyState::to_pair`]), expiry in whole seconds and a word of metadata (an
+//! interned rule fingerprint, the algorithm, flags). A `hashbrown` table of `u32`
+//! positions (5 bytes per bucket) finds a slot. States that do not fit two words (every
+//! sliding log; an oversized GCRA schedule or sliding count) live whole in a side map,
+//! as do the rare handoff records.
+//!
+//! Identity by hash is a deliberate trade: two different (rule, client, route) triples
+//! share a counter only if both their 64-bit ring placement and their 64-bit
+//! discriminator collide, about 2^-64 per pair of keys of one client. If it ever
+//! happened the two would share one budget: stricter than configured, never looser.
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use indexmap::IndexMap;
+use hashbrown::HashTable;
 
-use crate::algorithms::{Decision, KeyState, Limiter, Millis};
+use crate::algorithms::{AlgorithmKind, Decision, KeyState, Limiter, Millis};
+use crate::ring::Ring;
 
 /// How many entries an eviction samples. More samples evict closer to the true
 /// soonest-expiring entry at the price of more work per eviction.
 const EVICTION_SAMPLES: usize = 8;
 
+/// Seed of [`KeyId::disc`]: fixed, so every node computes the same identity.
+const DISC_SEED: u64 = 0x7269_6e67_6c69_6d74;
+
+/// A per-process random seed for the position table: identities are deterministic
+/// (they travel between nodes), so the table hashes them again with a secret seed to
+/// keep attacker-chosen keys from piling into one probe sequence.
+type TableHasher = foldhash::fast::RandomState;
+
 /// The identity of one counter: (rule, client key, route), each part length-prefixed so
 /// that no two different triples encode to the same bytes (`("ab","c")` vs `("a","bc")`).
+///
+/// The store keeps only a [`KeyId`] derived from it; the encoding remains the key of
+/// the deny cache and of [`KeyId::of`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StateKey(Box<[u8]>);
 
@@ -47,12 +78,6 @@ impl StateKey {
         let mut buf = Vec::new();
         Self::encode_into(&mut buf, rule, client, route);
         Self(buf.into_boxed_slice())
-    }
-
-    /// A key received from another node; `None` unless it is a valid encoding.
-    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        Self::decode(bytes)?;
-        Some(Self(bytes.into()))
     }
 
     /// The encoded bytes.
@@ -86,6 +111,35 @@ impl std::borrow::Borrow<[u8]> for StateKey {
     }
 }
 
+/// A counter's identity as the store holds it and as it travels in a handoff.
+///
+/// `placement` is the client key's ring position ([`Ring::key_hash`]), so a node can
+/// tell which keys a ring change moves without their bytes; `disc` tells apart the
+/// counters of one client (rule, route). Both are deterministic across nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId {
+    /// The client key's position on the ring.
+    pub placement: u64,
+    /// xxh3-64 (fixed seed) of the encoded (rule, client, route).
+    pub disc: u64,
+}
+
+impl KeyId {
+    /// The identity of (rule, client, route).
+    pub fn of(rule: &str, client: &[u8], route: &str) -> Self {
+        Self::with_scratch(&mut Vec::new(), rule, client, route)
+    }
+
+    /// [`KeyId::of`], encoding into `scratch` so the hot path does not allocate.
+    pub fn with_scratch(scratch: &mut Vec<u8>, rule: &str, client: &[u8], route: &str) -> Self {
+        StateKey::encode_into(scratch, rule, client, route);
+        Self {
+            placement: Ring::key_hash(client),
+            disc: xxhash_rust::xxh3::xxh3_64_with_seed(scratch, DISC_SEED),
+        }
+    }
+}
+
 /// Which counter an operation is about, and the rule numbers it runs under.
 #[derive(Debug, Clone, Copy)]
 pub struct Counter<'a> {
@@ -99,6 +153,8 @@ pub struct Counter<'a> {
     pub client: &'a [u8],
     /// Route as sent.
     pub route: &'a str,
+    /// The counter belongs to this node alone (a fail-open fallback): never handed over.
+    pub local: bool,
 }
 
 /// One key's state on its way to another node.
@@ -106,24 +162,70 @@ pub struct Counter<'a> {
 pub struct Exported {
     // (`to` travels beside it: see `Store::export` and `Store::drain_deltas`.)
     /// The counter's identity.
-    pub key: StateKey,
+    pub id: KeyId,
     /// Fingerprint of the rule numbers the state was built under.
     pub fingerprint: u64,
     /// The algorithm state.
     pub state: KeyState,
 }
 
-/// One key's state plus what the store needs to manage it.
-#[derive(Debug, Clone)]
-struct Entry {
-    state: KeyState,
-    /// When the state becomes equivalent to a fresh one (safe to drop).
-    expires_at: Millis,
-    /// Fingerprint of the rule numbers the state was built under: a rule whose numbers
-    /// changed on reload starts its keys afresh instead of misreading old state.
-    fingerprint: u64,
-    /// Set once the state was handed to a new owner (boxed: rare, keeps entries small).
-    moved: Option<Box<Moved>>,
+/// Metadata bits of a [`Slot`]: the interned fingerprint in the low bits, then the
+/// algorithm and flags.
+const FP_BITS: u32 = 20;
+const FP_MASK: u32 = (1 << FP_BITS) - 1;
+const KIND_SHIFT: u32 = FP_BITS;
+const KIND_MASK: u32 = 0b111;
+/// The state lives in `Store::overflow`, not in `words`.
+const OVERFLOW: u32 = 1 << 23;
+/// The key was handed to a new owner; its record is in `Store::moved`.
+const MOVED: u32 = 1 << 24;
+/// A node-local (fallback) counter: never exported.
+const LOCAL: u32 = 1 << 25;
+
+/// One key: identity, packed state and what the store needs to manage it. 40 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    id: KeyId,
+    /// The state packed by [`KeyState::to_pair`] (unused when `OVERFLOW` is set).
+    words: [u64; 2],
+    /// When the state becomes equivalent to a fresh one (safe to drop), in whole Unix
+    /// seconds rounded up: dropping up to a second late loses nothing.
+    expires_s: u32,
+    /// Interned fingerprint, algorithm, flags (see the constants above).
+    meta: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 40);
+
+impl Slot {
+    fn fingerprint_slot(&self) -> u32 {
+        self.meta & FP_MASK
+    }
+
+    fn kind(&self) -> AlgorithmKind {
+        AlgorithmKind::ALL[((self.meta >> KIND_SHIFT) & KIND_MASK) as usize]
+    }
+
+    fn has(&self, flag: u32) -> bool {
+        self.meta & flag != 0
+    }
+
+    fn set(&mut self, flag: u32, on: bool) {
+        if on {
+            self.meta |= flag;
+        } else {
+            self.meta &= !flag;
+        }
+    }
+
+    fn expired(&self, now: Millis) -> bool {
+        u64::from(self.expires_s) * 1_000 <= now
+    }
+}
+
+/// Whole seconds, rounded up, saturating (u32 seconds reach the year 2106).
+fn ceil_secs(ms: Millis) -> u32 {
+    u32::try_from(ms.div_ceil(1_000)).unwrap_or(u32::MAX)
 }
 
 /// A key whose state was handed to a new owner but may still be decided here.
@@ -138,6 +240,8 @@ struct Entry {
 struct Moved {
     /// The new owner.
     to: Arc<str>,
+    /// Fingerprint of the rule numbers, travelling with each delta.
+    fingerprint: u64,
     /// Admissions made here since the handoff (or the last delta push).
     delta: KeyState,
     /// `delta` holds admissions not pushed yet.
@@ -163,11 +267,21 @@ impl std::ops::AddAssign for Churn {
 /// A shard's keys and their algorithm state.
 #[derive(Debug)]
 pub struct Store {
-    // IndexMap: O(1) lookup plus stable positions, which the expiry cursor and the
-    // random eviction sample both need. foldhash with a per-process random seed: about
-    // 3x faster than SipHash on short keys, and the random seed still keeps
-    // attacker-chosen keys from forcing collisions.
-    map: IndexMap<StateKey, Entry, foldhash::fast::RandomState>,
+    /// Dense: stable positions for the expiry cursor and the eviction sample, and no
+    /// per-bucket waste beyond the vector's growth slack.
+    slots: Vec<Slot>,
+    /// Positions in `slots`, found by the secret-seeded hash of a slot's id.
+    index: HashTable<u32>,
+    hasher: TableHasher,
+    /// States that do not pack into two words.
+    overflow: HashMap<KeyId, KeyState, TableHasher>,
+    /// Keys handed to a new owner.
+    moved: HashMap<KeyId, Moved, TableHasher>,
+    /// Interned fingerprints: a slot stores a 20-bit position here instead of 64 bits.
+    fingerprints: Vec<u64>,
+    fingerprint_slots: HashMap<u64, u32, TableHasher>,
+    /// The last fingerprint interned: most checks in a row share a rule.
+    last_fingerprint: Option<(u64, u32)>,
     cap: usize,
     cursor: usize,
     rng: u64,
@@ -175,12 +289,19 @@ pub struct Store {
 }
 
 impl Store {
-    /// An empty store holding at most `cap` keys (at least 1). `seed` drives eviction
-    /// sampling, so tests are reproducible.
+    /// An empty store holding at most `cap` keys (at least 1, at most `u32::MAX`).
+    /// `seed` drives eviction sampling, so tests are reproducible.
     pub fn new(cap: usize, seed: u64) -> Self {
         Self {
-            map: IndexMap::with_hasher(foldhash::fast::RandomState::default()),
-            cap: cap.max(1),
+            slots: Vec::new(),
+            index: HashTable::new(),
+            hasher: TableHasher::default(),
+            overflow: HashMap::default(),
+            moved: HashMap::default(),
+            fingerprints: Vec::new(),
+            fingerprint_slots: HashMap::default(),
+            last_fingerprint: None,
+            cap: cap.clamp(1, u32::MAX as usize),
             cursor: 0,
             rng: seed | 1,
             scratch: Vec::with_capacity(128),
@@ -189,12 +310,12 @@ impl Store {
 
     /// Number of keys held.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.slots.len()
     }
 
     /// True when no key is held.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.slots.is_empty()
     }
 
     /// The key cap.
@@ -219,20 +340,28 @@ impl Store {
             limiter,
             client,
             route,
+            local,
         } = counter;
-        StateKey::encode_into(&mut self.scratch, rule, client, route);
-        if let Some(entry) = self.map.get_mut(self.scratch.as_slice()) {
-            if entry.fingerprint != fingerprint {
-                entry.state = limiter.new_state();
-                entry.fingerprint = fingerprint;
+        let id = KeyId::with_scratch(&mut self.scratch, rule, client, route);
+        let fp = self.intern(fingerprint);
+        let hash = self.hasher.hash_one(id);
+        if let Some(i) = self.find(hash, id) {
+            if self.slots[i].fingerprint_slot() != fp {
+                self.put_state(i, limiter.new_state());
+                self.slots[i].meta = (self.slots[i].meta & !FP_MASK) | fp;
             }
-            let fresh = entry.expires_at <= now;
-            let decision = limiter.check(&mut entry.state, now, cost);
-            entry.expires_at = limiter.expires_at(&entry.state);
-            if let (Some(moved), true) = (entry.moved.as_mut(), decision.allowed) {
+            let (decision, fresh, expires_at) = self.update(i, |state| {
+                let fresh = limiter.expires_at(state) <= now;
+                let decision = limiter.check(state, now, cost);
+                (decision, fresh, limiter.expires_at(state))
+            });
+            self.slots[i].expires_s = ceil_secs(expires_at);
+            if decision.allowed && self.slots[i].has(MOVED) {
                 // A late check for a key handed away: remember it for the new owner.
-                limiter.check(&mut moved.delta, now, cost);
-                moved.dirty = true;
+                if let Some(moved) = self.moved.get_mut(&id) {
+                    limiter.check(&mut moved.delta, now, cost);
+                    moved.dirty = true;
+                }
             }
             return (decision, Churn::default(), fresh);
         }
@@ -244,16 +373,9 @@ impl Store {
             return (decision, Churn::default(), true);
         }
         let churn = self.make_room(now);
-        let key = StateKey(self.scratch.as_slice().into());
-        self.map.insert(
-            key,
-            Entry {
-                state,
-                expires_at,
-                fingerprint,
-                moved: None,
-            },
-        );
+        let i = self.push(id, hash, fp, expires_at);
+        self.slots[i].set(LOCAL, local);
+        self.put_state(i, state);
         (decision, churn, true)
     }
 
@@ -266,16 +388,23 @@ impl Store {
             limiter,
             client,
             route,
+            local: _,
         } = counter;
-        StateKey::encode_into(&mut self.scratch, rule, client, route);
-        if let Some(entry) = self.map.get_mut(self.scratch.as_slice()) {
-            if entry.fingerprint == fingerprint {
-                limiter.refund(&mut entry.state, at, cost);
-                entry.expires_at = limiter.expires_at(&entry.state);
-                if let Some(moved) = entry.moved.as_mut() {
-                    limiter.refund(&mut moved.delta, at, cost);
-                }
-            }
+        let id = KeyId::with_scratch(&mut self.scratch, rule, client, route);
+        let fp = self.intern(fingerprint);
+        let Some(i) = self.find(self.hasher.hash_one(id), id) else {
+            return;
+        };
+        if self.slots[i].fingerprint_slot() != fp {
+            return;
+        }
+        let expires_at = self.update(i, |state| {
+            limiter.refund(state, at, cost);
+            limiter.expires_at(state)
+        });
+        self.slots[i].expires_s = ceil_secs(expires_at);
+        if let Some(moved) = self.moved.get_mut(&id) {
+            limiter.refund(&mut moved.delta, at, cost);
         }
     }
 
@@ -283,17 +412,13 @@ impl Store {
     /// stopped. Returns how many were dropped.
     pub fn expire(&mut self, now: Millis, budget: usize) -> u64 {
         let mut dropped = 0;
-        for _ in 0..budget.min(self.map.len()) {
-            if self.cursor >= self.map.len() {
+        for _ in 0..budget.min(self.slots.len()) {
+            if self.cursor >= self.slots.len() {
                 self.cursor = 0;
             }
-            let expired = self
-                .map
-                .get_index(self.cursor)
-                .is_some_and(|(_, e)| e.expires_at <= now);
-            if expired {
+            if self.slots[self.cursor].expired(now) {
                 // swap_remove moves the last entry into the cursor slot: examine it next.
-                self.map.swap_remove_index(self.cursor);
+                self.remove_at(self.cursor);
                 dropped += 1;
             } else {
                 self.cursor += 1;
@@ -303,48 +428,60 @@ impl Store {
     }
 
     /// Every key with its state, for inspecting it.
-    pub fn iter(&self) -> impl Iterator<Item = (&StateKey, &KeyState)> {
-        self.map.iter().map(|(k, e)| (k, &e.state))
+    pub fn iter(&self) -> impl Iterator<Item = (KeyId, KeyState)> + '_ {
+        (0..self.slots.len()).map(|i| (self.slots[i].id, self.load(i)))
     }
 
-    /// Hand over every live entry whose client key `new_owner` gives to another node:
-    /// returns a copy of each state with its new owner, and keeps the entry, marked
-    /// moved, so late checks forwarded here by nodes on the old ring continue its count
-    /// (see [`Store::drain_deltas`]). Entries already handed over are not shipped again;
-    /// expired ones are dropped.
+    /// Hand over every live entry whose ring placement `new_owner` gives to another
+    /// node: returns a copy of each state with its new owner, and keeps the entry,
+    /// marked moved, so late checks forwarded here by nodes on the old ring continue its
+    /// count (see [`Store::drain_deltas`]). Entries already handed over are not shipped
+    /// again; expired ones are dropped; node-local (fallback) counters stay.
     pub fn export(
         &mut self,
         now: Millis,
-        mut new_owner: impl FnMut(&[u8]) -> Option<Arc<str>>,
+        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
     ) -> Vec<(Arc<str>, Exported)> {
         let mut out = Vec::new();
-        self.map.retain(|key, entry| {
-            let Some((_, client, _)) = StateKey::decode(key.as_bytes()) else {
-                return true;
-            };
-            let Some(to) = new_owner(client) else {
-                return true;
-            };
-            if entry.expires_at <= now {
-                return false;
+        let mut i = 0;
+        while i < self.slots.len() {
+            let slot = self.slots[i];
+            if slot.has(LOCAL) {
+                i += 1;
+                continue;
             }
-            if entry.moved.is_none() {
+            let Some(to) = new_owner(slot.id.placement) else {
+                i += 1;
+                continue;
+            };
+            if slot.expired(now) {
+                self.remove_at(i);
+                continue;
+            }
+            if !slot.has(MOVED) {
+                let state = self.load(i);
+                let fingerprint = self.fingerprints[slot.fingerprint_slot() as usize];
+                self.moved.insert(
+                    slot.id,
+                    Moved {
+                        to: to.clone(),
+                        fingerprint,
+                        delta: KeyState::empty_like(&state),
+                        dirty: false,
+                    },
+                );
+                self.slots[i].set(MOVED, true);
                 out.push((
-                    to.clone(),
+                    to,
                     Exported {
-                        key: key.clone(),
-                        fingerprint: entry.fingerprint,
-                        state: entry.state.clone(),
+                        id: slot.id,
+                        fingerprint,
+                        state,
                     },
                 ));
-                entry.moved = Some(Box::new(Moved {
-                    to,
-                    delta: KeyState::empty_like(&entry.state),
-                    dirty: false,
-                }));
             }
-            true
-        });
+            i += 1;
+        }
         self.cursor = 0;
         out
     }
@@ -353,17 +490,15 @@ impl Store {
     /// pushed and merged there.
     pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
         let mut out = Vec::new();
-        for (key, entry) in self.map.iter_mut() {
-            let Some(moved) = entry.moved.as_mut().filter(|m| m.dirty) else {
-                continue;
-            };
-            let delta = std::mem::replace(&mut moved.delta, KeyState::empty_like(&entry.state));
+        for (&id, moved) in self.moved.iter_mut().filter(|(_, m)| m.dirty) {
+            let fresh = KeyState::empty_like(&moved.delta);
+            let delta = std::mem::replace(&mut moved.delta, fresh);
             moved.dirty = false;
             out.push((
                 moved.to.clone(),
                 Exported {
-                    key: key.clone(),
-                    fingerprint: entry.fingerprint,
+                    id,
+                    fingerprint: moved.fingerprint,
                     state: delta,
                 },
             ));
@@ -378,18 +513,27 @@ impl Store {
         if !limiter.accepts(&item.state) {
             return false;
         }
-        if let Some(entry) = self.map.get_mut(item.key.as_bytes()) {
-            if entry.fingerprint != item.fingerprint {
+        let fp = self.intern(item.fingerprint);
+        let hash = self.hasher.hash_one(item.id);
+        if let Some(i) = self.find(hash, item.id) {
+            if self.slots[i].fingerprint_slot() != fp {
                 return false;
             }
-            if entry.moved.take().is_some() {
+            let expires_at = if self.slots[i].has(MOVED) {
                 // The key comes back after this node handed it away: the sender's state
                 // already includes everything this node pushed, so it replaces ours.
-                entry.state = item.state;
+                self.slots[i].set(MOVED, false);
+                self.moved.remove(&item.id);
+                let expires_at = limiter.expires_at(&item.state);
+                self.put_state(i, item.state);
+                expires_at
             } else {
-                limiter.merge(&mut entry.state, item.state);
-            }
-            entry.expires_at = limiter.expires_at(&entry.state);
+                self.update(i, |state| {
+                    limiter.merge(state, item.state);
+                    limiter.expires_at(state)
+                })
+            };
+            self.slots[i].expires_s = ceil_secs(expires_at);
             return true;
         }
         let expires_at = limiter.expires_at(&item.state);
@@ -397,37 +541,170 @@ impl Store {
             return false;
         }
         self.make_room(now);
-        self.map.insert(
-            item.key,
-            Entry {
-                state: item.state,
-                expires_at,
-                fingerprint: item.fingerprint,
-                moved: None,
-            },
-        );
+        let i = self.push(item.id, hash, fp, expires_at);
+        self.put_state(i, item.state);
         true
+    }
+
+    /// The position of `id`, whose table hash is `hash`.
+    fn find(&self, hash: u64, id: KeyId) -> Option<usize> {
+        self.index
+            .find(hash, |&i| self.slots[i as usize].id == id)
+            .map(|&i| i as usize)
+    }
+
+    /// Append a slot (state to be put by the caller) and index it.
+    fn push(&mut self, id: KeyId, hash: u64, fp: u32, expires_at: Millis) -> usize {
+        let i = self.slots.len();
+        self.slots.push(Slot {
+            id,
+            words: [0; 2],
+            expires_s: ceil_secs(expires_at),
+            meta: fp,
+        });
+        let Self {
+            index,
+            slots,
+            hasher,
+            ..
+        } = self;
+        index.insert_unique(hash, i as u32, |&j| hasher.hash_one(slots[j as usize].id));
+        i
+    }
+
+    /// Remove the slot at `i`; the last slot takes its position.
+    fn remove_at(&mut self, i: usize) {
+        let slot = self.slots[i];
+        if let Ok(entry) = self
+            .index
+            .find_entry(self.hasher.hash_one(slot.id), |&j| j as usize == i)
+        {
+            entry.remove();
+        }
+        let last = self.slots.len() - 1;
+        if i != last {
+            let moving = self.slots[last].id;
+            if let Some(position) = self
+                .index
+                .find_mut(self.hasher.hash_one(moving), |&j| j as usize == last)
+            {
+                *position = i as u32;
+            }
+        }
+        self.slots.swap_remove(i);
+        if slot.has(OVERFLOW) {
+            self.overflow.remove(&slot.id);
+        }
+        if slot.has(MOVED) {
+            self.moved.remove(&slot.id);
+        }
+    }
+
+    /// A copy of the state at `i`.
+    fn load(&self, i: usize) -> KeyState {
+        let slot = &self.slots[i];
+        if slot.has(OVERFLOW) {
+            if let Some(state) = self.overflow.get(&slot.id) {
+                return state.clone();
+            }
+        }
+        KeyState::from_pair(slot.kind(), slot.words).expect("only packable kinds are stored packed")
+    }
+
+    /// Run `f` on the state at `i` and store the result back (packed if it fits).
+    fn update<R>(&mut self, i: usize, f: impl FnOnce(&mut KeyState) -> R) -> R {
+        let slot = self.slots[i];
+        if slot.has(OVERFLOW) {
+            if let Some(state) = self.overflow.get_mut(&slot.id) {
+                // Stays on the side even if it would fit again: rare, and simpler.
+                return f(state);
+            }
+        }
+        let mut state = KeyState::from_pair(slot.kind(), slot.words)
+            .expect("only packable kinds are stored packed");
+        let result = f(&mut state);
+        self.put_state(i, state);
+        result
+    }
+
+    /// Store `state` at `i`: packed into the slot, or on the side.
+    fn put_state(&mut self, i: usize, state: KeyState) {
+        let slot = &mut self.slots[i];
+        slot.meta = (slot.meta & !(KIND_MASK << KIND_SHIFT))
+            | ((state.kind().index() as u32) << KIND_SHIFT);
+        match state.to_pair() {
+            Some(pair) => {
+                slot.words = pair;
+                if slot.has(OVERFLOW) {
+                    slot.set(OVERFLOW, false);
+                    self.overflow.remove(&slot.id);
+                }
+            }
+            None => {
+                slot.words = [0; 2];
+                slot.set(OVERFLOW, true);
+                self.overflow.insert(slot.id, state);
+            }
+        }
+    }
+
+    /// The slot number of `fingerprint`, interning it on first sight.
+    fn intern(&mut self, fingerprint: u64) -> u32 {
+        if let Some((fp, slot)) = self.last_fingerprint {
+            if fp == fingerprint {
+                return slot;
+            }
+        }
+        let slot = match self.fingerprint_slots.get(&fingerprint) {
+            Some(&slot) => slot,
+            None => {
+                if self.fingerprints.len() > FP_MASK as usize {
+                    // A million distinct rule versions in one process: start over rather
+                    // than confuse two of them (every key restarts its count, once).
+                    tracing::warn!("fingerprint table full: dropping every key of this shard");
+                    self.clear();
+                }
+                let slot = self.fingerprints.len() as u32;
+                self.fingerprints.push(fingerprint);
+                self.fingerprint_slots.insert(fingerprint, slot);
+                slot
+            }
+        };
+        self.last_fingerprint = Some((fingerprint, slot));
+        slot
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.index.clear();
+        self.overflow.clear();
+        self.moved.clear();
+        self.fingerprints.clear();
+        self.fingerprint_slots.clear();
+        self.last_fingerprint = None;
+        self.cursor = 0;
     }
 
     /// Free one slot if the store is full: prefer an expired entry among the sample,
     /// else evict the sampled entry that expires soonest.
     fn make_room(&mut self, now: Millis) -> Churn {
-        if self.map.len() < self.cap {
+        if self.slots.len() < self.cap {
             return Churn::default();
         }
-        let mut victim = None;
+        let mut victim: Option<(usize, u32)> = None;
         for _ in 0..EVICTION_SAMPLES {
-            let index = (self.next_random() % self.map.len() as u64) as usize;
-            let expires_at = self.map[index].expires_at;
-            if victim.is_none_or(|(_, best)| expires_at < best) {
-                victim = Some((index, expires_at));
+            let index = (self.next_random() % self.slots.len() as u64) as usize;
+            let expires_s = self.slots[index].expires_s;
+            if victim.is_none_or(|(_, best)| expires_s < best) {
+                victim = Some((index, expires_s));
             }
         }
-        let Some((index, expires_at)) = victim else {
+        let Some((index, _)) = victim else {
             return Churn::default();
         };
-        self.map.swap_remove_index(index);
-        if expires_at <= now {
+        let expired = self.slots[index].expired(now);
+        self.remove_at(index);
+        if expired {
             Churn {
                 expired: 1,
                 evicted: 0,
@@ -456,7 +733,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::algorithms::{FixedWindow, SlidingCounter, TokenBucket};
+    use crate::algorithms::{FixedWindow, Gcra, SlidingCounter, SlidingLog, TokenBucket};
+    use proptest::prelude::*;
 
     fn c<'a>(
         rule: &'a str,
@@ -471,6 +749,7 @@ mod tests {
             limiter,
             client,
             route,
+            local: false,
         }
     }
 
@@ -480,6 +759,91 @@ mod tests {
 
     fn fixed(limit: u64, window_ms: u64) -> Limiter {
         Limiter::FixedWindow(FixedWindow::new(nz(limit), Duration::from_millis(window_ms)).unwrap())
+    }
+
+    /// Every algorithm, with numbers that keep some states packed and push others
+    /// to the side map (the log always; the counter past `u32` counts).
+    fn model_limiters() -> Vec<(&'static str, Limiter)> {
+        let w = Duration::from_secs(10);
+        vec![
+            (
+                "tb",
+                Limiter::TokenBucket(TokenBucket::new(nz(3), nz(3), w).unwrap()),
+            ),
+            (
+                "gcra",
+                Limiter::LeakyBucket(Gcra::meter(nz(3), w, nz(2)).unwrap()),
+            ),
+            ("fw", fixed(3, 10_000)),
+            (
+                "log",
+                Limiter::SlidingWindowLog(SlidingLog::new(nz(3), w).unwrap()),
+            ),
+            (
+                "swc",
+                Limiter::SlidingWindowCounter(SlidingCounter::new(nz(3), w).unwrap()),
+            ),
+            (
+                "swc-big",
+                Limiter::SlidingWindowCounter(SlidingCounter::new(nz(u64::MAX / 4), w).unwrap()),
+            ),
+        ]
+    }
+
+    proptest! {
+        /// The packed store decides exactly like one `KeyState` per key in a plain map,
+        /// through inserts, swap-removing expiry, side-map states and refunds.
+        #[test]
+        fn store_decides_like_a_map_of_states(
+            ops in proptest::collection::vec(
+                (0usize..6, 0u8..5, 0u64..3_000, 1u64..3, any::<bool>(), 0u8..4),
+                1..200,
+            ),
+        ) {
+            let limiters = model_limiters();
+            let mut store = Store::new(10_000, 1);
+            let mut model: HashMap<(usize, u8), KeyState> = HashMap::new();
+            let mut now = 1_767_225_600_000u64;
+            for (rule, client, step, cost, refund, expire) in ops {
+                now += step;
+                let (name, limiter) = &limiters[rule];
+                let cost = if *name == "swc-big" { nz(cost << 31) } else { nz(cost) };
+                let key = [client];
+                let counter = c(name, rule as u64, limiter, &key, "/m");
+                let (got, _, _) = store.check(counter, now, cost);
+                let state = model.entry((rule, client)).or_insert_with(|| limiter.new_state());
+                let want = limiter.check(state, now, cost);
+                prop_assert_eq!(got, want);
+                if refund && got.allowed {
+                    store.refund(counter, now, cost);
+                    limiter.refund(state, now, cost);
+                }
+                if expire == 0 {
+                    // A pass that drops nothing has examined every entry.
+                    while store.expire(now, 1_000) > 0 {}
+                    for (id, _) in store.iter() {
+                        prop_assert!(model.keys().any(|&(r, k)| KeyId::of(limiters[r].0, &[k], "/m") == id));
+                    }
+                    prop_assert!(store.slots.iter().all(|slot| !slot.expired(now)));
+                }
+            }
+            prop_assert_eq!(store.index.len(), store.slots.len());
+            let overflowed = store.slots.iter().filter(|slot| slot.has(OVERFLOW)).count();
+            prop_assert_eq!(overflowed, store.overflow.len());
+        }
+    }
+
+    #[test]
+    fn a_key_costs_one_40_byte_slot_plus_its_table_bucket() {
+        let mut store = Store::new(100_000, 1);
+        let limiter = fixed(5, 60_000);
+        for i in 0..50_000u32 {
+            store.check(c("r", 1, &limiter, &i.to_le_bytes(), "/x"), 0, nz(1));
+        }
+        assert_eq!(std::mem::size_of::<Slot>(), 40);
+        assert!(store.overflow.is_empty() && store.moved.is_empty());
+        let bytes = store.slots.capacity() * 40 + store.index.capacity() * 5;
+        assert!(bytes / 50_000 < 64, "{} bytes per key", bytes / 50_000);
     }
 
     #[test]
@@ -615,11 +979,9 @@ mod tests {
         store.check(c("late", 1, &late, b"a", "/x"), 0, nz(1));
         store.check(c("soon", 1, &soon, b"b", "/x"), 0, nz(1));
         store.check(c("late", 1, &late, b"c", "/x"), 10, nz(1));
-        let kept: Vec<_> = store
-            .iter()
-            .map(|(k, _)| StateKey::decode(k.as_bytes()).unwrap().1.to_vec())
-            .collect();
-        assert!(kept.contains(&b"a".to_vec()) && kept.contains(&b"c".to_vec()));
+        let kept: Vec<KeyId> = store.iter().map(|(id, _)| id).collect();
+        assert!(kept.contains(&KeyId::of("late", b"a", "/x")));
+        assert!(kept.contains(&KeyId::of("late", b"c", "/x")));
     }
 
     #[test]
@@ -667,11 +1029,14 @@ mod tests {
             old.check(c("r", 1, &limiter, b"moving", "/x"), 10, nz(1));
         }
         old.check(c("r", 1, &limiter, b"staying", "/x"), 10, nz(1));
-        let exported = old.export(20, |client| (client == b"moving").then(|| Arc::from("new")));
+        let exported = old.export(20, |at| {
+            (at == Ring::key_hash(b"moving")).then(|| Arc::from("new"))
+        });
         assert_eq!(exported.len(), 1);
         assert_eq!(&*exported[0].0, "new");
         assert!(
-            old.export(25, |client| (client == b"moving").then(|| Arc::from("new")))
+            old.export(25, |at| (at == Ring::key_hash(b"moving"))
+                .then(|| Arc::from("new")))
                 .is_empty(),
             "a handed-over key is not shipped twice"
         );
@@ -748,7 +1113,7 @@ mod tests {
         let mut store = Store::new(10, 1);
         let limiter = fixed(3, 60_000);
         let bogus = Exported {
-            key: StateKey::new("r", b"a", "/x"),
+            id: KeyId::of("r", b"a", "/x"),
             fingerprint: 1,
             state: KeyState::from_words(crate::algorithms::AlgorithmKind::FixedWindow, &[0, 9])
                 .unwrap(),
