@@ -457,6 +457,7 @@ impl Router {
                 fingerprint: item.rule.fingerprint,
                 decision: answer.decision,
                 decider: answer.decider.clone(),
+                probing: false,
             },
             now,
         );
