@@ -10,25 +10,10 @@
 //! A denial for cost c also holds for any cost ≥ c until T, but says nothing about a
 //! smaller cost, so a smaller request goes to the owner.
 //!
-//! At T one request must ask the owner again, but only one: a hot key sees many
-//! concurrent requests at that instant, and letting all of them through would send the
-//! owner a burst of checks it will mostly deny. So the first request to find a denial
-//! expired becomes the probe and goes to the owner, and the entry is held for
-//! [`PROBE_HOLD_MS`] more, answering the others with a wait of at most that long. The
-//! probe's answer replaces the entry if it is a denial; if the hold runs out first (the
-//! probe was admitted, or is slow), the entry is dropped and every request goes to the
-//! owner again. The hold can deny for a few ms a request the owner would have
-//! admitted: stricter than the owner, never looser.
-//!
 //! Bounded: at most `cap` entries. A full cache first drops expired entries; if it is
 //! still full, the new denial is simply not cached (the owner is asked as usual).
 
 use dashmap::DashMap;
-
-/// How long an expired denial keeps answering while its probe asks the owner: longer
-/// than a forward round trip on a LAN (~1 ms), short enough that a key the owner has
-/// started admitting again is held back only briefly.
-pub const PROBE_HOLD_MS: u64 = 20;
 
 use crate::algorithms::{Decision, Millis};
 use crate::server::Decider;
@@ -46,8 +31,6 @@ pub struct Denial {
     pub decision: Decision,
     /// Who decided.
     pub decider: Decider,
-    /// The denial expired and one request went to the owner; `until` is the hold.
-    pub probing: bool,
 }
 
 impl Denial {
@@ -90,31 +73,18 @@ impl DenyCache {
         fingerprint: u64,
     ) -> Option<(Decision, Decider)> {
         let entry = self.map.get(key)?;
-        if let Some(decision) = entry.answer(now, cost, fingerprint) {
-            return Some((decision, entry.decider.clone()));
+        let answer = entry.answer(now, cost, fingerprint);
+        match answer {
+            Some(decision) => Some((decision, entry.decider.clone())),
+            None => {
+                let expired = now >= entry.until;
+                drop(entry);
+                if expired {
+                    self.map.remove(key);
+                }
+                None
+            }
         }
-        if now < entry.until {
-            // Not covered (smaller cost, other rule numbers): ask the owner.
-            return None;
-        }
-        drop(entry);
-        // Expired: the first request to get here (the write lock decides) becomes the
-        // probe and holds the entry; once a hold has run out too, the entry goes.
-        let mut entry = self.map.get_mut(key)?;
-        if now < entry.until {
-            // Another request became the probe in between: answer from the hold.
-            return entry
-                .answer(now, cost, fingerprint)
-                .map(|decision| (decision, entry.decider.clone()));
-        }
-        if entry.probing {
-            drop(entry);
-            self.map.remove(key);
-        } else {
-            entry.probing = true;
-            entry.until = now.saturating_add(PROBE_HOLD_MS);
-        }
-        None
     }
 
     /// Remember a denial. Only denials with a finite wait are cached.
@@ -166,7 +136,6 @@ mod tests {
                 node_id: Arc::from("owner"),
                 generation: 1,
             },
-            probing: false,
         }
     }
 
@@ -182,34 +151,7 @@ mod tests {
             cache.get(b"k", 10_000, 1, 7).is_none(),
             "at T the owner is asked again"
         );
-    }
-
-    #[test]
-    fn at_expiry_one_request_probes_the_owner_while_the_rest_are_held() {
-        let cache = DenyCache::new(10);
-        cache.insert(b"k", denial(10_000, 1), 5_000);
-        assert!(cache.get(b"k", 10_000, 1, 7).is_none(), "the probe goes");
-        for now in [10_000, 10_005, 10_000 + PROBE_HOLD_MS - 1] {
-            let (d, _) = cache.get(b"k", now, 1, 7).expect("held during the probe");
-            assert_eq!(d.retry_after_ms, 10_000 + PROBE_HOLD_MS - now);
-        }
-        // The probe was denied again: its answer replaces the hold.
-        cache.insert(b"k", denial(12_000, 1), 10_002);
-        assert_eq!(
-            cache.get(b"k", 10_030, 1, 7).unwrap().0.retry_after_ms,
-            1_970
-        );
-    }
-
-    #[test]
-    fn a_hold_that_runs_out_sends_everyone_to_the_owner() {
-        let cache = DenyCache::new(10);
-        cache.insert(b"k", denial(10_000, 1), 5_000);
-        assert!(cache.get(b"k", 10_000, 1, 7).is_none(), "the probe goes");
-        // No new denial arrives (the probe was admitted).
-        assert!(cache.get(b"k", 10_000 + PROBE_HOLD_MS, 1, 7).is_none());
-        assert!(cache.is_empty(), "the entry is gone, not held again");
-        assert!(cache.get(b"k", 10_000 + PROBE_HOLD_MS, 1, 7).is_none());
+        assert!(cache.is_empty(), "an expired entry is dropped on lookup");
     }
 
     #[test]

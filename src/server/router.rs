@@ -457,7 +457,6 @@ impl Router {
                 fingerprint: item.rule.fingerprint,
                 decision: answer.decision,
                 decider: answer.decider.clone(),
-                probing: false,
             },
             now,
         );
