@@ -349,6 +349,12 @@ impl Store {
             if self.slots[i].fingerprint_slot() != fp {
                 self.put_state(i, limiter.new_state());
                 self.slots[i].meta = (self.slots[i].meta & !FP_MASK) | fp;
+                if let Some(moved) = self.moved.get_mut(&id) {
+                    // Deltas from here on count under the new numbers, as on the new owner.
+                    moved.fingerprint = fingerprint;
+                    moved.delta = limiter.new_state();
+                    moved.dirty = false;
+                }
             }
             let (decision, fresh, expires_at) = self.update(i, |state| {
                 let fresh = limiter.expires_at(state) <= now;
