@@ -130,7 +130,7 @@ struct ServeArgs {
     forward_max_batch: usize,
     /// Most forward calls in flight to one peer (0: no limit); checks queue meanwhile
     /// and leave together as one batch when a call returns.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     forward_max_in_flight: usize,
     /// NEGATIVE CONTROL for the chaos tests: decide every check locally, ignoring the
     /// ring (a deliberately broken cluster). Never use in production.

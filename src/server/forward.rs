@@ -3,7 +3,7 @@
 //!
 //! Each peer has a batcher task fed by a bounded channel. It takes whatever checks are
 //! queued (up to `max_batch`), optionally waits `flush_delay` for more, and sends them
-//! as one `Peer/Forward` call. Up to `max_in_flight` calls (default 2) pipeline over
+//! as one `Peer/Forward` call. At most `max_in_flight` calls (default 1) are out at once on
 //! the one connection; while that many are out, new checks queue and leave together
 //! when a call returns. So an idle link sends each check at once, and under load the
 //! batches grow with the load instead of every check paying for a call of its own.
@@ -58,7 +58,7 @@ impl Default for ForwardConfig {
             timeout: Duration::from_millis(250),
             flush_delay: Duration::ZERO,
             max_batch: 1000,
-            max_in_flight: 2,
+            max_in_flight: 1,
             queue: 16_384,
             local_ip: None,
         }
