@@ -313,38 +313,42 @@ impl Worker {
         }
     }
 
-    async fn ringlimit(self, addr: String) -> anyhow::Result<Histogram<u64>> {
+    async fn ringlimit(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
         match self.client {
             ClientKind::Tonic => self.ringlimit_tonic(addr).await,
             ClientKind::Lean => {
-                let target = addr.trim_start_matches("http://");
-                let (client, connection) = lean::LeanClient::connect(target).await?;
-                // The connection is polled in this worker's task, not a task of its own.
-                tokio::select! {
-                    result = connection => {
-                        result.context("HTTP/2 connection")?;
-                        bail!("{target} closed the connection")
+                let target = addr.trim_start_matches("http://").to_string();
+                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                while !self.stop.load(Ordering::Relaxed) {
+                    let (client, connection) = lean::LeanClient::connect(&target).await?;
+                    // The connection is polled in this worker's task, not a task of its own.
+                    let closed = tokio::select! {
+                        result = connection => Some(result),
+                        () = self.ringlimit_lean(client, &mut latency) => None,
+                    };
+                    if let Some(result) = closed {
+                        // The node closed or broke the connection: count it, reconnect.
+                        tracing::debug!(?result, %target, "bench connection ended");
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
-                    latency = self.ringlimit_lean(client) => latency,
                 }
+                Ok(latency)
             }
         }
     }
 
-    async fn ringlimit_lean(
-        mut self,
-        mut client: lean::LeanClient,
-    ) -> anyhow::Result<Histogram<u64>> {
+    /// Calls on `client` until told to stop; failed calls are counted.
+    async fn ringlimit_lean(&mut self, mut client: lean::LeanClient, latency: &mut Histogram<u64>) {
         const CHECK: &str = "/ringlimit.v1.RateLimiter/Check";
         const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
-        let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         while !self.stop.load(Ordering::Relaxed) {
             let started = Instant::now();
             if self.batch == 1 {
                 let key = self.keys.next(&mut self.rng);
                 let request = self.request(key);
                 match client.unary::<_, CheckResponse>(CHECK, &request).await {
-                    Ok(a) => self.record(&mut latency, started, 1, u64::from(a.allowed)),
+                    Ok(a) => self.record(latency, started, 1, u64::from(a.allowed)),
                     Err(_) => {
                         self.errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -363,7 +367,7 @@ impl Worker {
                 {
                     Ok(a) => {
                         let allowed = a.results.iter().filter(|r| r.allowed).count() as u64;
-                        self.record(&mut latency, started, a.results.len() as u64, allowed);
+                        self.record(latency, started, a.results.len() as u64, allowed);
                     }
                     Err(_) => {
                         self.errors.fetch_add(1, Ordering::Relaxed);
@@ -371,7 +375,6 @@ impl Worker {
                 }
             }
         }
-        Ok(latency)
     }
 
     async fn ringlimit_tonic(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
