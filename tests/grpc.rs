@@ -313,3 +313,48 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     stream.read_to_string(&mut body).await.unwrap();
     body
 }
+
+#[tokio::test]
+async fn the_bench_lean_client_speaks_grpc_to_a_node() {
+    use ringlimit::bench::lean::LeanClient;
+    use ringlimit::proto::{CheckBatchResponse, CheckResponse};
+    let (node, _clock) = start_manual(NodeConfig::for_test(), T0).await;
+    let (mut c, connection) = LeanClient::connect(&node.grpc_addr.to_string())
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    for i in 1..=3u64 {
+        let a: CheckResponse = c
+            .unary(
+                "/ringlimit.v1.RateLimiter/Check",
+                &check("lean", "GET /x", None),
+            )
+            .await
+            .unwrap();
+        assert!(a.allowed);
+        assert_eq!(a.remaining, 100 - i);
+    }
+    let batch = CheckBatchRequest {
+        checks: vec![
+            check("lean", "GET /x", None),
+            check("other", "GET /x", None),
+        ],
+    };
+    let b: CheckBatchResponse = c
+        .unary("/ringlimit.v1.RateLimiter/CheckBatch", &batch)
+        .await
+        .unwrap();
+    assert_eq!(b.results.len(), 2);
+    assert_eq!(b.results[0].remaining, 96);
+    // A refused request comes back as an error (grpc-status in trailers-only headers).
+    let refused = c
+        .unary::<_, CheckResponse>(
+            "/ringlimit.v1.RateLimiter/Check",
+            &check("", "GET /x", None),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("grpc-status"), "{refused}");
+    node.shutdown().await;
+}

@@ -5,6 +5,7 @@
 //! check, or one `CheckBatch` / one pipelined round of EVALSHA) into an HDR histogram
 //! in microseconds; throughput counts checks, not calls.
 
+pub mod lean;
 pub mod redis;
 
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ use hdrhistogram::Histogram;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::StatusRequest;
 use crate::proto::rate_limiter_client::RateLimiterClient;
-use crate::proto::{CheckBatchRequest, CheckRequest};
+use crate::proto::{CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse};
 
 /// How keys are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -28,6 +29,15 @@ pub enum Distribution {
     Uniform,
     /// Zipf with exponent `--zipf-s`: a few hot keys, a long tail.
     Zipf,
+}
+
+/// Which gRPC client the load generator uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientKind {
+    /// A minimal unary client on `h2`, one task per connection (see `bench::lean`).
+    Lean,
+    /// tonic's generated client over a `Channel` (a tower Buffer task per connection).
+    Tonic,
 }
 
 /// `ringlimit bench` arguments.
@@ -80,6 +90,11 @@ pub struct BenchArgs {
     /// Redis used_memory per client with --compare-redis.
     #[arg(long)]
     pub memory: bool,
+    /// gRPC client of the load generator. Either way one HTTP/2 connection per
+    /// concurrent caller with one call in flight, as the Redis side has one connection
+    /// per caller; `lean` costs the shared CPU less than `tonic`.
+    #[arg(long, value_enum, default_value_t = ClientKind::Lean)]
+    pub client: ClientKind,
     /// Algorithm for --memory.
     #[arg(long, default_value = "sliding_window_counter")]
     pub algorithm: String,
@@ -226,6 +241,7 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
             keys: keys.clone(),
             rng: args.seed ^ (worker as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             batch: args.batch,
+            client: args.client,
             cost: args.cost,
             limit: args.limit,
             checks: checks.clone(),
@@ -281,6 +297,7 @@ struct Worker {
     keys: Keys,
     rng: u64,
     batch: usize,
+    client: ClientKind,
     cost: i64,
     limit: u64,
     checks: Arc<AtomicU64>,
@@ -300,6 +317,70 @@ impl Worker {
     }
 
     async fn ringlimit(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
+        match self.client {
+            ClientKind::Tonic => self.ringlimit_tonic(addr).await,
+            ClientKind::Lean => {
+                let target = addr.trim_start_matches("http://").to_string();
+                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                while !self.stop.load(Ordering::Relaxed) {
+                    let (client, connection) = lean::LeanClient::connect(&target).await?;
+                    // The connection is polled in this worker's task, not a task of its own.
+                    let closed = tokio::select! {
+                        result = connection => Some(result),
+                        () = self.ringlimit_lean(client, &mut latency) => None,
+                    };
+                    if let Some(result) = closed {
+                        // The node closed or broke the connection: count it, reconnect.
+                        tracing::debug!(?result, %target, "bench connection ended");
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+                Ok(latency)
+            }
+        }
+    }
+
+    /// Calls on `client` until told to stop; failed calls are counted.
+    async fn ringlimit_lean(&mut self, mut client: lean::LeanClient, latency: &mut Histogram<u64>) {
+        const CHECK: &str = "/ringlimit.v1.RateLimiter/Check";
+        const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
+        while !self.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            if self.batch == 1 {
+                let key = self.keys.next(&mut self.rng);
+                let request = self.request(key);
+                match client.unary::<_, CheckResponse>(CHECK, &request).await {
+                    Ok(a) => self.record(latency, started, 1, u64::from(a.allowed)),
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            } else {
+                let checks = (0..self.batch)
+                    .map(|_| {
+                        let key = self.keys.next(&mut self.rng);
+                        self.request(key)
+                    })
+                    .collect();
+                let request = CheckBatchRequest { checks };
+                match client
+                    .unary::<_, CheckBatchResponse>(CHECK_BATCH, &request)
+                    .await
+                {
+                    Ok(a) => {
+                        let allowed = a.results.iter().filter(|r| r.allowed).count() as u64;
+                        self.record(latency, started, a.results.len() as u64, allowed);
+                    }
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ringlimit_tonic(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
         let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         let mut client = RateLimiterClient::connect(addr.clone())
             .await

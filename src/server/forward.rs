@@ -3,13 +3,15 @@
 //!
 //! Each peer has a batcher task fed by a bounded channel. It takes whatever checks are
 //! queued (up to `max_batch`), optionally waits `flush_delay` for more, and sends them
-//! as one `Peer/Forward` call, without waiting for the previous call to return, so
-//! batches pipeline over the one connection. With the default `flush_delay` of zero
-//! the batch is "everything that arrived while the last one was being sent", which
-//! batches under load and adds no latency when idle.
+//! as one `Peer/Forward` call. At most `max_in_flight` calls (default 1) are out at once on
+//! the one connection; while that many are out, new checks queue and leave together
+//! when a call returns. So an idle link sends each check at once, and under load the
+//! batches grow with the load instead of every check paying for a call of its own.
 //!
 //! Every forward has a deadline. A check whose owner does not answer in time comes
-//! back as [`ForwardError`]; the router then fails open (or closed, per rule).
+//! back as [`ForwardError`]; the router then fails open (or closed, per rule). A batch
+//! carries its most urgent check's deadline, and checks whose caller already gave up
+//! are left out of the batch rather than charged on the owner.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -39,6 +41,10 @@ pub struct ForwardConfig {
     pub flush_delay: Duration,
     /// Most checks in one forwarded batch.
     pub max_batch: usize,
+    /// Most `Forward` calls in flight to one peer (0: no limit). While the limit is
+    /// reached, checks queue and leave together as the next batch when a call returns:
+    /// under load batches grow with the load, and an idle link adds no wait.
+    pub max_in_flight: usize,
     /// Checks queued per peer before new ones are failed over at once.
     pub queue: usize,
     /// Source IP for outbound peer connections (so partition rules that match a
@@ -52,6 +58,7 @@ impl Default for ForwardConfig {
             timeout: Duration::from_millis(250),
             flush_delay: Duration::ZERO,
             max_batch: 1000,
+            max_in_flight: 1,
             queue: 16_384,
             local_ip: None,
         }
@@ -83,10 +90,11 @@ pub struct Forwarded {
 
 struct Pending {
     item: ForwardItem,
+    /// When the caller stops waiting for this check.
+    deadline: tokio::time::Instant,
     reply: oneshot::Sender<Result<Forwarded, ForwardError>>,
 }
 
-#[derive(Clone)]
 struct Link {
     generation: u64,
     addr: SocketAddr,
@@ -108,7 +116,7 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 pub struct PeerPool {
     me: Arc<str>,
     config: ForwardConfig,
-    links: Arc<DashMap<String, Link>>,
+    links: Arc<DashMap<String, Arc<Link>>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -153,10 +161,15 @@ impl PeerPool {
     ) -> Result<Forwarded, ForwardError> {
         let link = self.link(owner);
         let (reply, rx) = oneshot::channel();
+        let deadline = tokio::time::Instant::now() + self.config.timeout;
         link.queue
-            .try_send(Pending { item, reply })
+            .try_send(Pending {
+                item,
+                deadline,
+                reply,
+            })
             .map_err(|_| ForwardError::Overloaded(owner.node_id.clone()))?;
-        let result = match tokio::time::timeout(self.config.timeout, rx).await {
+        let result = match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(ForwardError::Unreachable(
                 owner.node_id.clone(),
@@ -177,7 +190,7 @@ impl PeerPool {
     /// that cannot be delivered leaves the owner's count higher than necessary, which
     /// can only cause a spurious deny, never an over-admission.
     pub async fn refund(&self, owner: &Member, items: Vec<RefundItem>) -> Result<(), ForwardError> {
-        let mut client = self.link(owner).client;
+        let mut client = self.link(owner).client.clone();
         match tokio::time::timeout(self.config.timeout, client.refund(RefundRequest { items }))
             .await
         {
@@ -196,7 +209,7 @@ impl PeerPool {
         owner: &Member,
         states: Vec<WireState>,
     ) -> Result<u64, ForwardError> {
-        let mut client = self.link(owner).client;
+        let mut client = self.link(owner).client.clone();
         let request = InstallRequest {
             from_node: self.me.to_string(),
             states,
@@ -214,7 +227,7 @@ impl PeerPool {
     }
 
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.
-    fn link(&self, owner: &Member) -> Link {
+    fn link(&self, owner: &Member) -> Arc<Link> {
         if let Some(link) = self.links.get(&owner.node_id) {
             if link.generation == owner.generation && link.addr == owner.grpc_addr {
                 return link.clone();
@@ -231,13 +244,13 @@ impl PeerPool {
         }
         let client = PeerClient::new(endpoint.connect_lazy());
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
-        let link = Link {
+        let link = Arc::new(Link {
             generation: owner.generation,
             addr: owner.grpc_addr,
             queue,
             client: client.clone(),
             created: std::time::Instant::now(),
-        };
+        });
         // Replacing the link drops the old sender, which ends the old batcher.
         self.links.insert(owner.node_id.clone(), link.clone());
         self.tracker.spawn(batcher(
@@ -263,11 +276,27 @@ async fn batcher(
 ) {
     let max = config.max_batch.max(1);
     let batches = metrics::histogram!("ringlimit_forward_batch_size");
+    let in_flight = (config.max_in_flight > 0)
+        .then(|| Arc::new(tokio::sync::Semaphore::new(config.max_in_flight)));
     loop {
         let mut batch = Vec::with_capacity(64);
         tokio::select! {
             _ = cancel.cancelled() => return,
             received = rx.recv_many(&mut batch, max) => if received == 0 { return },
+        }
+        // Wait for a free call slot; checks that arrive meanwhile join this batch.
+        let permit = match &in_flight {
+            Some(slots) => tokio::select! {
+                _ = cancel.cancelled() => return,
+                permit = slots.clone().acquire_owned() => permit.ok(),
+            },
+            None => None,
+        };
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(pending) => batch.push(pending),
+                Err(_) => break,
+            }
         }
         if !config.flush_delay.is_zero() && batch.len() < max {
             let until = tokio::time::Instant::now() + config.flush_delay;
@@ -279,13 +308,19 @@ async fn batcher(
                 }
             }
         }
+        // A caller that stopped waiting has answered from its fallback: charging its
+        // check on the owner now would count an admission nobody made.
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         batches.record(batch.len() as f64);
         tokio::spawn(send(
             client.clone(),
             batch,
             me.clone(),
             peer.clone(),
-            config.timeout,
+            permit,
         ));
     }
 }
@@ -295,18 +330,26 @@ async fn send(
     batch: Vec<Pending>,
     me: Arc<str>,
     peer: String,
-    timeout: Duration,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
+    // The batch is due when its most urgent check is: the owner refuses it after that
+    // (see `deadline_ms`), and no caller is still waiting for it.
+    let deadline = batch
+        .iter()
+        .map(|p| p.deadline)
+        .min()
+        .expect("batches are not empty");
     let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let deadline_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64 + timeout.as_millis() as u64);
+        .map_or(0, |d| (d + left).as_millis() as u64);
     let request = ForwardRequest {
         from_node: me.to_string(),
         items,
         deadline_ms,
     };
-    let result = match tokio::time::timeout(timeout, client.forward(request)).await {
+    let result = match tokio::time::timeout_at(deadline, client.forward(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(ForwardError::Unreachable(
             peer.clone(),

@@ -1,0 +1,100 @@
+//! A minimal unary gRPC client straight on `h2`, for the load generator.
+//!
+//! tonic's `Channel` puts a tower `Buffer` task between the caller and the connection,
+//! and hyper's HTTP/2 client adds a dispatch channel and a body-pipe task per call, so
+//! one unary call wakes three or four tasks on the client side. The bench client shares
+//! the two cores with the node it measures, and that overhead was taken from the node
+//! (the Redis side of the bench talks RESP straight over its socket). Here a worker polls
+//! its own HTTP/2 connection in its own task and writes the one-frame request body
+//! itself: one task per connection, as on the Redis side. The wire traffic is ordinary
+//! gRPC (HEADERS, one DATA frame with the length-prefixed message, trailers read back
+//! and `grpc-status` checked), so the node does the same work as for any client.
+
+use std::future::poll_fn;
+
+use anyhow::{bail, Context};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::net::TcpStream;
+
+/// One HTTP/2 connection's request side.
+pub struct LeanClient {
+    send: h2::client::SendRequest<Bytes>,
+    authority: String,
+    buf: BytesMut,
+}
+
+/// The connection half: poll it (in the caller's task) for the calls to progress.
+pub type LeanConnection = h2::client::Connection<TcpStream, Bytes>;
+
+impl LeanClient {
+    /// Connect to `addr` (host:port) with TCP_NODELAY, as tonic's channel does.
+    pub async fn connect(addr: &str) -> anyhow::Result<(Self, LeanConnection)> {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        tcp.set_nodelay(true)?;
+        let (send, connection) = h2::client::handshake(tcp).await?;
+        Ok((
+            Self {
+                send,
+                authority: addr.to_string(),
+                buf: BytesMut::with_capacity(4096),
+            },
+            connection,
+        ))
+    }
+
+    /// One unary call of `path` (e.g. `/ringlimit.v1.RateLimiter/Check`).
+    pub async fn unary<Q: prost::Message, A: prost::Message + Default>(
+        &mut self,
+        path: &str,
+        request: &Q,
+    ) -> anyhow::Result<A> {
+        poll_fn(|cx| self.send.poll_ready(cx)).await?;
+        let head = http::Request::post(format!("http://{}{path}", self.authority))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())?;
+        let (response, mut body_out) = self.send.send_request(head, false)?;
+        let len = request.encoded_len();
+        self.buf.reserve(5 + len);
+        self.buf.put_u8(0);
+        self.buf.put_u32(u32::try_from(len)?);
+        request.encode(&mut self.buf)?;
+        body_out.send_data(self.buf.split().freeze(), true)?;
+
+        let (head, mut body) = response.await?.into_parts();
+        if head.status != http::StatusCode::OK {
+            bail!("HTTP status {}", head.status);
+        }
+        // A trailers-only answer (an error) carries grpc-status in the headers.
+        check_status(&head.headers)?;
+        let mut data = BytesMut::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk?;
+            body.flow_control().release_capacity(chunk.len())?;
+            data.extend_from_slice(&chunk);
+        }
+        match body.trailers().await? {
+            Some(trailers) => check_status(&trailers)?,
+            None if head.headers.contains_key("grpc-status") => {}
+            None => bail!("no grpc-status"),
+        }
+        if data.len() < 5 || data[0] != 0 {
+            bail!("malformed gRPC message ({} bytes)", data.len());
+        }
+        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        if data.len() != 5 + len {
+            bail!("gRPC message of {len} bytes in a body of {}", data.len());
+        }
+        Ok(A::decode(&data[5..])?)
+    }
+}
+
+fn check_status(headers: &http::HeaderMap) -> anyhow::Result<()> {
+    match headers.get("grpc-status") {
+        None => Ok(()),
+        Some(code) if code == "0" => Ok(()),
+        Some(code) => bail!("grpc-status {:?}: {:?}", code, headers.get("grpc-message")),
+    }
+}
