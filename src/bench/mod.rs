@@ -634,9 +634,8 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
     // within milliseconds and the store would rightly drop it, measuring nothing.
     let limit = 100;
     let rules = rule_toml(&args.algorithm, limit).replace("\"60s\"", "\"1d\"");
-    // A key cap a little above --keys: the shards' shares of the keys are not exactly
-    // even, and an eviction would make the figure look better than it is. (Not much
-    // above: the store sizes its tables for the cap.)
+    // A key cap above --keys: the shards' shares of the keys are not exactly even, and
+    // an eviction would make the figure look better than it is.
     let cap = (args.keys + args.keys / 10).max(1_000).to_string();
     let mut nodes = start_nodes(1, &dir, &rules, &["--max-keys", &cap])?;
     let node = &mut nodes[0];
@@ -668,15 +667,23 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
     // allocator returns outgrown copies of the tables to the OS after a delay (mimalloc:
     // 1 s, done on later allocator activity), and a figure taken before that would count
     // memory the node no longer uses.
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        client
-            .check(CheckRequest {
-                key: "warm".into(),
-                route: "GET /m".into(),
-                ..Default::default()
-            })
-            .await?;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let calls = (0..4).map(|_| {
+            let mut client = client.clone();
+            async move {
+                client
+                    .check(CheckRequest {
+                        key: "warm".into(),
+                        route: "GET /m".into(),
+                        ..Default::default()
+                    })
+                    .await
+            }
+        });
+        for answer in futures_util::future::join_all(calls).await {
+            answer?;
+        }
     }
     let after = rss_bytes(pid)?;
     let held = PeerClient::connect(format!("http://{}", node.grpc))

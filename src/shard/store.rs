@@ -37,7 +37,6 @@ use std::hash::BuildHasher;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use allocator_api2::alloc::System;
 use hashbrown::HashTable;
 
 use crate::algorithms::{AlgorithmKind, Decision, KeyState, Limiter, Millis};
@@ -46,10 +45,6 @@ use crate::ring::Ring;
 /// How many entries an eviction samples. More samples evict closer to the true
 /// soonest-expiring entry at the price of more work per eviction.
 const EVICTION_SAMPLES: usize = 8;
-
-/// The most keys a store reserves room for up front (160 MB of address space for
-/// the slots, 8 MiB of control bytes); a larger cap grows past it as usual.
-pub const PREALLOCATE_MAX: usize = 4 << 20;
 
 /// Seed of [`KeyId::disc`]: fixed, so every node computes the same identity.
 const DISC_SEED: u64 = 0x7269_6e67_6c69_6d74;
@@ -274,19 +269,9 @@ impl std::ops::AddAssign for Churn {
 pub struct Store {
     /// Dense: stable positions for the expiry cursor and the eviction sample, and no
     /// per-bucket waste beyond the vector's growth slack.
-    ///
-    /// Both tables are sized for the key cap (up to [`PREALLOCATE_MAX`]) when the
-    /// store is made, so they never grow: growing by doubling copies the whole table in
-    /// one shard turn (milliseconds at a million keys) and leaves outgrown copies that
-    /// allocators return to the OS late or never (bench --memory at 1,000,000 keys:
-    /// 57-85 bytes per key with growth, depending on the allocator and the run). The
-    /// reservation is virtual: pages become resident as keys arrive, except the
-    /// table's control bytes (1 byte per bucket, ~2 per key of cap), written at once.
-    /// They come from the system allocator, which maps blocks this large straight from
-    /// the OS.
-    slots: allocator_api2::vec::Vec<Slot, System>,
+    slots: Vec<Slot>,
     /// Positions in `slots`, found by the secret-seeded hash of a slot's id.
-    index: HashTable<u32, System>,
+    index: HashTable<u32>,
     hasher: TableHasher,
     /// States that do not pack into two words.
     overflow: HashMap<KeyId, KeyState, TableHasher>,
@@ -308,10 +293,9 @@ impl Store {
     /// `seed` drives eviction sampling, so tests are reproducible.
     pub fn new(cap: usize, seed: u64) -> Self {
         let cap = cap.clamp(1, u32::MAX as usize);
-        let reserve = cap.min(PREALLOCATE_MAX);
         Self {
-            slots: allocator_api2::vec::Vec::with_capacity_in(reserve, System),
-            index: HashTable::with_capacity_in(reserve, System),
+            slots: Vec::new(),
+            index: HashTable::new(),
             hasher: TableHasher::default(),
             overflow: HashMap::default(),
             moved: HashMap::default(),
@@ -858,7 +842,6 @@ mod tests {
 
     #[test]
     fn a_key_costs_one_40_byte_slot_plus_its_table_bucket() {
-        // A full store: its tables are sized for the cap.
         let mut store = Store::new(50_000, 1);
         let limiter = fixed(5, 60_000);
         for i in 0..50_000u32 {
