@@ -86,6 +86,12 @@ pub struct BenchArgs {
     /// Seed of the key sequence.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Open loop: calls per second in total, spread evenly over the callers (0: closed
+    /// loop, each caller calls again as soon as answered). A call that cannot start on
+    /// time because the caller's previous call was slow is timed from when it should
+    /// have started, so queueing shows in the latency (no coordinated omission).
+    #[arg(long, default_value_t = 0.0)]
+    pub rate: f64,
     /// Instead of load: bytes per key at --keys keys for --algorithm (RSS delta), and
     /// Redis used_memory per client with --compare-redis.
     #[arg(long)]
@@ -146,6 +152,11 @@ impl RunResult {
 /// Run `ringlimit bench`.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.concurrency >= 1, "--concurrency must be at least 1");
+    anyhow::ensure!(
+        args.rate.is_finite() && args.rate >= 0.0,
+        "--rate must be a non-negative number of calls per second (got {})",
+        args.rate
+    );
     anyhow::ensure!((1..=1000).contains(&args.batch), "--batch must be 1..=1000");
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     if args.memory {
@@ -172,8 +183,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None
     };
     println!(
-        "bench: concurrency {} batch {} keys {} ({:?}) cost {} duration {} s, targets {:?}{}",
+        "bench: concurrency {}{} batch {} keys {} ({:?}) cost {} duration {} s, targets {:?}{}",
         args.concurrency,
+        if args.rate > 0.0 {
+            format!(" rate {} calls/s (open loop)", args.rate)
+        } else {
+            String::new()
+        },
         args.batch,
         args.keys,
         args.distribution,
@@ -240,6 +256,15 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
         let ctx = Worker {
             keys: keys.clone(),
             rng: args.seed ^ (worker as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            pacing: (args.rate > 0.0).then(|| {
+                let interval = Duration::from_secs_f64(args.concurrency as f64 / args.rate);
+                // Callers start staggered across one interval, not all at once.
+                let offset = interval.mul_f64(worker as f64 / args.concurrency as f64);
+                Pacing {
+                    interval,
+                    next: Instant::now() + offset,
+                }
+            }),
             batch: args.batch,
             client: args.client,
             cost: args.cost,
@@ -293,9 +318,16 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
     })
 }
 
+/// An open-loop caller's schedule.
+struct Pacing {
+    interval: Duration,
+    next: Instant,
+}
+
 struct Worker {
     keys: Keys,
     rng: u64,
+    pacing: Option<Pacing>,
     batch: usize,
     client: ClientKind,
     cost: i64,
@@ -308,6 +340,24 @@ struct Worker {
 }
 
 impl Worker {
+    /// Wait for this caller's next call; returns the instant its latency counts from.
+    async fn pace(&mut self) -> Instant {
+        let Some(pacing) = self.pacing.as_mut() else {
+            return Instant::now();
+        };
+        let scheduled = pacing.next;
+        pacing.next += pacing.interval;
+        if Instant::now() < scheduled {
+            tokio::time::sleep_until(scheduled.into()).await;
+            // On time: timed from the actual send, so the timer's own slack (up to a
+            // millisecond) is not charged to the system under test.
+            Instant::now()
+        } else {
+            // Late because the previous call was slow: the wait is the system's.
+            scheduled
+        }
+    }
+
     fn record(&self, latency: &mut Histogram<u64>, started: Instant, checks: u64, allowed: u64) {
         if self.measuring.load(Ordering::Relaxed) {
             let _ = latency.record(started.elapsed().as_micros().max(1) as u64);
@@ -346,7 +396,7 @@ impl Worker {
         const CHECK: &str = "/ringlimit.v1.RateLimiter/Check";
         const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
         while !self.stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
+            let started = self.pace().await;
             if self.batch == 1 {
                 let key = self.keys.next(&mut self.rng);
                 let request = self.request(key);
@@ -386,7 +436,7 @@ impl Worker {
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         while !self.stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
+            let started = self.pace().await;
             if self.batch == 1 {
                 let key = self.keys.next(&mut self.rng);
                 match client.check(self.request(key)).await {
@@ -433,7 +483,7 @@ impl Worker {
         let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         let mut conn = redis::Conn::connect(&addr).await?;
         while !self.stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
+            let started = self.pace().await;
             let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
             for _ in 0..self.batch {
                 let key = self.keys.next(&mut self.rng);
@@ -663,10 +713,10 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
             .collect();
         client.check_batch(CheckBatchRequest { checks }).await?;
     }
-    // Settle before measuring, with a trickle of checks as a live node would see: the
-    // allocator returns outgrown copies of the tables to the OS after a delay (mimalloc:
-    // 1 s, done on later allocator activity), and a figure taken before that would count
-    // memory the node no longer uses.
+    // Settle before measuring, with a trickle of checks on several tasks as a live node
+    // would see: allocators may hand freed memory (outgrown copies of the tables,
+    // request buffers) back to the OS only later, on further activity, and a figure
+    // taken before that would count memory the node no longer uses.
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let calls = (0..4).map(|_| {
