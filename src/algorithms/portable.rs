@@ -204,6 +204,21 @@ mod tests {
         ]
     }
 
+    /// The state after each (step ms, cost) check from a fresh one, with the time,
+    /// step and cost of that check.
+    fn states_along(limiter: &Limiter, steps: &[(u64, u64)]) -> Vec<(KeyState, u64, u64, u64)> {
+        let mut state = limiter.new_state();
+        let mut now = 1_000_000;
+        steps
+            .iter()
+            .map(|&(step, cost)| {
+                now += step;
+                limiter.check(&mut state, now, nz(cost));
+                (state.clone(), now, step, cost)
+            })
+            .collect()
+    }
+
     proptest! {
         /// A state shipped as words and rebuilt decides exactly like the original:
         /// handing a key to another node loses nothing.
@@ -212,11 +227,7 @@ mod tests {
             steps in proptest::collection::vec((0u64..4_000, 1u64..3), 1..40),
         ) {
             for limiter in limiters() {
-                let mut state = limiter.new_state();
-                let mut now = 1_000_000;
-                for &(step, cost) in &steps {
-                    now += step;
-                    limiter.check(&mut state, now, nz(cost));
+                for (state, now, step, cost) in states_along(&limiter, &steps) {
                     let words = state.to_words();
                     let mut copy = KeyState::from_words(state.kind(), &words).unwrap();
                     prop_assert!(limiter.accepts(&copy));
@@ -238,11 +249,7 @@ mod tests {
             steps in proptest::collection::vec((0u64..4_000, 1u64..3), 1..40),
         ) {
             for limiter in limiters() {
-                let mut state = limiter.new_state();
-                let mut now = 1_000_000;
-                for &(step, cost) in &steps {
-                    now += step;
-                    limiter.check(&mut state, now, nz(cost));
+                for (state, ..) in states_along(&limiter, &steps) {
                     match state.to_pair() {
                         Some(pair) => prop_assert_eq!(
                             KeyState::from_pair(state.kind(), pair),

@@ -407,21 +407,12 @@ impl Worker {
                     }
                 }
             } else {
-                let checks = (0..self.batch)
-                    .map(|_| {
-                        let key = self.keys.next(&mut self.rng);
-                        self.request(key)
-                    })
-                    .collect();
-                let request = CheckBatchRequest { checks };
+                let request = self.batch_request();
                 match client
                     .unary::<_, CheckBatchResponse>(CHECK_BATCH, &request)
                     .await
                 {
-                    Ok(a) => {
-                        let allowed = a.results.iter().filter(|r| r.allowed).count() as u64;
-                        self.record(latency, started, a.results.len() as u64, allowed);
-                    }
+                    Ok(a) => self.record_batch(latency, started, &a.results),
                     Err(_) => {
                         self.errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -448,18 +439,8 @@ impl Worker {
                     }
                 }
             } else {
-                let checks = (0..self.batch)
-                    .map(|_| {
-                        let key = self.keys.next(&mut self.rng);
-                        self.request(key)
-                    })
-                    .collect();
-                match client.check_batch(CheckBatchRequest { checks }).await {
-                    Ok(a) => {
-                        let results = a.into_inner().results;
-                        let allowed = results.iter().filter(|r| r.allowed).count() as u64;
-                        self.record(&mut latency, started, results.len() as u64, allowed);
-                    }
+                match client.check_batch(self.batch_request()).await {
+                    Ok(a) => self.record_batch(&mut latency, started, &a.into_inner().results),
                     Err(_) => {
                         self.errors.fetch_add(1, Ordering::Relaxed);
                     }
@@ -467,6 +448,27 @@ impl Worker {
             }
         }
         Ok(latency)
+    }
+
+    /// A `CheckBatch` of `--batch` checks on the next keys.
+    fn batch_request(&mut self) -> CheckBatchRequest {
+        let checks = (0..self.batch)
+            .map(|_| {
+                let key = self.keys.next(&mut self.rng);
+                self.request(key)
+            })
+            .collect();
+        CheckBatchRequest { checks }
+    }
+
+    fn record_batch(
+        &self,
+        latency: &mut Histogram<u64>,
+        started: Instant,
+        results: &[CheckResponse],
+    ) {
+        let allowed = results.iter().filter(|r| r.allowed).count() as u64;
+        self.record(latency, started, results.len() as u64, allowed);
     }
 
     fn request(&self, key: &str) -> CheckRequest {

@@ -105,12 +105,6 @@ impl StateKey {
     }
 }
 
-impl std::borrow::Borrow<[u8]> for StateKey {
-    fn borrow(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 /// A counter's identity as the store holds it and as it travels in a handoff.
 ///
 /// `placement` is the client key's ring position ([`Ring::key_hash`]), so a node can
