@@ -92,6 +92,12 @@ impl std::fmt::Debug for RunningNode {
 }
 
 impl RunningNode {
+    /// The public `ringlimit.v1` service over this node's router, for calling it
+    /// in-process (the allocation benchmark) without a gRPC client.
+    pub fn public_service(&self) -> RateLimitService {
+        RateLimitService::new(self.router.clone(), self.rules.clone())
+    }
+
     /// The current cluster view as this node sees it.
     pub fn view(&self) -> Arc<ClusterView> {
         self.router.view()
