@@ -4,25 +4,24 @@
 //! parallel with each other and with the rest of the suite.
 //!
 //! Each node's stderr goes to a log file in the cluster's temp dir; when a test fails
-//! the dir is kept and the log paths (and their last lines) are printed.
+//! the dir is kept and the log paths (and their last lines) are printed. The process
+//! harness itself (spawn, ready line, signals, status, metrics) is
+//! `tests/common/process.rs`, shared with the jepsen-like tests.
+
+#[path = "common/process.rs"]
+mod process;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ringlimit::proto::peer::peer_client::PeerClient;
-use ringlimit::proto::peer::StatusRequest;
+use process::{lazy_channel, ring_status, tail, Process, Serve, Signal};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
 use ringlimit::ring::Ring;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ringlimit");
 const ROUTE: &str = "GET /t";
 const LIMIT: u64 = 20;
 const RULES: &str = r#"
@@ -33,7 +32,6 @@ algorithm = "fixed_window"
 limit = 20
 window = "1h"
 "#;
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Client-side deadline of one check: far above anything a healthy answer needs.
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
@@ -42,36 +40,13 @@ const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 // Harness
 // ---------------------------------------------------------------------------------
 
-/// One `ringlimit serve` process.
-struct Node {
-    id: String,
-    child: Child,
-    grpc: SocketAddr,
-    gossip: SocketAddr,
-    metrics: SocketAddr,
-    generation: u64,
-    log: PathBuf,
-    /// Everything the node printed on stdout.
-    stdout_log: PathBuf,
-    /// The thread copying stdout to `stdout_log` (ends when the process exits).
-    reader: Option<std::thread::JoinHandle<()>>,
-    /// Reaped (exited and waited for): Drop leaves it alone.
-    exited: bool,
-}
-
-impl Node {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 /// A cluster of node processes. Dropping it kills every process still running, so a
 /// failing test never leaves nodes behind.
 struct Cluster {
     dir: Option<tempfile::TempDir>,
     rules: PathBuf,
     extra_args: Vec<String>,
-    nodes: Vec<Node>,
+    nodes: Vec<Process>,
 }
 
 impl Cluster {
@@ -91,8 +66,22 @@ impl Cluster {
             nodes: Vec::new(),
         };
         for id in ids {
-            let seed = cluster.nodes.first().map(|n| n.gossip);
-            let node = cluster.spawn(id, seed);
+            let seeds: Vec<SocketAddr> = cluster
+                .nodes
+                .first()
+                .map(|n| n.ready.gossip)
+                .into_iter()
+                .collect();
+            let node = Process::spawn(&Serve {
+                id,
+                ip: Ipv4Addr::LOCALHOST.into(),
+                rules: &cluster.rules,
+                seeds: &seeds,
+                extra_args: &cluster.extra_args,
+                dir: cluster.dir(),
+                log_name: id,
+            })
+            .unwrap_or_else(|message| panic!("{message}"));
             cluster.nodes.push(node);
         }
         let started = Instant::now();
@@ -110,150 +99,41 @@ impl Cluster {
         self.dir.as_ref().expect("dir kept until drop").path()
     }
 
-    fn spawn(&self, id: &str, seed: Option<SocketAddr>) -> Node {
-        let log = self.dir().join(format!("{id}.log"));
-        let stderr = std::fs::File::create(&log).expect("create log file");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .args(["--node-id", id])
-            .args(["--listen", "127.0.0.1:0"])
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(["--gossip-listen", "127.0.0.1:0"])
-            .arg("--rules")
-            .arg(&self.rules)
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr));
-        if let Some(seed) = seed {
-            cmd.args(["--seed", &seed.to_string()]);
-        }
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "info");
-        }
-        let mut child = cmd.spawn().expect("spawn ringlimit serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stdout_log = self.dir().join(format!("{id}.stdout.log"));
-        let mut copy = std::fs::File::create(&stdout_log).expect("create stdout log");
-        let (tx, rx) = mpsc::channel();
-        // Every stdout line goes to `<id>.stdout.log`; the ready line is also handed
-        // over. Lines other than the ready line break the stdout contract, which
-        // `serve_prints_only_the_ready_line_on_stdout` checks; the other tests only
-        // need the ready line, so they tolerate them.
-        let reader = std::thread::spawn(move || {
-            use std::io::Write;
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = writeln!(copy, "{line}");
-                if line.starts_with("ringlimit ready ") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(line);
-                    }
-                }
-            }
-        });
-        let line = match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(line) => line,
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "node {id}: no ready line within {READY_TIMEOUT:?} ({error}); log: {}\n{}\nstdout: {}\n{}",
-                    log.display(),
-                    tail(&log, 30),
-                    stdout_log.display(),
-                    tail(&stdout_log, 10)
-                );
-            }
-        };
-        let parsed = parse_ready(&line, id);
-        let (grpc, gossip, metrics, generation) = match parsed {
-            Ok(fields) => fields,
-            Err(message) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("node {id}: {message}; log: {}", log.display());
-            }
-        };
-        let node = Node {
-            id: id.to_string(),
-            grpc,
-            gossip,
-            metrics,
-            generation,
-            child,
-            log,
-            stdout_log,
-            reader: Some(reader),
-            exited: false,
-        };
-        eprintln!(
-            "[harness] {} pid={} generation={} grpc={} gossip={} metrics={} log={}",
-            node.id,
-            node.pid(),
-            node.generation,
-            node.grpc,
-            node.gossip,
-            node.metrics,
-            node.log.display()
-        );
-        node
-    }
-
-    fn node(&self, id: &str) -> &Node {
+    fn node(&self, id: &str) -> &Process {
         self.nodes
             .iter()
             .find(|n| n.id == id)
             .unwrap_or_else(|| panic!("no node {id}"))
     }
 
-    fn node_mut(&mut self, id: &str) -> &mut Node {
+    fn node_mut(&mut self, id: &str) -> &mut Process {
         self.nodes
             .iter_mut()
             .find(|n| n.id == id)
             .unwrap_or_else(|| panic!("no node {id}"))
     }
 
-    /// Send `sig` (e.g. "KILL", "STOP", "CONT", "TERM") to node `id` with `kill(1)`.
-    fn signal(&self, id: &str, sig: &str) {
-        let pid = self.node(id).pid();
-        let status = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(
-            status.success(),
-            "kill -{sig} {pid} ({id}) failed: {status}"
-        );
+    /// Send `sig` to node `id`; returns once the kernel shows its effect (STOP: every
+    /// thread stopped; CONT: running again).
+    async fn signal(&self, id: &str, sig: Signal) {
+        let node = self.node(id);
+        node.signal(sig)
+            .await
+            .unwrap_or_else(|e| panic!("SIG{sig:?} to {id} (pid {}): {e}", node.pid));
     }
 
     /// kill -9 node `id` and reap it.
     fn crash(&mut self, id: &str) {
-        self.signal(id, "KILL");
-        let node = self.node_mut(id);
-        let status = node.child.wait().expect("wait for killed node");
-        node.exited = true;
+        let status = self.node_mut(id).kill();
         eprintln!("[harness] {id} killed with SIGKILL: {status}");
     }
 
     /// Wait up to `timeout` for node `id` to exit; returns its exit status.
-    fn wait_exit(&mut self, id: &str, timeout: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        let node = self.node_mut(id);
-        loop {
-            if let Some(status) = node.child.try_wait().expect("try_wait") {
-                node.exited = true;
-                return status;
-            }
-            assert!(
-                started.elapsed() < timeout,
-                "{id} did not exit within {timeout:?}; log: {}",
-                node.log.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    async fn wait_exit(&mut self, id: &str, timeout: Duration) -> std::process::ExitStatus {
+        self.node_mut(id)
+            .wait_exit(timeout)
+            .await
+            .unwrap_or_else(|message| panic!("{message}"))
     }
 
     /// Poll every listed node's `Peer/Status` until each lists exactly `ids` as live
@@ -289,32 +169,17 @@ impl Cluster {
     ) -> Result<Vec<(String, u64, BTreeSet<String>)>, String> {
         let mut views = Vec::new();
         for id in ids {
-            let node = self.node(id);
-            let status = tokio::time::timeout(Duration::from_secs(2), async {
-                let mut client = PeerClient::connect(format!("http://{}", node.grpc))
-                    .await
-                    .map_err(|e| format!("{id}: connect: {e}"))?;
-                client
-                    .status(StatusRequest {})
-                    .await
-                    .map(|r| r.into_inner())
-                    .map_err(|e| format!("{id}: status: {e}"))
-            })
-            .await
-            .map_err(|_| format!("{id}: status timed out"))??;
-            let live = status
-                .members
-                .iter()
-                .filter(|m| !m.leaving)
-                .map(|m| m.node_id.clone())
-                .collect();
-            views.push((id.to_string(), status.ring_digest, live));
+            let channel = lazy_channel(self.node(id).ready.grpc);
+            let status = ring_status(channel, Duration::from_secs(2))
+                .await
+                .map_err(|e| format!("{id}: status: {e}"))?;
+            views.push((id.to_string(), status.digest, status.live()));
         }
         Ok(views)
     }
 
     async fn client(&self, id: &str) -> RateLimiterClient<Channel> {
-        RateLimiterClient::connect(format!("http://{}", self.node(id).grpc))
+        RateLimiterClient::connect(format!("http://{}", self.node(id).ready.grpc))
             .await
             .unwrap_or_else(|e| panic!("connect to {id}: {e}"))
     }
@@ -324,11 +189,8 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         let failed = std::thread::panicking();
         for node in &mut self.nodes {
-            if !node.exited {
-                // SIGKILL also ends a SIGSTOPped process.
-                let _ = node.child.kill();
-                let _ = node.child.wait();
-            }
+            // SIGKILL also ends a SIGSTOPped process; a no-op for one already reaped.
+            node.kill();
         }
         if failed {
             if let Some(dir) = self.dir.take() {
@@ -355,34 +217,6 @@ impl Drop for Cluster {
             }
         }
     }
-}
-
-/// (grpc, gossip, metrics, generation) from
-/// `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A`.
-fn parse_ready(line: &str, id: &str) -> Result<(SocketAddr, SocketAddr, SocketAddr, u64), String> {
-    let field = |name: &str| -> Result<&str, String> {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .ok_or_else(|| format!("ready line lacks {name}=: {line:?}"))
-    };
-    if field("node_id")? != id {
-        return Err(format!("ready line names another node: {line:?}"));
-    }
-    let addr = |name: &str| -> Result<SocketAddr, String> {
-        field(name)?
-            .parse()
-            .map_err(|e| format!("{name} in {line:?}: {e}"))
-    };
-    let generation = field("generation")?
-        .parse()
-        .map_err(|e| format!("generation in {line:?}: {e}"))?;
-    Ok((addr("grpc")?, addr("gossip")?, addr("metrics")?, generation))
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A client key that `owner` owns in the ring of node-a, node-b, node-c and that
@@ -468,25 +302,9 @@ async fn exhaust(client: &mut RateLimiterClient<Channel>, via: &str, key: &str, 
 
 /// The value of an unlabelled counter on a node's `/metrics` (raw HTTP/1.0 GET).
 async fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
-            .await
-            .ok()?
-            .ok()?;
-    stream
-        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut body = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut body))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&body);
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        (series == name || series.starts_with(&format!("{name}{{"))).then(|| value.parse().ok())?
-    })
+    process::scrape(addr, Duration::from_secs(4))
+        .await?
+        .value(name)
 }
 
 // ---------------------------------------------------------------------------------
@@ -614,7 +432,7 @@ async fn killed_owner_keys_are_answered_by_a_new_owner_within_5s_and_within_the_
     );
 
     // The new owner counted the restart of the key it inherited from the dead node.
-    let metrics = cluster.node(&new_owner).metrics;
+    let metrics = cluster.node(&new_owner).ready.metrics;
     let started = Instant::now();
     let resets = loop {
         let value = metric(metrics, "ringlimit_ownership_resets_total").await;
@@ -641,9 +459,9 @@ async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
     let mut via_b = cluster.client("node-b").await;
     exhaust(&mut via_a, "node-a", &key, "node-c").await;
 
-    cluster.signal("node-c", "TERM");
+    cluster.signal("node-c", Signal::Term).await;
     let termed = Instant::now();
-    let status = cluster.wait_exit("node-c", Duration::from_secs(15));
+    let status = cluster.wait_exit("node-c", Duration::from_secs(15)).await;
     let exit_time = termed.elapsed();
     eprintln!("[leave] node-c exited {exit_time:?} after SIGTERM: {status}");
     assert!(
@@ -722,10 +540,17 @@ async fn a_stopped_owner_gets_degraded_answers_within_the_deadline() {
         brief(&warm)
     );
 
-    cluster.signal("node-c", "STOP");
+    // Returns once every thread of node-c is stopped (state T): kill(2) returns
+    // earlier, and a node-c still running would answer the first check itself.
+    let sent = Instant::now();
+    cluster.signal("node-c", Signal::Stop).await;
     let stopped = Instant::now();
+    eprintln!(
+        "[stop] node-c stopped {:?} after SIGSTOP was sent",
+        stopped - sent
+    );
     let result = stopped_owner_checks(&cluster, &key, stopped).await;
-    cluster.signal("node-c", "CONT");
+    cluster.signal("node-c", Signal::Cont).await;
     eprintln!(
         "[stop] node-c continued {:?} after SIGSTOP",
         stopped.elapsed()
@@ -845,17 +670,13 @@ async fn serve_prints_only_the_ready_line_on_stdout() {
         .expect("a check on a 1-node cluster");
     assert!(a.allowed && !a.degraded, "{}", brief(&a));
     drop(client);
-    cluster.signal("node-a", "TERM");
-    let status = cluster.wait_exit("node-a", Duration::from_secs(15));
+    cluster.signal("node-a", Signal::Term).await;
+    let status = cluster.wait_exit("node-a", Duration::from_secs(15)).await;
     assert!(
         status.success(),
         "node-a exited with {status} after SIGTERM"
     );
-    let node = cluster.node_mut("node-a");
-    if let Some(reader) = node.reader.take() {
-        reader.join().expect("stdout reader");
-    }
-    let stdout = std::fs::read_to_string(&node.stdout_log).expect("stdout log");
+    let stdout = cluster.node_mut("node-a").stdout();
     let lines: Vec<&str> = stdout.lines().collect();
     eprintln!(
         "[stdout] `ringlimit serve` printed {} line(s) on stdout",
@@ -896,7 +717,7 @@ async fn concurrent_forwards_to_one_owner_are_coalesced_into_batches() {
     for task in tasks {
         task.await.unwrap();
     }
-    let metrics = cluster.node("node-a").metrics;
+    let metrics = cluster.node("node-a").ready.metrics;
     let sum = metric(metrics, "ringlimit_forward_batch_size_sum")
         .await
         .unwrap_or(0.0);

@@ -1,27 +1,27 @@
 //! Real `ringlimit serve` processes, each on its own loopback address, plus what the
 //! nemesis needs to hurt them (signals, iptables) and a guard that undoes everything.
+//! Spawning, signals, status and metrics come from the process harness shared with
+//! `tests/cluster_process.rs` (`tests/common/process.rs`); this file adds node
+//! identities, fault states, iptables and the history.
+
+#[path = "../common/process.rs"]
+pub mod process;
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Scraped counters of one node incarnation: (resets, restarts, fail_open).
 pub type Scraped = (u64, u64, u64);
 
-use ringlimit::proto::peer::peer_client::PeerClient;
-use ringlimit::proto::peer::StatusRequest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::history::{now_ms, Entry, History, MemberView};
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_ringlimit");
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
+use process::{Process, Serve, Signal};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeState {
@@ -41,13 +41,8 @@ pub enum NodeState {
 pub struct NodeProc {
     pub id: String,
     pub ip: Ipv4Addr,
-    pub child: Child,
-    pub pid: u32,
-    pub grpc: SocketAddr,
-    pub gossip: SocketAddr,
-    pub metrics: SocketAddr,
-    pub generation: u64,
-    pub log: PathBuf,
+    /// The process; its ready line has the generation and addresses.
+    pub process: Process,
     pub state: NodeState,
     /// Clients send checks to it (set once it has joined the cluster).
     pub serving: bool,
@@ -122,40 +117,6 @@ pub fn iptables_available() -> bool {
     iptables(&del).is_ok()
 }
 
-pub fn signal(pid: u32, sig: &str) -> bool {
-    Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn parse_ready(line: &str) -> Option<(u64, SocketAddr, SocketAddr, SocketAddr)> {
-    let mut generation = None;
-    let mut grpc = None;
-    let mut gossip = None;
-    let mut metrics = None;
-    for field in line.split_whitespace() {
-        let Some((k, v)) = field.split_once('=') else {
-            continue;
-        };
-        match k {
-            "generation" => generation = v.parse().ok(),
-            "grpc" => grpc = v.parse().ok(),
-            "gossip" => gossip = v.parse().ok(),
-            "metrics" => metrics = v.parse().ok(),
-            _ => {}
-        }
-    }
-    Some((generation?, grpc?, gossip?, metrics?))
-}
-
 impl Harness {
     pub fn new(
         run_dir: PathBuf,
@@ -210,7 +171,7 @@ impl Harness {
                 .nodes
                 .iter()
                 .filter(|n| matches!(n.state, NodeState::Up))
-                .map(|n| n.gossip)
+                .map(|n| n.process.ready.gossip)
                 .take(2)
                 .collect()
         };
@@ -218,54 +179,16 @@ impl Harness {
             let inner = self.lock();
             inner.nodes.iter().filter(|n| n.id == id).count()
         };
-        let log = self.dir.join(format!("{id}.{incarnation}.log"));
-        let stderr = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(BIN);
-        cmd.arg("serve")
-            .args(["--node-id", id])
-            .args(["--listen", &format!("{ip}:0")])
-            .args(["--metrics-listen", &format!("{ip}:0")])
-            .args(["--gossip-listen", &format!("{ip}:0")])
-            .arg("--rules")
-            .arg(&self.rules_file)
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr));
-        for seed in &seeds {
-            cmd.args(["--seed", &seed.to_string()]);
-        }
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "info");
-        }
-        let mut child = cmd.spawn().map_err(|e| format!("spawn {BIN}: {e}"))?;
-        let pid = child.id();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if line.starts_with("ringlimit ready ") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(line);
-                    }
-                }
-            }
-        });
-        let parsed = rx
-            .recv_timeout(READY_TIMEOUT)
-            .ok()
-            .and_then(|l| parse_ready(&l));
-        let Some((generation, grpc, gossip, metrics)) = parsed else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "node {id}: no ready line within {READY_TIMEOUT:?}; log {}:\n{}",
-                log.display(),
-                tail(&log, 20)
-            ));
-        };
+        let process = Process::spawn(&Serve {
+            id,
+            ip: ip.into(),
+            rules: &self.rules_file,
+            seeds: &seeds,
+            extra_args: &self.extra_args,
+            dir: &self.dir,
+            log_name: &format!("{id}.{incarnation}"),
+        })?;
+        let (pid, generation, grpc) = (process.pid, process.ready.generation, process.ready.grpc);
         self.history.record(&Entry::Spawn {
             t: now_ms(),
             node: id.to_string(),
@@ -274,20 +197,10 @@ impl Harness {
             grpc: grpc.to_string(),
             pid,
         });
-        eprintln!(
-            "[harness] {id} pid={pid} generation={generation} grpc={grpc} gossip={gossip} metrics={metrics} log={}",
-            log.display()
-        );
         self.lock().nodes.push(NodeProc {
             id: id.to_string(),
             ip,
-            child,
-            pid,
-            grpc,
-            gossip,
-            metrics,
-            generation,
-            log,
+            process,
             state: NodeState::Up,
             serving: false,
         });
@@ -305,7 +218,7 @@ impl Harness {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             if let Some((gen, expected)) = self
-                .with_node(id, |n| n.generation)
+                .with_node(id, |n| n.process.ready.generation)
                 .map(|g| (g, self.expected_ring()))
             {
                 if let Ok(st) = self.status(id).await {
@@ -379,7 +292,7 @@ impl Harness {
                         NodeState::Up | NodeState::Paused | NodeState::Partitioned
                     )
             })
-            .map(|n| (n.id.clone(), n.grpc))
+            .map(|n| (n.id.clone(), n.process.ready.grpc))
             .collect()
     }
 
@@ -387,36 +300,26 @@ impl Harness {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         channels
             .entry(addr)
-            .or_insert_with(|| {
-                Endpoint::from_shared(format!("http://{addr}"))
-                    .expect("endpoint")
-                    .connect_timeout(Duration::from_millis(500))
-                    .tcp_nodelay(true)
-                    .connect_lazy()
-            })
+            .or_insert_with(|| process::lazy_channel(addr))
             .clone()
     }
 
     /// A node's view: (generation, members, digest).
     pub async fn status(&self, id: &str) -> Result<(u64, Vec<MemberView>, u64), String> {
-        let addr = self.with_node(id, |n| n.grpc).ok_or("not running")?;
-        let mut client = PeerClient::new(self.channel(addr));
-        let answer =
-            tokio::time::timeout(Duration::from_millis(400), client.status(StatusRequest {}))
-                .await
-                .map_err(|_| "status timed out".to_string())?
-                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
-                .into_inner();
-        let members = answer
+        let addr = self
+            .with_node(id, |n| n.process.ready.grpc)
+            .ok_or("not running")?;
+        let status = process::ring_status(self.channel(addr), Duration::from_millis(400)).await?;
+        let members = status
             .members
-            .iter()
+            .into_iter()
             .map(|m| MemberView {
-                id: m.node_id.clone(),
+                id: m.id,
                 generation: m.generation,
                 leaving: m.leaving,
             })
             .collect();
-        Ok((answer.generation, members, answer.ring_digest))
+        Ok((status.generation, members, status.digest))
     }
 
     /// Wait until every running, unpaused node reports the same digest, with exactly
@@ -431,7 +334,7 @@ impl Harness {
                 .nodes
                 .iter()
                 .filter(|n| n.state != NodeState::Dead)
-                .map(|n| (n.id.clone(), n.generation))
+                .map(|n| (n.id.clone(), n.process.ready.generation))
                 .collect();
             let asked: Vec<String> = self
                 .running()
@@ -483,11 +386,10 @@ impl Harness {
             .iter_mut()
             .rev()
             .find(|n| n.id == id && n.state != NodeState::Dead)?;
-        let _ = node.child.kill();
-        let _ = node.child.wait();
+        node.process.kill();
         node.state = NodeState::Dead;
         node.serving = false;
-        let generation = node.generation;
+        let generation = node.process.ready.generation;
         drop(inner);
         self.history.record(&Entry::Exit {
             t: now_ms(),
@@ -513,7 +415,7 @@ impl Harness {
     }
 
     pub fn pid(&self, id: &str) -> Option<u32> {
-        self.with_node(id, |n| n.pid)
+        self.with_node(id, |n| n.process.pid)
     }
 
     /// SIGTERM and wait (at most `timeout`) for a graceful exit; kill -9 after that.
@@ -523,16 +425,16 @@ impl Harness {
             n.state = NodeState::Leaving;
             n.serving = false;
         });
-        signal(pid, "TERM");
+        process::signal(pid, Signal::Term).await?;
         let start = tokio::time::Instant::now();
         loop {
             let exited = self
-                .with_node(id, |n| matches!(n.child.try_wait(), Ok(Some(_))))
+                .with_node(id, |n| n.process.try_exit().is_some())
                 .unwrap_or(true);
             if exited {
                 let generation = self.with_node(id, |n| {
                     n.state = NodeState::Dead;
-                    n.generation
+                    n.process.ready.generation
                 });
                 self.history.record(&Entry::Exit {
                     t: now_ms(),
@@ -616,34 +518,19 @@ impl Harness {
         self.heal_partitions();
         let mut inner = self.lock();
         for node in inner.nodes.iter_mut() {
-            if node.state != NodeState::Dead {
-                let _ = node.child.kill();
-                let _ = node.child.wait();
-                node.state = NodeState::Dead;
-            } else {
-                let _ = node.child.try_wait();
-            }
+            // SIGKILL also ends a SIGSTOPped process; a no-op for one already reaped.
+            node.process.kill();
+            node.state = NodeState::Dead;
         }
     }
 
     /// Scrape one node's counters and record them.
     pub async fn scrape(&self, id: &str) -> Option<(u64, u64, u64)> {
-        let (addr, generation) = self.with_node(id, |n| (n.metrics, n.generation))?;
-        let text = tokio::time::timeout(Duration::from_secs(1), http_get(addr, "/metrics"))
-            .await
-            .ok()?
-            .ok()?;
-        let sum = |name: &str, label: Option<&str>| -> u64 {
-            text.lines()
-                .filter(|l| !l.starts_with('#'))
-                .filter(|l| {
-                    l.starts_with(name)
-                        && matches!(l.as_bytes().get(name.len()), Some(b' ') | Some(b'{'))
-                        && label.is_none_or(|lb| l.contains(lb))
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
-        };
+        let (addr, generation) = self.with_node(id, |n| {
+            (n.process.ready.metrics, n.process.ready.generation)
+        })?;
+        let metrics = process::scrape(addr, Duration::from_secs(1)).await?;
+        let sum = |name: &str, label: Option<&str>| metrics.sum(name, label) as u64;
         let values = (
             sum("ringlimit_ownership_resets_total", None),
             sum("ringlimit_member_restarts_total", None),
@@ -666,24 +553,12 @@ impl Harness {
 
     /// Log paths of every incarnation (for failure messages).
     pub fn logs(&self) -> Vec<PathBuf> {
-        self.lock().nodes.iter().map(|n| n.log.clone()).collect()
+        self.lock()
+            .nodes
+            .iter()
+            .map(|n| n.process.log.clone())
+            .collect()
     }
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or(text))
 }
 
 /// Every ~200 ms: every running node's members and digest, into the history.
@@ -701,7 +576,9 @@ pub fn spawn_sampler(h: Arc<Harness>, stop: CancellationToken) -> tokio::task::J
             let ids: Vec<(String, u64)> = h
                 .running()
                 .into_iter()
-                .filter_map(|(id, _)| h.with_node(&id, |n| (n.id.clone(), n.generation)))
+                .filter_map(|(id, _)| {
+                    h.with_node(&id, |n| (n.id.clone(), n.process.ready.generation))
+                })
                 .collect();
             let futures = ids.into_iter().map(|(id, generation)| {
                 let h = h.clone();

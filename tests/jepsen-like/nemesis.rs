@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::{signal, Harness, NodeState};
+use crate::harness::process::{signal, Signal};
+use crate::harness::{Harness, NodeState};
 use crate::history::{now_ms, Entry};
 use crate::workload::Rng;
 
@@ -171,7 +172,7 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
             );
             tokio::time::sleep(hold).await;
             h.start_node(&victim, ip).await?;
-            let gen = h.with_node(&victim, |n| n.generation);
+            let gen = h.with_node(&victim, |n| n.process.ready.generation);
             record(
                 h,
                 n,
@@ -207,7 +208,9 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
         Kind::Pause => {
             let pid = h.pid(&victim).ok_or("victim gone")?;
             h.set_state(&victim, NodeState::Paused);
-            signal(pid, "STOP");
+            // Returns once every thread is stopped, so the fault's start in the history
+            // is when the node really stopped answering.
+            signal(pid, Signal::Stop).await?;
             record(
                 h,
                 n,
@@ -217,7 +220,7 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
                 format!("SIGSTOP pid {pid}"),
             );
             tokio::time::sleep(hold).await;
-            signal(pid, "CONT");
+            signal(pid, Signal::Cont).await?;
             h.set_state(&victim, NodeState::Up);
             record(
                 h,
