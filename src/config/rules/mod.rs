@@ -102,7 +102,8 @@ use std::time::Duration;
 
 use super::route::RoutePattern;
 use crate::algorithms::{
-    AlgorithmError, FixedWindow, Gcra, Limiter, SlidingCounter, SlidingLog, TokenBucket,
+    AlgorithmError, AlgorithmKind, FixedWindow, Gcra, Limiter, SlidingCounter, SlidingLog,
+    TokenBucket,
 };
 
 mod index;
@@ -402,15 +403,20 @@ impl AlgorithmSpec {
         })
     }
 
+    /// Which algorithm these numbers are for; the same kind as the limiter they build.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            AlgorithmSpec::TokenBucket { .. } => AlgorithmKind::TokenBucket,
+            AlgorithmSpec::LeakyBucket { .. } => AlgorithmKind::LeakyBucket,
+            AlgorithmSpec::FixedWindow { .. } => AlgorithmKind::FixedWindow,
+            AlgorithmSpec::SlidingWindowLog { .. } => AlgorithmKind::SlidingWindowLog,
+            AlgorithmSpec::SlidingWindowCounter { .. } => AlgorithmKind::SlidingWindowCounter,
+        }
+    }
+
     /// The name as written in the rule file, for messages and metric labels.
     pub fn algorithm_name(&self) -> &'static str {
-        match self {
-            AlgorithmSpec::TokenBucket { .. } => "token_bucket",
-            AlgorithmSpec::LeakyBucket { .. } => "leaky_bucket",
-            AlgorithmSpec::FixedWindow { .. } => "fixed_window",
-            AlgorithmSpec::SlidingWindowLog { .. } => "sliding_window_log",
-            AlgorithmSpec::SlidingWindowCounter { .. } => "sliding_window_counter",
-        }
+        self.kind().as_str()
     }
 
     /// The number a caller sees as its `limit` (the `limit` field of the rule file).
@@ -540,6 +546,47 @@ mod testing {
 mod tests {
     use super::testing::set;
     use super::*;
+
+    #[test]
+    fn spec_kind_is_the_kind_of_its_limiter_and_names_it() {
+        let rs = set(r#"
+            [default]
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "tb"
+            tier = "a"
+            algorithm = "token_bucket"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "lb"
+            tier = "b"
+            algorithm = "leaky_bucket"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "fw"
+            tier = "c"
+            algorithm = "fixed_window"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "log"
+            tier = "d"
+            algorithm = "sliding_window_log"
+            limit = 1
+            window = "1s"
+            "#);
+        let kinds: Vec<AlgorithmKind> = rs.rules().iter().map(|r| r.spec.kind()).collect();
+        let mut all = AlgorithmKind::ALL.to_vec();
+        all.rotate_right(1);
+        assert_eq!(kinds, all);
+        for rule in rs.rules() {
+            assert_eq!(rule.spec.kind(), rule.limiter.kind());
+            assert_eq!(rule.spec.algorithm_name(), rule.spec.kind().as_str());
+        }
+    }
 
     #[test]
     fn fallback_divides_the_limit_by_the_node_count_but_never_below_one() {

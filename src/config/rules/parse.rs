@@ -17,6 +17,7 @@ use serde::Deserialize;
 use super::{
     nonzero, AlgorithmSpec, FailMode, LeakyMode, Rule, RuleSet, Selector, DEFAULT_RULE_NAME,
 };
+use crate::algorithms::AlgorithmKind;
 use crate::config::route::RoutePattern;
 
 /// Largest `limit`/`burst`: beyond a billion per window the numbers stop being a rate limit
@@ -261,29 +262,9 @@ impl Issues<'_> {
     }
 }
 
-const ALGORITHMS: &str =
-    "token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter";
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Algo {
-    Token,
-    Leaky,
-    Fixed,
-    Log,
-    Counter,
-}
-
-impl Algo {
-    fn name(self) -> &'static str {
-        match self {
-            Algo::Token => "token_bucket",
-            Algo::Leaky => "leaky_bucket",
-            Algo::Fixed => "fixed_window",
-            Algo::Log => "sliding_window_log",
-            Algo::Counter => "sliding_window_counter",
-        }
-    }
-}
+/// The algorithm of a rule without an `algorithm` field: exact enough for most limits at a
+/// fixed 24 bytes per key.
+const DEFAULT_ALGORITHM: AlgorithmKind = AlgorithmKind::SlidingWindowCounter;
 
 /// Checks an integer against `min..=max`, reporting in the file's terms.
 fn bounded(
@@ -310,17 +291,11 @@ fn bounded(
 fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSpec, FailMode)> {
     let before = issues.out.len();
 
-    let algo = match raw.algorithm.unwrap_or("sliding_window_counter") {
-        "token_bucket" => Some(Algo::Token),
-        "leaky_bucket" => Some(Algo::Leaky),
-        "fixed_window" => Some(Algo::Fixed),
-        "sliding_window_log" => Some(Algo::Log),
-        "sliding_window_counter" => Some(Algo::Counter),
-        other => {
-            issues.field(
-                "algorithm",
-                format!("{other:?} is not an algorithm (use one of {ALGORITHMS})"),
-            );
+    let algo = match raw.algorithm.map(str::parse::<AlgorithmKind>) {
+        None => Some(DEFAULT_ALGORITHM),
+        Some(Ok(kind)) => Some(kind),
+        Some(Err(unknown)) => {
+            issues.field("algorithm", unknown.to_string());
             None
         }
     };
@@ -332,14 +307,15 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         }
         Some(v) => bounded(issues, "limit", v, 1, MAX_LIMIT),
     };
-    if let (Some(Algo::Log), Some(l)) = (algo, limit) {
+    if let (Some(log @ AlgorithmKind::SlidingWindowLog), Some(l)) = (algo, limit) {
         if l > MAX_LOG_LIMIT {
+            let counter = AlgorithmKind::SlidingWindowCounter;
             issues.field(
                 "limit",
                 format!(
-                    "sliding_window_log keeps {LOG_BYTES_PER_ENTRY} bytes per admitted request \
-                     per key, so limit {l} would need {} bytes per key; at most {MAX_LOG_LIMIT} \
-                     (use sliding_window_counter for large limits)",
+                    "{log} keeps {LOG_BYTES_PER_ENTRY} bytes per admitted request per key, so \
+                     limit {l} would need {} bytes per key; at most {MAX_LOG_LIMIT} (use \
+                     {counter} for large limits)",
                     l * LOG_BYTES_PER_ENTRY
                 ),
             );
@@ -381,8 +357,8 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
     };
     let shaper = mode == Some(true);
     if raw.mode.is_some() {
-        if let Some(a) = algo.filter(|a| *a != Algo::Leaky) {
-            issues.field("mode", format!("not used by algorithm {}", a.name()));
+        if let Some(a) = algo.filter(|a| *a != AlgorithmKind::LeakyBucket) {
+            issues.field("mode", format!("not used by algorithm {a}"));
         }
     }
 
@@ -391,13 +367,15 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         .and_then(|v| bounded(issues, "burst", v, 1, MAX_LIMIT));
     if raw.burst.is_some() {
         match algo {
-            Some(Algo::Leaky) if shaper => issues.field(
+            Some(a @ AlgorithmKind::LeakyBucket) if shaper => issues.field(
                 "burst",
-                "not used by leaky_bucket in shaper mode (use queue_depth)",
+                format!("not used by {a} in shaper mode (use queue_depth)"),
             ),
-            Some(a @ (Algo::Fixed | Algo::Log | Algo::Counter)) => {
-                issues.field("burst", format!("not used by algorithm {}", a.name()))
-            }
+            Some(
+                a @ (AlgorithmKind::FixedWindow
+                | AlgorithmKind::SlidingWindowLog
+                | AlgorithmKind::SlidingWindowCounter),
+            ) => issues.field("burst", format!("not used by algorithm {a}")),
             _ => {}
         }
     }
@@ -407,13 +385,16 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         .and_then(|v| bounded(issues, "queue_depth", v, 0, MAX_QUEUE_DEPTH));
     if raw.queue_depth.is_some() {
         match algo {
-            Some(Algo::Leaky) if !shaper => issues.field(
+            Some(a @ AlgorithmKind::LeakyBucket) if !shaper => issues.field(
                 "queue_depth",
-                "not used by leaky_bucket in meter mode (set mode = \"shaper\")",
+                format!("not used by {a} in meter mode (set mode = \"shaper\")"),
             ),
-            Some(a @ (Algo::Token | Algo::Fixed | Algo::Log | Algo::Counter)) => {
-                issues.field("queue_depth", format!("not used by algorithm {}", a.name()))
-            }
+            Some(
+                a @ (AlgorithmKind::TokenBucket
+                | AlgorithmKind::FixedWindow
+                | AlgorithmKind::SlidingWindowLog
+                | AlgorithmKind::SlidingWindowCounter),
+            ) => issues.field("queue_depth", format!("not used by algorithm {a}")),
             _ => {}
         }
     }
@@ -435,12 +416,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
     }
     let (algo, limit, window) = (algo?, nonzero(limit?), window?);
     let spec = match algo {
-        Algo::Token => AlgorithmSpec::TokenBucket {
+        AlgorithmKind::TokenBucket => AlgorithmSpec::TokenBucket {
             capacity: burst.map_or(limit, nonzero),
             refill: limit,
             period: window,
         },
-        Algo::Leaky => AlgorithmSpec::LeakyBucket {
+        AlgorithmKind::LeakyBucket => AlgorithmSpec::LeakyBucket {
             limit,
             period: window,
             mode: if shaper {
@@ -453,9 +434,11 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
                 }
             },
         },
-        Algo::Fixed => AlgorithmSpec::FixedWindow { limit, window },
-        Algo::Log => AlgorithmSpec::SlidingWindowLog { limit, window },
-        Algo::Counter => AlgorithmSpec::SlidingWindowCounter { limit, window },
+        AlgorithmKind::FixedWindow => AlgorithmSpec::FixedWindow { limit, window },
+        AlgorithmKind::SlidingWindowLog => AlgorithmSpec::SlidingWindowLog { limit, window },
+        AlgorithmKind::SlidingWindowCounter => {
+            AlgorithmSpec::SlidingWindowCounter { limit, window }
+        }
     };
     if let Err(error) = spec.limiter() {
         // The bounds above should make this unreachable; if the algorithms ever accept
@@ -819,6 +802,45 @@ mod tests {
     fn unknown_algorithm_lists_the_choices() {
         let e = one_rule("algorithm = \"tokenbucket\"\nlimit = 1\nwindow = \"1s\"");
         assert!(e.contains("rule \"x\": field \"algorithm\": \"tokenbucket\" is not an algorithm (use one of token_bucket"), "{e}");
+    }
+
+    #[test]
+    fn messages_naming_algorithms_are_spelled_as_before() {
+        let lines = [
+            (
+                "algorithm = \"tokenbucket\"\nlimit = 1\nwindow = \"1s\"",
+                "rule \"x\": field \"algorithm\": \"tokenbucket\" is not an algorithm (use one of \
+                 token_bucket, leaky_bucket, fixed_window, sliding_window_log, \
+                 sliding_window_counter)",
+            ),
+            (
+                "algorithm = \"sliding_window_log\"\nlimit = 200000\nwindow = \"1s\"",
+                "rule \"x\": field \"limit\": sliding_window_log keeps 16 bytes per admitted \
+                 request per key, so limit 200000 would need 3200000 bytes per key; at most \
+                 100000 (use sliding_window_counter for large limits)",
+            ),
+            (
+                "algorithm = \"leaky_bucket\"\nmode = \"shaper\"\nlimit = 1\nwindow = \"1s\"\nburst = 3",
+                "rule \"x\": field \"burst\": not used by leaky_bucket in shaper mode (use \
+                 queue_depth)",
+            ),
+            (
+                "algorithm = \"leaky_bucket\"\nlimit = 1\nwindow = \"1s\"\nqueue_depth = 3",
+                "rule \"x\": field \"queue_depth\": not used by leaky_bucket in meter mode (set \
+                 mode = \"shaper\")",
+            ),
+            (
+                "algorithm = \"sliding_window_log\"\nlimit = 1\nwindow = \"1s\"\nqueue_depth = 3",
+                "rule \"x\": field \"queue_depth\": not used by algorithm sliding_window_log",
+            ),
+            (
+                "algorithm = \"fixed_window\"\nmode = \"meter\"\nlimit = 1\nwindow = \"1s\"",
+                "rule \"x\": field \"mode\": not used by algorithm fixed_window",
+            ),
+        ];
+        for (fields, expected) in lines {
+            assert_eq!(one_rule(fields), expected, "{fields}");
+        }
     }
 
     #[test]
