@@ -64,6 +64,7 @@
 
 use std::fmt;
 use std::num::NonZeroU64;
+use std::str::FromStr;
 use std::time::Duration;
 
 mod fixed_window;
@@ -155,7 +156,9 @@ pub trait Algorithm {
     fn max_cost(&self) -> u64;
 }
 
-/// Stable names of the algorithms, used in configuration, metrics labels and logs.
+/// Stable names of the algorithms, used in configuration, metrics labels, logs and between
+/// peers. The one table of names: [`AlgorithmKind::as_str`] spells each kind and parsing
+/// (`str::parse` or [`AlgorithmKind::parse`]) reads it back, so a name is written once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AlgorithmKind {
     /// See [`TokenBucket`].
@@ -180,7 +183,8 @@ impl AlgorithmKind {
         AlgorithmKind::SlidingWindowCounter,
     ];
 
-    /// The kind named by [`AlgorithmKind::as_str`]'s spelling.
+    /// The kind named by [`AlgorithmKind::as_str`]'s spelling; `None` for anything else.
+    /// Use `str::parse` instead where the caller should see which names exist.
     pub fn parse(name: &str) -> Option<AlgorithmKind> {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
@@ -213,6 +217,46 @@ impl fmt::Display for AlgorithmKind {
         f.write_str(self.as_str())
     }
 }
+
+impl FromStr for AlgorithmKind {
+    type Err = UnknownAlgorithm;
+
+    /// The inverse of [`AlgorithmKind::as_str`]; exact, case-sensitive.
+    ///
+    /// ```
+    /// # use ringlimit::algorithms::AlgorithmKind;
+    /// assert_eq!("fixed_window".parse(), Ok(AlgorithmKind::FixedWindow));
+    /// assert!("FixedWindow".parse::<AlgorithmKind>().is_err());
+    /// ```
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        AlgorithmKind::parse(name).ok_or_else(|| UnknownAlgorithm {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// A name that is not in [`AlgorithmKind::ALL`]. Its message lists the valid names, so a typo
+/// in a rule file is answered with the choices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAlgorithm {
+    /// The name as given.
+    pub name: String,
+}
+
+impl fmt::Display for UnknownAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} is not an algorithm (use one of ", self.name)?;
+        for (i, kind) in AlgorithmKind::ALL.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(kind.as_str())?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::error::Error for UnknownAlgorithm {}
 
 /// A configured algorithm for one rule. An enum rather than `Box<dyn Algorithm>` so the hot
 /// path is a jump table, states stay `Clone + PartialEq`, and the set of algorithms is closed.
@@ -553,6 +597,28 @@ mod tests {
                 "sliding_window_log",
                 "sliding_window_counter"
             ]
+        );
+    }
+
+    #[test]
+    fn every_kind_parses_back_from_its_name() {
+        for (i, kind) in AlgorithmKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind.index(), i);
+            assert_eq!(kind.as_str().parse(), Ok(kind));
+            assert_eq!(AlgorithmKind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(AlgorithmKind::parse("gcra"), None);
+        assert_eq!(AlgorithmKind::parse(" token_bucket"), None);
+    }
+
+    #[test]
+    fn unknown_algorithm_lists_every_name() {
+        let e = "tokenbucket".parse::<AlgorithmKind>().unwrap_err();
+        assert_eq!(e.name, "tokenbucket");
+        assert_eq!(
+            e.to_string(),
+            "\"tokenbucket\" is not an algorithm (use one of token_bucket, leaky_bucket, \
+             fixed_window, sliding_window_log, sliding_window_counter)"
         );
     }
 }

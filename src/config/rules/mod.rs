@@ -1,0 +1,699 @@
+//! Rate-limit rules: the TOML rule file, its validation, and the hot-path matcher.
+//!
+//! A rule says *how much* (algorithm, limit, window) for *whom* (a client key, a tier, a
+//! route, or a combination). Every check is matched against the rule set to find the one rule
+//! that governs it; the most specific rule wins. A node without a rule file uses the built-in
+//! default, a sliding window counter of 100 requests per 60 s, so `ringlimit serve` works out
+//! of the box.
+//!
+//! # File format
+//!
+//! ```toml
+//! # Optional. Applies to every check no rule below matches. Without this section the
+//! # built-in default applies: sliding_window_counter, 100 per 60s.
+//! [default]
+//! algorithm = "sliding_window_counter"
+//! limit = 100
+//! window = "60s"
+//!
+//! [[rule]]
+//! name = "free-charges"           # required, unique, 1..=64 chars of [A-Za-z0-9_.-]
+//! tier = "free"                   # optional
+//! route = "POST /v1/charges"      # optional route pattern
+//! algorithm = "token_bucket"      # default sliding_window_counter
+//! limit = 10                      # required
+//! window = "1m"                   # required
+//! burst = 20                      # token bucket capacity (default = limit)
+//! on_unavailable = "closed"       # optional: "open" (default) or "closed"
+//!
+//! [[rule]]
+//! name = "vip-customer"
+//! client = "cust_42"              # an exact client key
+//! limit = 1000
+//! window = "60s"
+//!
+//! [[rule]]
+//! name = "search-shaped"
+//! route = "GET /v1/search*"       # no client or tier: the default for this route
+//! algorithm = "leaky_bucket"
+//! mode = "shaper"
+//! queue_depth = 5
+//! limit = 20
+//! window = "1s"
+//! ```
+//!
+//! ## Fields
+//!
+//! | field            | where         | meaning |
+//! |------------------|---------------|---------|
+//! | `name`           | rule          | Required, unique, 1..=64 characters of `A-Z a-z 0-9 _ . -`. `default` is reserved for the `[default]` section. Reported with every decision. |
+//! | `client`         | rule          | An exact client key (1..=256 bytes). Applies whatever the caller's tier, so it cannot be combined with `tier`. |
+//! | `tier`           | rule          | A tier name (1..=256 bytes) sent by the caller with the check. |
+//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. |
+//! | `algorithm`      | both          | `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log` or `sliding_window_counter` (default). |
+//! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
+//! | `window`         | both          | Required. An integer and a unit: `500ms`, `10s`, `1m`, `1h`, `1d`; between 1 ms and 7 days. |
+//! | `burst`          | both          | Token bucket: capacity (default = `limit`). Leaky bucket meter: requests that may arrive at once (default 1). 1..=1,000,000,000. Not allowed with other algorithms. |
+//! | `mode`           | both          | Leaky bucket only: `meter` (default; rejects early arrivals) or `shaper` (admits them with a delay). |
+//! | `queue_depth`    | both          | Leaky bucket shaper only: how many requests may wait for their delay, 0..=1,000,000 (default 0). |
+//! | `on_unavailable` | both          | What a node does when the key's owner is unreachable: `open` (default; decide locally, flagged as degraded) or `closed` (deny). |
+//!
+//! A `[[rule]]` must name at least one of `client`, `tier`, `route`; a rule matching
+//! everything belongs in `[default]`. Two rules may not have the same (`client`, `tier`,
+//! `route`) selector. Unknown fields are errors, so a typo never silently becomes a default.
+//!
+//! ## Which rule applies
+//!
+//! For a check with client key `c`, optional tier `t` and optional route `r`, the first level
+//! that has a matching rule wins:
+//!
+//! 1. a rule with `client = c` and a `route` pattern matching `r`,
+//! 2. a rule with `client = c` and no `route`,
+//! 3. a rule with `tier = t` and a `route` pattern matching `r`,
+//! 4. a rule with `tier = t` and no `route`,
+//! 5. a rule with only a `route` pattern matching `r` (the default for that route),
+//! 6. the `[default]` rule.
+//!
+//! Within one level the most specific pattern wins: an exact path beats a prefix, a longer
+//! prefix beats a shorter one, and then a named method beats any method. A check without a
+//! route only matches rules without a `route`.
+//!
+//! ## Errors
+//!
+//! TOML syntax and type errors are reported with their line and column. All other problems
+//! are collected and reported together, one per line, each naming the rule and the field:
+//!
+//! ```text
+//! rule "free-charges": field "limit": must be an integer >= 1 (got 0)
+//! rule "x": field "window": "10q" is not a duration (use 500ms, 10s, 1m, 1h, 1d)
+//! ```
+//!
+//! # Layout
+//!
+//! This file is the model: a [`Rule`] and what it is made of, so that every other layer can
+//! depend on it without pulling in TOML. `parse` turns a rule file into validated rules and
+//! names every problem by rule and field; `index` answers "which rule governs this check" on
+//! the hot path. Both are private; their public items are re-exported here.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::route::RoutePattern;
+use crate::algorithms::{
+    AlgorithmError, AlgorithmKind, FixedWindow, Gcra, Limiter, SlidingCounter, SlidingLog,
+    TokenBucket,
+};
+
+mod index;
+mod parse;
+
+pub use index::RuleSet;
+pub use parse::{
+    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, LOG_BYTES_PER_ENTRY,
+    MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN, MAX_QUEUE_DEPTH, MAX_WINDOW, MIN_WINDOW,
+};
+
+/// Name of the rule built from `[default]` (or the built-in default); reserved for it.
+pub const DEFAULT_RULE_NAME: &str = "default";
+
+/// The limit of the built-in default rule, from the design reference.
+pub const BUILTIN_LIMIT: u64 = 100;
+
+/// The window of the built-in default rule, from the design reference.
+pub const BUILTIN_WINDOW: Duration = Duration::from_secs(60);
+
+/// Name suffix of the fail-open stand-ins built by [`Rule::fallback`].
+pub const FALLBACK_SUFFIX: &str = "~fallback";
+
+/// One validated rule. Only the loader builds the rules a [`RuleSet`] holds, so every rule
+/// inside a rule set has passed validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The rule's unique name, reported with each decision; `Arc` so answers can carry it
+    /// without copying the string.
+    pub name: Arc<str>,
+    /// Which checks the rule applies to.
+    pub selector: Selector,
+    /// The algorithm and its numbers; the main crate turns this into a limiter.
+    pub spec: AlgorithmSpec,
+    /// What to do when the key's owner cannot be reached.
+    pub on_unavailable: FailMode,
+    /// [`AlgorithmSpec::fingerprint`] of `spec`, precomputed so a reload can tell in O(1)
+    /// whether a rule's counters are still meaningful.
+    pub fingerprint: u64,
+    /// The algorithm built from `spec`, ready for the shard: built once at load, so an
+    /// invalid combination of numbers is a load error, never a hot-path surprise.
+    pub limiter: Limiter,
+}
+
+impl Rule {
+    /// The fail-open stand-in for this rule on a node deciding alone while the key's
+    /// owner is unreachable: the limit divided by `nodes` (the live node count), and its
+    /// own counters (name `<rule>~fallback`), so degraded decisions never mix with the
+    /// real ones if this node later owns the key.
+    pub fn fallback(&self, nodes: u64) -> Rule {
+        Rule::new(
+            &format!("{}{FALLBACK_SUFFIX}", self.name),
+            self.selector.clone(),
+            self.spec.divided(nodes),
+            self.on_unavailable,
+        )
+    }
+
+    /// True for a [`Rule::fallback`]: its counters belong to this node alone and are never
+    /// handed to another (rule names cannot contain `~`, so no configured rule matches).
+    pub fn is_node_local(&self) -> bool {
+        self.name.ends_with(FALLBACK_SUFFIX)
+    }
+
+    /// The precedence level this rule matches at, derived from its selector alone; reported
+    /// with decisions so operators can see why a rule applied.
+    pub fn level(&self) -> MatchLevel {
+        self.selector.level()
+    }
+
+    /// The default rule of a node without a rule file or without a `[default]` section.
+    fn builtin_default() -> Rule {
+        Rule::new(
+            DEFAULT_RULE_NAME,
+            Selector::default(),
+            AlgorithmSpec::SlidingWindowCounter {
+                limit: nonzero(BUILTIN_LIMIT),
+                window: BUILTIN_WINDOW,
+            },
+            FailMode::Open,
+        )
+    }
+
+    /// Only called with specs that [`parse::build_spec`] accepted, which already built the
+    /// limiter once; the bounds it checks make the constructors infallible here.
+    fn new(name: &str, selector: Selector, spec: AlgorithmSpec, on_unavailable: FailMode) -> Self {
+        let limiter = spec
+            .limiter()
+            .expect("build_spec only returns specs whose limiter builds");
+        Rule {
+            name: name.into(),
+            selector,
+            fingerprint: spec.fingerprint(),
+            limiter,
+            spec,
+            on_unavailable,
+        }
+    }
+}
+
+/// Which checks a rule applies to. For rules in a [`RuleSet`], `client` and `tier` are never
+/// both set and at least one field is set, except for the default rule where none is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Selector {
+    /// An exact client key.
+    pub client: Option<String>,
+    /// A tier name.
+    pub tier: Option<String>,
+    /// A route pattern.
+    pub route: Option<RoutePattern>,
+}
+
+impl Selector {
+    /// The precedence level of a rule with this selector.
+    pub fn level(&self) -> MatchLevel {
+        match (&self.client, &self.tier, &self.route) {
+            (Some(_), _, Some(_)) => MatchLevel::ClientRoute,
+            (Some(_), _, None) => MatchLevel::Client,
+            (None, Some(_), Some(_)) => MatchLevel::TierRoute,
+            (None, Some(_), None) => MatchLevel::Tier,
+            (None, None, Some(_)) => MatchLevel::Route,
+            (None, None, None) => MatchLevel::Default,
+        }
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn opt(f: &mut fmt::Formatter<'_>, v: Option<&dyn fmt::Display>) -> fmt::Result {
+            match v {
+                Some(v) => write!(f, "\"{v}\""),
+                None => f.write_str("none"),
+            }
+        }
+        f.write_str("client ")?;
+        opt(f, self.client.as_ref().map(|c| c as &dyn fmt::Display))?;
+        f.write_str(", tier ")?;
+        opt(f, self.tier.as_ref().map(|t| t as &dyn fmt::Display))?;
+        f.write_str(", route ")?;
+        opt(f, self.route.as_ref().map(|r| r as &dyn fmt::Display))
+    }
+}
+
+/// The precedence levels, most specific first; `Ord` follows that order, so a smaller level
+/// wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MatchLevel {
+    /// Client key and route pattern.
+    ClientRoute,
+    /// Client key only.
+    Client,
+    /// Tier and route pattern.
+    TierRoute,
+    /// Tier only.
+    Tier,
+    /// Route pattern only: the default for that route.
+    Route,
+    /// The global default.
+    Default,
+}
+
+/// An algorithm with validated numbers. Zero limits and windows cannot be represented, so the
+/// algorithms never divide by zero or admit nothing by accident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgorithmSpec {
+    /// Bucket of `capacity` tokens refilled with `refill` tokens every `period`: the only
+    /// algorithm with separate knobs for burst and sustained rate.
+    TokenBucket {
+        /// Bucket size: the largest burst.
+        capacity: NonZeroU64,
+        /// Tokens added per period.
+        refill: NonZeroU64,
+        /// The refill period.
+        period: Duration,
+    },
+    /// GCRA at `limit` per `period`, as a meter or a shaper.
+    LeakyBucket {
+        /// Requests per period.
+        limit: NonZeroU64,
+        /// The period.
+        period: Duration,
+        /// Meter (reject early arrivals) or shaper (delay them).
+        mode: LeakyMode,
+    },
+    /// At most `limit` per aligned window; cheap but allows 2× at window edges.
+    FixedWindow {
+        /// Requests per window.
+        limit: NonZeroU64,
+        /// The window.
+        window: Duration,
+    },
+    /// Exact: one timestamp per admitted request; memory grows with the limit.
+    SlidingWindowLog {
+        /// Requests per trailing window.
+        limit: NonZeroU64,
+        /// The window.
+        window: Duration,
+    },
+    /// Two counters and a weighted estimate: the default.
+    SlidingWindowCounter {
+        /// Requests per trailing window (estimated).
+        limit: NonZeroU64,
+        /// The window.
+        window: Duration,
+    },
+}
+
+/// The two uses of the leaky bucket (GCRA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeakyMode {
+    /// Reject requests arriving earlier than the rate allows, beyond `burst` at once.
+    Meter {
+        /// How many requests may arrive back to back.
+        burst: NonZeroU64,
+    },
+    /// Admit early requests with a delay the caller must wait, while at most `queue_depth`
+    /// are waiting.
+    Shaper {
+        /// How many requests may be waiting.
+        queue_depth: u64,
+    },
+}
+
+impl AlgorithmSpec {
+    /// These numbers divided among `nodes` nodes that each decide alone: the per-node
+    /// fallback used when a key's owner is unreachable (fail-open). Every count is
+    /// divided and rounded down, but never below 1: the fallback must still admit.
+    pub fn divided(&self, nodes: u64) -> AlgorithmSpec {
+        let nodes = nodes.max(1);
+        let div = |n: NonZeroU64| NonZeroU64::new(n.get() / nodes).unwrap_or(NonZeroU64::MIN);
+        match *self {
+            AlgorithmSpec::TokenBucket {
+                capacity,
+                refill,
+                period,
+            } => AlgorithmSpec::TokenBucket {
+                capacity: div(capacity),
+                refill: div(refill),
+                period,
+            },
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode,
+            } => AlgorithmSpec::LeakyBucket {
+                limit: div(limit),
+                period,
+                mode: match mode {
+                    LeakyMode::Meter { burst } => LeakyMode::Meter { burst: div(burst) },
+                    shaper => shaper,
+                },
+            },
+            AlgorithmSpec::FixedWindow { limit, window } => AlgorithmSpec::FixedWindow {
+                limit: div(limit),
+                window,
+            },
+            AlgorithmSpec::SlidingWindowLog { limit, window } => AlgorithmSpec::SlidingWindowLog {
+                limit: div(limit),
+                window,
+            },
+            AlgorithmSpec::SlidingWindowCounter { limit, window } => {
+                AlgorithmSpec::SlidingWindowCounter {
+                    limit: div(limit),
+                    window,
+                }
+            }
+        }
+    }
+
+    /// Build the algorithm these numbers describe.
+    pub fn limiter(&self) -> Result<Limiter, AlgorithmError> {
+        Ok(match *self {
+            AlgorithmSpec::TokenBucket {
+                capacity,
+                refill,
+                period,
+            } => Limiter::TokenBucket(TokenBucket::new(capacity, refill, period)?),
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode: LeakyMode::Meter { burst },
+            } => Limiter::LeakyBucket(Gcra::meter(limit, period, burst)?),
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode: LeakyMode::Shaper { queue_depth },
+            } => Limiter::LeakyBucket(Gcra::shaper(limit, period, queue_depth)?),
+            AlgorithmSpec::FixedWindow { limit, window } => {
+                Limiter::FixedWindow(FixedWindow::new(limit, window)?)
+            }
+            AlgorithmSpec::SlidingWindowLog { limit, window } => {
+                Limiter::SlidingWindowLog(SlidingLog::new(limit, window)?)
+            }
+            AlgorithmSpec::SlidingWindowCounter { limit, window } => {
+                Limiter::SlidingWindowCounter(SlidingCounter::new(limit, window)?)
+            }
+        })
+    }
+
+    /// Which algorithm these numbers are for; the same kind as the limiter they build.
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            AlgorithmSpec::TokenBucket { .. } => AlgorithmKind::TokenBucket,
+            AlgorithmSpec::LeakyBucket { .. } => AlgorithmKind::LeakyBucket,
+            AlgorithmSpec::FixedWindow { .. } => AlgorithmKind::FixedWindow,
+            AlgorithmSpec::SlidingWindowLog { .. } => AlgorithmKind::SlidingWindowLog,
+            AlgorithmSpec::SlidingWindowCounter { .. } => AlgorithmKind::SlidingWindowCounter,
+        }
+    }
+
+    /// The name as written in the rule file, for messages and metric labels.
+    pub fn algorithm_name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The number a caller sees as its `limit` (the `limit` field of the rule file).
+    pub fn limit(&self) -> NonZeroU64 {
+        match *self {
+            AlgorithmSpec::TokenBucket { refill, .. } => refill,
+            AlgorithmSpec::LeakyBucket { limit, .. }
+            | AlgorithmSpec::FixedWindow { limit, .. }
+            | AlgorithmSpec::SlidingWindowLog { limit, .. }
+            | AlgorithmSpec::SlidingWindowCounter { limit, .. } => limit,
+        }
+    }
+
+    /// The window (or period) the limit applies to.
+    pub fn window(&self) -> Duration {
+        match *self {
+            AlgorithmSpec::TokenBucket { period, .. }
+            | AlgorithmSpec::LeakyBucket { period, .. } => period,
+            AlgorithmSpec::FixedWindow { window, .. }
+            | AlgorithmSpec::SlidingWindowLog { window, .. }
+            | AlgorithmSpec::SlidingWindowCounter { window, .. } => window,
+        }
+    }
+
+    /// A stable hash of the algorithm and all its numbers.
+    ///
+    /// A reload keeps the counters of rules whose fingerprint is unchanged and resets the
+    /// others. It is xxh3 over an explicit little-endian encoding (never `std::hash`, whose
+    /// output may change between Rust versions), so every node and every build agree. It
+    /// covers only the spec: renaming a rule, moving it or changing its selector or fail mode
+    /// does not change it.
+    pub fn fingerprint(&self) -> u64 {
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(b"ringlimit.spec.v1");
+        let mut put = |tag: u8, nums: &[u64], period: Duration| {
+            buf.push(tag);
+            for n in nums {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            buf.extend_from_slice(&period.as_nanos().to_le_bytes());
+        };
+        match *self {
+            AlgorithmSpec::TokenBucket {
+                capacity,
+                refill,
+                period,
+            } => put(1, &[capacity.get(), refill.get()], period),
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode: LeakyMode::Meter { burst },
+            } => put(2, &[limit.get(), 0, burst.get()], period),
+            AlgorithmSpec::LeakyBucket {
+                limit,
+                period,
+                mode: LeakyMode::Shaper { queue_depth },
+            } => put(2, &[limit.get(), 1, queue_depth], period),
+            AlgorithmSpec::FixedWindow { limit, window } => put(3, &[limit.get()], window),
+            AlgorithmSpec::SlidingWindowLog { limit, window } => put(4, &[limit.get()], window),
+            AlgorithmSpec::SlidingWindowCounter { limit, window } => put(5, &[limit.get()], window),
+        }
+        xxhash_rust::xxh3::xxh3_64(&buf)
+    }
+}
+
+/// What a node does for a key whose owner it cannot reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailMode {
+    /// Decide locally with a per-node share of the limit and flag the answer as degraded:
+    /// availability over exactness, the design reference's choice.
+    #[default]
+    Open,
+    /// Deny: for limits whose whole point is that they are never exceeded.
+    Closed,
+}
+
+fn nonzero(v: u64) -> NonZeroU64 {
+    // Callers pass values already checked to be >= 1; 1 is a safe fallback regardless.
+    NonZeroU64::new(v).unwrap_or(NonZeroU64::MIN)
+}
+
+/// Helpers shared by the tests of this module and its submodules.
+#[cfg(test)]
+mod testing {
+    use super::RuleSet;
+
+    pub(super) fn set(text: &str) -> RuleSet {
+        RuleSet::from_toml_str(text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub(super) const LEVELS: &str = r#"
+        [[rule]]
+        name = "client-route"
+        client = "c1"
+        route = "POST /v1/charges"
+        limit = 1
+        window = "1s"
+
+        [[rule]]
+        name = "client"
+        client = "c1"
+        limit = 2
+        window = "1s"
+
+        [[rule]]
+        name = "tier-route"
+        tier = "free"
+        route = "POST /v1/charges"
+        limit = 3
+        window = "1s"
+
+        [[rule]]
+        name = "tier"
+        tier = "free"
+        limit = 4
+        window = "1s"
+
+        [[rule]]
+        name = "route"
+        route = "POST /v1/charges"
+        limit = 5
+        window = "1s"
+    "#;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::set;
+    use super::*;
+
+    #[test]
+    fn spec_kind_is_the_kind_of_its_limiter_and_names_it() {
+        let rs = set(r#"
+            [default]
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "tb"
+            tier = "a"
+            algorithm = "token_bucket"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "lb"
+            tier = "b"
+            algorithm = "leaky_bucket"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "fw"
+            tier = "c"
+            algorithm = "fixed_window"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "log"
+            tier = "d"
+            algorithm = "sliding_window_log"
+            limit = 1
+            window = "1s"
+            "#);
+        let kinds: Vec<AlgorithmKind> = rs.rules().iter().map(|r| r.spec.kind()).collect();
+        let mut all = AlgorithmKind::ALL.to_vec();
+        all.rotate_right(1);
+        assert_eq!(kinds, all);
+        for rule in rs.rules() {
+            assert_eq!(rule.spec.kind(), rule.limiter.kind());
+            assert_eq!(rule.spec.algorithm_name(), rule.spec.kind().as_str());
+        }
+    }
+
+    #[test]
+    fn fallback_divides_the_limit_by_the_node_count_but_never_below_one() {
+        let rules = RuleSet::builtin();
+        let fallback = rules.default_rule().fallback(3);
+        assert_eq!(&*fallback.name, "default~fallback");
+        assert_eq!(fallback.spec.limit().get(), 33);
+        assert_eq!(fallback.spec.window(), rules.default_rule().spec.window());
+        assert_eq!(rules.default_rule().fallback(1000).spec.limit().get(), 1);
+        assert_ne!(fallback.fingerprint, rules.default_rule().fingerprint);
+    }
+
+    const FP_A: &str = r#"
+        [[rule]]
+        name = "a"
+        tier = "free"
+        algorithm = "token_bucket"
+        limit = 10
+        burst = 20
+        window = "1m"
+        [[rule]]
+        name = "b"
+        client = "c"
+        algorithm = "leaky_bucket"
+        mode = "shaper"
+        queue_depth = 3
+        limit = 5
+        window = "1s"
+    "#;
+    const FP_B: &str = r#"
+        [[rule]]
+        name = "b"
+        client = "c"
+        algorithm = "leaky_bucket"
+        mode = "shaper"
+        queue_depth = 3
+        limit = 5
+        window = "1s"
+        [[rule]]
+        name = "a"
+        tier = "free"
+        algorithm = "token_bucket"
+        limit = 10
+        burst = 20
+        window = "60s"
+    "#;
+
+    #[test]
+    fn fingerprint_is_stable_across_rule_order() {
+        let (a, b) = (set(FP_A), set(FP_B));
+        for name in ["a", "b", "default"] {
+            assert_eq!(
+                a.get(name).unwrap().fingerprint,
+                b.get(name).unwrap().fingerprint
+            );
+        }
+        let r = a.get("a").unwrap();
+        assert_eq!(r.fingerprint, r.spec.fingerprint());
+    }
+
+    #[test]
+    fn fingerprint_changes_when_a_number_changes() {
+        let base = set(FP_A);
+        let fp = |rs: &RuleSet, n: &str| rs.get(n).unwrap().fingerprint;
+        for (from, to, rule) in [
+            ("limit = 10", "limit = 11", "a"),
+            ("burst = 20", "burst = 21", "a"),
+            ("window = \"1m\"", "window = \"61s\"", "a"),
+            ("queue_depth = 3", "queue_depth = 4", "b"),
+            (
+                "mode = \"shaper\"\n        queue_depth = 3",
+                "mode = \"meter\"",
+                "b",
+            ),
+        ] {
+            let changed = set(&FP_A.replacen(from, to, 1));
+            assert_ne!(fp(&base, rule), fp(&changed, rule), "{from} -> {to}");
+        }
+        // Same numbers under another algorithm must not collide either.
+        let fixed = AlgorithmSpec::FixedWindow {
+            limit: NonZeroU64::MIN,
+            window: Duration::from_secs(1),
+        };
+        let counter = AlgorithmSpec::SlidingWindowCounter {
+            limit: NonZeroU64::MIN,
+            window: Duration::from_secs(1),
+        };
+        assert_ne!(fixed.fingerprint(), counter.fingerprint());
+    }
+
+    #[test]
+    fn fingerprint_ignores_selector_and_fail_mode() {
+        let moved = FP_A.replacen(
+            "tier = \"free\"",
+            "tier = \"pro\"\non_unavailable = \"closed\"",
+            1,
+        );
+        assert_eq!(
+            set(FP_A).get("a").unwrap().fingerprint,
+            set(&moved).get("a").unwrap().fingerprint
+        );
+    }
+
+    #[test]
+    fn fingerprint_is_pinned_across_builds() {
+        // Nodes of different versions must agree; changing the encoding resets all counters.
+        let spec = RuleSet::builtin().default_rule().spec;
+        assert_eq!(spec.fingerprint(), 3_508_162_426_882_450_458);
+    }
+}
