@@ -20,14 +20,12 @@
 //! - [`client`]: what a gateway does with an answer (429 headers).
 //! - [`ring`]: the consistent-hash ring that places keys on cluster members.
 //! - [`node`]: starts and stops a node.
-//! - [`bench`]: tooling: the load generator and the Redis baseline (`ringlimit bench`).
 //!
 //! Dependencies point downwards only: `algorithms`, `ring` and `clock` depend on
 //! nothing internal; `shard` on `algorithms` and `clock`; `server` on `shard`;
 //! `node` on everything.
 
 pub mod algorithms;
-pub mod bench;
 pub mod client;
 pub mod clock;
 pub mod config;

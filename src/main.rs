@@ -1,5 +1,7 @@
 //! The `ringlimit` binary: clap → config → `node::run(config, shutdown)`.
 
+mod bench;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,7 +51,7 @@ enum Command {
     DevCluster(DevClusterArgs),
     /// Load generator: checks/s and latency percentiles, optionally side by side with
     /// Redis + the design reference's Lua script (--compare-redis).
-    Bench(ringlimit::bench::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -191,7 +193,7 @@ fn main() -> ExitCode {
         } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json))),
         Command::DevCluster(args) => dev_cluster(args),
         Command::Bench(args) => runtime()
-            .and_then(|rt| rt.block_on(ringlimit::bench::run(args)))
+            .and_then(|rt| rt.block_on(bench::run(args)))
             .map(|()| ExitCode::SUCCESS),
     };
     match result {

@@ -217,6 +217,7 @@ pub async fn start_with_clock(
     };
     let membership = Membership::start(
         config.membership(generation, advertise),
+        &chitchat::transport::UdpTransport,
         cancel.child_token(),
     )
     .await

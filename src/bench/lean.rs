@@ -98,3 +98,67 @@ fn check_status(headers: &http::HeaderMap) -> anyhow::Result<()> {
         Some(code) => bail!("grpc-status {:?}: {:?}", code, headers.get("grpc-message")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ringlimit::clock::ManualClock;
+    use ringlimit::config::node::NodeConfig;
+    use ringlimit::proto::{CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse};
+    use tokio_util::sync::CancellationToken;
+
+    use super::LeanClient;
+
+    /// 2026-01-01T00:00:00Z: a fixed time, so the default rule's window does not roll.
+    const T0: u64 = 1_767_225_600_000;
+
+    fn check(key: &str) -> CheckRequest {
+        CheckRequest {
+            key: key.into(),
+            route: "GET /x".into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn speaks_grpc_to_a_real_node() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let node = ringlimit::node::start_with_clock(
+            NodeConfig::for_test(),
+            clock,
+            CancellationToken::new(),
+        )
+        .await
+        .expect("node starts");
+        let (mut c, connection) = LeanClient::connect(&node.grpc_addr.to_string())
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        for i in 1..=3u64 {
+            let a: CheckResponse = c
+                .unary("/ringlimit.v1.RateLimiter/Check", &check("lean"))
+                .await
+                .unwrap();
+            assert!(a.allowed);
+            assert_eq!(a.remaining, 100 - i);
+        }
+        let batch = CheckBatchRequest {
+            checks: vec![check("lean"), check("other")],
+        };
+        let b: CheckBatchResponse = c
+            .unary("/ringlimit.v1.RateLimiter/CheckBatch", &batch)
+            .await
+            .unwrap();
+        assert_eq!(b.results.len(), 2);
+        assert_eq!(b.results[0].remaining, 96);
+        // A refused request comes back as an error (grpc-status in trailers-only headers).
+        let refused = c
+            .unary::<_, CheckResponse>("/ringlimit.v1.RateLimiter/Check", &check(""))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("grpc-status"), "{refused}");
+        node.shutdown().await;
+    }
+}

@@ -1,12 +1,14 @@
 //! `ringlimit bench`: a gRPC load generator, and the same load against the reference
 //! design (Redis + the design reference's Lua script) on the same machine.
 //!
-//! Tooling, not product: it may use `anyhow`. Latency is measured per call (a unary
+//! Tooling, not product: part of the binary, not the library, it reaches a node only
+//! over the wire (and, in its tests, starts one through the library's public API), and
+//! it may use `anyhow`. Latency is measured per call (a unary
 //! check, or one `CheckBatch` / one pipelined round of EVALSHA) into an HDR histogram
 //! in microseconds; throughput counts checks, not calls.
 
-pub mod lean;
-pub mod redis;
+mod lean;
+mod redis;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -17,10 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 
-use crate::proto::peer::peer_client::PeerClient;
-use crate::proto::peer::StatusRequest;
-use crate::proto::rate_limiter_client::RateLimiterClient;
-use crate::proto::{CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse};
+use ringlimit::proto::peer::peer_client::PeerClient;
+use ringlimit::proto::peer::StatusRequest;
+use ringlimit::proto::rate_limiter_client::RateLimiterClient;
+use ringlimit::proto::{CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse};
 
 /// How keys are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

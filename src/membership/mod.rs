@@ -3,8 +3,10 @@
 //!
 //! # How
 //!
-//! Each node runs one [`chitchat`] instance (UDP gossip, scuttlebutt
-//! reconciliation, phi-accrual failure detector). Its identity is
+//! Each node runs one [`chitchat`] instance (gossip, scuttlebutt
+//! reconciliation, phi-accrual failure detector) over the transport its caller
+//! passes: UDP in a node (`chitchat::transport::UdpTransport`), chitchat's
+//! in-memory `ChannelTransport` in tests, so a cluster forms with no socket. Its identity is
 //! `(node_id, generation, gossip address)`; the generation is the start time
 //! in ns, so it grows on every restart. It publishes two key-values:
 //! `grpc_addr` (its gRPC advertise address; the peer service shares it) and,
@@ -62,11 +64,11 @@ mod view;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chitchat::transport::UdpTransport;
+use chitchat::transport::Transport;
 use chitchat::{
     spawn_chitchat, Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig,
     NodeState, ProtocolVersion,
@@ -108,9 +110,9 @@ pub enum MembershipError {
     Bind {
         /// The address we tried to bind.
         addr: SocketAddr,
-        /// The OS error.
+        /// The transport's error (for UDP, the OS error).
         #[source]
-        source: std::io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Chitchat failed to start (typically: the gossip port is taken).
     #[error("cannot start chitchat: {0}")]
@@ -131,7 +133,7 @@ pub struct MembershipConfig {
     pub generation: u64,
     /// Nodes only gossip within the same cluster id.
     pub cluster_id: String,
-    /// UDP address to gossip on. Port 0 picks a free port on that IP.
+    /// Address to gossip on (UDP in a node). Port 0 picks a free port on that IP.
     pub gossip_listen: SocketAddr,
     /// Gossip address other nodes should use; default: the resolved listen
     /// address (which must then not be a wildcard IP). Port 0 here means "the
@@ -237,17 +239,23 @@ enum Command {
 }
 
 impl Membership {
-    /// Starts gossiping and returns once the chitchat socket is bound.
+    /// Starts gossiping over `transport` and returns once its socket is bound.
+    ///
+    /// The transport is the caller's choice so that the composition root
+    /// picks the network (`UdpTransport`) and tests can pass chitchat's
+    /// in-memory `ChannelTransport`; membership itself opens no socket of its
+    /// own.
     ///
     /// The first published view is [`ClusterView::single`] of this node, so
     /// the node can serve immediately; peers appear as gossip finds them.
     /// Cancelling `cancel` stops gossip (without announcing a leave).
     pub async fn start(
         config: MembershipConfig,
+        transport: &dyn Transport,
         cancel: CancellationToken,
     ) -> Result<Membership, MembershipError> {
         config.validate()?;
-        let listen_addr = resolve_listen_addr(config.gossip_listen)?;
+        let listen_addr = resolve_listen_addr(transport, config.gossip_listen).await?;
         let mut gossip_addr = config.gossip_advertise.unwrap_or(listen_addr);
         if gossip_addr.port() == 0 {
             gossip_addr.set_port(listen_addr.port());
@@ -287,7 +295,7 @@ impl Membership {
             protocol_version: ProtocolVersion::V0,
         };
         let initial_kvs = vec![(KEY_GRPC_ADDR.to_string(), config.grpc_advertise.to_string())];
-        let handle = spawn_chitchat(chitchat_config, initial_kvs, &UdpTransport)
+        let handle = spawn_chitchat(chitchat_config, initial_kvs, transport)
             .await
             .map_err(|e| MembershipError::Start(e.into()))?;
         info!(
@@ -366,18 +374,26 @@ impl Membership {
 }
 
 /// Picks the concrete gossip listen address: port 0 becomes a free port on
-/// the same IP, found by binding and dropping a probe socket. (Another process
-/// could grab it in between; chitchat then fails to bind and we report it.)
-fn resolve_listen_addr(listen: SocketAddr) -> Result<SocketAddr, MembershipError> {
+/// the same IP, found by opening and dropping a probe socket on `transport`
+/// (chitchat's identity carries the address, so it must be known before
+/// chitchat opens its own socket). Another process could grab the port in
+/// between; chitchat then fails to bind and we report it.
+async fn resolve_listen_addr(
+    transport: &dyn Transport,
+    listen: SocketAddr,
+) -> Result<SocketAddr, MembershipError> {
     if listen.port() != 0 {
         return Ok(listen);
     }
-    let bind_err = |source| MembershipError::Bind {
-        addr: listen,
-        source,
+    // The probe is dropped at the end of the arm, freeing the port again.
+    let probed = match transport.open(listen).await {
+        Ok(probe) => probe.local_addr(),
+        Err(error) => Err(error),
     };
-    let probe = UdpSocket::bind(listen).map_err(bind_err)?;
-    probe.local_addr().map_err(bind_err)
+    probed.map_err(|source| MembershipError::Bind {
+        addr: listen,
+        source: source.into(),
+    })
 }
 
 /// The task behind a [`Membership`]: owns the chitchat handle and the view

@@ -1,10 +1,14 @@
-//! In-process clusters over real UDP on 127.0.0.1, every socket on port 0,
-//! so these tests run in parallel with each other and with anything else.
+//! In-process clusters. Most run over real UDP on 127.0.0.1, every socket on
+//! port 0, so these tests run in parallel with each other and with anything
+//! else, and their timings are what production gets. The `in_memory_*` tests
+//! run over chitchat's `ChannelTransport` on a paused clock: no socket, and
+//! gossip time passes only as fast as the test needs.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chitchat::transport::{ChannelTransport, UdpTransport};
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
@@ -23,20 +27,29 @@ fn grpc(id: &str) -> SocketAddr {
 }
 
 async fn start_node(id: &str, seeds: &[SocketAddr]) -> Membership {
+    start_node_on(&UdpTransport, id, seeds).await
+}
+
+async fn start_node_on(transport: &dyn Transport, id: &str, seeds: &[SocketAddr]) -> Membership {
     let mut config = MembershipConfig::for_test(id, grpc(id));
     config.seeds = seeds.iter().map(ToString::to_string).collect();
-    Membership::start(config, CancellationToken::new())
+    Membership::start(config, transport, CancellationToken::new())
         .await
         .expect("membership starts")
 }
 
-/// Starts `ids` as one cluster, each node seeded with the first one.
+/// Starts `ids` as one cluster over UDP, each node seeded with the first one.
 async fn start_cluster(ids: &[&str]) -> Vec<Membership> {
-    let first = start_node(ids[0], &[]).await;
+    start_cluster_on(&UdpTransport, ids).await
+}
+
+/// Starts `ids` as one cluster over `transport`, each node seeded with the first one.
+async fn start_cluster_on(transport: &dyn Transport, ids: &[&str]) -> Vec<Membership> {
+    let first = start_node_on(transport, ids[0], &[]).await;
     let seed = first.gossip_addr();
     let mut nodes = vec![first];
     for id in &ids[1..] {
-        nodes.push(start_node(id, &[seed]).await);
+        nodes.push(start_node_on(transport, id, &[seed]).await);
     }
     nodes
 }
@@ -219,7 +232,7 @@ async fn restart_with_higher_generation_replaces_old_member() {
     let mut config = MembershipConfig::for_test("restart-a", grpc("restart-a"));
     config.generation = old.generation + 1;
     config.seeds = vec![seed.to_string()];
-    let new_a = Membership::start(config, CancellationToken::new())
+    let new_a = Membership::start(config, &UdpTransport, CancellationToken::new())
         .await
         .unwrap();
     let new_gossip = new_a.gossip_addr();
@@ -275,7 +288,9 @@ async fn cancelling_the_token_stops_gossip() {
     let token = CancellationToken::new();
     let mut config = MembershipConfig::for_test(ids[1], grpc(ids[1]));
     config.seeds = vec![a.gossip_addr().to_string()];
-    let b = Membership::start(config, token.clone()).await.unwrap();
+    let b = Membership::start(config, &UdpTransport, token.clone())
+        .await
+        .unwrap();
     wait_all(&[a.view(), b.view()], CONVERGE, "converged", |v| {
         has_all(v, &ids)
     })
@@ -295,13 +310,15 @@ async fn start_rejects_bad_configs() {
     let mut empty_id = MembershipConfig::for_test("", grpc("x"));
     empty_id.node_id.clear();
     assert!(matches!(
-        Membership::start(empty_id, cancel.clone()).await,
+        Membership::start(empty_id, &UdpTransport, cancel.clone()).await,
         Err(MembershipError::InvalidConfig(_))
     ));
 
     let mut wildcard = MembershipConfig::for_test("x", grpc("x"));
     wildcard.gossip_listen = SocketAddr::from(([0, 0, 0, 0], 0));
-    let err = Membership::start(wildcard, cancel.clone()).await.err();
+    let err = Membership::start(wildcard, &UdpTransport, cancel.clone())
+        .await
+        .err();
     assert!(
         matches!(err, Some(MembershipError::InvalidConfig(ref m)) if m.contains("wildcard")),
         "{err:?}"
@@ -316,6 +333,71 @@ async fn start_rejects_bad_configs() {
     assert!(MembershipConfig::for_test("x", grpc("x"))
         .validate()
         .is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_memory_three_members_form_one_view_without_sockets() {
+    let transport = ChannelTransport::default();
+    let ids = ["mem-a", "mem-b", "mem-c"];
+    let nodes = start_cluster_on(&transport, &ids).await;
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "all three nodes listed", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+
+    // Port 0 resolved to distinct logical ports of the in-memory network.
+    let mut addrs: Vec<SocketAddr> = nodes.iter().map(Membership::gossip_addr).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 3, "{addrs:?}");
+    assert!(addrs.iter().all(|a| a.port() != 0), "{addrs:?}");
+    // The gossip went through the channel transport.
+    assert!(transport.statistics().num_messages_total > 0);
+    for (node, rx) in nodes.iter().zip(&views) {
+        let view = rx.borrow();
+        assert_eq!(view.ring.members(), ids);
+        assert_eq!(view.ring.digest(), views[0].borrow().ring.digest());
+        let me = view
+            .members
+            .iter()
+            .find(|m| m.gossip_addr == node.gossip_addr());
+        assert!(me.is_some(), "a node lists itself: {view:?}");
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_memory_a_partitioned_member_leaves_the_view_and_rejoins_when_healed() {
+    let transport = ChannelTransport::default();
+    let ids = ["part-a", "part-b", "part-c"];
+    let nodes = start_cluster_on(&transport, &ids).await;
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+    // Let a few heartbeat intervals into the failure detectors.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let (a, b, c) = (
+        nodes[0].gossip_addr(),
+        nodes[1].gossip_addr(),
+        nodes[2].gossip_addr(),
+    );
+    transport.remove_link(a, c).await;
+    transport.remove_link(b, c).await;
+    wait_all(&views[..2], CONVERGE, "c cut off from a and b", |v| {
+        has_all(v, &ids[..2]) && !v.ring.contains(ids[2])
+    })
+    .await;
+    wait_all(&views[2..], CONVERGE, "c alone", |v| has_all(v, &ids[2..])).await;
+
+    transport.add_link(a, c).await;
+    transport.add_link(b, c).await;
+    wait_all(&views, CONVERGE, "healed", |v| has_all(v, &ids)).await;
+    for node in nodes {
+        node.shutdown().await;
+    }
 }
 
 #[test]
