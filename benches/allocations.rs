@@ -16,7 +16,7 @@ use std::alloc::System;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringlimit::config::node::NodeConfig;
+use ringlimit::node::NodeConfig;
 use ringlimit::node::{self, RunningNode};
 use ringlimit::proto::rate_limiter_server::RateLimiter;
 use ringlimit::proto::{CheckBatchRequest, CheckRequest};

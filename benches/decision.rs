@@ -14,7 +14,7 @@ use divan::{black_box, Bencher};
 use ringlimit::algorithms::{FixedWindow, Gcra, Limiter, SlidingCounter, SlidingLog, TokenBucket};
 use ringlimit::clock::SystemClock;
 use ringlimit::config::rules::RuleSet;
-use ringlimit::shard::{CheckItem, ShardConfig, Shards, Store};
+use ringlimit::shard::{Charge, KeyId, ShardConfig, Shards, Store};
 
 fn main() {
     divan::main();
@@ -74,30 +74,41 @@ fn governor_gcra_direct(bencher: Bencher) {
     bencher.bench_local(|| black_box(limiter.check()));
 }
 
-/// A decision through the shard's store: key encoding, hash lookup, algorithm, expiry
-/// bookkeeping (10,000 keys, round robin).
+/// A decision through the shard's store: hash lookup, algorithm, expiry bookkeeping
+/// (10,000 keys, round robin). The counter's identity is computed when a check is
+/// planned, not here: see `key_identity` for that part.
 #[divan::bench]
 fn store_decision_10k_keys(bencher: Bencher) {
     let rules = RuleSet::builtin();
     let rule = rules.default_rule().clone();
     let mut store = Store::new(1_000_000, 1);
-    let keys: Vec<Vec<u8>> = (0..10_000)
-        .map(|i| format!("client_{i}").into_bytes())
+    let ids: Vec<KeyId> = (0..10_000)
+        .map(|i| KeyId::of(&rule.name, format!("client_{i}").as_bytes(), "GET /bench"))
         .collect();
     let mut i = 0;
     let mut now = 1_767_225_600_000u64;
     bencher.bench_local(|| {
-        i = (i + 1) % keys.len();
+        i = (i + 1) % ids.len();
         now += 1;
         let counter = ringlimit::shard::Counter {
-            rule: &rule.name,
+            id: ids[i],
             fingerprint: rule.fingerprint,
             limiter: &rule.limiter,
-            client: &keys[i],
-            route: "GET /bench",
             local: false,
         };
         black_box(store.check(counter, now, NonZeroU64::MIN))
+    });
+}
+
+/// A counter's identity (ring placement + discriminator), computed once per planned
+/// descriptor: the part of a decision that used to run inside the store.
+#[divan::bench]
+fn key_identity(bencher: Bencher) {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("client_{i}")).collect();
+    let mut i = 0;
+    bencher.bench_local(|| {
+        i = (i + 1) % keys.len();
+        black_box(KeyId::of("default", keys[i].as_bytes(), "GET /bench"))
     });
 }
 
@@ -123,11 +134,10 @@ fn shard_round_trip(bencher: Bencher) {
         )
     });
     let rules = RuleSet::builtin();
-    let item = CheckItem {
-        rule: rules.default_rule().clone(),
-        client: Arc::from("client_1"),
-        route: Arc::from("GET /bench"),
-        tier: None,
+    let rule = rules.default_rule().clone();
+    let item = Charge {
+        id: KeyId::of(&rule.name, b"client_1", "GET /bench"),
+        rule,
         cost: NonZeroU64::MIN,
     };
     bencher.bench_local(|| runtime.block_on(shards.check(vec![item.clone()])).unwrap());

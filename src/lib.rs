@@ -3,34 +3,51 @@
 //! API gateways ask a ringlimit node over gRPC "may this request proceed?" and get a
 //! verdict with the numbers a 429 needs (limit, remaining, retry-after, reset).
 //!
-//! # Map, in the direction a check flows
+//! # Floors, in the direction a check flows
+//!
+//! Each floor imports only floors below it; the arrows are the only ones there are.
 //!
 //! ```text
-//! gRPC (proto) ─▶ server ──validate, match rules (config)──▶ shard ──▶ algorithms
-//!                   │                                         │  (one actor per shard,
-//!                   ◀──────────── respond, refund ◀───────────┘   state owned by value)
-//! node: composition root, starts everything; clock: injected time
+//! main (binary)  CLI → node::run
+//! node           composition root: binds listeners, wires every subsystem, node config
+//!   │
+//! server         wire adapters: ringlimit.v1 (public), peer (cluster); Status at the edge
+//!   │      prost types stop here and in cluster::forward
+//! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict
+//!   │
+//! cluster        router = pure policy + one async step; forward (peer client adapter),
+//!   │            handoff, deny cache; Decider, Answer, CheckItem (identity computed once)
+//! shard          actor handles + tasks; the store; counter identity (KeyId)
+//!   │
+//! config  membership  clock        rules and routes; gossip → ClusterView; time
+//!   │
+//! algorithms  ring                 pure: the five limiters; the consistent-hash ring
 //! ```
 //!
 //! - [`algorithms`]: the five limiters as pure state machines (`now` is an argument).
-//! - [`clock`]: wall-clock milliseconds, clamped so they never run backwards.
-//! - [`config`]: node settings and the rule file (most specific rule wins).
-//! - [`shard`]: the per-shard store and the actors that own it.
-//! - [`server`]: the gRPC service and the wire-independent [`server::Checker`].
-//! - [`client`]: what a gateway does with an answer (429 headers).
 //! - [`ring`]: the consistent-hash ring that places keys on cluster members.
+//! - [`clock`]: wall-clock milliseconds, clamped so they never run backwards.
+//! - [`config`]: the rule file and route syntax (most specific rule wins).
+//! - [`membership`]: chitchat gossip publishing a watch of the cluster view.
+//! - [`shard`]: the per-shard store and the actors that own it.
+//! - [`cluster`]: where each descriptor is decided (here, one hop away, the deny cache,
+//!   fail-open), and state handoff when ownership moves.
+//! - [`check`]: the seam under every front end: [`check::Checker`].
+//! - [`server`]: the gRPC front ends, one mapping file each.
+//! - [`client`]: what a gateway does with a verdict (429 headers).
 //! - [`node`]: starts and stops a node.
+//! - [`proto`]: generated wire types, used only by `server`, `cluster::forward` and
+//!   tools.
 //!
-//! Dependencies point downwards only: `algorithms`, `ring` and `clock` depend on
-//! nothing internal; `shard` on `algorithms` and `clock`; `server` on `shard`;
-//! `node` on everything.
+//! `proto` sits beside the floors: nothing in `algorithms`, `ring`, `shard`,
+//! `membership`, `config`, `clock`, `check` or the routing core imports it.
 
 pub mod algorithms;
+pub mod check;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
-pub mod deny_cache;
-pub mod error;
 pub mod membership;
 pub mod node;
 pub mod proto;

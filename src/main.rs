@@ -10,10 +10,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use ringlimit::config::node::{
+use ringlimit::config::rules::RuleSet;
+use ringlimit::node::config::{
     NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
 };
-use ringlimit::config::rules::RuleSet;
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
 
@@ -434,12 +434,23 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", answer_line(&answer));
         if args.headers {
-            for (name, value) in ringlimit::client::headers(&answer, now_ms) {
+            for (name, value) in ringlimit::client::headers(&quota(&answer), now_ms) {
                 println!("  {name}: {value}");
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The numbers of a wire answer that the 429 contract is rendered from.
+fn quota(a: &CheckResponse) -> ringlimit::client::Quota {
+    ringlimit::client::Quota {
+        allowed: a.allowed,
+        limit: a.limit,
+        remaining: a.remaining,
+        retry_after_ms: a.retry_after_ms,
+        reset_at_ms: u64::try_from(a.reset_at).unwrap_or(0),
+    }
 }
 
 fn answer_line(a: &CheckResponse) -> String {
@@ -495,7 +506,7 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
         "descriptors": descriptors,
     });
     if with_headers {
-        let headers: serde_json::Map<_, _> = ringlimit::client::headers(a, now_ms)
+        let headers: serde_json::Map<_, _> = ringlimit::client::headers(&quota(a), now_ms)
             .into_iter()
             .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
             .collect();

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{check, client, descriptor, start, start_manual};
-use ringlimit::config::node::NodeConfig;
+use ringlimit::node::NodeConfig;
 use ringlimit::proto::CheckBatchRequest;
 use tonic::Code;
 

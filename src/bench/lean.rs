@@ -104,7 +104,7 @@ mod tests {
     use std::sync::Arc;
 
     use ringlimit::clock::ManualClock;
-    use ringlimit::config::node::NodeConfig;
+    use ringlimit::node::NodeConfig;
     use ringlimit::proto::{CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse};
     use tokio_util::sync::CancellationToken;
 

@@ -6,17 +6,18 @@
 //! family whose `Reset` is a Unix timestamp. Both families are sent, on 200s too, so
 //! a client can pace itself before it is blocked.
 
-use crate::proto::CheckResponse;
+pub use crate::check::verdict::Quota;
 
 /// `ceil(ms / 1000)`: a wait in whole seconds that is never shorter than the real one.
 pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// The response headers a gateway should send for `answer`, given the current time
-/// `now_ms` (Unix ms). `Retry-After` is present only on a denial.
-pub fn headers(answer: &CheckResponse, now_ms: u64) -> Vec<(&'static str, String)> {
-    let reset_at = u64::try_from(answer.reset_at).unwrap_or(0);
+/// The response headers a gateway should send for `answer` (a verdict's
+/// [`crate::check::Verdict::quota`], or the same numbers from a wire answer), given the
+/// current time `now_ms` (Unix ms). `Retry-After` is present only on a denial.
+pub fn headers(answer: &Quota, now_ms: u64) -> Vec<(&'static str, String)> {
+    let reset_at = answer.reset_at_ms;
     let reset_in = ceil_secs(reset_at.saturating_sub(now_ms));
     let mut out = Vec::with_capacity(7);
     if !answer.allowed {
@@ -52,13 +53,12 @@ mod tests {
 
     #[test]
     fn a_denial_renders_the_design_reference_example() {
-        let answer = CheckResponse {
+        let answer = Quota {
             allowed: false,
             limit: 100,
             remaining: 0,
             retry_after_ms: 5_667,
-            reset_at: 1_738_368_060_000,
-            ..Default::default()
+            reset_at_ms: 1_738_368_060_000,
         };
         let headers = headers(&answer, 1_738_368_054_000);
         let get = |name: &str| {
@@ -80,12 +80,12 @@ mod tests {
 
     #[test]
     fn an_allowed_answer_carries_headers_but_no_retry_after() {
-        let answer = CheckResponse {
+        let answer = Quota {
             allowed: true,
             limit: 100,
             remaining: 42,
-            reset_at: 10_500,
-            ..Default::default()
+            retry_after_ms: 0,
+            reset_at_ms: 10_500,
         };
         let headers = headers(&answer, 10_000);
         assert!(headers.iter().all(|(n, _)| *n != "Retry-After"));

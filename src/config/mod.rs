@@ -1,12 +1,20 @@
-//! Configuration: how a node starts ([`node`]) and which limit applies to which check
-//! ([`rules`], loaded from a TOML rule file; [`route`] is the route syntax both share).
+//! Which limit applies to which check: [`rules`] (loaded from a TOML rule file) and
+//! [`route`], the route syntax rules and requests share. How a node starts lives with
+//! the composition root (`node::config`), so nothing here imports a subsystem.
 
-pub mod node;
 pub mod route;
 pub mod rules;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 pub use route::{Route, RouteError, RouteErrorKind, RoutePattern, Specificity};
 pub use rules::{
     parse_duration, AlgorithmSpec, DurationError, FailMode, LeakyMode, MatchLevel, Rule, RuleIssue,
     RuleRef, RuleSet, RulesError, Selector,
 };
+
+/// The rules every check is matched against; swapped whole on reload, so a check sees
+/// one rule set from start to end.
+pub type SharedRules = Arc<ArcSwap<RuleSet>>;

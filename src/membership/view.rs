@@ -119,6 +119,12 @@ impl ClusterView {
     pub fn owner(&self, key: &[u8]) -> Option<&Member> {
         self.member(self.ring.owner(key)?)
     }
+
+    /// The member that owns the key at ring position `placement` (its
+    /// [`Ring::key_hash`], computed once when the check was planned).
+    pub fn owner_of_placement(&self, placement: u64) -> Option<&Member> {
+        self.member(self.ring.owner_of_hash(placement)?)
+    }
 }
 
 /// Turns chitchat's live nodes into a [`ClusterView`].

@@ -1,29 +1,51 @@
-//! The node-to-node service `ringlimit.peer.v1.Peer`.
+//! The peer server adapter: the node-to-node service `ringlimit.peer.v1.Peer`.
+//!
+//! Decodes forwarded checks, refunds and handed-over state into domain types, has the
+//! check layer validate them and the cluster wing decide them, and encodes the answers.
+//! With `cluster::forward` (the client side), the only code that sees peer prost types.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::algorithms::AlgorithmKind;
-use crate::config::rules::Rule;
-use crate::error::CheckError;
+use crate::algorithms::{AlgorithmKind, KeyState};
+use crate::check::plan::plan_forwarded;
+use crate::check::{CheckError, DescriptorInput, Leaf};
+use crate::cluster::{handoff, policy, CheckItem, Router};
+use crate::config::SharedRules;
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse, MemberStatus,
     RefundRequest, RefundResponse, StatusRequest, StatusResponse,
 };
-use crate::server::request::plan_forwarded;
-use crate::server::router::Router;
-use crate::server::SharedRules;
-use crate::shard::{Exported, KeyId, RefundItem};
+use crate::shard::{Exported, KeyId, Refund};
+
+/// Plan one forwarded (or refunded) item, named `items[i]` in errors.
+fn plan_item(
+    key: &str,
+    route: &str,
+    tier: Option<&str>,
+    cost: u64,
+    rules: &crate::config::rules::RuleSet,
+    index: usize,
+) -> Result<CheckItem, CheckError> {
+    let input = DescriptorInput {
+        key,
+        route,
+        tier,
+        // A cost beyond i64 is beyond any limit too: refused the same way.
+        cost: Some(i64::try_from(cost).unwrap_or(i64::MAX)),
+    };
+    plan_forwarded(&input, rules, |leaf: Leaf| {
+        format!("items[{index}].{}", leaf.as_str())
+    })
+}
 
 /// Serves forwarded checks, refunds, handed-over state and status to peers.
 #[derive(Clone)]
 pub struct PeerService {
     router: Arc<Router>,
     rules: SharedRules,
-    not_owner: metrics::Counter,
     installed: metrics::Counter,
     stale: metrics::Counter,
 }
@@ -34,7 +56,6 @@ impl PeerService {
         Self {
             router,
             rules,
-            not_owner: metrics::counter!("ringlimit_forwarded_not_owner_total"),
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
         }
@@ -48,10 +69,7 @@ impl Peer for PeerService {
         request: Request<ForwardRequest>,
     ) -> Result<Response<ForwardResponse>, Status> {
         let request = request.into_inner();
-        if request.deadline_ms != 0 && self.router.now_ms() > request.deadline_ms {
-            // The sender gave up on this batch and answered from its fallback; charging
-            // it now (after a pause or a healed partition) would only deny later
-            // requests for admissions nobody made.
+        if policy::arrived_too_late(request.deadline_ms, self.router.now_ms()) {
             self.stale.increment(request.items.len() as u64);
             return Err(Status::deadline_exceeded(
                 "forwarded batch arrived after its deadline",
@@ -62,25 +80,20 @@ impl Peer for PeerService {
             .items
             .iter()
             .enumerate()
-            .map(|(i, item)| plan_forwarded(item, &rules, i))
-            .collect::<Result<Vec<_>, CheckError>>()?;
-        let view = self.router.view();
-        let me = &self.router.me().node_id;
-        let strays = items
-            .iter()
-            .filter(|i| {
-                view.owner(i.client.as_bytes())
-                    .is_some_and(|o| *o.node_id != **me)
+            .map(|(i, item)| {
+                plan_item(
+                    &item.key,
+                    &item.route,
+                    item.tier.as_deref(),
+                    item.cost,
+                    &rules,
+                    i,
+                )
             })
-            .count();
-        if strays > 0 {
-            // The sender's ring and ours disagree (a membership change in flight). The
-            // check is decided here anyway: forwarding it again could loop.
-            self.not_owner.increment(strays as u64);
-        }
+            .collect::<Result<Vec<_>, CheckError>>()?;
         let answers = self
             .router
-            .decide_here(items)
+            .decide_forwarded(&items)
             .await
             .map_err(CheckError::from)?;
         let outcomes = answers
@@ -96,7 +109,7 @@ impl Peer for PeerService {
                 sequence: a.sequence,
                 at: a.at,
                 rule: a.rule.to_string(),
-                algorithm: a.algorithm.to_string(),
+                algorithm: a.algorithm.as_str().to_string(),
             })
             .collect();
         let me = self.router.me();
@@ -112,20 +125,26 @@ impl Peer for PeerService {
         request: Request<RefundRequest>,
     ) -> Result<Response<RefundResponse>, Status> {
         let rules = self.rules.load();
-        let mut refunds = Vec::new();
-        for (i, item) in request.into_inner().items.iter().enumerate() {
-            let forward = crate::proto::peer::ForwardItem {
-                key: item.key.clone(),
-                route: item.route.clone(),
-                tier: item.tier.clone(),
-                cost: item.cost,
-                hops: 1,
-            };
-            refunds.push(RefundItem {
-                item: plan_forwarded(&forward, &rules, i)?,
-                at: item.at,
-            });
-        }
+        let refunds = request
+            .into_inner()
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                let planned = plan_item(
+                    &item.key,
+                    &item.route,
+                    item.tier.as_deref(),
+                    item.cost,
+                    &rules,
+                    i,
+                )?;
+                Ok(Refund {
+                    charge: planned.charge(),
+                    at: item.at,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckError>>()?;
         self.router
             .shards()
             .refund(refunds)
@@ -139,40 +158,25 @@ impl Peer for PeerService {
         request: Request<InstallRequest>,
     ) -> Result<Response<InstallResponse>, Status> {
         let request = request.into_inner();
-        let rules = self.rules.load();
         let total = request.states.len() as u64;
-        let mut items = Vec::with_capacity(request.states.len());
-        // Any local rule with the same numbers decides identically: the counter's
-        // identity (which includes the rule name) travels in the id, so the receiver
-        // needs the rule only for its arithmetic. Fallback counters never travel.
-        let by_fingerprint: HashMap<u64, &Arc<Rule>> = rules
-            .rules()
-            .iter()
-            .map(|rule| (rule.fingerprint, rule))
-            .collect();
-        for state in request.states {
-            let Some(rule) = by_fingerprint.get(&state.fingerprint) else {
-                continue;
-            };
-            let Some(kind) = AlgorithmKind::parse(&state.algorithm) else {
-                continue;
-            };
-            let Some(key_state) = crate::algorithms::KeyState::from_words(kind, &state.words)
-            else {
-                continue;
-            };
-            items.push((
-                Exported {
+        // Undecodable states (an algorithm or a word layout this node does not know)
+        // are skipped, like states of rules this node does not have.
+        let states: Vec<Exported> = request
+            .states
+            .into_iter()
+            .filter_map(|state| {
+                let kind = AlgorithmKind::parse(&state.algorithm)?;
+                Some(Exported {
                     id: KeyId {
                         placement: state.placement,
                         disc: state.id,
                     },
                     fingerprint: state.fingerprint,
-                    state: key_state,
-                },
-                Arc::clone(rule),
-            ));
-        }
+                    state: KeyState::from_words(kind, &state.words)?,
+                })
+            })
+            .collect();
+        let items = handoff::with_rules(states, &self.rules.load());
         let installed = self
             .router
             .shards()

@@ -62,30 +62,25 @@ impl Default for ShardConfig {
     }
 }
 
-/// One descriptor to decide.
+/// One counter to charge: what a shard needs of a planned check, nothing more (the
+/// client key and route are already folded into `id`).
 #[derive(Debug, Clone)]
-pub struct CheckItem {
-    /// The rule that matched (name, numbers, algorithm).
+pub struct Charge {
+    /// The counter's identity (computed once, when the check was planned).
+    pub id: KeyId,
+    /// The rule whose numbers and algorithm decide it.
     pub rule: Arc<Rule>,
-    /// The client key.
-    pub client: Arc<str>,
-    /// The route as sent (part of the counter's identity).
-    pub route: Arc<str>,
-    /// The tier the caller sent (the owner re-matches rules with it when forwarded).
-    pub tier: Option<Arc<str>>,
     /// Units to consume.
     pub cost: NonZeroU64,
 }
 
-impl CheckItem {
-    /// The store's view of this item: which counter, under which numbers.
+impl Charge {
+    /// The store's view of this charge: which counter, under which numbers.
     pub fn counter(&self) -> Counter<'_> {
         Counter {
-            rule: &self.rule.name,
+            id: self.id,
             fingerprint: self.rule.fingerprint,
             limiter: &self.rule.limiter,
-            client: self.client.as_bytes(),
-            route: &self.route,
             local: self.rule.is_node_local(),
         }
     }
@@ -104,11 +99,11 @@ pub struct Outcome {
     pub fresh: bool,
 }
 
-/// An admitted item to give back.
+/// An admitted charge to give back.
 #[derive(Debug, Clone)]
-pub struct RefundItem {
-    /// The item as it was checked.
-    pub item: CheckItem,
+pub struct Refund {
+    /// The charge as it was made.
+    pub charge: Charge,
     /// [`Outcome::at`] of its admission.
     pub at: Millis,
 }
@@ -126,11 +121,11 @@ pub enum ShardError {
 
 enum Command {
     Check {
-        items: Vec<CheckItem>,
+        items: Vec<Charge>,
         reply: oneshot::Sender<Vec<Outcome>>,
     },
     Refund {
-        items: Vec<RefundItem>,
+        items: Vec<Refund>,
     },
     Len {
         reply: oneshot::Sender<usize>,
@@ -227,15 +222,15 @@ impl Shards {
     /// Decide `items`; answers come back in the same order.
     ///
     /// Items are grouped so each shard gets one message; shards decide concurrently.
-    pub async fn check(&self, items: Vec<CheckItem>) -> Result<Vec<Outcome>, ShardError> {
+    pub async fn check(&self, items: Vec<Charge>) -> Result<Vec<Outcome>, ShardError> {
         if let [item] = items.as_slice() {
             // The common case: one descriptor, one shard, no regrouping.
-            let shard = self.shard_of(item.client.as_bytes());
+            let shard = self.shard_of_placement(item.id.placement);
             return self.ask(shard, items).await;
         }
-        let mut groups: Vec<(Vec<usize>, Vec<CheckItem>)> = vec![Default::default(); self.len()];
+        let mut groups: Vec<(Vec<usize>, Vec<Charge>)> = vec![Default::default(); self.len()];
         for (position, item) in items.into_iter().enumerate() {
-            let group = &mut groups[self.shard_of(item.client.as_bytes())];
+            let group = &mut groups[self.shard_of_placement(item.id.placement)];
             group.0.push(position);
             group.1.push(item);
         }
@@ -262,10 +257,10 @@ impl Shards {
     /// Give back admitted items. Waits until each shard has queued the refund, so a
     /// refund is never silently dropped; it uses the blocking send because a refund
     /// must not be lost to a momentarily full inbox.
-    pub async fn refund(&self, items: Vec<RefundItem>) -> Result<(), ShardError> {
-        let mut groups: Vec<Vec<RefundItem>> = vec![Vec::new(); self.len()];
+    pub async fn refund(&self, items: Vec<Refund>) -> Result<(), ShardError> {
+        let mut groups: Vec<Vec<Refund>> = vec![Vec::new(); self.len()];
         for refund in items {
-            groups[self.shard_of(refund.item.client.as_bytes())].push(refund);
+            groups[self.shard_of_placement(refund.charge.id.placement)].push(refund);
         }
         for (shard, items) in groups.into_iter().enumerate() {
             if !items.is_empty() {
@@ -350,7 +345,7 @@ impl Shards {
         Ok(installed)
     }
 
-    async fn ask(&self, shard: usize, items: Vec<CheckItem>) -> Result<Vec<Outcome>, ShardError> {
+    async fn ask(&self, shard: usize, items: Vec<Charge>) -> Result<Vec<Outcome>, ShardError> {
         let (_, reply) = self.send_check(shard, items)?;
         reply.await.map_err(|_| ShardError::Stopped(shard))
     }
@@ -358,7 +353,7 @@ impl Shards {
     fn send_check(
         &self,
         shard: usize,
-        items: Vec<CheckItem>,
+        items: Vec<Charge>,
     ) -> Result<(usize, oneshot::Receiver<Vec<Outcome>>), ShardError> {
         let (reply, rx) = oneshot::channel();
         self.inboxes[shard]
@@ -471,7 +466,7 @@ impl Actor {
             Command::Refund { items } => {
                 for refund in items {
                     self.store
-                        .refund(refund.item.counter(), refund.at, refund.item.cost);
+                        .refund(refund.charge.counter(), refund.at, refund.charge.cost);
                 }
             }
             Command::Len { reply } => {

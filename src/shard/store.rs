@@ -119,17 +119,28 @@ pub struct KeyId {
 }
 
 impl KeyId {
-    /// The identity of (rule, client, route).
+    /// The identity of (rule, client, route). Computed once per planned check; the
+    /// encoding goes through a stack buffer, so the usual sizes allocate nothing.
     pub fn of(rule: &str, client: &[u8], route: &str) -> Self {
-        Self::with_scratch(&mut Vec::new(), rule, client, route)
-    }
-
-    /// [`KeyId::of`], encoding into `scratch` so the hot path does not allocate.
-    pub fn with_scratch(scratch: &mut Vec<u8>, rule: &str, client: &[u8], route: &str) -> Self {
-        StateKey::encode_into(scratch, rule, client, route);
+        const STACK: usize = 1024;
+        let encoded = 12 + rule.len() + client.len() + route.len();
+        let disc = if encoded <= STACK {
+            let mut buf = [0u8; STACK];
+            let mut at = 0;
+            for part in [rule.as_bytes(), client, route.as_bytes()] {
+                buf[at..at + 4].copy_from_slice(&(part.len() as u32).to_le_bytes());
+                buf[at + 4..at + 4 + part.len()].copy_from_slice(part);
+                at += 4 + part.len();
+            }
+            xxhash_rust::xxh3::xxh3_64_with_seed(&buf[..at], DISC_SEED)
+        } else {
+            let mut buf = Vec::with_capacity(encoded);
+            StateKey::encode_into(&mut buf, rule, client, route);
+            xxhash_rust::xxh3::xxh3_64_with_seed(&buf, DISC_SEED)
+        };
         Self {
             placement: Ring::key_hash(client),
-            disc: xxhash_rust::xxh3::xxh3_64_with_seed(scratch, DISC_SEED),
+            disc,
         }
     }
 }
@@ -137,16 +148,12 @@ impl KeyId {
 /// Which counter an operation is about, and the rule numbers it runs under.
 #[derive(Debug, Clone, Copy)]
 pub struct Counter<'a> {
-    /// Rule name (part of the counter's identity).
-    pub rule: &'a str,
+    /// The counter's identity (rule, client key, route), computed when it was planned.
+    pub id: KeyId,
     /// Fingerprint of the rule's numbers: state built under other numbers is discarded.
     pub fingerprint: u64,
     /// The rule's algorithm.
     pub limiter: &'a Limiter,
-    /// Client key.
-    pub client: &'a [u8],
-    /// Route as sent.
-    pub route: &'a str,
     /// The counter belongs to this node alone (a fail-open fallback): never handed over.
     pub local: bool,
 }
@@ -279,7 +286,6 @@ pub struct Store {
     cap: usize,
     cursor: usize,
     rng: u64,
-    scratch: Vec<u8>,
 }
 
 impl Store {
@@ -299,7 +305,6 @@ impl Store {
             cap,
             cursor: 0,
             rng: seed | 1,
-            scratch: Vec::with_capacity(128),
         }
     }
 
@@ -330,14 +335,11 @@ impl Store {
         cost: NonZeroU64,
     ) -> (Decision, Churn, bool) {
         let Counter {
-            rule,
+            id,
             fingerprint,
             limiter,
-            client,
-            route,
             local,
         } = counter;
-        let id = KeyId::with_scratch(&mut self.scratch, rule, client, route);
         let fp = self.intern(fingerprint);
         let hash = self.hasher.hash_one(id);
         if let Some(i) = self.find(hash, id) {
@@ -384,14 +386,11 @@ impl Store {
     /// A key that is gone (expired, evicted, rule changed) has nothing left to refund.
     pub fn refund(&mut self, counter: Counter<'_>, at: Millis, cost: NonZeroU64) {
         let Counter {
-            rule,
+            id,
             fingerprint,
             limiter,
-            client,
-            route,
             local: _,
         } = counter;
-        let id = KeyId::with_scratch(&mut self.scratch, rule, client, route);
         let fp = self.intern(fingerprint);
         let Some(i) = self.find(self.hasher.hash_one(id), id) else {
             return;
@@ -745,11 +744,9 @@ mod tests {
         route: &'a str,
     ) -> Counter<'a> {
         Counter {
-            rule,
+            id: KeyId::of(rule, client, route),
             fingerprint,
             limiter,
-            client,
-            route,
             local: false,
         }
     }

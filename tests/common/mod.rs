@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ringlimit::clock::{Clock, ManualClock, SystemClock};
-use ringlimit::config::node::NodeConfig;
+use ringlimit::node::NodeConfig;
 use ringlimit::node::{self, RunningNode};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, Descriptor};

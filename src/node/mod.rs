@@ -18,19 +18,22 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::server::TcpIncoming;
 
+pub mod config;
+
+use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
-use crate::config::node::NodeConfig;
+use crate::cluster::deny_cache::DenyCache;
+use crate::cluster::forward::PeerPool;
+use crate::cluster::handoff::Handoff;
+use crate::cluster::{Decider, Inherited, Router};
 use crate::config::rules::{RuleSet, RulesError};
-use crate::deny_cache::DenyCache;
+use crate::config::SharedRules;
 use crate::membership::{ClusterView, Membership};
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
-use crate::server::forward::PeerPool;
-use crate::server::handoff::Handoff;
-use crate::server::peer::PeerService;
-use crate::server::router::{Inherited, Router};
-use crate::server::{Decider, RateLimitService, SharedRules};
+use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
+pub use config::NodeConfig;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +98,12 @@ impl RunningNode {
     /// The public `ringlimit.v1` service over this node's router, for calling it
     /// in-process (the allocation benchmark) without a gRPC client.
     pub fn public_service(&self) -> RateLimitService {
-        RateLimitService::new(self.router.clone(), self.rules.clone())
+        RateLimitService::new(self.checker())
+    }
+
+    /// The wire-independent check layer over this node's router and rules.
+    pub fn checker(&self) -> Checker {
+        Checker::new(self.router.clone(), self.rules.clone())
     }
 
     /// The current cluster view as this node sees it.
@@ -284,7 +292,9 @@ pub async fn start_with_clock(
         tracker.spawn(serve_metrics(listener, cancel.clone()));
     }
 
-    let service = RateLimitService::new(router.clone(), rules.clone());
+    // The public face (what gateways call) and the cluster face (what peers call) are
+    // served on one listener today; each is its own service over its own layer.
+    let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
     let peer_service = PeerService::new(router.clone(), rules.clone());
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -298,7 +308,7 @@ pub async fn start_with_clock(
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(RateLimiterServer::new(service))
+        .add_service(RateLimiterServer::new(public))
         .add_service(PeerServer::new(peer_service))
         .serve_with_incoming_shutdown(
             // tonic applies TCP_NODELAY only to listeners it builds itself; without it

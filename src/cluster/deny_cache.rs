@@ -16,7 +16,8 @@
 use dashmap::DashMap;
 
 use crate::algorithms::{Decision, Millis};
-use crate::server::Decider;
+use crate::cluster::Decider;
+use crate::shard::KeyId;
 
 /// A cached denial and the owner's answer it repeats.
 #[derive(Debug, Clone)]
@@ -48,10 +49,11 @@ impl Denial {
     }
 }
 
-/// Node-wide cache of denials, keyed by counter identity (rule, client, route bytes).
+/// Node-wide cache of denials, keyed by counter identity (the [`KeyId`] of rule,
+/// client and route, computed once when the check was planned).
 #[derive(Debug)]
 pub struct DenyCache {
-    map: DashMap<Box<[u8]>, Denial>,
+    map: DashMap<KeyId, Denial>,
     cap: usize,
 }
 
@@ -67,7 +69,7 @@ impl DenyCache {
     /// The cached answer for `key` at `now`, if any.
     pub fn get(
         &self,
-        key: &[u8],
+        key: &KeyId,
         now: Millis,
         cost: u64,
         fingerprint: u64,
@@ -88,17 +90,17 @@ impl DenyCache {
     }
 
     /// Remember a denial. Only denials with a finite wait are cached.
-    pub fn insert(&self, key: &[u8], denial: Denial, now: Millis) {
+    pub fn insert(&self, key: KeyId, denial: Denial, now: Millis) {
         if denial.decision.allowed || denial.until <= now || denial.until == u64::MAX {
             return;
         }
-        if self.map.len() >= self.cap && !self.map.contains_key(key) {
+        if self.map.len() >= self.cap && !self.map.contains_key(&key) {
             self.map.retain(|_, d| d.until > now);
             if self.map.len() >= self.cap {
                 return;
             }
         }
-        self.map.insert(key.into(), denial);
+        self.map.insert(key, denial);
     }
 
     /// Number of cached denials.
@@ -117,6 +119,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    fn k(name: &[u8]) -> KeyId {
+        KeyId::of("r", name, "/x")
+    }
 
     fn denial(until: Millis, cost: u64) -> Denial {
         Denial {
@@ -142,13 +148,13 @@ mod tests {
     #[test]
     fn a_cached_denial_answers_until_its_time_with_the_remaining_wait() {
         let cache = DenyCache::new(10);
-        cache.insert(b"k", denial(10_000, 1), 5_000);
-        let (d, decider) = cache.get(b"k", 6_000, 1, 7).unwrap();
+        cache.insert(k(b"k"), denial(10_000, 1), 5_000);
+        let (d, decider) = cache.get(&k(b"k"), 6_000, 1, 7).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.retry_after_ms, 4_000);
         assert_eq!(&*decider.node_id, "owner");
         assert!(
-            cache.get(b"k", 10_000, 1, 7).is_none(),
+            cache.get(&k(b"k"), 10_000, 1, 7).is_none(),
             "at T the owner is asked again"
         );
         assert!(cache.is_empty(), "an expired entry is dropped on lookup");
@@ -157,17 +163,17 @@ mod tests {
     #[test]
     fn a_denial_covers_larger_costs_but_not_smaller_ones() {
         let cache = DenyCache::new(10);
-        cache.insert(b"k", denial(10_000, 5), 0);
-        assert!(cache.get(b"k", 1, 5, 7).is_some());
-        assert!(cache.get(b"k", 1, 9, 7).is_some());
-        assert!(cache.get(b"k", 1, 4, 7).is_none());
+        cache.insert(k(b"k"), denial(10_000, 5), 0);
+        assert!(cache.get(&k(b"k"), 1, 5, 7).is_some());
+        assert!(cache.get(&k(b"k"), 1, 9, 7).is_some());
+        assert!(cache.get(&k(b"k"), 1, 4, 7).is_none());
     }
 
     #[test]
     fn a_changed_rule_is_not_answered_from_the_cache() {
         let cache = DenyCache::new(10);
-        cache.insert(b"k", denial(10_000, 1), 0);
-        assert!(cache.get(b"k", 1, 1, 8).is_none());
+        cache.insert(k(b"k"), denial(10_000, 1), 0);
+        assert!(cache.get(&k(b"k"), 1, 1, 8).is_none());
     }
 
     #[test]
@@ -175,7 +181,7 @@ mod tests {
         let cache = DenyCache::new(10);
         let mut d = denial(10_000, 1);
         d.decision.allowed = true;
-        cache.insert(b"k", d, 0);
+        cache.insert(k(b"k"), d, 0);
         assert!(cache.is_empty());
     }
 
@@ -183,11 +189,11 @@ mod tests {
     fn the_cache_stays_within_its_cap() {
         let cache = DenyCache::new(3);
         for i in 0..10u8 {
-            cache.insert(&[i], denial(10_000, 1), 0);
+            cache.insert(k(&[i]), denial(10_000, 1), 0);
         }
         assert_eq!(cache.len(), 3);
         // Expired entries make room.
-        cache.insert(b"new", denial(30_000, 1), 20_000);
-        assert!(cache.get(b"new", 20_001, 1, 7).is_some());
+        cache.insert(k(b"new"), denial(30_000, 1), 20_000);
+        assert!(cache.get(&k(b"new"), 20_001, 1, 7).is_some());
     }
 }

@@ -1,5 +1,9 @@
-//! Forwarding checks to their owner: one persistent HTTP/2 channel per peer, with the
-//! checks bound for one peer coalesced into batches.
+//! The peer client adapter: forwarding checks to their owner over one persistent
+//! HTTP/2 channel per peer, with the checks bound for one peer coalesced into batches;
+//! refunds and handed-over state go the same way.
+//!
+//! This file and `server::peer` are the only places that see the peer API's prost
+//! types: the router hands over [`CheckItem`]s and gets [`Remote`] answers back.
 //!
 //! Each peer has a batcher task fed by a bounded channel. It takes whatever checks are
 //! queued (up to `max_batch`), optionally waits `flush_delay` for more, and sends them
@@ -23,13 +27,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::cluster::{CheckItem, Decider, Remote};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
-    ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState, RefundItem,
-    RefundRequest,
+    ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState,
+    RefundItem as WireRefund, RefundRequest,
 };
-use crate::server::Decider;
+use crate::shard::Exported;
 
 /// Forwarding settings.
 #[derive(Debug, Clone)]
@@ -79,20 +85,11 @@ pub enum ForwardError {
     Overloaded(String),
 }
 
-/// An owner's answer to one forwarded check.
-#[derive(Debug, Clone)]
-pub struct Forwarded {
-    /// The owner's decision.
-    pub outcome: ForwardOutcome,
-    /// The owner.
-    pub decider: Decider,
-}
-
 struct Pending {
     item: ForwardItem,
     /// When the caller stops waiting for this check.
     deadline: tokio::time::Instant,
-    reply: oneshot::Sender<Result<Forwarded, ForwardError>>,
+    reply: oneshot::Sender<Result<Remote, ForwardError>>,
 }
 
 struct Link {
@@ -154,12 +151,15 @@ impl PeerPool {
 
     /// Forward one check to `owner` and wait for its answer (batched with other checks
     /// for the same owner).
-    pub async fn forward(
-        &self,
-        owner: &Member,
-        item: ForwardItem,
-    ) -> Result<Forwarded, ForwardError> {
+    pub async fn forward(&self, owner: &Member, item: &CheckItem) -> Result<Remote, ForwardError> {
         let link = self.link(owner);
+        let item = ForwardItem {
+            key: item.client.to_string(),
+            route: item.route.to_string(),
+            tier: item.tier.as_deref().map(str::to_string),
+            cost: item.cost.get(),
+            hops: 1,
+        };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;
         link.queue
@@ -189,8 +189,23 @@ impl PeerPool {
     /// Give back admitted checks on `owner`. Best effort within the deadline: a refund
     /// that cannot be delivered leaves the owner's count higher than necessary, which
     /// can only cause a spurious deny, never an over-admission.
-    pub async fn refund(&self, owner: &Member, items: Vec<RefundItem>) -> Result<(), ForwardError> {
+    /// Each item quotes the owner's clock at its admission.
+    pub async fn refund(
+        &self,
+        owner: &Member,
+        items: &[(CheckItem, Millis)],
+    ) -> Result<(), ForwardError> {
         let mut client = self.link(owner).client.clone();
+        let items = items
+            .iter()
+            .map(|(item, at)| WireRefund {
+                key: item.client.to_string(),
+                route: item.route.to_string(),
+                tier: item.tier.as_deref().map(str::to_string),
+                cost: item.cost.get(),
+                at: *at,
+            })
+            .collect();
         match tokio::time::timeout(self.config.timeout, client.refund(RefundRequest { items }))
             .await
         {
@@ -204,15 +219,20 @@ impl PeerPool {
     }
 
     /// Push handed-over state to `owner`; returns how many keys it installed.
-    pub async fn install(
-        &self,
-        owner: &Member,
-        states: Vec<WireState>,
-    ) -> Result<u64, ForwardError> {
+    pub async fn install(&self, owner: &Member, states: &[Exported]) -> Result<u64, ForwardError> {
         let mut client = self.link(owner).client.clone();
         let request = InstallRequest {
             from_node: self.me.to_string(),
-            states,
+            states: states
+                .iter()
+                .map(|item| WireState {
+                    placement: item.id.placement,
+                    id: item.id.disc,
+                    fingerprint: item.fingerprint,
+                    algorithm: item.state.kind().as_str().to_string(),
+                    words: item.state.to_words(),
+                })
+                .collect(),
         };
         // Handoff is not on a caller's path: give it more time than a check.
         let deadline = self.config.timeout.max(Duration::from_secs(5));
@@ -364,10 +384,7 @@ async fn send(
                 generation: response.generation,
             };
             for (outcome, reply) in response.outcomes.into_iter().zip(replies) {
-                let _ = reply.send(Ok(Forwarded {
-                    outcome,
-                    decider: decider.clone(),
-                }));
+                let _ = reply.send(Ok(remote(outcome, &decider)));
             }
         }
         Ok(response) => {
@@ -388,5 +405,25 @@ async fn send(
                 let _ = reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+/// Decode one owner's answer.
+fn remote(o: ForwardOutcome, decider: &Decider) -> Remote {
+    Remote {
+        decision: Decision {
+            allowed: o.allowed,
+            limit: o.limit,
+            remaining: o.remaining,
+            retry_after_ms: o.retry_after_ms,
+            reset_at_ms: o.reset_at,
+            window_id: o.window_id,
+            delay_ms: o.delay_ms,
+        },
+        sequence: o.sequence,
+        at: o.at,
+        decider: decider.clone(),
+        rule: Arc::from(o.rule.as_str()),
+        algorithm: AlgorithmKind::parse(&o.algorithm),
     }
 }

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cluster::forward::ForwardConfig;
 use crate::membership::MembershipConfig;
-use crate::server::forward::ForwardConfig;
 use crate::shard::ShardConfig;
 
 /// Default gRPC address of `ringlimit serve`.

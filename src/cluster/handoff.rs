@@ -23,11 +23,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::cluster::forward::PeerPool;
+use crate::cluster::Inherited;
+use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;
-use crate::proto::peer::KeyState as WireState;
 use crate::ring::diff;
-use crate::server::forward::PeerPool;
-use crate::server::router::Inherited;
 use crate::shard::{Exported, NewOwner, Shards};
 
 /// States per `Install` call.
@@ -218,15 +218,9 @@ impl Handoff {
 
     /// Push states to their destinations, in chunks, counting what is lost.
     async fn push(&self, view: &ClusterView, items: Vec<(Arc<str>, Exported)>, what: &str) -> u64 {
-        let mut by_owner: HashMap<Arc<str>, Vec<WireState>> = HashMap::new();
+        let mut by_owner: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
         for (to, item) in items {
-            by_owner.entry(to).or_default().push(WireState {
-                placement: item.id.placement,
-                id: item.id.disc,
-                fingerprint: item.fingerprint,
-                algorithm: item.state.kind().as_str().to_string(),
-                words: item.state.to_words(),
-            });
+            by_owner.entry(to).or_default().push(item);
         }
         let mut installed = 0;
         for (owner_id, states) in by_owner {
@@ -238,7 +232,7 @@ impl Handoff {
             let total = states.len();
             let mut delivered = 0;
             for chunk in states.chunks(PUSH_CHUNK) {
-                match self.peers.install(&owner, chunk.to_vec()).await {
+                match self.peers.install(&owner, chunk).await {
                     Ok(n) => {
                         installed += n;
                         delivered += chunk.len();
@@ -253,5 +247,47 @@ impl Handoff {
             tracing::info!(to = %owner_id, keys = total, delivered, "{what}");
         }
         installed
+    }
+}
+
+/// Pair handed-over states with the local rule each belongs to, dropping the ones no
+/// local rule has the numbers of (the rule sets differ for a moment).
+///
+/// Any local rule with the same numbers decides identically: the counter's identity
+/// (which includes the rule name) travels in the id, so the receiver needs the rule only
+/// for its arithmetic. Fallback counters never travel.
+pub fn with_rules(states: Vec<Exported>, rules: &RuleSet) -> Vec<(Exported, Arc<Rule>)> {
+    let by_fingerprint: HashMap<u64, &Arc<Rule>> = rules
+        .rules()
+        .iter()
+        .map(|rule| (rule.fingerprint, rule))
+        .collect();
+    states
+        .into_iter()
+        .filter_map(|state| {
+            let rule = by_fingerprint.get(&state.fingerprint)?;
+            Some((state, Arc::clone(rule)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::policy::testkit;
+    use crate::shard::KeyId;
+
+    #[test]
+    fn handed_over_states_find_their_rule_by_fingerprint_or_are_dropped() {
+        let rules = testkit::rules();
+        let default = rules.default_rule().clone();
+        let state = |fingerprint| Exported {
+            id: KeyId::of("default", b"k", "/x"),
+            fingerprint,
+            state: default.limiter.new_state(),
+        };
+        let paired = with_rules(vec![state(default.fingerprint), state(12345)], &rules);
+        assert_eq!(paired.len(), 1);
+        assert_eq!(paired[0].1.name, default.name);
     }
 }

@@ -1,0 +1,139 @@
+//! The check, independent of any wire: input → validate and plan → decide → verdict.
+//!
+//! Every front end (`ringlimit.v1` today; Envoy's RLS and Gubernator's API next) is one
+//! mapping file in `server` that turns its messages into a [`CheckInput`], calls the
+//! [`Checker`], and turns the [`Verdict`] back into its messages. Validation, rule
+//! matching, the refund of sibling descriptors and the combination of descriptor answers
+//! into one verdict live here, once, so a new front end cannot get them subtly wrong.
+//!
+//! - [`plan`]: validation with field paths named by the front end ([`FieldNames`]),
+//!   rule matching, and each counter's identity, computed once.
+//! - [`verdict`]: the pure combination of descriptor answers into the overall verdict.
+//! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
+//!   is invalid) and has the cluster decide it.
+//!
+//! The input is plain borrowed data: a rule given inline by the caller (Gubernator) or
+//! a "do not charge" flag (Envoy's `hits_addend = 0`) are further fields of
+//! [`DescriptorInput`] when those front ends arrive; the planned item already carries
+//! its rule, so an inline rule needs no new path below planning.
+
+pub mod plan;
+pub mod verdict;
+
+use std::sync::Arc;
+
+use crate::cluster::Router;
+use crate::config::SharedRules;
+use crate::shard::ShardError;
+pub use plan::{At, FieldNames, Leaf};
+pub use verdict::{DescriptorVerdict, Verdict};
+
+/// One descriptor to check, as a front end hands it over: wire-independent and
+/// borrowed from the request, so mapping a request onto it copies nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorInput<'a> {
+    /// Who is limited: customer id, API key, IP (1..=256 bytes).
+    pub key: &'a str,
+    /// `METHOD /path` or `/path`.
+    pub route: &'a str,
+    /// Optional tier name (1..=64 bytes when set).
+    pub tier: Option<&'a str>,
+    /// Units to charge; `None` is 1. Zero and negatives are refused: zero would admit
+    /// for ever and a negative would refund.
+    pub cost: Option<i64>,
+}
+
+/// One check: allowed only if every descriptor allows it, and when one denies, the
+/// descriptors that allowed are refunded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckInput<'a> {
+    /// 1..=[`plan::MAX_DESCRIPTORS`] descriptors, in the order the front end reports them.
+    pub descriptors: Vec<DescriptorInput<'a>>,
+}
+
+/// Why a check could not be decided.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CheckError {
+    /// The request is malformed; nothing was charged. `field` is a path into the
+    /// request as the front end names it (e.g. `descriptors[1].cost`, `checks[3].key`).
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// Where in the request the problem is.
+        field: String,
+        /// What is wrong, in words a caller can act on.
+        reason: String,
+    },
+    /// The deciding shard could not answer.
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+}
+
+impl CheckError {
+    /// Shorthand for an invalid-argument error.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Decides checks for every front end: the seam under all of them.
+#[derive(Debug, Clone)]
+pub struct Checker {
+    router: Arc<Router>,
+    rules: SharedRules,
+}
+
+impl Checker {
+    /// A checker matching against `rules` and deciding through `router`.
+    pub fn new(router: Arc<Router>, rules: SharedRules) -> Self {
+        Self { router, rules }
+    }
+
+    /// Decide one check.
+    pub async fn check(
+        &self,
+        input: &CheckInput<'_>,
+        names: &dyn FieldNames,
+    ) -> Result<Verdict, CheckError> {
+        let rules = self.rules.load();
+        let planned = plan::plan_check(input, &rules, None, names)?;
+        let mut verdicts = self.decide(vec![planned]).await?;
+        Ok(verdicts.pop().expect("one verdict per check"))
+    }
+
+    /// Decide a batch of independent checks, each exactly as [`Checker::check`] would.
+    /// If any check is invalid the whole batch is refused and nothing is charged.
+    pub async fn check_batch(
+        &self,
+        inputs: &[CheckInput<'_>],
+        names: &dyn FieldNames,
+    ) -> Result<Vec<Verdict>, CheckError> {
+        if inputs.len() > plan::MAX_BATCH {
+            return Err(CheckError::invalid(
+                names.checks(),
+                format!(
+                    "{} checks in one batch; at most {} are allowed",
+                    inputs.len(),
+                    plan::MAX_BATCH
+                ),
+            ));
+        }
+        let rules = self.rules.load();
+        let planned = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| plan::plan_check(input, &rules, Some(i), names))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.decide(planned).await
+    }
+
+    async fn decide(
+        &self,
+        planned: Vec<Vec<crate::cluster::CheckItem>>,
+    ) -> Result<Vec<Verdict>, CheckError> {
+        let decided = self.router.decide(planned).await?;
+        Ok(decided.into_iter().map(Verdict::combine).collect())
+    }
+}

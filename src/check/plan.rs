@@ -1,0 +1,355 @@
+//! Validation and planning: a check's input becomes descriptors ready for a shard, each
+//! with its matched rule and its counter identity, or a clear error naming the field.
+//!
+//! Pure: no I/O and no wire types, so every bad-input rule is unit-tested here once for
+//! every front end. The front end says how its fields are named ([`FieldNames`]); the
+//! path string is only built for an error, so a valid request pays nothing for it.
+//!
+//! Nothing is charged for a request that fails validation: planning finishes for the
+//! whole request (or the whole batch) before any shard is asked.
+
+use std::num::NonZeroU64;
+
+use crate::check::{CheckError, CheckInput, DescriptorInput};
+use crate::cluster::CheckItem;
+use crate::config::route::Route;
+use crate::config::rules::RuleSet;
+
+/// Longest client key accepted, in bytes. Keys are part of every counter's identity; a
+/// bound keeps one caller from spending the node's memory or hashing time on key bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Longest tier name accepted, in bytes.
+pub const MAX_TIER_BYTES: usize = 64;
+/// Descriptors per check, the request's own (key, route) included.
+pub const MAX_DESCRIPTORS: usize = 8;
+/// Checks per batch call.
+pub const MAX_BATCH: usize = 1000;
+/// Largest cost accepted at all (a rule may admit less: see `Limiter::max_cost`).
+pub const MAX_COST: i64 = 1_000_000_000;
+
+/// A field of one descriptor that validation can refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaf {
+    /// The client key.
+    Key,
+    /// The route.
+    Route,
+    /// The tier.
+    Tier,
+    /// The cost.
+    Cost,
+}
+
+impl Leaf {
+    /// The field's name in `ringlimit.v1` and in the peer API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Leaf::Key => "key",
+            Leaf::Route => "route",
+            Leaf::Tier => "tier",
+            Leaf::Cost => "cost",
+        }
+    }
+}
+
+/// Where in a request a value sits: which check of a batch (`None` for a single
+/// check) and which of its descriptors (0 is the first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    /// Index of the check in a batch; `None` outside a batch.
+    pub check: Option<usize>,
+    /// Index of the descriptor within the check.
+    pub descriptor: usize,
+}
+
+/// How a front end names its fields in error messages, so a caller reads a path into
+/// the message it actually sent (`checks[3].descriptors[1].cost`), whatever the wire.
+pub trait FieldNames: Sync {
+    /// The path of `leaf` of the descriptor at `at`.
+    fn field(&self, at: At, leaf: Leaf) -> String;
+
+    /// The path of a check's descriptor list.
+    fn descriptors(&self, check: Option<usize>) -> String;
+
+    /// The path of a batch's check list.
+    fn checks(&self) -> String {
+        "checks".into()
+    }
+
+    /// Why `given` descriptors in one check are too many (`max` allowed), in the
+    /// front end's own way of counting them.
+    fn too_many_descriptors(&self, given: usize, max: usize) -> String {
+        format!("{given} descriptors in one check; at most {max} are allowed")
+    }
+}
+
+/// Validate one check and match every descriptor to its rule.
+pub fn plan_check(
+    input: &CheckInput<'_>,
+    rules: &RuleSet,
+    check: Option<usize>,
+    names: &dyn FieldNames,
+) -> Result<Vec<CheckItem>, CheckError> {
+    if input.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(CheckError::invalid(
+            names.descriptors(check),
+            names.too_many_descriptors(input.descriptors.len(), MAX_DESCRIPTORS),
+        ));
+    }
+    if input.descriptors.is_empty() {
+        return Err(CheckError::invalid(
+            names.descriptors(check),
+            "a check needs at least one descriptor",
+        ));
+    }
+    input
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(descriptor, d)| {
+            let at = At { check, descriptor };
+            plan_descriptor(d, rules, |leaf| names.field(at, leaf))
+        })
+        .collect()
+}
+
+/// Validate and plan one descriptor forwarded by a peer. The sending node validated it
+/// already, with the same rules; the owner re-matches it against its own rule set,
+/// which is the same file everywhere except for a moment during a reload.
+///
+/// One difference from a client's check: a cost the owner's rule can never admit is
+/// decided (denied) rather than refused, since the sender's rule admitted it and
+/// refusing would fail every other check of the forwarded batch.
+pub fn plan_forwarded(
+    input: &DescriptorInput<'_>,
+    rules: &RuleSet,
+    name: impl Fn(Leaf) -> String,
+) -> Result<CheckItem, CheckError> {
+    let route = parse_route(input.route, &name)?;
+    let tier = parse_tier(input.tier, &name)?;
+    let cost = parse_cost(input.cost, &name)?;
+    parse_key(input.key, &name)?;
+    let rule = rules.matching(input.key, tier, Some(&route));
+    Ok(CheckItem::new(
+        rule.clone(),
+        input.key,
+        input.route,
+        tier,
+        cost,
+    ))
+}
+
+fn plan_descriptor(
+    input: &DescriptorInput<'_>,
+    rules: &RuleSet,
+    name: impl Fn(Leaf) -> String,
+) -> Result<CheckItem, CheckError> {
+    let route = parse_route(input.route, &name)?;
+    let tier = parse_tier(input.tier, &name)?;
+    let cost = parse_cost(input.cost, &name)?;
+    parse_key(input.key, &name)?;
+    let rule = rules.matching(input.key, tier, Some(&route));
+    let max_cost = rule.limiter.max_cost();
+    if cost.get() > max_cost {
+        return Err(CheckError::invalid(
+            name(Leaf::Cost),
+            format!(
+                "cost {cost} can never be admitted: rule \"{}\" admits at most {max_cost} at once",
+                rule.name
+            ),
+        ));
+    }
+    Ok(CheckItem::new(
+        rule.clone(),
+        input.key,
+        input.route,
+        tier,
+        cost,
+    ))
+}
+
+fn parse_key(key: &str, name: impl Fn(Leaf) -> String) -> Result<(), CheckError> {
+    if key.is_empty() {
+        return Err(CheckError::invalid(name(Leaf::Key), "must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(CheckError::invalid(
+            name(Leaf::Key),
+            format!("{} bytes is over the limit of {MAX_KEY_BYTES}", key.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_route<'a>(text: &'a str, name: impl Fn(Leaf) -> String) -> Result<Route<'a>, CheckError> {
+    Route::parse(text).map_err(|e| CheckError::invalid(name(Leaf::Route), e.to_string()))
+}
+
+fn parse_tier(
+    tier: Option<&str>,
+    name: impl Fn(Leaf) -> String,
+) -> Result<Option<&str>, CheckError> {
+    match tier {
+        None => Ok(None),
+        Some("") => Err(CheckError::invalid(
+            name(Leaf::Tier),
+            "must not be empty when set",
+        )),
+        Some(t) if t.len() > MAX_TIER_BYTES => Err(CheckError::invalid(
+            name(Leaf::Tier),
+            format!("{} bytes is over the limit of {MAX_TIER_BYTES}", t.len()),
+        )),
+        Some(t) => Ok(Some(t)),
+    }
+}
+
+fn parse_cost(cost: Option<i64>, name: impl Fn(Leaf) -> String) -> Result<NonZeroU64, CheckError> {
+    match cost {
+        None => Ok(NonZeroU64::MIN),
+        Some(c) if c < 1 => Err(CheckError::invalid(
+            name(Leaf::Cost),
+            format!("must be a positive integer (got {c}); a cost of 0 would admit for ever and a negative one would refund"),
+        )),
+        Some(c) if c > MAX_COST => Err(CheckError::invalid(
+            name(Leaf::Cost),
+            format!("{c} is over the limit of {MAX_COST}"),
+        )),
+        Some(c) => Ok(NonZeroU64::new(c as u64).expect("checked positive")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{CheckInput, DescriptorInput};
+    use crate::shard::KeyId;
+
+    /// Names as a plain list front end would: `[i].leaf`.
+    struct Plain;
+
+    impl FieldNames for Plain {
+        fn field(&self, at: At, leaf: Leaf) -> String {
+            let prefix = at.check.map_or(String::new(), |i| format!("checks[{i}]."));
+            format!("{prefix}[{}].{}", at.descriptor, leaf.as_str())
+        }
+        fn descriptors(&self, check: Option<usize>) -> String {
+            check.map_or("descriptors".into(), |i| format!("checks[{i}].descriptors"))
+        }
+    }
+
+    fn one<'a>(key: &'a str, route: &'a str) -> CheckInput<'a> {
+        CheckInput {
+            descriptors: vec![DescriptorInput {
+                key,
+                route,
+                tier: None,
+                cost: None,
+            }],
+        }
+    }
+
+    fn invalid_field(result: Result<Vec<CheckItem>, CheckError>) -> String {
+        match result {
+            Err(CheckError::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    fn plan(input: &CheckInput<'_>) -> Result<Vec<CheckItem>, CheckError> {
+        plan_check(input, &RuleSet::builtin(), None, &Plain)
+    }
+
+    #[test]
+    fn a_plain_check_plans_one_item_with_cost_one_on_the_default_rule() {
+        let planned = plan(&one("cust_42", "POST /v1/charges")).unwrap();
+        assert_eq!(planned.len(), 1);
+        assert_eq!(planned[0].cost.get(), 1);
+        assert_eq!(&*planned[0].rule.name, "default");
+        assert_eq!(&*planned[0].client, "cust_42");
+    }
+
+    #[test]
+    fn the_identity_is_computed_once_at_planning_from_rule_client_and_route() {
+        let planned = plan(&one("cust_42", "POST /v1/charges")).unwrap();
+        assert_eq!(
+            planned[0].id,
+            KeyId::of("default", b"cust_42", "POST /v1/charges")
+        );
+        assert_eq!(
+            planned[0].id.placement,
+            crate::ring::Ring::key_hash(b"cust_42"),
+            "the placement is the ring hash of the client key"
+        );
+    }
+
+    #[test]
+    fn an_empty_or_oversized_key_is_refused_naming_the_field() {
+        assert_eq!(invalid_field(plan(&one("", "/x"))), "[0].key");
+        let key = "k".repeat(MAX_KEY_BYTES + 1);
+        assert_eq!(invalid_field(plan(&one(&key, "/x"))), "[0].key");
+        let key = "k".repeat(MAX_KEY_BYTES);
+        assert!(plan(&one(&key, "/x")).is_ok());
+    }
+
+    #[test]
+    fn zero_negative_and_absurd_costs_are_refused() {
+        for cost in [0, -1, i64::MIN, MAX_COST + 1] {
+            let mut input = one("a", "/x");
+            input.descriptors[0].cost = Some(cost);
+            assert_eq!(invalid_field(plan(&input)), "[0].cost", "cost {cost}");
+        }
+    }
+
+    #[test]
+    fn a_cost_the_rule_can_never_admit_is_refused_but_decided_when_forwarded() {
+        let mut input = one("a", "/x");
+        input.descriptors[0].cost = Some(101);
+        let err = plan(&input).unwrap_err().to_string();
+        assert!(err.contains("can never be admitted"), "{err}");
+        let forwarded = plan_forwarded(&input.descriptors[0], &RuleSet::builtin(), |leaf| {
+            leaf.as_str().to_string()
+        });
+        assert!(forwarded.is_ok(), "the owner denies it instead");
+        input.descriptors[0].cost = Some(100);
+        assert!(plan(&input).is_ok());
+    }
+
+    #[test]
+    fn bad_route_syntax_and_bad_tiers_are_refused() {
+        for route in ["", "charges", "get /x", "POST  /x"] {
+            assert_eq!(
+                invalid_field(plan(&one("a", route))),
+                "[0].route",
+                "{route:?}"
+            );
+        }
+        let long = "t".repeat(MAX_TIER_BYTES + 1);
+        for tier in ["", long.as_str()] {
+            let mut input = one("a", "/x");
+            input.descriptors[0].tier = Some(tier);
+            assert_eq!(invalid_field(plan(&input)), "[0].tier");
+        }
+    }
+
+    #[test]
+    fn descriptor_counts_outside_one_to_max_are_refused() {
+        let mut input = one("a", "/x");
+        input.descriptors = vec![input.descriptors[0]; MAX_DESCRIPTORS + 1];
+        assert_eq!(invalid_field(plan(&input)), "descriptors");
+        input.descriptors.pop();
+        assert_eq!(plan(&input).unwrap().len(), MAX_DESCRIPTORS);
+        input.descriptors.clear();
+        assert_eq!(invalid_field(plan(&input)), "descriptors");
+    }
+
+    #[test]
+    fn a_later_descriptor_names_its_own_field_and_batch_index() {
+        let mut input = one("a", "/x");
+        input.descriptors.push(DescriptorInput {
+            key: "",
+            ..input.descriptors[0]
+        });
+        let err = plan_check(&input, &RuleSet::builtin(), Some(3), &Plain);
+        assert_eq!(invalid_field(err), "checks[3].[1].key");
+    }
+}

@@ -1,0 +1,250 @@
+//! One verdict from a check's descriptor answers. Pure.
+//!
+//! The overall numbers are the most restrictive descriptor's: when denied, the denying
+//! descriptor with the longest wait (so a caller that honours `retry_after_ms` is not
+//! denied again by another descriptor); when allowed, the one with the least remaining.
+//! A denied check reports remaining 0 overall (the descriptors carry their own
+//! numbers), and a shaper's delay is the largest any descriptor asks for.
+
+use std::sync::Arc;
+
+use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::cluster::{Answer, Decided, Decider};
+
+/// One descriptor's part of a verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorVerdict {
+    /// The client key it was checked for.
+    pub client: Arc<str>,
+    /// The route as sent.
+    pub route: Arc<str>,
+    /// The algorithm's verdict and numbers.
+    pub decision: Decision,
+    /// The matched rule, as the decider reported it.
+    pub rule: Arc<str>,
+    /// The rule's algorithm.
+    pub algorithm: AlgorithmKind,
+    /// Who decided.
+    pub decider: Decider,
+    /// The decider's sequence number (0 when no decider decided just now).
+    pub sequence: u64,
+    /// Not decided by the key's owner: fail-open, fail-closed or the deny cache.
+    pub degraded: bool,
+    /// Admitted, then given back because another descriptor denied.
+    pub refunded: bool,
+    /// Forward hops (0: decided on the node that was asked).
+    pub hops: u32,
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Every descriptor allowed.
+    pub allowed: bool,
+    /// The chosen descriptor's limit.
+    pub limit: u64,
+    /// The chosen descriptor's remaining units; 0 when denied.
+    pub remaining: u64,
+    /// How long to wait before the same check can be admitted (exact, never rounded
+    /// down); 0 when allowed.
+    pub retry_after_ms: u64,
+    /// When the chosen descriptor's full limit is back (Unix ms).
+    pub reset_at_ms: Millis,
+    /// The chosen descriptor's rule.
+    pub rule: Arc<str>,
+    /// The chosen descriptor's decider.
+    pub decider: Decider,
+    /// The chosen descriptor's window, for the window algorithms.
+    pub window_id: Option<u64>,
+    /// The chosen descriptor's sequence number.
+    pub sequence: u64,
+    /// Any descriptor was answered without its owner.
+    pub degraded: bool,
+    /// The longest shaper delay of any descriptor when allowed; 0 when denied.
+    pub delay_ms: u64,
+    /// Every descriptor, in request order.
+    pub descriptors: Vec<DescriptorVerdict>,
+}
+
+/// What a caller needs for the 429 contract (headers), from a verdict or from any
+/// wire answer that carries the same numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The check was allowed.
+    pub allowed: bool,
+    /// The limit.
+    pub limit: u64,
+    /// Units left.
+    pub remaining: u64,
+    /// The exact wait on a denial.
+    pub retry_after_ms: u64,
+    /// When the full limit is back (Unix ms).
+    pub reset_at_ms: Millis,
+}
+
+impl Verdict {
+    /// Combine one check's descriptor answers.
+    pub fn combine(decided: Decided) -> Verdict {
+        let Decided {
+            items,
+            answers,
+            refunded,
+        } = decided;
+        let chosen = chosen(&answers);
+        let allowed = answers.iter().all(|a| a.decision.allowed);
+        let descriptors: Vec<DescriptorVerdict> = items
+            .into_iter()
+            .zip(answers)
+            .zip(refunded)
+            .map(|((item, answer), refunded)| DescriptorVerdict {
+                client: item.client,
+                route: item.route,
+                decision: answer.decision,
+                rule: answer.rule,
+                algorithm: answer.algorithm,
+                decider: answer.decider,
+                sequence: answer.sequence,
+                degraded: answer.degraded,
+                refunded,
+                hops: answer.hops,
+            })
+            .collect();
+        let top = &descriptors[chosen];
+        Verdict {
+            allowed,
+            limit: top.decision.limit,
+            remaining: if allowed { top.decision.remaining } else { 0 },
+            retry_after_ms: top.decision.retry_after_ms,
+            reset_at_ms: top.decision.reset_at_ms,
+            rule: top.rule.clone(),
+            decider: top.decider.clone(),
+            window_id: top.decision.window_id,
+            sequence: top.sequence,
+            degraded: descriptors.iter().any(|d| d.degraded),
+            delay_ms: if allowed {
+                descriptors
+                    .iter()
+                    .map(|d| d.decision.delay_ms)
+                    .max()
+                    .unwrap_or(0)
+            } else {
+                0
+            },
+            descriptors,
+        }
+    }
+
+    /// The numbers the 429 contract is rendered from.
+    pub fn quota(&self) -> Quota {
+        Quota {
+            allowed: self.allowed,
+            limit: self.limit,
+            remaining: self.remaining,
+            retry_after_ms: self.retry_after_ms,
+            reset_at_ms: self.reset_at_ms,
+        }
+    }
+}
+
+/// The most restrictive answer: the longest wait among denials, else the least
+/// remaining (the first such, for ties).
+fn chosen(answers: &[Answer]) -> usize {
+    let allowed = answers.iter().all(|a| a.decision.allowed);
+    if allowed {
+        (0..answers.len()).min_by_key(|&i| answers[i].decision.remaining)
+    } else {
+        (0..answers.len())
+            .filter(|&i| !answers[i].decision.allowed)
+            .max_by_key(|&i| answers[i].decision.retry_after_ms)
+    }
+    .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Charged;
+    use crate::cluster::CheckItem;
+    use crate::config::rules::RuleSet;
+    use std::num::NonZeroU64;
+
+    fn answer(allowed: bool, remaining: u64, retry: u64, delay: u64, node: &str) -> Answer {
+        Answer {
+            decision: Decision {
+                allowed,
+                limit: 100,
+                remaining,
+                retry_after_ms: retry,
+                reset_at_ms: 60_000,
+                window_id: Some(1),
+                delay_ms: delay,
+            },
+            sequence: 7,
+            at: 1_000,
+            decider: Decider {
+                node_id: Arc::from(node),
+                generation: 1,
+            },
+            degraded: node == "cache",
+            hops: 0,
+            rule: Arc::from("default"),
+            algorithm: AlgorithmKind::SlidingWindowCounter,
+            charged: Charged::Nothing,
+        }
+    }
+
+    fn decided(answers: Vec<Answer>) -> Decided {
+        let rule = RuleSet::builtin().default_rule().clone();
+        let items = (0..answers.len())
+            .map(|i| CheckItem::new(rule.clone(), &format!("k{i}"), "/x", None, NonZeroU64::MIN))
+            .collect();
+        let refunded = vec![false; answers.len()];
+        Decided {
+            items,
+            answers,
+            refunded,
+        }
+    }
+
+    #[test]
+    fn an_allowed_check_reports_the_descriptor_with_least_remaining_and_largest_delay() {
+        let v = Verdict::combine(decided(vec![
+            answer(true, 50, 0, 0, "a"),
+            answer(true, 3, 0, 600, "b"),
+            answer(true, 9, 0, 1200, "c"),
+        ]));
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 3);
+        assert_eq!(&*v.decider.node_id, "b");
+        assert_eq!(v.delay_ms, 1200, "the longest shaper delay");
+    }
+
+    #[test]
+    fn a_denied_check_reports_the_longest_wait_remaining_zero_and_no_delay() {
+        let v = Verdict::combine(decided(vec![
+            answer(true, 50, 0, 600, "a"),
+            answer(false, 0, 2_000, 0, "b"),
+            answer(false, 4, 9_000, 0, "c"),
+        ]));
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, 9_000);
+        assert_eq!(&*v.decider.node_id, "c");
+        assert_eq!(v.remaining, 0, "remaining is 0 overall on a denial");
+        assert_eq!(v.delay_ms, 0);
+        assert_eq!(
+            v.descriptors[2].decision.remaining, 4,
+            "descriptors keep theirs"
+        );
+    }
+
+    #[test]
+    fn any_degraded_descriptor_makes_the_verdict_degraded() {
+        let v = Verdict::combine(decided(vec![
+            answer(true, 50, 0, 0, "a"),
+            answer(false, 0, 1, 0, "cache"),
+        ]));
+        assert!(v.degraded);
+        let quota = v.quota();
+        assert_eq!((quota.allowed, quota.retry_after_ms), (false, 1));
+    }
+}

@@ -1,0 +1,160 @@
+//! The cluster wing: where each planned descriptor is decided, and how state follows
+//! ownership when members come and go.
+//!
+//! - [`policy`]: routing policy as pure functions (which descriptors are decided here,
+//!   answered from the deny cache or sent to their owner; fail-open and fail-closed
+//!   answers; which admissions to refund where). Unit-tested without sockets.
+//! - [`router`]: the one async step around that policy: shards and forwards.
+//! - [`forward`]: the peer client adapter (one batched HTTP/2 channel per peer). With
+//!   the peer server adapter in `server::peer`, it is the only code here that sees
+//!   prost types; everything else speaks the domain types below.
+//! - [`handoff`]: pushes state to new owners on ring changes.
+//! - [`deny_cache`]: "denied until T", answered without a hop.
+//!
+//! Dependencies point down: `shard`, `membership`, `ring`, `config`, `clock`,
+//! `algorithms`; nothing here knows a front end.
+
+pub mod deny_cache;
+pub mod forward;
+pub mod handoff;
+pub mod policy;
+pub mod router;
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::config::rules::Rule;
+use crate::membership::Member;
+use crate::shard::{Charge, KeyId};
+pub use router::{Inherited, Router};
+
+/// Who decided: stamped on every answer so a checker can audit the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decider {
+    /// Stable node id.
+    pub node_id: Arc<str>,
+    /// Start time in ns: changes on every restart.
+    pub generation: u64,
+}
+
+/// One validated descriptor with its matched rule, ready to be decided.
+///
+/// Its identity (`id`: the client key's ring placement and the counter's
+/// discriminator) is computed once, when it is planned, and reused for the owner
+/// lookup, the shard choice, the store and the deny cache.
+#[derive(Debug, Clone)]
+pub struct CheckItem {
+    /// The counter's identity under `rule`.
+    pub id: KeyId,
+    /// The rule that matched (name, numbers, algorithm).
+    pub rule: Arc<Rule>,
+    /// The client key.
+    pub client: Arc<str>,
+    /// The route as sent (part of the counter's identity).
+    pub route: Arc<str>,
+    /// The tier the caller sent (the owner re-matches rules with it when forwarded).
+    pub tier: Option<Arc<str>>,
+    /// Units to consume.
+    pub cost: NonZeroU64,
+}
+
+impl CheckItem {
+    /// A planned item: the counter's identity is computed here, once.
+    pub fn new(
+        rule: Arc<Rule>,
+        client: &str,
+        route: &str,
+        tier: Option<&str>,
+        cost: NonZeroU64,
+    ) -> Self {
+        Self {
+            id: KeyId::of(&rule.name, client.as_bytes(), route),
+            rule,
+            client: Arc::from(client),
+            route: Arc::from(route),
+            tier: tier.map(Arc::from),
+            cost,
+        }
+    }
+
+    /// What this node's shard needs to decide it: identity, rule and cost.
+    pub fn charge(&self) -> Charge {
+        Charge {
+            id: self.id,
+            rule: self.rule.clone(),
+            cost: self.cost,
+        }
+    }
+
+    /// The item decided under another rule (a fail-open stand-in): a different counter.
+    pub fn under(&self, rule: Arc<Rule>) -> Charge {
+        Charge {
+            id: KeyId::of(&rule.name, self.client.as_bytes(), &self.route),
+            rule,
+            cost: self.cost,
+        }
+    }
+}
+
+/// One descriptor's answer, wherever it was decided.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The verdict and numbers.
+    pub decision: Decision,
+    /// The decider's sequence number (0 for answers that no decider made just now).
+    pub sequence: u64,
+    /// The decider's clock at the decision (quoted by a refund).
+    pub at: Millis,
+    /// Who decided.
+    pub decider: Decider,
+    /// Not decided by the key's owner: fail-open fallback, fail-closed, or deny cache.
+    pub degraded: bool,
+    /// Forward hops (0: decided here).
+    pub hops: u32,
+    /// Rule name as the decider reported it.
+    pub rule: Arc<str>,
+    /// The rule's algorithm.
+    pub algorithm: AlgorithmKind,
+    /// Where a refund of this answer must go.
+    pub charged: Charged,
+}
+
+/// Where an admitted answer was charged, i.e. where to send its refund.
+#[derive(Debug, Clone)]
+pub enum Charged {
+    /// Nothing was charged (denied, cached, fail-closed).
+    Nothing,
+    /// This node's shards, on this counter (the real one or its fail-open stand-in).
+    Here(Charge),
+    /// The owner, one hop away.
+    Owner(Member),
+}
+
+/// One check's descriptors with their answers after refunds.
+#[derive(Debug)]
+pub struct Decided {
+    /// The descriptors as planned.
+    pub items: Vec<CheckItem>,
+    /// One answer per descriptor.
+    pub answers: Vec<Answer>,
+    /// Per descriptor: admitted, then given back because another descriptor denied.
+    pub refunded: Vec<bool>,
+}
+
+/// An owner's answer to one forwarded descriptor, as the peer client adapter decodes it.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// The owner's decision.
+    pub decision: Decision,
+    /// The owner's sequence number.
+    pub sequence: u64,
+    /// The owner's clock at the decision.
+    pub at: Millis,
+    /// The owner.
+    pub decider: Decider,
+    /// The rule the owner matched.
+    pub rule: Arc<str>,
+    /// The owner's algorithm, if it named one this node knows.
+    pub algorithm: Option<AlgorithmKind>,
+}

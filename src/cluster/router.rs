@@ -1,0 +1,321 @@
+//! The router: the async step around the routing policy.
+//!
+//! [`Router::decide`] runs [`policy::plan`], then the one step that needs I/O (this
+//! node's shards and the forwards, concurrently), then the policy's answers for owners
+//! that did not answer (fail-open descriptors go to the shards too), then refunds. Every
+//! decision about *where* and *what* is a pure function in [`policy`]; this file only
+//! sequences them and counts what happened.
+
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use futures_util::future::join_all;
+use tokio::sync::watch;
+
+use crate::algorithms::Millis;
+use crate::clock::Clock;
+use crate::cluster::deny_cache::DenyCache;
+use crate::cluster::forward::PeerPool;
+use crate::cluster::policy::{self, Fallback, Origin, Routing};
+use crate::cluster::{Answer, CheckItem, Decided, Decider};
+use crate::config::rules::Rule;
+use crate::membership::ClusterView;
+use crate::ring::RingDiff;
+use crate::shard::{Charge, ShardError, Shards};
+
+/// How long ranges inherited from a dead node are remembered for counting resets.
+const INHERITED_MEMORY_MS: u64 = 10 * 60 * 1000;
+
+/// Ranges of the hash space this node inherited from a node that died, and when:
+/// keys there restart from empty, and each such restart is counted.
+#[derive(Debug, Default)]
+pub struct Inherited {
+    moves: Mutex<Vec<(RingDiff, Millis)>>,
+}
+
+impl Inherited {
+    /// Remember `diff` (moves from a dead node to this one) as of `now`.
+    pub fn record(&self, diff: RingDiff, now: Millis) {
+        let mut moves = self.moves.lock().expect("not poisoned");
+        moves.retain(|(_, at)| now.saturating_sub(*at) < INHERITED_MEMORY_MS);
+        moves.push((diff, now));
+    }
+
+    /// Whether ring position `placement` was inherited from a dead node lately.
+    fn contains(&self, placement: u64) -> bool {
+        let moves = self.moves.lock().expect("not poisoned");
+        moves
+            .iter()
+            .any(|(diff, _)| diff.moved_hash(placement).is_some())
+    }
+}
+
+/// Node-level counters of the routing layer.
+struct RouterMetrics {
+    forwarded: metrics::Counter,
+    degraded_open: metrics::Counter,
+    degraded_closed: metrics::Counter,
+    deny_cache_hits: metrics::Counter,
+    forward_errors: metrics::Counter,
+    resets: metrics::Counter,
+    not_owner: metrics::Counter,
+}
+
+impl RouterMetrics {
+    fn new() -> Self {
+        Self {
+            forwarded: metrics::counter!("ringlimit_forwarded_total"),
+            degraded_open: metrics::counter!("ringlimit_degraded_total", "reason" => "fail_open"),
+            degraded_closed: metrics::counter!("ringlimit_degraded_total", "reason" => "fail_closed"),
+            deny_cache_hits: metrics::counter!("ringlimit_deny_cache_hits_total"),
+            forward_errors: metrics::counter!("ringlimit_forward_errors_total"),
+            resets: metrics::counter!("ringlimit_ownership_resets_total"),
+            not_owner: metrics::counter!("ringlimit_forwarded_not_owner_total"),
+        }
+    }
+}
+
+/// Decides descriptors wherever their owner is.
+pub struct Router {
+    me: Decider,
+    shards: Shards,
+    view: watch::Receiver<Arc<ClusterView>>,
+    peers: PeerPool,
+    deny: DenyCache,
+    fallbacks: DashMap<(Arc<str>, u64, u64), Arc<Rule>>,
+    clock: Arc<dyn Clock>,
+    inherited: Arc<Inherited>,
+    metrics: RouterMetrics,
+    routing: Routing,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router").field("me", &self.me).finish()
+    }
+}
+
+impl Router {
+    /// A router for the node `me`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        me: Decider,
+        shards: Shards,
+        view: watch::Receiver<Arc<ClusterView>>,
+        peers: PeerPool,
+        deny: DenyCache,
+        clock: Arc<dyn Clock>,
+        inherited: Arc<Inherited>,
+    ) -> Self {
+        Self {
+            me,
+            shards,
+            view,
+            peers,
+            deny,
+            fallbacks: DashMap::new(),
+            clock,
+            inherited,
+            metrics: RouterMetrics::new(),
+            routing: Routing::default(),
+        }
+    }
+
+    /// NEGATIVE CONTROL ONLY: decide every check here, ignoring the ring, so the chaos
+    /// checkers can be shown to catch a cluster that over-admits.
+    pub fn break_decide_locally(mut self) -> Self {
+        tracing::warn!(
+            "BROKEN MODE: every check is decided locally; limits are not enforced cluster-wide"
+        );
+        self.routing.broken_decide_locally = true;
+        self
+    }
+
+    /// This node's clock (Unix ms).
+    pub fn now_ms(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    /// This node's identity.
+    pub fn me(&self) -> &Decider {
+        &self.me
+    }
+
+    /// The node's shards.
+    pub fn shards(&self) -> &Shards {
+        &self.shards
+    }
+
+    /// The current cluster view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.view.borrow().clone()
+    }
+
+    /// Decide checks that a client sent to this node: each descriptor on its owner,
+    /// then refund the admitted descriptors of every check that another one denied.
+    pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
+        let view = self.view();
+        let now = self.clock.now_ms();
+        let flat: Vec<&CheckItem> = checks.iter().flatten().collect();
+        let plan = policy::plan(
+            &flat,
+            &view,
+            &self.me.node_id,
+            &self.deny,
+            now,
+            Origin::Client,
+            self.routing,
+        );
+        self.metrics.deny_cache_hits.increment(plan.cached as u64);
+        let mut answers = plan.answers;
+
+        // The one step with I/O: this node's shards and the owners, concurrently.
+        let local: Vec<&CheckItem> = plan.local.iter().map(|&i| flat[i]).collect();
+        let remote_calls = plan
+            .remote
+            .iter()
+            .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
+        let (local_answers, remote_results) =
+            tokio::join!(self.decide_here(&local, &view), join_all(remote_calls));
+        for (&i, answer) in plan.local.iter().zip(local_answers?) {
+            answers[i] = Some(answer);
+        }
+        self.metrics.forwarded.increment(plan.remote.len() as u64);
+
+        // Owners that did not answer: fail open on a share of the limit, or closed.
+        let mut open: Vec<(usize, Charge)> = Vec::new();
+        for ((i, owner), result) in plan.remote.iter().zip(remote_results) {
+            let item = flat[*i];
+            match result {
+                Ok(remote) => {
+                    let answer = policy::remote_answer(item, remote, owner);
+                    if let Some(denial) = policy::denial(item, &answer, now) {
+                        self.deny.insert(item.id, denial, now);
+                    }
+                    answers[*i] = Some(answer);
+                }
+                Err(error) => {
+                    self.metrics.forward_errors.increment(1);
+                    tracing::debug!(%error, key = %item.client, "owner unreachable; falling back");
+                    match policy::on_unreachable(item, &self.me, view.ring.len(), now) {
+                        Fallback::Closed(answer) => {
+                            self.metrics.degraded_closed.increment(1);
+                            answers[*i] = Some(*answer);
+                        }
+                        Fallback::Open { nodes } => {
+                            self.metrics.degraded_open.increment(1);
+                            open.push((*i, item.under(self.fallback_rule(item, nodes))));
+                        }
+                    }
+                }
+            }
+        }
+        if !open.is_empty() {
+            let (positions, charges): (Vec<usize>, Vec<Charge>) = open.into_iter().unzip();
+            let outcomes = self.shards.check(charges.clone()).await?;
+            for ((i, charge), outcome) in positions.into_iter().zip(charges).zip(outcomes) {
+                let mut answer = policy::local_answer(
+                    flat[i],
+                    &self.me,
+                    outcome.decision,
+                    outcome.sequence,
+                    outcome.at,
+                    charge,
+                );
+                answer.degraded = true;
+                answers[i] = Some(answer);
+            }
+        }
+
+        let answers = answers
+            .into_iter()
+            .map(|a| a.expect("every descriptor answered"))
+            .collect();
+        let decided = policy::combine(checks, answers);
+        self.refund(&decided).await?;
+        Ok(decided)
+    }
+
+    /// Decide descriptors a peer forwarded here: on this node's shards, whatever this
+    /// node's ring says (forwarding again could loop).
+    pub async fn decide_forwarded(&self, items: &[CheckItem]) -> Result<Vec<Answer>, ShardError> {
+        let view = self.view();
+        let strays = policy::strays(items, &view, &self.me.node_id);
+        if strays > 0 {
+            // The sender's ring and ours disagree (a membership change in flight).
+            self.metrics.not_owner.increment(strays as u64);
+        }
+        let refs: Vec<&CheckItem> = items.iter().collect();
+        self.decide_here(&refs, &view).await
+    }
+
+    /// Decide on this node's shards, each item on its own counter.
+    async fn decide_here(
+        &self,
+        items: &[&CheckItem],
+        view: &ClusterView,
+    ) -> Result<Vec<Answer>, ShardError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let outcomes = self
+            .shards
+            .check(items.iter().map(|item| item.charge()).collect())
+            .await?;
+        Ok(items
+            .iter()
+            .zip(outcomes)
+            .map(|(item, outcome)| {
+                if outcome.fresh && self.restarts_here(view, item.id.placement) {
+                    self.metrics.resets.increment(1);
+                }
+                policy::local_answer(
+                    item,
+                    &self.me,
+                    outcome.decision,
+                    outcome.sequence,
+                    outcome.at,
+                    item.charge(),
+                )
+            })
+            .collect())
+    }
+
+    /// Give back what was admitted for checks that another descriptor denied.
+    async fn refund(&self, decided: &[Decided]) -> Result<(), ShardError> {
+        let refunds = policy::refunds(decided);
+        if !refunds.here.is_empty() {
+            self.shards.refund(refunds.here).await?;
+        }
+        for (owner, items) in refunds.remote {
+            let peers = self.peers.clone();
+            // The caller's answer does not wait for a remote refund.
+            tokio::spawn(async move {
+                if let Err(error) = peers.refund(&owner, &items).await {
+                    tracing::debug!(%error, "refund not delivered; the owner keeps the charge");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a key that starts from empty here is (probably) a count that restarts:
+    /// its range was inherited from a node that died, or this node's own ring still
+    /// names another owner (a peer with a newer view forwarded it here, so this node
+    /// is an extra decider for the key). Over-counting a genuinely new key in those
+    /// moments is the safe side: a silent reset is the failure to avoid.
+    fn restarts_here(&self, view: &ClusterView, placement: u64) -> bool {
+        let stray = view
+            .owner_of_placement(placement)
+            .is_some_and(|owner| owner.node_id != *self.me.node_id);
+        stray || self.inherited.contains(placement)
+    }
+
+    /// The fail-open stand-in for `item`'s rule, built once per (rule, ring size).
+    fn fallback_rule(&self, item: &CheckItem, nodes: u64) -> Arc<Rule> {
+        self.fallbacks
+            .entry((item.rule.name.clone(), item.rule.fingerprint, nodes))
+            .or_insert_with(|| Arc::new(policy::fallback_rule(&item.rule, nodes)))
+            .clone()
+    }
+}

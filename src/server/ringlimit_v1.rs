@@ -1,0 +1,235 @@
+//! The `ringlimit.v1.RateLimiter` front end: `Check` and `CheckBatch` mapped onto the
+//! [`Checker`], and its [`Verdict`] mapped back. Nothing else: validation, rule
+//! matching, refunds and the overall verdict are the check layer's.
+//!
+//! Wire semantics that are this API's own: an extra descriptor with an empty route, no
+//! tier or no cost inherits the request's; fields are named `key`, `descriptors[1].cost`,
+//! `checks[3].route`; and the descriptor limit counts the extra descriptors.
+
+use std::time::Instant;
+
+use metrics::Histogram;
+use tonic::{Request, Response, Status};
+
+use crate::check::{At, CheckInput, Checker, DescriptorInput, FieldNames, Leaf, Verdict};
+use crate::proto;
+
+/// The public gRPC face of a node.
+#[derive(Debug, Clone)]
+pub struct RateLimitService {
+    checker: Checker,
+    latency: Histogram,
+}
+
+impl RateLimitService {
+    /// A service deciding through `checker`.
+    pub fn new(checker: Checker) -> Self {
+        Self {
+            checker,
+            latency: metrics::histogram!("ringlimit_check_duration_seconds"),
+        }
+    }
+}
+
+/// How `ringlimit.v1` names its fields: the request's own descriptor is the top level,
+/// the others are `descriptors[i]`, and inside a batch everything is under `checks[i]`.
+struct V1Names;
+
+impl FieldNames for V1Names {
+    fn field(&self, at: At, leaf: Leaf) -> String {
+        let prefix = at.check.map_or(String::new(), |i| format!("checks[{i}]."));
+        match at.descriptor {
+            0 => format!("{prefix}{}", leaf.as_str()),
+            d => format!("{prefix}descriptors[{}].{}", d - 1, leaf.as_str()),
+        }
+    }
+
+    fn descriptors(&self, check: Option<usize>) -> String {
+        match check {
+            Some(i) => format!("checks[{i}].descriptors"),
+            None => "descriptors".into(),
+        }
+    }
+
+    fn too_many_descriptors(&self, given: usize, max: usize) -> String {
+        format!(
+            "{} descriptors given; at most {} are allowed per check, the request's own key included",
+            given - 1,
+            max - 1
+        )
+    }
+}
+
+/// The check input of one request: its own descriptor first, then the extra ones with
+/// what they inherit filled in.
+fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
+    let own = DescriptorInput {
+        key: &request.key,
+        route: &request.route,
+        tier: request.tier.as_deref(),
+        cost: request.cost,
+    };
+    let mut descriptors = Vec::with_capacity(1 + request.descriptors.len());
+    descriptors.push(own);
+    descriptors.extend(request.descriptors.iter().map(|d| DescriptorInput {
+        key: &d.key,
+        route: if d.route.is_empty() {
+            own.route
+        } else {
+            &d.route
+        },
+        tier: d.tier.as_deref().or(own.tier),
+        cost: d.cost.or(own.cost),
+    }));
+    CheckInput { descriptors }
+}
+
+/// The wire answer for a verdict.
+fn response(verdict: Verdict) -> proto::CheckResponse {
+    let wire_decider = |d: &crate::cluster::Decider| proto::Decider {
+        node_id: d.node_id.to_string(),
+        generation: d.generation,
+    };
+    let reset_at = |ms: u64| ms.min(i64::MAX as u64) as i64;
+    proto::CheckResponse {
+        allowed: verdict.allowed,
+        limit: verdict.limit,
+        remaining: verdict.remaining,
+        retry_after_ms: verdict.retry_after_ms,
+        reset_at: reset_at(verdict.reset_at_ms),
+        rule: verdict.rule.to_string(),
+        decider: Some(wire_decider(&verdict.decider)),
+        window_id: verdict.window_id,
+        sequence: verdict.sequence,
+        degraded: verdict.degraded,
+        delay_ms: verdict.delay_ms,
+        descriptors: verdict
+            .descriptors
+            .iter()
+            .map(|d| proto::DescriptorResult {
+                key: d.client.to_string(),
+                route: d.route.to_string(),
+                allowed: d.decision.allowed,
+                limit: d.decision.limit,
+                remaining: d.decision.remaining,
+                retry_after_ms: d.decision.retry_after_ms,
+                reset_at: reset_at(d.decision.reset_at_ms),
+                rule: d.rule.to_string(),
+                algorithm: d.algorithm.as_str().to_string(),
+                window_id: d.decision.window_id,
+                sequence: d.sequence,
+                decider: Some(wire_decider(&d.decider)),
+                degraded: d.degraded,
+                delay_ms: d.decision.delay_ms,
+                refunded: d.refunded,
+                hops: d.hops,
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl proto::rate_limiter_server::RateLimiter for RateLimitService {
+    async fn check(
+        &self,
+        request: Request<proto::CheckRequest>,
+    ) -> Result<Response<proto::CheckResponse>, Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let verdict = self.checker.check(&input(&request), &V1Names).await?;
+        self.latency.record(started.elapsed().as_secs_f64());
+        Ok(Response::new(response(verdict)))
+    }
+
+    async fn check_batch(
+        &self,
+        request: Request<proto::CheckBatchRequest>,
+    ) -> Result<Response<proto::CheckBatchResponse>, Status> {
+        let started = Instant::now();
+        let batch = request.into_inner();
+        let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
+        let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
+        self.latency.record(started.elapsed().as_secs_f64());
+        Ok(Response::new(proto::CheckBatchResponse {
+            results: verdicts.into_iter().map(response).collect(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::plan::{plan_check, MAX_DESCRIPTORS};
+    use crate::check::CheckError;
+    use crate::config::rules::RuleSet;
+
+    fn request(key: &str, route: &str) -> proto::CheckRequest {
+        proto::CheckRequest {
+            key: key.into(),
+            route: route.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The error `plan_check` gives for `r` (as check `batch` of a batch, if any).
+    fn refused(r: &proto::CheckRequest, batch: Option<usize>) -> CheckError {
+        plan_check(&input(r), &RuleSet::builtin(), batch, &V1Names).unwrap_err()
+    }
+
+    fn field(error: CheckError) -> String {
+        match error {
+            CheckError::InvalidArgument { field, .. } => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_top_level_fields_are_named_plainly_and_batches_prefix_the_index() {
+        assert_eq!(field(refused(&request("", "/x"), None)), "key");
+        assert_eq!(field(refused(&request("", "/x"), Some(3))), "checks[3].key");
+        let mut r = request("a", "/x");
+        r.cost = Some(0);
+        assert_eq!(
+            refused(&r, None).to_string(),
+            "cost: must be a positive integer (got 0); a cost of 0 would admit for ever and a negative one would refund"
+        );
+    }
+
+    #[test]
+    fn extra_descriptors_inherit_route_tier_and_cost_and_name_their_own_fields() {
+        let mut r = request("a", "GET /x");
+        r.cost = Some(3);
+        r.tier = Some("gold".into());
+        r.descriptors = vec![proto::Descriptor {
+            key: "ip:10.0.0.1".into(),
+            ..Default::default()
+        }];
+        let planned = plan_check(&input(&r), &RuleSet::builtin(), None, &V1Names).unwrap();
+        assert_eq!(&*planned[1].route, "GET /x");
+        assert_eq!(planned[1].cost.get(), 3);
+        assert_eq!(planned[1].tier.as_deref(), Some("gold"));
+        r.descriptors[0].cost = Some(0);
+        assert_eq!(field(refused(&r, None)), "descriptors[0].cost");
+        r.descriptors[0].cost = None;
+        r.descriptors[0].key = String::new();
+        assert_eq!(field(refused(&r, Some(1))), "checks[1].descriptors[0].key");
+    }
+
+    #[test]
+    fn too_many_descriptors_are_refused_counting_the_extra_ones() {
+        let mut r = request("a", "/x");
+        r.descriptors = (0..MAX_DESCRIPTORS)
+            .map(|i| proto::Descriptor {
+                key: format!("ip{i}"),
+                ..Default::default()
+            })
+            .collect();
+        assert_eq!(
+            refused(&r, None).to_string(),
+            "descriptors: 8 descriptors given; at most 7 are allowed per check, the request's own key included"
+        );
+        r.descriptors.pop();
+        let planned = plan_check(&input(&r), &RuleSet::builtin(), None, &V1Names).unwrap();
+        assert_eq!(planned.len(), MAX_DESCRIPTORS);
+    }
+}
