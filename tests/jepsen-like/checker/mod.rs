@@ -29,6 +29,8 @@ mod s4_no_false_deny;
 mod s5_exactness;
 mod s6_routing;
 mod summary;
+#[cfg(test)]
+mod testkit;
 mod views;
 
 use std::collections::BTreeMap;
@@ -119,4 +121,106 @@ pub fn check(entries: &[Entry]) -> Report {
     };
     report.summary = summary::render(&ctx, &stats, &report);
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::*;
+    use super::*;
+
+    const RING3: &str = "n1 n2 n3";
+    const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+    /// Rings stable over n1..n3 from T0 - 3 s to T0 + 20 s except while `down` is.
+    fn rings(h: &mut Hist, down: Option<(&str, u64, u64)>) {
+        let all: Vec<(&str, &str)> = NODES.iter().map(|n| (*n, RING3)).collect();
+        let Some((victim, from, to)) = down else {
+            h.rounds(T0 - 3000, T0 + 20_000, &all);
+            return;
+        };
+        h.rounds(T0 - 3000, from, &all);
+        let during: Vec<(&str, &str)> = NODES
+            .iter()
+            .map(|n| (*n, if *n == victim { DOWN } else { RING3 }))
+            .collect();
+        h.rounds(from, to, &during);
+        h.rounds(to, T0 + 20_000, &all);
+    }
+
+    #[test]
+    fn a_clean_small_run_passes_every_property() {
+        let mut h = Hist::new();
+        rings(&mut h, Some(("n3", T0 + 6000, T0 + 7000)));
+        h.phase("fault-free-1", T0 - 100, T0 + 2 * W + 100, false);
+        h.phase("chaos", T0 + 2 * W + 100, T0 + 12_000, true);
+        h.nemesis(1, "kill-restart", "n3", T0 + 6000, T0 + 7000, T0 + 7500);
+        h.exit(T0 + 6000, "n3", 1, "kill -9");
+        h.restart("n3", 2);
+        for (i, key) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            let d = owner_on(RING3, key);
+            let via = NODES[i % 3];
+            h.fw_many(L + 1, T0 + 100 * i as u64, via, key, &d);
+            h.fw_many(3, T0 + W + 100, via, key, &d);
+        }
+        let key = key_owned_by(RING3, "n2", |_| true);
+        h.fw_many(5, T0 + 6100, "n1", &key, "n2");
+        let r = check(h.entries());
+        assert_eq!(r.total(), 0, "{}", r.details(5));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        for p in PROPERTIES {
+            assert!(
+                r.summary.contains(&format!("| {p} | 0 |")),
+                "{p}:\n{}",
+                r.summary
+            );
+        }
+        for row in [
+            "| ops (ok / fail / info) | 61 (61 / 0 / 0) |",
+            "| max deciders per (key, window) | 1 |",
+            "| S5 (key, window)s checked in fault-free phases | 8 |",
+            "| rings agree after the last heal | 0.0 s |",
+            "| #1 kill-restart n3 | 0.0 | 0 | 0 |",
+        ] {
+            assert!(r.summary.contains(row), "{row}:\n{}", r.summary);
+        }
+    }
+
+    #[test]
+    fn a_cluster_deciding_every_key_locally_is_flagged_by_s5_and_s3_owner_only() {
+        // The negative control (`--broken-decide-locally`): each node names itself, so
+        // D = 3 and 3L stays within the S3 bound; S5 and S3-owner must catch it.
+        let mut h = Hist::new();
+        rings(&mut h, None);
+        h.phase("fault-free-1", T0 - 100, T0 + 2 * W + 100, false);
+        for key in ["a", "b", "c"] {
+            for (i, node) in NODES.into_iter().enumerate() {
+                h.fw_many(L + 1, T0 + 100 * i as u64, node, key, node);
+            }
+        }
+        let r = check(h.entries());
+        assert_eq!(r.count("S5"), 3, "{}", r.details(5));
+        assert_eq!(
+            r.count("S3-owner"),
+            2 * 3 * (L as usize + 1),
+            "{}",
+            r.details(5)
+        );
+        assert_eq!(r.count("S3-bound"), 0);
+        assert_eq!(r.total(), r.count("S5") + r.count("S3-owner"));
+        assert!(r.summary.contains("| max deciders per (key, window) | 3 |"));
+    }
+
+    #[test]
+    fn details_list_violations_per_property_then_warnings() {
+        let mut r = Report::default();
+        r.violate("S4", "first".into());
+        r.violate("S4", "second".into());
+        r.violate("S1-fw", "other".into());
+        r.warnings.push("WARNING x".into());
+        assert_eq!((r.total(), r.count("S4"), r.count("S5")), (3, 2, 0));
+        assert_eq!(
+            r.details(1),
+            "  S1-fw: 1 violation(s)\n    - other\n  S4: 2 violation(s)\n    - first\n  WARNING x\n"
+        );
+    }
 }

@@ -82,3 +82,67 @@ pub fn resets(ctx: &Context, report: &mut Report) -> Resets {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    /// n3 decides k, is killed at T0 + 1 s, and k's next decision comes from `next`.
+    fn crash(h: &mut Hist, next: &str) {
+        h.fw(T0 + 500, "n1", "k", 1, "n3");
+        h.exit(T0 + 1000, "n3", 1, "kill -9");
+        h.restart("n3", 2);
+        h.fw(T0 + 3000, "n1", "k", 1, next);
+    }
+
+    #[test]
+    fn metrics_counting_the_reset_keys_pass() {
+        let mut h = Hist::new();
+        crash(&mut h, "n2");
+        h.metrics(T0 + 9000, "n2", 1, 1, 0);
+        let (resets, r) = run_with(&h, resets);
+        assert_eq!(
+            (resets.other_owner, resets.same_id, resets.metric_resets),
+            (1, 0, 1)
+        );
+        assert!(r.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_silent_reset_warns_but_is_not_a_violation() {
+        let mut h = Hist::new();
+        crash(&mut h, "n2");
+        h.metrics(T0 + 9000, "n2", 1, 0, 0);
+        let r = run(&h, resets);
+        assert_eq!(r.warnings.len(), 1);
+        assert!(r.warnings[0].starts_with("WARNING (OBS, product gap, not failed)"));
+        assert_eq!(r.total(), 0);
+    }
+
+    #[test]
+    fn a_same_id_restart_counts_as_a_restart() {
+        // Finding 3: member restarts count events, not keys; a run of fast same-id
+        // restarts may warn without any product change.
+        let mut h = Hist::new();
+        crash(&mut h, "n3");
+        h.metrics(T0 + 9000, "n1", 1, 0, 1);
+        let (resets, r) = run_with(&h, resets);
+        assert_eq!(
+            (resets.same_id, resets.other_owner, resets.metric_restarts),
+            (1, 0, 1)
+        );
+        assert!(r.warnings.is_empty());
+    }
+
+    #[test]
+    fn a_graceful_leave_resets_nothing() {
+        let mut h = Hist::new();
+        h.fw(T0 + 500, "n1", "k", 1, "n3");
+        h.exit(T0 + 1000, "n3", 1, "sigterm");
+        h.fw(T0 + 3000, "n1", "k", 1, "n2");
+        let (resets, r) = run_with(&h, resets);
+        assert_eq!(resets.keys(), 0);
+        assert!(r.warnings.is_empty());
+    }
+}

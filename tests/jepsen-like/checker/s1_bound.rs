@@ -118,3 +118,211 @@ fn admissions<'a>(
     }
     per
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    #[test]
+    fn one_decider_admitting_exactly_the_limit_passes() {
+        let mut h = Hist::new();
+        h.fw_many(L + 2, T0, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn one_decider_admitting_more_than_the_limit_in_a_window_fails() {
+        let mut h = Hist::new();
+        let ids: Vec<u64> = (0..=L)
+            .map(|i| {
+                let seq = h.seq("n1", 1);
+                let rem = L.saturating_sub(i + 1);
+                h.check(
+                    T0 + 10 * i,
+                    "n1",
+                    FW,
+                    "k",
+                    1,
+                    Ans::decided("n1", seq, true, rem),
+                )
+            })
+            .collect();
+        let r = run(&h, fixed_window);
+        assert_eq!(messages(&r, "S1-fw").len(), 1);
+        assert!(messages(&r, "S1-fw")[0].contains(&format!("{ids:?}")));
+    }
+
+    #[test]
+    fn a_restarted_node_is_a_new_decider_with_its_own_limit() {
+        // kill-restart: the same id with a new generation starts from an empty counter.
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        h.restart("n1", 2);
+        h.fw_many(L, T0 + 1000, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn the_same_limit_in_the_next_window_passes() {
+        let mut h = Hist::new();
+        h.fw_many(L, T0 + 1800, "n1", "k", "n1");
+        h.fw_many(L, T0 + W, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn fallback_admissions_do_not_count_against_a_decider() {
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        let seq = h.seq("n2", 1);
+        h.check(
+            T0 + 500,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", seq, true, 2, 3),
+        );
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn a_fallback_counter_within_its_limit_passes() {
+        let mut h = Hist::new();
+        for i in 0..4 {
+            let seq = h.seq("n2", 1);
+            let a = Ans::fallback("n2", seq, i < 3, 2u64.saturating_sub(i), 3);
+            h.check(T0 + 10 * i, "n2", FW, "k", 1, a);
+        }
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 0);
+    }
+
+    #[test]
+    fn a_fallback_counter_over_its_limit_fails() {
+        let mut h = Hist::new();
+        for i in 0..4 {
+            let seq = h.seq("n2", 1);
+            h.check(
+                T0 + 10 * i,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::fallback("n2", seq, true, 0, 3),
+            );
+        }
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 1);
+    }
+
+    #[test]
+    fn a_fallback_limit_above_the_rule_limit_fails() {
+        let mut h = Hist::new();
+        let seq = h.seq("n2", 1);
+        h.check(
+            T0,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", seq, true, L, L + 1),
+        );
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 1);
+    }
+
+    /// Eight admissions of the sliding log (L = 8) at `t`, 10 ms apart, by `d`.
+    fn log_burst(h: &mut Hist, t: u64, d: &str, n: u64) {
+        for i in 0..n {
+            let seq = h.seq(d, 1);
+            h.check(t + 10 * i, d, LOG, "k", 1, Ans::decided(d, seq, true, 0));
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_admitting_its_limit_per_window_passes() {
+        let mut h = Hist::new();
+        log_burst(&mut h, T0, "n1", 8);
+        log_burst(&mut h, T0 + W, "n1", 8);
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 0);
+    }
+
+    #[test]
+    fn a_sliding_log_admitting_more_than_its_limit_within_a_window_fails() {
+        let mut h = Hist::new();
+        log_burst(&mut h, T0, "n1", 9);
+        assert!(run(&h, sliding_log).count("S1-log") > 0);
+    }
+
+    #[test]
+    fn sliding_log_admissions_not_surely_within_a_window_pass() {
+        // The first op invoked at T0 but answered late: its decision may lie up to
+        // complete_j − invoke_i = W − 1 ms before the ninth, so it is not counted.
+        let mut h = Hist::new();
+        let first = h.invoke(T0, "n1", LOG, "k", 1);
+        let seq = h.seq("n1", 1);
+        h.ok(first, T0 + 1900, Ans::decided("n1", seq, true, 7));
+        for i in 0..8u64 {
+            let seq = h.seq("n1", 1);
+            let t = T0 + 1990 + i;
+            let id = h.invoke(t, "n1", LOG, "k", 1);
+            h.ok(
+                id,
+                if i == 7 { T0 + W - 1 } else { t },
+                Ans::decided("n1", seq, true, 0),
+            );
+        }
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 0);
+        // One millisecond less and all nine surely lie within W.
+        let mut h = Hist::new();
+        let first = h.invoke(T0, "n1", LOG, "k", 1);
+        let seq = h.seq("n1", 1);
+        h.ok(first, T0 + 1900, Ans::decided("n1", seq, true, 7));
+        for i in 0..8u64 {
+            let seq = h.seq("n1", 1);
+            let t = T0 + 1990 + i;
+            let id = h.invoke(t, "n1", LOG, "k", 1);
+            h.ok(
+                id,
+                if i == 7 { T0 + W - 2 } else { t },
+                Ans::decided("n1", seq, true, 0),
+            );
+        }
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 1);
+    }
+
+    #[test]
+    fn a_token_bucket_spending_its_burst_then_the_refill_passes() {
+        // Burst 5, refill 10 per 2 s: 5 at once, 5 more a second later.
+        let mut h = Hist::new();
+        for (t, n) in [(T0, 5), (T0 + 1000, 5)] {
+            for i in 0..n {
+                let seq = h.seq("n1", 1);
+                h.check(t + i, "n1", TB, "k", 1, Ans::decided("n1", seq, true, 0));
+            }
+        }
+        assert_eq!(run(&h, token_bucket).count("S1-tb"), 0);
+    }
+
+    #[test]
+    fn a_token_bucket_admitting_more_than_burst_plus_refill_fails() {
+        let mut h = Hist::new();
+        for _ in 0..7 {
+            let seq = h.seq("n1", 1);
+            h.check(T0, "n1", TB, "k", 1, Ans::decided("n1", seq, true, 0));
+        }
+        assert!(run(&h, token_bucket).count("S1-tb") > 0);
+    }
+
+    #[test]
+    fn two_deciders_each_within_the_token_bucket_pass() {
+        // An ownership move: each decider has its own bucket.
+        let mut h = Hist::new();
+        for d in ["n1", "n2"] {
+            for _ in 0..5 {
+                let seq = h.seq(d, 1);
+                h.check(T0, d, TB, "k", 1, Ans::decided(d, seq, true, 0));
+            }
+        }
+        assert_eq!(run(&h, token_bucket).count("S1-tb"), 0);
+    }
+}

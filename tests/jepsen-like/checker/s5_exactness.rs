@@ -71,3 +71,88 @@ pub fn exactness(ctx: &Context, report: &mut Report) -> usize {
     }
     checked
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    /// A fault-free phase covering windows T0 / W and the next one.
+    fn fault_free() -> Hist {
+        let mut h = Hist::new();
+        h.phase("fault-free-1", T0 - 100, T0 + 2 * W + 100, false);
+        h
+    }
+
+    fn s5(h: &Hist) -> (usize, Vec<String>) {
+        let (checked, r) = run_with(h, exactness);
+        (checked, messages(&r, "S5").to_vec())
+    }
+
+    #[test]
+    fn one_decider_answering_exactly_passes() {
+        let mut h = fault_free();
+        h.fw_many(L + 2, T0, "n1", "a", "n2");
+        h.fw(T0 + 300, "n2", "a", 2, "n2");
+        h.fw_many(3, T0 + W, "n3", "a", "n2");
+        h.fw_many(4, T0, "n1", "b", "n1");
+        assert_eq!(s5(&h), (3, Vec::new()));
+    }
+
+    #[test]
+    fn two_deciders_in_a_window_with_no_fault_fail() {
+        // The negative control: every node decides locally.
+        let mut h = fault_free();
+        h.fw_many(3, T0, "n1", "a", "n1");
+        h.fw_many(3, T0 + 100, "n2", "a", "n2");
+        let (_, msgs) = s5(&h);
+        assert_eq!(msgs.len(), 1);
+        assert!(msgs[0].contains("2 deciders"), "{msgs:?}");
+    }
+
+    #[test]
+    fn an_op_of_unknown_outcome_with_no_fault_fails() {
+        let mut h = fault_free();
+        h.fw_many(3, T0, "n1", "a", "n1");
+        let id = h.invoke(T0 + 100, "n1", FW, "a", 1);
+        h.info(id, T0 + 2100);
+        assert!(s5(&h).1[0].contains("unknown outcome"));
+    }
+
+    #[test]
+    fn a_degraded_admission_with_no_fault_fails() {
+        let mut h = fault_free();
+        h.fw_many(3, T0, "n1", "a", "n1");
+        h.check(
+            T0 + 100,
+            "n2",
+            FW,
+            "a",
+            1,
+            Ans::fallback("n2", 1, true, 2, 3),
+        );
+        assert!(s5(&h).1[0].contains("admitted degraded"));
+    }
+
+    #[test]
+    fn an_answer_off_the_model_with_no_fault_fails() {
+        let mut h = fault_free();
+        h.fw_many(3, T0, "n1", "a", "n1");
+        h.check(T0 + 100, "n1", FW, "a", 1, Ans::decided("n1", 4, true, 7));
+        let (_, msgs) = s5(&h);
+        assert_eq!(msgs.len(), 1);
+        assert!(msgs[0].contains("exact model: allowed=true remaining=6 (demand 4)"));
+    }
+
+    #[test]
+    fn windows_not_inside_a_fault_free_phase_are_not_checked() {
+        let mut h = fault_free();
+        // Window T0 / W + 2 ends after the phase; the chaos phase has faults.
+        h.phase("chaos", T0 + 2 * W + 100, T0 + 10 * W, true);
+        h.fw_many(3, T0 + 2 * W, "n1", "a", "n1");
+        h.fw_many(3, T0 + 2 * W + 200, "n2", "a", "n2");
+        h.fw_many(3, T0 + 4 * W, "n1", "a", "n1");
+        h.fw_many(3, T0 + 4 * W, "n2", "a", "n2");
+        assert_eq!(s5(&h), (0, Vec::new()));
+    }
+}

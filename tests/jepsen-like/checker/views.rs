@@ -210,3 +210,87 @@ fn transitions(runs: &[ViewRun]) -> Vec<Transition> {
     }
     transitions
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::context::Parsed;
+    use super::super::testkit::*;
+    use super::*;
+    use crate::history::Entry;
+
+    fn views(h: &Hist) -> Views {
+        Views::build(&Parsed::parse(h.entries()).samples)
+    }
+
+    #[test]
+    fn a_node_that_stops_answering_keeps_its_last_view() {
+        // A view counts from the sample before it until the next answered sample with
+        // another digest; the last one forever.
+        let mut h = Hist::new();
+        h.rounds(T0, T0 + 1000, &[("n1", "n1 n2")]);
+        h.rounds(T0 + 1000, T0 + 5000, &[("n1", DOWN)]);
+        h.rounds(T0 + 5000, T0 + 5400, &[("n1", "n2")]);
+        let v = views(&h);
+        let spans: Vec<(u64, u64)> = v.runs.iter().map(|r| (r.lo, r.hi)).collect();
+        assert_eq!(spans, [(T0 - 200, T0 + 5000), (T0 + 4800, u64::MAX / 2)]);
+        assert!(v.warnings.is_empty());
+    }
+
+    #[test]
+    fn every_member_set_between_two_sampled_views_is_a_transition() {
+        // [n1] → [n1 n2 n3 n4]: {n1} plus each proper non-empty subset of 3 members.
+        let mut h = Hist::new();
+        h.round(T0, &[("n1", "n1")]);
+        h.round(T0 + 200, &[("n1", "n1 n2 n3 n4")]);
+        let v = views(&h);
+        assert_eq!(v.transitions.len(), 6);
+        let t = &v.transitions[0];
+        assert_eq!((t.from, t.to), (T0, T0 + 200 + 400));
+        // One member more: the sampled views are all there is.
+        let mut h = Hist::new();
+        h.round(T0, &[("n1", "n1 n2")]);
+        h.round(T0 + 200, &[("n1", "n1 n2 n3")]);
+        assert_eq!(views(&h).transitions.len(), 0);
+    }
+
+    #[test]
+    fn more_than_six_changed_members_are_not_enumerated() {
+        let mut h = Hist::new();
+        h.round(T0, &[("n1", "n1 n2 n3 n4 n5 n6 n7")]);
+        h.round(T0 + 200, &[("n1", "n1 n8")]);
+        assert_eq!(views(&h).transitions.len(), 0);
+        let mut h = Hist::new();
+        h.round(T0, &[("n1", "n1 n2 n3 n4 n5 n6")]);
+        h.round(T0 + 200, &[("n1", "n1 n7")]);
+        assert_eq!(views(&h).transitions.len(), 62);
+    }
+
+    #[test]
+    fn a_sampled_digest_that_is_not_the_members_ring_warns() {
+        let mut h = Hist::new();
+        h.push(Entry::Ring {
+            t: T0,
+            round: 1,
+            node: "n1".into(),
+            generation: 1,
+            ok: true,
+            members: Vec::new(),
+            digest: 42,
+            error: String::new(),
+        });
+        let v = views(&h);
+        assert_eq!(v.warnings.len(), 1);
+        assert!(v.warnings[0].starts_with("WARNING (harness): ring rebuilt from n1"));
+    }
+
+    #[test]
+    fn leaving_members_are_not_on_the_ring() {
+        let m = |id: &str, leaving| MemberView {
+            id: id.into(),
+            generation: 1,
+            leaving,
+        };
+        let ring = ring_of(&[m("n1", false), m("n2", true)]);
+        assert_eq!(ring.into_iter().collect::<Vec<_>>(), ["n1"]);
+    }
+}
