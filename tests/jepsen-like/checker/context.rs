@@ -1,0 +1,512 @@
+//! The history parsed once: `Parsed` holds the entries as records (ops by id, ring
+//! samples, nemesis events, phases, exits, metric scrapes); `Context` borrows it and adds
+//! the groupings the properties share (fixed-window ops per (key, window) and per
+//! decider, in-doubt charges per window, every node's ring views).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::RangeInclusive;
+
+use crate::history::{Entry, MemberView, RuleInfo};
+
+use super::views::Views;
+
+/// The facts of an `ok` answer.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub allowed: bool,
+    pub limit: u64,
+    pub remaining: u64,
+    pub decider: String,
+    pub generation: u64,
+    pub window_id: Option<u64>,
+    pub sequence: u64,
+    pub degraded: bool,
+    pub hops: u32,
+}
+
+impl Answer {
+    /// Fail-open fallback decision (a sequence number of the entry node's shard);
+    /// deny-cache and fail-closed answers carry sequence 0.
+    pub fn fallback(&self) -> bool {
+        self.degraded && self.sequence > 0
+    }
+
+    /// The decider identity: node id and generation.
+    pub fn decider_id(&self) -> Decider {
+        (self.decider.clone(), self.generation)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Ok(Answer),
+    Fail,
+    Info,
+    /// Invoked, never completed in the history.
+    Pending,
+}
+
+/// One operation: its invoke line and, once known, its completion.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub id: u64,
+    pub invoke: u64,
+    /// `u64::MAX` while pending.
+    pub complete: u64,
+    pub key: String,
+    pub route: String,
+    pub cost: u64,
+    /// The entry node the client asked.
+    pub node: String,
+    pub outcome: Outcome,
+}
+
+impl Op {
+    pub fn ok(&self) -> Option<&Answer> {
+        match &self.outcome {
+            Outcome::Ok(a) => Some(a),
+            _ => None,
+        }
+    }
+    /// Outcome unknown: `info`, or never completed.
+    pub fn is_info(&self) -> bool {
+        matches!(self.outcome, Outcome::Info | Outcome::Pending)
+    }
+}
+
+/// One ring sample of one node.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub t: u64,
+    pub round: u64,
+    pub node: String,
+    /// The node answered `Status`.
+    pub ok: bool,
+    pub members: Vec<MemberView>,
+    pub digest: u64,
+}
+
+/// One nemesis step, from its `start` / `end` (heal) / `settled` lines.
+#[derive(Clone, Debug)]
+pub struct NemesisEvent {
+    pub n: u32,
+    pub kind: String,
+    pub victim: String,
+    pub start: u64,
+    pub end: u64,
+    pub settled: u64,
+    pub skipped: bool,
+}
+
+/// A phase between its `start` and `end` lines.
+#[derive(Clone, Debug)]
+pub struct Phase {
+    pub name: String,
+    pub start: u64,
+    pub end: u64,
+    pub faults: bool,
+}
+
+/// A node process that exited (`how`: "kill -9", "sigterm", ...).
+#[derive(Clone, Debug)]
+pub struct Exit {
+    pub t: u64,
+    pub node: String,
+    pub generation: u64,
+    pub how: String,
+}
+
+/// The last metric scrape of one incarnation.
+#[derive(Clone, Copy, Debug)]
+pub struct Scrape {
+    pub resets: u64,
+    pub restarts: u64,
+}
+
+/// The history as records, in the order the properties read them.
+pub struct Parsed {
+    pub rules: Vec<RuleInfo>,
+    pub deadline_ms: u64,
+    /// By op id.
+    pub ops: Vec<Op>,
+    /// By (time, node).
+    pub samples: Vec<Sample>,
+    /// By step number.
+    pub events: Vec<NemesisEvent>,
+    /// In the order they ended.
+    pub phases: Vec<Phase>,
+    pub exits: Vec<Exit>,
+    /// (node, generation) → its last scrape.
+    pub metrics: HashMap<(String, u64), Scrape>,
+}
+
+impl Parsed {
+    pub fn parse(entries: &[Entry]) -> Parsed {
+        let mut rules = Vec::new();
+        let mut deadline_ms = 2000;
+        let mut ops: BTreeMap<u64, Op> = BTreeMap::new();
+        let mut samples = Vec::new();
+        let mut events: BTreeMap<u32, NemesisEvent> = BTreeMap::new();
+        let mut phases = Vec::new();
+        let mut phase_open: HashMap<String, u64> = HashMap::new();
+        let mut exits = Vec::new();
+        let mut metrics = HashMap::new();
+        for e in entries {
+            match e {
+                Entry::Meta {
+                    rules: r,
+                    deadline_ms: d,
+                    ..
+                } => {
+                    rules = r.clone();
+                    deadline_ms = *d;
+                }
+                Entry::Invoke {
+                    id,
+                    t,
+                    key,
+                    route,
+                    cost,
+                    node,
+                    ..
+                } => {
+                    ops.insert(
+                        *id,
+                        Op {
+                            id: *id,
+                            invoke: *t,
+                            complete: u64::MAX,
+                            key: key.clone(),
+                            route: route.clone(),
+                            cost: *cost,
+                            node: node.clone(),
+                            outcome: Outcome::Pending,
+                        },
+                    );
+                }
+                Entry::Ok {
+                    id,
+                    t,
+                    allowed,
+                    limit,
+                    remaining,
+                    decider,
+                    generation,
+                    window_id,
+                    sequence,
+                    degraded,
+                    hops,
+                    ..
+                } => {
+                    if let Some(op) = ops.get_mut(id) {
+                        op.complete = *t;
+                        op.outcome = Outcome::Ok(Answer {
+                            allowed: *allowed,
+                            limit: *limit,
+                            remaining: *remaining,
+                            decider: decider.clone(),
+                            generation: *generation,
+                            window_id: *window_id,
+                            sequence: *sequence,
+                            degraded: *degraded,
+                            hops: *hops,
+                        });
+                    }
+                }
+                Entry::Fail { id, t, .. } => {
+                    if let Some(op) = ops.get_mut(id) {
+                        op.complete = *t;
+                        op.outcome = Outcome::Fail;
+                    }
+                }
+                Entry::Info { id, t, .. } => {
+                    if let Some(op) = ops.get_mut(id) {
+                        op.complete = *t;
+                        op.outcome = Outcome::Info;
+                    }
+                }
+                Entry::Ring {
+                    t,
+                    round,
+                    node,
+                    ok,
+                    members,
+                    digest,
+                    ..
+                } => samples.push(Sample {
+                    t: *t,
+                    round: *round,
+                    node: node.clone(),
+                    ok: *ok,
+                    members: members.clone(),
+                    digest: *digest,
+                }),
+                Entry::Nemesis {
+                    t,
+                    n,
+                    kind,
+                    victim,
+                    edge,
+                    ..
+                } => {
+                    let ev = events.entry(*n).or_insert(NemesisEvent {
+                        n: *n,
+                        kind: kind.clone(),
+                        victim: victim.clone(),
+                        start: *t,
+                        end: *t,
+                        settled: *t,
+                        skipped: false,
+                    });
+                    match edge.as_str() {
+                        "start" => ev.start = *t,
+                        "end" => ev.end = *t,
+                        "settled" => ev.settled = *t,
+                        "skipped" => ev.skipped = true,
+                        _ => {}
+                    }
+                }
+                Entry::Phase {
+                    t,
+                    name,
+                    edge,
+                    faults,
+                } => {
+                    if edge == "start" {
+                        phase_open.insert(name.clone(), *t);
+                    } else if let Some(start) = phase_open.remove(name) {
+                        phases.push(Phase {
+                            name: name.clone(),
+                            start,
+                            end: *t,
+                            faults: *faults,
+                        });
+                    }
+                }
+                Entry::Exit {
+                    t,
+                    node,
+                    generation,
+                    how,
+                } => exits.push(Exit {
+                    t: *t,
+                    node: node.clone(),
+                    generation: *generation,
+                    how: how.clone(),
+                }),
+                Entry::Metrics {
+                    node,
+                    generation,
+                    resets,
+                    restarts,
+                    ..
+                } => {
+                    metrics.insert(
+                        (node.clone(), *generation),
+                        Scrape {
+                            resets: *resets,
+                            restarts: *restarts,
+                        },
+                    );
+                }
+                Entry::Spawn { .. } => {}
+            }
+        }
+        samples.sort_by_key(|s: &Sample| (s.t, s.node.clone()));
+        Parsed {
+            rules,
+            deadline_ms,
+            ops: ops.into_values().collect(),
+            samples,
+            events: events.into_values().collect(),
+            phases,
+            exits,
+            metrics,
+        }
+    }
+}
+
+/// A decider: node id and generation.
+pub type Decider = (String, u64);
+/// An op with its answer.
+pub type Answered<'a> = (&'a Op, &'a Answer);
+/// One decider's answers per key.
+pub type PerKey<'a> = BTreeMap<&'a str, Vec<Answered<'a>>>;
+
+/// The fixed-window ops that may belong to one (key, window).
+pub struct Window<'a> {
+    /// Answers naming this window, and ops of unknown outcome whose time span covers it.
+    pub ops: Vec<&'a Op>,
+    /// The answers among them (every one names this window).
+    pub answers: Vec<Answered<'a>>,
+    /// The non-degraded answers: decided by an owner's shard.
+    pub decided: Vec<Answered<'a>>,
+    /// Distinct non-degraded deciders (node id, generation): D of S3.
+    pub deciders: BTreeSet<Decider>,
+    /// Cost admitted per fail-open fallback counter (entry node, generation, fallback
+    /// limit).
+    pub fallbacks: BTreeMap<(String, u64, u64), u64>,
+}
+
+/// What every property reads: the parsed history plus its shared groupings.
+pub struct Context<'a> {
+    pub deadline_ms: u64,
+    pub ops: &'a [Op],
+    pub samples: &'a [Sample],
+    pub events: &'a [NemesisEvent],
+    pub phases: &'a [Phase],
+    pub exits: &'a [Exit],
+    pub metrics: &'a HashMap<(String, u64), Scrape>,
+    /// The fixed window rule's limit L and window W (ms).
+    pub l: u64,
+    pub w: u64,
+    pub sliding_log: Option<&'a RuleInfo>,
+    pub token_bucket: Option<&'a RuleInfo>,
+    /// Every node's ring views, rebuilt from the samples.
+    pub views: Views,
+    /// Ops on the fixed window route, by id.
+    pub fw_ops: Vec<&'a Op>,
+    /// (key, window) → the fixed-window ops that may belong there.
+    pub windows: BTreeMap<(String, u64), Window<'a>>,
+    /// (key, window) → fixed-window charges in doubt there (see `late_charge`).
+    pub doubt: BTreeMap<(String, u64), Vec<&'a Op>>,
+    /// Non-degraded decider → key → its fixed-window answers in sequence order.
+    pub by_decider: BTreeMap<Decider, PerKey<'a>>,
+}
+
+impl<'a> Context<'a> {
+    pub fn new(p: &'a Parsed) -> Context<'a> {
+        let rule = |alg: &str| p.rules.iter().find(|r| r.algorithm == alg);
+        let fw = rule("fixed_window").expect("a fixed_window rule in the meta line");
+        let (l, w) = (fw.limit, fw.window_ms);
+        let fw_ops: Vec<&Op> = p.ops.iter().filter(|o| o.route == fw.route).collect();
+
+        let mut ops_by_window: BTreeMap<(String, u64), Vec<&Op>> = BTreeMap::new();
+        for op in &fw_ops {
+            let wins = match &op.outcome {
+                // An answer without a window id belongs nowhere (S2 reports it).
+                Outcome::Ok(a) => match a.window_id {
+                    Some(win) => win..=win,
+                    None => continue,
+                },
+                Outcome::Info | Outcome::Pending => candidate_windows(op, w, p.deadline_ms),
+                Outcome::Fail => continue,
+            };
+            for win in wins {
+                ops_by_window
+                    .entry((op.key.clone(), win))
+                    .or_default()
+                    .push(op);
+            }
+        }
+        let windows = ops_by_window
+            .into_iter()
+            .map(|((key, win), ops)| {
+                let window = Window::new(ops, win);
+                ((key, win), window)
+            })
+            .collect();
+
+        let mut doubt: BTreeMap<(String, u64), Vec<&Op>> = BTreeMap::new();
+        for op in &fw_ops {
+            if op.is_info() || op.ok().is_some_and(|a| a.fallback()) {
+                for win in (op.invoke / w)..=(late_charge(op, &p.events, p.deadline_ms) / w) {
+                    doubt.entry((op.key.clone(), win)).or_default().push(op);
+                }
+            }
+        }
+
+        let mut by_decider: BTreeMap<Decider, PerKey> = BTreeMap::new();
+        for op in &fw_ops {
+            if let Some(a) = op.ok().filter(|a| !a.degraded) {
+                by_decider
+                    .entry(a.decider_id())
+                    .or_default()
+                    .entry(op.key.as_str())
+                    .or_default()
+                    .push((op, a));
+            }
+        }
+        for answers in by_decider.values_mut().flat_map(|keys| keys.values_mut()) {
+            // Stable: answers that share a sequence number stay in op id order.
+            answers.sort_by_key(|(_, a)| a.sequence);
+        }
+
+        Context {
+            deadline_ms: p.deadline_ms,
+            ops: &p.ops,
+            samples: &p.samples,
+            events: &p.events,
+            phases: &p.phases,
+            exits: &p.exits,
+            metrics: &p.metrics,
+            l,
+            w,
+            sliding_log: rule("sliding_window_log"),
+            token_bucket: rule("token_bucket"),
+            views: Views::build(&p.samples),
+            fw_ops,
+            windows,
+            doubt,
+            by_decider,
+        }
+    }
+
+    /// Nemesis steps that really ran.
+    pub fn faults(&self) -> impl Iterator<Item = &'a NemesisEvent> {
+        self.events.iter().filter(|e| !e.skipped)
+    }
+}
+
+impl<'a> Window<'a> {
+    fn new(ops: Vec<&'a Op>, win: u64) -> Window<'a> {
+        let answers: Vec<(&Op, &Answer)> = ops
+            .iter()
+            .filter_map(|o| o.ok().map(|a| (*o, a)))
+            .filter(|(_, a)| a.window_id == Some(win))
+            .collect();
+        let decided: Vec<(&Op, &Answer)> = answers
+            .iter()
+            .copied()
+            .filter(|(_, a)| !a.degraded)
+            .collect();
+        let deciders = decided.iter().map(|(_, a)| a.decider_id()).collect();
+        let mut fallbacks: BTreeMap<(String, u64, u64), u64> = BTreeMap::new();
+        for (o, a) in answers.iter().filter(|(_, a)| a.fallback()) {
+            let admitted = fallbacks
+                .entry((a.decider.clone(), a.generation, a.limit))
+                .or_insert(0);
+            if a.allowed {
+                *admitted += o.cost;
+            }
+        }
+        Window {
+            ops,
+            answers,
+            decided,
+            deciders,
+            fallbacks,
+        }
+    }
+}
+
+/// The windows an op of unknown outcome may have been charged in: from its invoke until
+/// it completed (at most 10 deadlines later).
+fn candidate_windows(op: &Op, w: u64, deadline_ms: u64) -> RangeInclusive<u64> {
+    (op.invoke / w)..=(op.complete.min(op.invoke + 10 * deadline_ms) / w)
+}
+
+/// Until when a charge in doubt may still land. In doubt: an `info` op, or a fail-open
+/// fallback answer (its forward timed out at the entry node, but the owner may still
+/// apply it later: a paused owner on resume, a partitioned one when TCP retransmits
+/// after the heal). The owner charges it in the window of *its* clock when it applies
+/// it, so the candidate windows reach past the fault that stalled it.
+fn late_charge(op: &Op, events: &[NemesisEvent], deadline_ms: u64) -> u64 {
+    let mut t = op.complete.min(op.invoke + 10 * deadline_ms) + 1000;
+    for e in events.iter().filter(|e| !e.skipped) {
+        if e.start.saturating_sub(1000) <= op.complete && op.invoke <= e.settled {
+            t = t.max(e.settled + (e.end - e.start) + 3000);
+        }
+    }
+    t
+}

@@ -1,0 +1,328 @@
+//! S1, the per-decider bound: one decider (node id + generation) never admits more than
+//! its algorithm allows. Zero tolerance under every fault: it follows from the
+//! single-threaded shard actor.
+
+use std::collections::BTreeMap;
+
+use crate::history::RuleInfo;
+
+use super::context::{Context, Op};
+use super::Report;
+
+/// S1-fw: per non-degraded decider, key and fixed window, admitted cost ≤ L.
+pub fn fixed_window(ctx: &Context, report: &mut Report) {
+    let l = ctx.l;
+    for ((key, win), window) in &ctx.windows {
+        for (d, g) in &window.deciders {
+            let admitted: Vec<&Op> = window
+                .decided
+                .iter()
+                .filter(|(_, a)| a.allowed && &a.decider == d && a.generation == *g)
+                .map(|(o, _)| *o)
+                .collect();
+            let cost: u64 = admitted.iter().map(|o| o.cost).sum();
+            if cost > l {
+                let ids: Vec<u64> = admitted.iter().map(|o| o.id).collect();
+                report.violate(
+                    "S1-fw",
+                    format!("key {key} window {win}: decider {d}@{g} admitted {cost} > L={l} (ops {ids:?})"),
+                );
+            }
+        }
+    }
+}
+
+/// S1-fallback: per fail-open fallback counter (entry node, fallback limit) and fixed
+/// window, admitted ≤ its limit ≤ L.
+pub fn fallback(ctx: &Context, report: &mut Report) {
+    let l = ctx.l;
+    for ((key, win), window) in &ctx.windows {
+        for ((d, g, lim), admitted) in &window.fallbacks {
+            if admitted > lim || *lim > l {
+                report.violate(
+                    "S1-fallback",
+                    format!("key {key} window {win}: fallback of {d}@{g} admitted {admitted} with fallback limit {lim} (L={l})"),
+                );
+            }
+        }
+    }
+}
+
+/// S1-log: per non-degraded decider and key of the sliding window log, admissions whose
+/// decisions surely lie within less than W (`complete_j − invoke_i < W`) cost ≤ L.
+pub fn sliding_log(ctx: &Context, report: &mut Report) {
+    let Some(r) = ctx.sliding_log else { return };
+    for ((d, g, key), list) in admissions(ctx, r) {
+        'from: for i in 0..list.len() {
+            let mut sum = 0u64;
+            for j in i..list.len() {
+                sum += list[j].cost;
+                let span = list[j].complete.saturating_sub(list[i].invoke);
+                if span + 1 < r.window_ms && sum > r.limit {
+                    report.violate(
+                        "S1-log",
+                        format!(
+                            "{d}@{g} key {key}: ops {}..{} admitted {sum} > L={} within {span} ms < W={}",
+                            list[i].id, list[j].id, r.limit, r.window_ms
+                        ),
+                    );
+                    continue 'from;
+                }
+            }
+        }
+    }
+}
+
+/// S1-tb: per non-degraded decider and key of the token bucket, admitted cost over any
+/// run of decisions ≤ burst + L × (elapsed upper bound) / W.
+pub fn token_bucket(ctx: &Context, report: &mut Report) {
+    let Some(r) = ctx.token_bucket else { return };
+    for ((d, g, key), list) in admissions(ctx, r) {
+        'from: for i in 0..list.len() {
+            let mut sum = 0u64;
+            for j in i..list.len() {
+                sum += list[j].cost;
+                let span = list[j].complete.saturating_sub(list[i].invoke);
+                let refill = (r.limit * span).div_ceil(r.window_ms);
+                if sum > r.burst + refill {
+                    report.violate(
+                        "S1-tb",
+                        format!(
+                            "{d}@{g} key {key}: ops {}..{} admitted {sum} > burst {} + refill {refill} over ≤ {span} ms",
+                            list[i].id, list[j].id, r.burst
+                        ),
+                    );
+                    continue 'from;
+                }
+            }
+        }
+    }
+}
+
+/// Non-degraded admissions on `rule`'s route per (decider, generation, key), in
+/// sequence order.
+fn admissions<'a>(
+    ctx: &Context<'a>,
+    rule: &RuleInfo,
+) -> BTreeMap<(String, u64, String), Vec<&'a Op>> {
+    let mut per: BTreeMap<(String, u64, String), Vec<&Op>> = BTreeMap::new();
+    for op in ctx.ops.iter().filter(|o| o.route == rule.route) {
+        if let Some(a) = op.ok().filter(|a| !a.degraded && a.allowed) {
+            per.entry((a.decider.clone(), a.generation, op.key.clone()))
+                .or_default()
+                .push(op);
+        }
+    }
+    for list in per.values_mut() {
+        list.sort_by_key(|o| o.ok().map(|a| a.sequence));
+    }
+    per
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    #[test]
+    fn one_decider_admitting_exactly_the_limit_passes() {
+        let mut h = Hist::new();
+        h.fw_many(L + 2, T0, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn one_decider_admitting_more_than_the_limit_in_a_window_fails() {
+        let mut h = Hist::new();
+        let ids: Vec<u64> = (0..=L)
+            .map(|i| {
+                let seq = h.seq("n1", 1);
+                let rem = L.saturating_sub(i + 1);
+                h.check(
+                    T0 + 10 * i,
+                    "n1",
+                    FW,
+                    "k",
+                    1,
+                    Ans::decided("n1", seq, true, rem),
+                )
+            })
+            .collect();
+        let r = run(&h, fixed_window);
+        assert_eq!(messages(&r, "S1-fw").len(), 1);
+        assert!(messages(&r, "S1-fw")[0].contains(&format!("{ids:?}")));
+    }
+
+    #[test]
+    fn a_restarted_node_is_a_new_decider_with_its_own_limit() {
+        // kill-restart: the same id with a new generation starts from an empty counter.
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        h.restart("n1", 2);
+        h.fw_many(L, T0 + 1000, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn the_same_limit_in_the_next_window_passes() {
+        let mut h = Hist::new();
+        h.fw_many(L, T0 + 1800, "n1", "k", "n1");
+        h.fw_many(L, T0 + W, "n1", "k", "n1");
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn fallback_admissions_do_not_count_against_a_decider() {
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        let seq = h.seq("n2", 1);
+        h.check(
+            T0 + 500,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", seq, true, 2, 3),
+        );
+        assert_eq!(run(&h, fixed_window).count("S1-fw"), 0);
+    }
+
+    #[test]
+    fn a_fallback_counter_within_its_limit_passes() {
+        let mut h = Hist::new();
+        for i in 0..4 {
+            let seq = h.seq("n2", 1);
+            let a = Ans::fallback("n2", seq, i < 3, 2u64.saturating_sub(i), 3);
+            h.check(T0 + 10 * i, "n2", FW, "k", 1, a);
+        }
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 0);
+    }
+
+    #[test]
+    fn a_fallback_counter_over_its_limit_fails() {
+        let mut h = Hist::new();
+        for i in 0..4 {
+            let seq = h.seq("n2", 1);
+            h.check(
+                T0 + 10 * i,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::fallback("n2", seq, true, 0, 3),
+            );
+        }
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 1);
+    }
+
+    #[test]
+    fn a_fallback_limit_above_the_rule_limit_fails() {
+        let mut h = Hist::new();
+        let seq = h.seq("n2", 1);
+        h.check(
+            T0,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", seq, true, L, L + 1),
+        );
+        assert_eq!(run(&h, fallback).count("S1-fallback"), 1);
+    }
+
+    /// Eight admissions of the sliding log (L = 8) at `t`, 10 ms apart, by `d`.
+    fn log_burst(h: &mut Hist, t: u64, d: &str, n: u64) {
+        for i in 0..n {
+            let seq = h.seq(d, 1);
+            h.check(t + 10 * i, d, LOG, "k", 1, Ans::decided(d, seq, true, 0));
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_admitting_its_limit_per_window_passes() {
+        let mut h = Hist::new();
+        log_burst(&mut h, T0, "n1", 8);
+        log_burst(&mut h, T0 + W, "n1", 8);
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 0);
+    }
+
+    #[test]
+    fn a_sliding_log_admitting_more_than_its_limit_within_a_window_fails() {
+        let mut h = Hist::new();
+        log_burst(&mut h, T0, "n1", 9);
+        assert!(run(&h, sliding_log).count("S1-log") > 0);
+    }
+
+    #[test]
+    fn sliding_log_admissions_not_surely_within_a_window_pass() {
+        // The first op invoked at T0 but answered late: its decision may lie up to
+        // complete_j − invoke_i = W − 1 ms before the ninth, so it is not counted.
+        let mut h = Hist::new();
+        let first = h.invoke(T0, "n1", LOG, "k", 1);
+        let seq = h.seq("n1", 1);
+        h.ok(first, T0 + 1900, Ans::decided("n1", seq, true, 7));
+        for i in 0..8u64 {
+            let seq = h.seq("n1", 1);
+            let t = T0 + 1990 + i;
+            let id = h.invoke(t, "n1", LOG, "k", 1);
+            h.ok(
+                id,
+                if i == 7 { T0 + W - 1 } else { t },
+                Ans::decided("n1", seq, true, 0),
+            );
+        }
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 0);
+        // One millisecond less and all nine surely lie within W.
+        let mut h = Hist::new();
+        let first = h.invoke(T0, "n1", LOG, "k", 1);
+        let seq = h.seq("n1", 1);
+        h.ok(first, T0 + 1900, Ans::decided("n1", seq, true, 7));
+        for i in 0..8u64 {
+            let seq = h.seq("n1", 1);
+            let t = T0 + 1990 + i;
+            let id = h.invoke(t, "n1", LOG, "k", 1);
+            h.ok(
+                id,
+                if i == 7 { T0 + W - 2 } else { t },
+                Ans::decided("n1", seq, true, 0),
+            );
+        }
+        assert_eq!(run(&h, sliding_log).count("S1-log"), 1);
+    }
+
+    #[test]
+    fn a_token_bucket_spending_its_burst_then_the_refill_passes() {
+        // Burst 5, refill 10 per 2 s: 5 at once, 5 more a second later.
+        let mut h = Hist::new();
+        for (t, n) in [(T0, 5), (T0 + 1000, 5)] {
+            for i in 0..n {
+                let seq = h.seq("n1", 1);
+                h.check(t + i, "n1", TB, "k", 1, Ans::decided("n1", seq, true, 0));
+            }
+        }
+        assert_eq!(run(&h, token_bucket).count("S1-tb"), 0);
+    }
+
+    #[test]
+    fn a_token_bucket_admitting_more_than_burst_plus_refill_fails() {
+        let mut h = Hist::new();
+        for _ in 0..7 {
+            let seq = h.seq("n1", 1);
+            h.check(T0, "n1", TB, "k", 1, Ans::decided("n1", seq, true, 0));
+        }
+        assert!(run(&h, token_bucket).count("S1-tb") > 0);
+    }
+
+    #[test]
+    fn two_deciders_each_within_the_token_bucket_pass() {
+        // An ownership move: each decider has its own bucket.
+        let mut h = Hist::new();
+        for d in ["n1", "n2"] {
+            for _ in 0..5 {
+                let seq = h.seq(d, 1);
+                h.check(T0, d, TB, "k", 1, Ans::decided(d, seq, true, 0));
+            }
+        }
+        assert_eq!(run(&h, token_bucket).count("S1-tb"), 0);
+    }
+}

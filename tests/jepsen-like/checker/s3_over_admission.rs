@@ -1,0 +1,294 @@
+//! S3, bounded over-admission: each ownership change of a key during a window can admit
+//! up to L more in that window, and every decider must have owned the key in some node's
+//! ring view around that time.
+
+use super::context::Context;
+use super::views::VIEW_SLACK_MS;
+use super::Report;
+
+/// What the summary shows about fixed-window admissions.
+pub struct OverAdmission {
+    /// Admitted cost (decided and fallback) over every (key, window).
+    pub admitted: u64,
+    /// (key, window)s that admitted more than L.
+    pub windows_over: usize,
+    /// The largest excess over L and where; `i64::MIN` without any window.
+    pub worst: (i64, String),
+}
+
+/// S3-bound: per (key, window), admitted ≤ L × D + Σ fallback limits, D = distinct
+/// non-degraded deciders.
+pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
+    let l = ctx.l;
+    let mut out = OverAdmission {
+        admitted: 0,
+        windows_over: 0,
+        worst: (i64::MIN, String::new()),
+    };
+    for ((key, win), window) in &ctx.windows {
+        let d = window.deciders.len();
+        let total: u64 = window
+            .answers
+            .iter()
+            .filter(|(_, a)| a.allowed && (!a.degraded || a.fallback()))
+            .map(|(o, _)| o.cost)
+            .sum();
+        out.admitted += total;
+        let fallback_limits: u64 = window.fallbacks.keys().map(|(_, _, lim)| *lim).sum();
+        let bound = l * d as u64 + fallback_limits;
+        if total > bound {
+            report.violate(
+                "S3-bound",
+                format!(
+                    "key {key} window {win}: admitted {total} > bound {bound} (L={l} × D={d} + fallbacks {:?})",
+                    window.fallbacks
+                ),
+            );
+        }
+        let excess = total as i64 - l as i64;
+        if excess > 0 {
+            out.windows_over += 1;
+        }
+        if excess > out.worst.0 {
+            out.worst = (
+                excess,
+                format!("key {key} window {win}: {total} admitted, bound {bound}, D={d}"),
+            );
+        }
+    }
+    out
+}
+
+/// S3-owner: every non-degraded decider, on every route, owned the key on some node's
+/// sampled ring (or a view between two samples) within ±`VIEW_SLACK_MS` of the op.
+pub fn owner(ctx: &Context, report: &mut Report) {
+    for op in ctx.ops {
+        let Some(a) = op.ok().filter(|a| !a.degraded) else {
+            continue;
+        };
+        if !ctx
+            .views
+            .owned_by(&op.key, &a.decider, op.invoke, op.complete)
+        {
+            report.violate(
+                "S3-owner",
+                format!(
+                    "op {} key {} route {}: decider {}@{} was never the key's owner in any node's ring view within ±{} ms of [{}, {}]",
+                    op.id, op.key, op.route, a.decider, a.generation, VIEW_SLACK_MS, op.invoke, op.complete
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    const RING3: &str = "n1 n2 n3";
+
+    fn owner_violations(h: &Hist) -> Vec<String> {
+        messages(&run(h, owner), "S3-owner").to_vec()
+    }
+
+    /// Every node sampled with `members` from `from` until `to`.
+    fn stable(h: &mut Hist, from: u64, to: u64, members: &str) {
+        let views: Vec<(&str, &str)> = members.split(' ').map(|n| (n, members)).collect();
+        h.rounds(from, to, &views);
+    }
+
+    #[test]
+    fn two_deciders_admitting_the_limit_each_pass_the_bound() {
+        // One ownership change in the window: up to 2L.
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        h.fw_many(L, T0 + 500, "n1", "k", "n2");
+        let (over, r) = run_with(&h, bound);
+        assert_eq!(r.count("S3-bound"), 0);
+        assert_eq!(
+            (over.admitted, over.windows_over, over.worst.0),
+            (2 * L, 1, L as i64)
+        );
+    }
+
+    #[test]
+    fn one_decider_admitting_more_than_the_limit_fails_the_bound() {
+        let mut h = Hist::new();
+        for i in 0..=L {
+            h.check(T0 + i, "n1", FW, "k", 1, Ans::decided("n1", i + 1, true, 0));
+        }
+        assert_eq!(run(&h, bound).count("S3-bound"), 1);
+    }
+
+    #[test]
+    fn fallback_limits_widen_the_bound() {
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        for i in 0..3 {
+            h.check(
+                T0 + 500 + i,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::fallback("n2", i + 1, true, 0, 3),
+            );
+        }
+        assert_eq!(run(&h, bound).count("S3-bound"), 0);
+        // The same three admissions under a fallback limit of 2 exceed L + 2.
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n1", "k", "n1");
+        for i in 0..3 {
+            h.check(
+                T0 + 500 + i,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::fallback("n2", i + 1, true, 0, 2),
+            );
+        }
+        assert_eq!(run(&h, bound).count("S3-bound"), 1);
+    }
+
+    #[test]
+    fn the_owner_on_every_ring_deciding_passes() {
+        let mut h = Hist::new();
+        stable(&mut h, T0 - 2000, T0 + 2000, RING3);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        h.fw(T0, "n1", &key, 1, "n2");
+        h.fw(T0 + 10, "n2", &key, 1, "n2");
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_node_deciding_a_key_it_never_owned_fails() {
+        // The negative control: every node decides every key itself.
+        let mut h = Hist::new();
+        stable(&mut h, T0 - 2000, T0 + 2000, RING3);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        h.fw(T0, "n1", &key, 1, "n1");
+        assert_eq!(owner_violations(&h).len(), 1);
+    }
+
+    #[test]
+    fn degraded_answers_are_not_ownership_claims() {
+        let mut h = Hist::new();
+        stable(&mut h, T0 - 2000, T0 + 2000, RING3);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        h.check(T0, "n1", FW, &key, 1, Ans::fallback("n1", 1, true, 2, 3));
+        h.check(T0 + 10, "n1", FW, &key, 1, Ans::cached("n1"));
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+    }
+
+    /// Finding 4: right after its partition healed, n33's sampled views went from
+    /// `[n33]` straight to the 4-node ring within one sampling gap, while gossip revealed
+    /// the others one at a time; in the unsampled view `[n28, n33]` n28 owned keys that
+    /// n33 forwarded to it. Returns the key.
+    fn healed_partition(h: &mut Hist) -> String {
+        let full = "n28 n29 n30 n33";
+        let key = key_owned_by("n28 n33", "n28", |k| owner_on(full, k) != "n28");
+        let others = [("n28", full), ("n29", full), ("n30", full)];
+        let mut before = others.to_vec();
+        before.push(("n33", "n33"));
+        h.rounds(T0 - 2000, T0 + 200, &before);
+        let mut after = others.to_vec();
+        after.push(("n33", full));
+        h.rounds(T0 + 200, T0 + 2000, &after);
+        key
+    }
+
+    #[test]
+    fn a_view_between_two_samples_of_a_healed_partition_passes() {
+        let mut h = Hist::new();
+        let key = healed_partition(&mut h);
+        h.fw(T0 + 100, "n33", &key, 1, "n28");
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_view_between_two_samples_counts_only_around_the_gap() {
+        let mut h = Hist::new();
+        let key = healed_partition(&mut h);
+        h.fw(T0 + 10_000, "n33", &key, 1, "n28");
+        assert_eq!(owner_violations(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_member_of_neither_sampled_view_fails() {
+        let mut h = Hist::new();
+        healed_partition(&mut h);
+        let key = key_owned_by("n31 n33", "n31", |_| true);
+        h.fw(T0 + 100, "n33", &key, 1, "n31");
+        assert_eq!(owner_violations(&h).len(), 1);
+    }
+
+    #[test]
+    fn members_joining_one_at_a_time_between_two_samples_pass() {
+        // Scale-out by two nodes: n1's view grows from 3 to 5 members between two
+        // samples; in the unsampled 4-member view n4 owned the key.
+        let mut h = Hist::new();
+        let five = "n1 n2 n3 n4 n5";
+        let key = key_owned_by("n1 n2 n3 n4", "n4", |k| owner_on(five, k) != "n4");
+        h.rounds(T0 - 2000, T0 + 200, &[("n1", RING3)]);
+        h.rounds(T0 + 200, T0 + 2000, &[("n1", five)]);
+        h.fw(T0 + 150, "n1", &key, 1, "n4");
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+    }
+
+    /// n1 paused from T0 to T0 + 6 s: it does not answer, the others drop it from their
+    /// ring at T0 + 1.4 s and see it again only at T0 + 9.4 s.
+    fn paused(h: &mut Hist) {
+        stable(h, T0 - 2000, T0, RING3);
+        h.rounds(T0, T0 + 1400, &[("n1", DOWN), ("n2", RING3), ("n3", RING3)]);
+        h.rounds(
+            T0 + 1400,
+            T0 + 6000,
+            &[("n1", DOWN), ("n2", "n2 n3"), ("n3", "n2 n3")],
+        );
+        h.rounds(
+            T0 + 6000,
+            T0 + 9400,
+            &[("n1", RING3), ("n2", "n2 n3"), ("n3", "n2 n3")],
+        );
+        stable(h, T0 + 9400, T0 + 12_000, RING3);
+    }
+
+    #[test]
+    fn a_paused_owner_deciding_by_its_stale_view_passes() {
+        let mut h = Hist::new();
+        paused(&mut h);
+        let key = key_owned_by(RING3, "n1", |_| true);
+        h.fw(T0 + 6050, "n1", &key, 1, "n1");
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_node_waking_from_a_pause_deciding_a_key_it_never_owned_fails() {
+        // Finding 5 (fixed in the product): on waking, the failure detector declared
+        // every peer dead for one gossip round; in that unsampled view `[n1]` n1 decided
+        // a key its rings before and after the pause gave to another node.
+        let mut h = Hist::new();
+        paused(&mut h);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        h.fw(T0 + 6032, "n1", &key, 1, "n1");
+        assert_eq!(owner_violations(&h).len(), 1);
+    }
+
+    #[test]
+    fn the_old_owner_deciding_within_the_slack_after_a_move_passes() {
+        // A join moves the key from n1 to n4 at T0 on every node's ring.
+        let four = "n1 n2 n3 n4";
+        let key = key_owned_by(RING3, "n1", |k| owner_on(four, k) == "n4");
+        let decide_at = |t: u64| {
+            let mut h = Hist::new();
+            stable(&mut h, T0 - 2000, T0, RING3);
+            stable(&mut h, T0, T0 + 8000, four);
+            h.fw(t, "n2", &key, 1, "n1");
+            owner_violations(&h).len()
+        };
+        assert_eq!(decide_at(T0 + 2500), 0);
+        assert_eq!(decide_at(T0 + 3500), 1);
+    }
+}

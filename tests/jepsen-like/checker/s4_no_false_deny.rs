@@ -1,0 +1,310 @@
+//! S4, no false deny: a denial is legal only if what was admitted plus what is in doubt
+//! could exceed the limit it was decided against.
+
+use super::context::{Answer, Context, Op, Window};
+use super::Report;
+
+/// S4 over every fixed-window denial: a decided denial against L, a fail-open fallback
+/// denial against its fallback limit, a deny-cache answer against an earlier real denial
+/// (or in-doubt op) through the same entry node.
+pub fn no_false_deny(ctx: &Context, report: &mut Report) {
+    for ((key, win), window) in &ctx.windows {
+        let in_doubt: &[&Op] = ctx
+            .doubt
+            .get(&(key.clone(), *win))
+            .map_or(&[], Vec::as_slice);
+        for &(o, a) in &window.answers {
+            if a.allowed {
+                continue;
+            }
+            let why = if !a.degraded {
+                decided(ctx.l, window, in_doubt, o, a)
+            } else if a.fallback() {
+                fallback(window, in_doubt, o, a)
+            } else {
+                cached(window, *win, o)
+            };
+            if let Some(why) = why {
+                report.violate("S4", format!("op {} key {key} window {win}: {why}", o.id));
+            }
+        }
+    }
+}
+
+/// A decider's denial: the admissions it may have seen plus every charge in doubt must
+/// leave less than the cost.
+fn decided(l: u64, window: &Window, in_doubt: &[&Op], o: &Op, a: &Answer) -> Option<String> {
+    let admitted: u64 = window
+        .decided
+        .iter()
+        .filter(|(x, b)| b.allowed && x.invoke <= o.complete)
+        .map(|(x, _)| x.cost)
+        .sum();
+    let doubt: u64 = in_doubt
+        .iter()
+        .filter(|x| x.invoke <= o.complete && x.id != o.id)
+        .map(|x| x.cost)
+        .sum();
+    (admitted + doubt + o.cost <= l).then(|| {
+        format!(
+            "denied cost {} by {}@{} although at most {admitted} admitted + {doubt} in doubt (L={l})",
+            o.cost, a.decider, a.generation
+        )
+    })
+}
+
+/// A fail-open fallback denial: the same fallback counter's admissions plus the entry
+/// node's ops of unknown outcome, against the fallback limit.
+fn fallback(window: &Window, in_doubt: &[&Op], o: &Op, a: &Answer) -> Option<String> {
+    let admitted: u64 = window
+        .answers
+        .iter()
+        .filter(|(x, b)| {
+            b.allowed
+                && b.fallback()
+                && b.decider == a.decider
+                && b.generation == a.generation
+                && b.limit == a.limit
+                && x.invoke <= o.complete
+        })
+        .map(|(x, _)| x.cost)
+        .sum();
+    let doubt: u64 = in_doubt
+        .iter()
+        .filter(|x| x.is_info() && x.node == o.node && x.invoke <= o.complete)
+        .map(|x| x.cost)
+        .sum();
+    (admitted + doubt + o.cost <= a.limit).then(|| {
+        format!(
+            "fallback denied cost {} with {admitted} admitted + {doubt} in doubt of fallback limit {}",
+            o.cost, a.limit
+        )
+    })
+}
+
+/// A deny-cache (or fail-closed) answer: needs an earlier denial of no more cost seen by
+/// this entry node, or an op of unknown outcome through it.
+fn cached(window: &Window, win: u64, o: &Op) -> Option<String> {
+    let justified = window.ops.iter().any(|x| {
+        x.node == o.node
+            && x.invoke <= o.complete
+            && x.id != o.id
+            && (x.is_info()
+                || x.ok().is_some_and(|b| {
+                    !b.allowed
+                        && !b.degraded
+                        && b.hops == 1
+                        && b.window_id == Some(win)
+                        && x.cost <= o.cost
+                }))
+    });
+    (!justified).then(|| {
+        format!(
+            "cached denial (cost {}) without an earlier denial of cost ≤ it through {}",
+            o.cost, o.node
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    fn s4(h: &Hist) -> Vec<String> {
+        messages(&run(h, no_false_deny), "S4").to_vec()
+    }
+
+    /// `n` admissions of cost 1 by n1 for key k from `t`, 10 ms apart.
+    fn admitted(h: &mut Hist, t: u64, n: u64) {
+        for i in 0..n {
+            let seq = h.seq("n1", 1);
+            h.check(
+                t + 10 * i,
+                "n1",
+                FW,
+                "k",
+                1,
+                Ans::decided("n1", seq, true, L - 1 - i),
+            );
+        }
+    }
+
+    fn deny(h: &mut Hist, t: u64, cost: u64) -> u64 {
+        let seq = h.seq("n1", 1);
+        h.check(t, "n1", FW, "k", cost, Ans::decided("n1", seq, false, 0))
+    }
+
+    #[test]
+    fn a_denial_after_the_limit_was_admitted_passes() {
+        let mut h = Hist::new();
+        h.fw_many(L + 2, T0, "n2", "k", "n1");
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_denial_with_room_left_fails() {
+        let mut h = Hist::new();
+        admitted(&mut h, T0, 8);
+        let id = deny(&mut h, T0 + 500, 2);
+        let msgs = s4(&h);
+        assert_eq!(msgs.len(), 1);
+        assert!(msgs[0].starts_with(&format!("op {id} ")), "{msgs:?}");
+    }
+
+    #[test]
+    fn a_denial_justified_by_an_op_of_unknown_outcome_passes() {
+        let mut h = Hist::new();
+        let lost = h.invoke(T0, "n3", FW, "k", 2);
+        h.info(lost, T0 + 2000);
+        admitted(&mut h, T0 + 100, 8);
+        deny(&mut h, T0 + 500, 1);
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    /// A fail-open fallback answer of cost 2 through n2 while n1 (the owner) is paused
+    /// at T0 + 100 … T0 + 3100; then, three windows later, n1 admits 8 and denies 1.
+    fn stalled_forward(h: &mut Hist, pause: bool) {
+        if pause {
+            h.nemesis(1, "pause", "n1", T0 + 100, T0 + 3100, T0 + 3600);
+        }
+        let id = h.invoke(T0 + 200, "n2", FW, "k", 2);
+        h.ok(id, T0 + 2200, Ans::fallback("n2", 1, true, 1, 3));
+        admitted(h, T0 + 3 * W, 8);
+        deny(h, T0 + 3 * W + 500, 1);
+    }
+
+    #[test]
+    fn a_stalled_forward_charged_by_the_owner_windows_later_passes() {
+        // Finding 2: the owner applied forwards stalled by the pause when it resumed,
+        // in a window of its own clock well after the fallback answer; the charge stays
+        // in doubt until the fault's length plus 3 s after it settled.
+        let mut h = Hist::new();
+        stalled_forward(&mut h, true);
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn without_a_fault_a_fallback_answer_is_in_doubt_only_until_its_deadline() {
+        let mut h = Hist::new();
+        stalled_forward(&mut h, false);
+        assert_eq!(s4(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_fallback_denial_at_its_limit_passes() {
+        let mut h = Hist::new();
+        for i in 0..3 {
+            h.check(
+                T0 + i,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::fallback("n2", i + 1, true, 2 - i, 3),
+            );
+        }
+        h.check(
+            T0 + 10,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", 4, false, 0, 3),
+        );
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_fallback_denial_with_room_left_fails() {
+        let mut h = Hist::new();
+        h.check(T0, "n2", FW, "k", 1, Ans::fallback("n2", 1, true, 2, 3));
+        h.check(
+            T0 + 10,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", 2, false, 0, 3),
+        );
+        assert!(s4(&h)[0].contains("fallback denied cost 1 with 1 admitted + 0 in doubt"));
+    }
+
+    #[test]
+    fn a_fallback_denial_counts_the_entry_nodes_ops_of_unknown_outcome() {
+        let mut h = Hist::new();
+        let lost = h.invoke(T0, "n2", FW, "k", 2);
+        h.info(lost, T0 + 2000);
+        h.check(
+            T0 + 10,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", 1, false, 0, 2),
+        );
+        assert_eq!(s4(&h), Vec::<String>::new());
+        // Through another entry node it is no excuse.
+        let mut h = Hist::new();
+        let lost = h.invoke(T0, "n3", FW, "k", 2);
+        h.info(lost, T0 + 2000);
+        h.check(
+            T0 + 10,
+            "n2",
+            FW,
+            "k",
+            1,
+            Ans::fallback("n2", 1, false, 0, 2),
+        );
+        assert_eq!(s4(&h).len(), 1);
+    }
+
+    /// n2 admits L through n1, then denies a forwarded check of `cost` through `via`.
+    fn real_denial(h: &mut Hist, via: &str, cost: u64) {
+        h.fw_many(L, T0, "n1", "k", "n2");
+        h.fw(T0 + 200, via, "k", cost, "n2");
+    }
+
+    #[test]
+    fn a_cached_denial_after_a_real_one_through_the_same_entry_node_passes() {
+        let mut h = Hist::new();
+        real_denial(&mut h, "n1", 1);
+        h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
+        h.check(T0 + 310, "n1", FW, "k", 2, Ans::cached("n1"));
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_cached_denial_without_a_real_one_fails() {
+        let mut h = Hist::new();
+        h.fw_many(3, T0, "n1", "k", "n2");
+        h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
+        assert!(s4(&h)[0].contains("cached denial (cost 1)"));
+    }
+
+    #[test]
+    fn a_cached_denial_after_a_real_one_through_another_entry_node_fails() {
+        let mut h = Hist::new();
+        real_denial(&mut h, "n3", 1);
+        h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
+        assert_eq!(s4(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_cached_denial_of_less_cost_than_the_real_one_fails() {
+        let mut h = Hist::new();
+        h.fw_many(8, T0, "n1", "k", "n2");
+        h.fw(T0 + 200, "n1", "k", 3, "n2");
+        h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
+        assert_eq!(s4(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_cached_denial_after_an_op_of_unknown_outcome_through_the_entry_node_passes() {
+        let mut h = Hist::new();
+        let lost = h.invoke(T0, "n1", FW, "k", 1);
+        h.info(lost, T0 + 2000);
+        h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+}

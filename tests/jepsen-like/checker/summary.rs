@@ -1,0 +1,103 @@
+//! The summary table printed after every run (docs/chaos.md, "Reading the summary").
+
+use std::fmt::Write as _;
+
+use super::availability::Impact;
+use super::context::{Context, Op, Outcome};
+use super::observability::Resets;
+use super::s3_over_admission::OverAdmission;
+use super::{Report, PROPERTIES};
+
+/// The numbers the properties computed on the way.
+pub struct Stats {
+    pub over: OverAdmission,
+    pub s5_windows: usize,
+    pub impacts: Vec<Impact>,
+    pub resets: Resets,
+}
+
+pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
+    let ops = ctx.ops;
+    let count = |f: &dyn Fn(&Op) -> bool| ops.iter().filter(|o| f(o)).count();
+    let ok = count(&|o| o.ok().is_some());
+    let fail = count(&|o| matches!(o.outcome, Outcome::Fail));
+    let info = count(&|o| o.is_info());
+    let admitted = count(&|o| o.ok().is_some_and(|a| a.allowed));
+    let degraded = count(&|o| o.ok().is_some_and(|a| a.fallback()));
+    let cached = count(&|o| o.ok().is_some_and(|a| a.degraded && !a.fallback()));
+    let max_deciders = ctx
+        .windows
+        .values()
+        .map(|w| w.deciders.len())
+        .max()
+        .unwrap_or(0);
+    let (over, resets) = (&stats.over, &stats.resets);
+    let mut s = String::new();
+    let _ = writeln!(s, "| metric | value |");
+    let _ = writeln!(s, "|---|---|");
+    let _ = writeln!(
+        s,
+        "| ops (ok / fail / info) | {} ({ok} / {fail} / {info}) |",
+        ops.len()
+    );
+    let _ = writeln!(s, "| admitted ops (all routes) | {admitted} |");
+    let _ = writeln!(
+        s,
+        "| fail-open fallback answers / deny-cache answers | {degraded} / {cached} |"
+    );
+    let _ = writeln!(
+        s,
+        "| fixed window: admitted cost / (key, window)s | {} / {} |",
+        over.admitted,
+        ctx.windows.len()
+    );
+    let _ = writeln!(s, "| max deciders per (key, window) | {max_deciders} |");
+    let _ = writeln!(
+        s,
+        "| over-admission vs bound | {} (key, window)s above L; worst: {} |",
+        over.windows_over,
+        if over.worst.0 > 0 {
+            format!("+{} over L ({})", over.worst.0, over.worst.1)
+        } else {
+            "none".into()
+        }
+    );
+    let _ = writeln!(
+        s,
+        "| S5 (key, window)s checked in fault-free phases | {} |",
+        stats.s5_windows
+    );
+    let _ = writeln!(
+        s,
+        "| rings agree after the last heal | {} |",
+        report
+            .ring_agree_ms
+            .map_or("n/a".into(), |t| format!("{:.1} s", t as f64 / 1000.0))
+    );
+    let _ = writeln!(
+        s,
+        "| keys reset after crashes (history) vs metrics | {} vs {} resets + {} restarts |",
+        resets.keys(),
+        resets.metric_resets,
+        resets.metric_restarts
+    );
+    let _ = writeln!(s);
+    if !stats.impacts.is_empty() {
+        let _ = writeln!(s, "| nemesis event | seconds with failing or degraded ops | untouched-key ops failed | untouched-key ops degraded |");
+        let _ = writeln!(s, "|---|---|---|---|");
+        for i in &stats.impacts {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} | {} | {} |",
+                i.event, i.seconds, i.failed, i.degraded
+            );
+        }
+        let _ = writeln!(s);
+    }
+    let _ = writeln!(s, "| property | violations |");
+    let _ = writeln!(s, "|---|---|");
+    for p in PROPERTIES {
+        let _ = writeln!(s, "| {p} | {} |", report.count(p));
+    }
+    s
+}
