@@ -48,8 +48,12 @@ pub struct DescriptorInput<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckInput<'a> {
     /// 1..=[`plan::MAX_DESCRIPTORS`] descriptors, in the order the front end reports them.
-    pub descriptors: Vec<DescriptorInput<'a>>,
+    /// Inline for the common single-descriptor check, so mapping one allocates nothing.
+    pub descriptors: Descriptors<'a>,
 }
+
+/// The descriptors of one check.
+pub type Descriptors<'a> = smallvec::SmallVec<[DescriptorInput<'a>; 1]>;
 
 /// Why a check could not be decided.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -239,7 +239,7 @@ mod tests {
 
     fn one<'a>(key: &'a str, route: &'a str) -> CheckInput<'a> {
         CheckInput {
-            descriptors: vec![DescriptorInput {
+            descriptors: smallvec::smallvec![DescriptorInput {
                 key,
                 route,
                 tier: None,
@@ -334,7 +334,7 @@ mod tests {
     #[test]
     fn descriptor_counts_outside_one_to_max_are_refused() {
         let mut input = one("a", "/x");
-        input.descriptors = vec![input.descriptors[0]; MAX_DESCRIPTORS + 1];
+        input.descriptors = smallvec::smallvec![input.descriptors[0]; MAX_DESCRIPTORS + 1];
         assert_eq!(invalid_field(plan(&input)), "descriptors");
         input.descriptors.pop();
         assert_eq!(plan(&input).unwrap().len(), MAX_DESCRIPTORS);

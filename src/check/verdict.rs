@@ -8,36 +8,15 @@
 
 use std::sync::Arc;
 
-use crate::algorithms::{AlgorithmKind, Decision, Millis};
-use crate::cluster::{Answer, Decided, Decider};
+use crate::algorithms::Millis;
+use crate::cluster::{Decided, Decider, DescriptorOutcome};
 
-/// One descriptor's part of a verdict.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DescriptorVerdict {
-    /// The client key it was checked for.
-    pub client: Arc<str>,
-    /// The route as sent.
-    pub route: Arc<str>,
-    /// The algorithm's verdict and numbers.
-    pub decision: Decision,
-    /// The matched rule, as the decider reported it.
-    pub rule: Arc<str>,
-    /// The rule's algorithm.
-    pub algorithm: AlgorithmKind,
-    /// Who decided.
-    pub decider: Decider,
-    /// The decider's sequence number (0 when no decider decided just now).
-    pub sequence: u64,
-    /// Not decided by the key's owner: fail-open, fail-closed or the deny cache.
-    pub degraded: bool,
-    /// Admitted, then given back because another descriptor denied.
-    pub refunded: bool,
-    /// Forward hops (0: decided on the node that was asked).
-    pub hops: u32,
-}
+/// One descriptor's part of a verdict: the planned descriptor, its answer (who
+/// decided, the numbers, degraded or not, hops) and whether it was refunded.
+pub type DescriptorVerdict = DescriptorOutcome;
 
 /// The answer to one check.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Verdict {
     /// Every descriptor allowed.
     pub allowed: bool,
@@ -85,31 +64,9 @@ pub struct Quota {
 impl Verdict {
     /// Combine one check's descriptor answers.
     pub fn combine(decided: Decided) -> Verdict {
-        let Decided {
-            items,
-            answers,
-            refunded,
-        } = decided;
-        let chosen = chosen(&answers);
-        let allowed = answers.iter().all(|a| a.decision.allowed);
-        let descriptors: Vec<DescriptorVerdict> = items
-            .into_iter()
-            .zip(answers)
-            .zip(refunded)
-            .map(|((item, answer), refunded)| DescriptorVerdict {
-                client: item.client,
-                route: item.route,
-                decision: answer.decision,
-                rule: answer.rule,
-                algorithm: answer.algorithm,
-                decider: answer.decider,
-                sequence: answer.sequence,
-                degraded: answer.degraded,
-                refunded,
-                hops: answer.hops,
-            })
-            .collect();
-        let top = &descriptors[chosen];
+        let descriptors = decided.descriptors;
+        let allowed = descriptors.iter().all(|d| d.answer.decision.allowed);
+        let top = &descriptors[chosen(&descriptors)].answer;
         Verdict {
             allowed,
             limit: top.decision.limit,
@@ -120,11 +77,11 @@ impl Verdict {
             decider: top.decider.clone(),
             window_id: top.decision.window_id,
             sequence: top.sequence,
-            degraded: descriptors.iter().any(|d| d.degraded),
+            degraded: descriptors.iter().any(|d| d.answer.degraded),
             delay_ms: if allowed {
                 descriptors
                     .iter()
-                    .map(|d| d.decision.delay_ms)
+                    .map(|d| d.answer.decision.delay_ms)
                     .max()
                     .unwrap_or(0)
             } else {
@@ -148,14 +105,14 @@ impl Verdict {
 
 /// The most restrictive answer: the longest wait among denials, else the least
 /// remaining (the first such, for ties).
-fn chosen(answers: &[Answer]) -> usize {
-    let allowed = answers.iter().all(|a| a.decision.allowed);
-    if allowed {
-        (0..answers.len()).min_by_key(|&i| answers[i].decision.remaining)
+fn chosen(descriptors: &[DescriptorOutcome]) -> usize {
+    let decision = |i: usize| &descriptors[i].answer.decision;
+    if descriptors.iter().all(|d| d.answer.decision.allowed) {
+        (0..descriptors.len()).min_by_key(|&i| decision(i).remaining)
     } else {
-        (0..answers.len())
-            .filter(|&i| !answers[i].decision.allowed)
-            .max_by_key(|&i| answers[i].decision.retry_after_ms)
+        (0..descriptors.len())
+            .filter(|&i| !decision(i).allowed)
+            .max_by_key(|&i| decision(i).retry_after_ms)
     }
     .unwrap_or(0)
 }
@@ -163,8 +120,9 @@ fn chosen(answers: &[Answer]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Charged;
+    use crate::algorithms::{AlgorithmKind, Decision};
     use crate::cluster::CheckItem;
+    use crate::cluster::{Answer, Charged};
     use crate::config::rules::RuleSet;
     use std::num::NonZeroU64;
 
@@ -195,15 +153,16 @@ mod tests {
 
     fn decided(answers: Vec<Answer>) -> Decided {
         let rule = RuleSet::builtin().default_rule().clone();
-        let items = (0..answers.len())
-            .map(|i| CheckItem::new(rule.clone(), &format!("k{i}"), "/x", None, NonZeroU64::MIN))
+        let descriptors = answers
+            .into_iter()
+            .enumerate()
+            .map(|(i, answer)| DescriptorOutcome {
+                item: CheckItem::new(rule.clone(), &format!("k{i}"), "/x", None, NonZeroU64::MIN),
+                answer,
+                refunded: false,
+            })
             .collect();
-        let refunded = vec![false; answers.len()];
-        Decided {
-            items,
-            answers,
-            refunded,
-        }
+        Decided { descriptors }
     }
 
     #[test]
@@ -232,7 +191,7 @@ mod tests {
         assert_eq!(v.remaining, 0, "remaining is 0 overall on a denial");
         assert_eq!(v.delay_ms, 0);
         assert_eq!(
-            v.descriptors[2].decision.remaining, 4,
+            v.descriptors[2].answer.decision.remaining, 4,
             "descriptors keep theirs"
         );
     }

@@ -131,15 +131,23 @@ pub enum Charged {
     Owner(Member),
 }
 
-/// One check's descriptors with their answers after refunds.
+/// One descriptor of a decided check.
+#[derive(Debug, Clone)]
+pub struct DescriptorOutcome {
+    /// The descriptor as planned.
+    pub item: CheckItem,
+    /// Its answer.
+    pub answer: Answer,
+    /// Admitted, then given back because another descriptor of the check denied.
+    pub refunded: bool,
+}
+
+/// One check's descriptors with their answers after refunds (one vector per check:
+/// the verdict keeps it as it is).
 #[derive(Debug)]
 pub struct Decided {
-    /// The descriptors as planned.
-    pub items: Vec<CheckItem>,
-    /// One answer per descriptor.
-    pub answers: Vec<Answer>,
-    /// Per descriptor: admitted, then given back because another descriptor denied.
-    pub refunded: Vec<bool>,
+    /// In request order.
+    pub descriptors: Vec<DescriptorOutcome>,
 }
 
 /// An owner's answer to one forwarded descriptor, as the peer client adapter decodes it.

@@ -4,7 +4,7 @@
 //! descriptors decided here, answered from the deny cache, and sent to their owner;
 //! after the forwards, [`on_unreachable`] says what a descriptor whose owner did not
 //! answer gets (fail-open on a stand-in rule with the limit divided by the ring size, or
-//! a fail-closed denial); [`refund_flags`] and [`refunds`] say which admissions to give
+//! a fail-closed denial); [`mark_refunds`] and [`refunds`] say which admissions to give
 //! back, and where, when a sibling descriptor denied.
 //!
 //! Routing rule: the ring in this node's current view names the owner of a client key.
@@ -13,7 +13,7 @@
 
 use crate::algorithms::{Decision, Millis};
 use crate::cluster::deny_cache::{Denial, DenyCache};
-use crate::cluster::{Answer, Charged, CheckItem, Decided, Decider, Remote};
+use crate::cluster::{Answer, Charged, CheckItem, Decided, Decider, DescriptorOutcome, Remote};
 use crate::config::rules::{FailMode, Rule};
 use crate::membership::{ClusterView, Member};
 use crate::shard::Refund;
@@ -236,14 +236,15 @@ pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis)
     }
 }
 
-/// Per descriptor of one check: admitted, but to be given back because another denied.
+/// Mark the descriptors of one check to give back: admitted while another denied.
 /// Only what was charged somewhere is given back (not cached or fail-closed answers).
-pub fn refund_flags(answers: &[Answer]) -> Vec<bool> {
-    let any_denied = answers.iter().any(|a| !a.decision.allowed);
-    answers
-        .iter()
-        .map(|a| any_denied && a.decision.allowed && !matches!(a.charged, Charged::Nothing))
-        .collect()
+pub fn mark_refunds(descriptors: &mut [DescriptorOutcome]) {
+    let any_denied = descriptors.iter().any(|d| !d.answer.decision.allowed);
+    for d in descriptors {
+        d.refunded = any_denied
+            && d.answer.decision.allowed
+            && !matches!(d.answer.charged, Charged::Nothing);
+    }
 }
 
 /// Admissions to give back, grouped by where they were charged.
@@ -259,10 +260,13 @@ pub struct Refunds {
 pub fn refunds(decided: &[Decided]) -> Refunds {
     let mut out = Refunds::default();
     for check in decided {
-        for ((item, answer), &give_back) in
-            check.items.iter().zip(&check.answers).zip(&check.refunded)
+        for DescriptorOutcome {
+            item,
+            answer,
+            refunded,
+        } in &check.descriptors
         {
-            if !give_back {
+            if !refunded {
                 continue;
             }
             match &answer.charged {
@@ -294,13 +298,16 @@ pub fn combine(checks: Vec<Vec<CheckItem>>, answers: Vec<Answer>) -> Vec<Decided
     checks
         .into_iter()
         .map(|items| {
-            let answers: Vec<Answer> = answers.by_ref().take(items.len()).collect();
-            let refunded = refund_flags(&answers);
-            Decided {
-                items,
-                answers,
-                refunded,
-            }
+            let mut descriptors: Vec<DescriptorOutcome> = items
+                .into_iter()
+                .map(|item| DescriptorOutcome {
+                    item,
+                    answer: answers.next().expect("one answer per descriptor"),
+                    refunded: false,
+                })
+                .collect();
+            mark_refunds(&mut descriptors);
+            Decided { descriptors }
         })
         .collect()
 }
@@ -412,6 +419,10 @@ mod tests {
     use super::testkit::*;
     use super::*;
     use std::sync::Arc;
+
+    fn flags(decided: &Decided) -> Vec<bool> {
+        decided.descriptors.iter().map(|d| d.refunded).collect()
+    }
 
     fn plan_of(items: &[CheckItem], view: &ClusterView, deny: &DenyCache, origin: Origin) -> Plan {
         let refs: Vec<&CheckItem> = items.iter().collect();
@@ -635,7 +646,7 @@ mod tests {
             },
         ];
         let decided = combine(vec![vec![here.clone(), there, denied, cachedd]], answers);
-        assert_eq!(decided[0].refunded, vec![true, true, false, false]);
+        assert_eq!(flags(&decided[0]), vec![true, true, false, false]);
         let refunds = refunds(&decided);
         assert_eq!(refunds.here.len(), 1);
         assert_eq!(refunds.here[0].charge.id, here.id);
@@ -658,8 +669,8 @@ mod tests {
             vec![vec![a.clone()], vec![b.clone(), a.clone()]],
             vec![allow(&a), deny(&b), allow(&a)],
         );
-        assert_eq!(decided[0].refunded, vec![false]);
-        assert_eq!(decided[1].refunded, vec![false, true]);
+        assert_eq!(flags(&decided[0]), vec![false]);
+        assert_eq!(flags(&decided[1]), vec![false, true]);
         assert_eq!(refunds(&decided).here.len(), 1);
     }
 

@@ -170,13 +170,13 @@ impl Router {
         let mut answers = plan.answers;
 
         // The one step with I/O: this node's shards and the owners, concurrently.
-        let local: Vec<&CheckItem> = plan.local.iter().map(|&i| flat[i]).collect();
+        let local = plan.local.iter().map(|&i| flat[i]);
         let remote_calls = plan
             .remote
             .iter()
             .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
         let (local_answers, remote_results) =
-            tokio::join!(self.decide_here(&local, &view), join_all(remote_calls));
+            tokio::join!(self.decide_here(local, &view), join_all(remote_calls));
         for (&i, answer) in plan.local.iter().zip(local_answers?) {
             answers[i] = Some(answer);
         }
@@ -245,25 +245,23 @@ impl Router {
             // The sender's ring and ours disagree (a membership change in flight).
             self.metrics.not_owner.increment(strays as u64);
         }
-        let refs: Vec<&CheckItem> = items.iter().collect();
-        self.decide_here(&refs, &view).await
+        self.decide_here(items.iter(), &view).await
     }
 
     /// Decide on this node's shards, each item on its own counter.
-    async fn decide_here(
+    async fn decide_here<'a>(
         &self,
-        items: &[&CheckItem],
+        items: impl ExactSizeIterator<Item = &'a CheckItem> + Clone,
         view: &ClusterView,
     ) -> Result<Vec<Answer>, ShardError> {
-        if items.is_empty() {
+        if items.len() == 0 {
             return Ok(Vec::new());
         }
         let outcomes = self
             .shards
-            .check(items.iter().map(|item| item.charge()).collect())
+            .check(items.clone().map(|item| item.charge()).collect())
             .await?;
         Ok(items
-            .iter()
             .zip(outcomes)
             .map(|(item, outcome)| {
                 if outcome.fresh && self.restarts_here(view, item.id.placement) {

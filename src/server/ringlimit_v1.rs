@@ -11,7 +11,9 @@ use std::time::Instant;
 use metrics::Histogram;
 use tonic::{Request, Response, Status};
 
-use crate::check::{At, CheckInput, Checker, DescriptorInput, FieldNames, Leaf, Verdict};
+use crate::check::{
+    At, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf, Verdict,
+};
 use crate::proto;
 
 /// The public gRPC face of a node.
@@ -69,7 +71,7 @@ fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
         tier: request.tier.as_deref(),
         cost: request.cost,
     };
-    let mut descriptors = Vec::with_capacity(1 + request.descriptors.len());
+    let mut descriptors = Descriptors::with_capacity(1 + request.descriptors.len());
     descriptors.push(own);
     descriptors.extend(request.descriptors.iter().map(|d| DescriptorInput {
         key: &d.key,
@@ -106,23 +108,26 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
         descriptors: verdict
             .descriptors
             .iter()
-            .map(|d| proto::DescriptorResult {
-                key: d.client.to_string(),
-                route: d.route.to_string(),
-                allowed: d.decision.allowed,
-                limit: d.decision.limit,
-                remaining: d.decision.remaining,
-                retry_after_ms: d.decision.retry_after_ms,
-                reset_at: reset_at(d.decision.reset_at_ms),
-                rule: d.rule.to_string(),
-                algorithm: d.algorithm.as_str().to_string(),
-                window_id: d.decision.window_id,
-                sequence: d.sequence,
-                decider: Some(wire_decider(&d.decider)),
-                degraded: d.degraded,
-                delay_ms: d.decision.delay_ms,
-                refunded: d.refunded,
-                hops: d.hops,
+            .map(|d| {
+                let (a, decision) = (&d.answer, &d.answer.decision);
+                proto::DescriptorResult {
+                    key: d.item.client.to_string(),
+                    route: d.item.route.to_string(),
+                    allowed: decision.allowed,
+                    limit: decision.limit,
+                    remaining: decision.remaining,
+                    retry_after_ms: decision.retry_after_ms,
+                    reset_at: reset_at(decision.reset_at_ms),
+                    rule: a.rule.to_string(),
+                    algorithm: a.algorithm.as_str().to_string(),
+                    window_id: decision.window_id,
+                    sequence: a.sequence,
+                    decider: Some(wire_decider(&a.decider)),
+                    degraded: a.degraded,
+                    delay_ms: decision.delay_ms,
+                    refunded: d.refunded,
+                    hops: a.hops,
+                }
             })
             .collect(),
     }

@@ -19,7 +19,7 @@
 //!
 //! A rate limiter holds one small state for each of millions of keys, so the bytes per
 //! key are the product (the target is at most 64 at 1,000,000 keys). Each key is one
-//! 40-byte [`Slot`] in a dense vector: its [`KeyId`] (16 bytes, in place of the key's
+//! 40-byte `Slot` in a dense vector: its [`KeyId`] (16 bytes, in place of the key's
 //! bytes, which would be a separate allocation of ~60 bytes), the state packed into two
 //! words ([`KeyState::to_pair`]), expiry in whole seconds and a word of metadata (an
 //! interned rule fingerprint, the algorithm, flags). A `hashbrown` table of `u32`
@@ -842,6 +842,21 @@ mod tests {
         assert!(store.overflow.is_empty() && store.moved.is_empty());
         let bytes = store.slots.capacity() * 40 + store.index.capacity() * 5;
         assert!(bytes / 50_000 < 64, "{} bytes per key", bytes / 50_000);
+    }
+
+    #[test]
+    fn key_ids_hash_the_length_prefixed_encoding_whatever_its_size() {
+        // `KeyId::of` encodes on the stack up to 1 KiB and on the heap beyond; both must
+        // give the identity of `StateKey`'s encoding (it travels between nodes).
+        for client_len in [0, 1, 255, 1000, 1020, 5000] {
+            let client = vec![7u8; client_len];
+            let key = StateKey::new("rule", &client, "POST /v1/charges");
+            assert_eq!(
+                KeyId::of("rule", &client, "POST /v1/charges").disc,
+                xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), DISC_SEED),
+                "client of {client_len} bytes"
+            );
+        }
     }
 
     #[test]
