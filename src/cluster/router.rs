@@ -182,9 +182,39 @@ impl Router {
         }
         self.metrics.forwarded.increment(plan.remote.len() as u64);
 
-        // Owners that did not answer: fail open on a share of the limit, or closed.
-        let mut open: Vec<(usize, Charge)> = Vec::new();
-        for ((i, owner), result) in plan.remote.iter().zip(remote_results) {
+        let open = self.settle_remote(
+            &flat,
+            &plan.remote,
+            remote_results,
+            &view,
+            now,
+            &mut answers,
+        );
+        self.decide_open(&flat, open, &mut answers).await?;
+
+        let answers = answers
+            .into_iter()
+            .map(|a| a.expect("every descriptor answered"))
+            .collect();
+        let decided = policy::combine(checks, answers);
+        self.refund(&decided).await?;
+        Ok(decided)
+    }
+
+    /// Take the owners' answers (caching denials), and give each descriptor whose owner
+    /// did not answer its fallback: a fail-closed denial now, or a fail-open stand-in
+    /// counter, returned for [`Router::decide_open`].
+    fn settle_remote(
+        &self,
+        flat: &[&CheckItem],
+        remote: &[(usize, crate::membership::Member)],
+        results: Vec<Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>>,
+        view: &ClusterView,
+        now: Millis,
+        answers: &mut [Option<Answer>],
+    ) -> Vec<(usize, Charge)> {
+        let mut open = Vec::new();
+        for ((i, owner), result) in remote.iter().zip(results) {
             let item = flat[*i];
             match result {
                 Ok(remote) => {
@@ -210,30 +240,34 @@ impl Router {
                 }
             }
         }
-        if !open.is_empty() {
-            let (positions, charges): (Vec<usize>, Vec<Charge>) = open.into_iter().unzip();
-            let outcomes = self.shards.check(charges.clone()).await?;
-            for ((i, charge), outcome) in positions.into_iter().zip(charges).zip(outcomes) {
-                let mut answer = policy::local_answer(
-                    flat[i],
-                    &self.me,
-                    outcome.decision,
-                    outcome.sequence,
-                    outcome.at,
-                    charge,
-                );
-                answer.degraded = true;
-                answers[i] = Some(answer);
-            }
-        }
+        open
+    }
 
-        let answers = answers
-            .into_iter()
-            .map(|a| a.expect("every descriptor answered"))
-            .collect();
-        let decided = policy::combine(checks, answers);
-        self.refund(&decided).await?;
-        Ok(decided)
+    /// Decide fail-open descriptors on their stand-in counters here, flagged degraded.
+    async fn decide_open(
+        &self,
+        flat: &[&CheckItem],
+        open: Vec<(usize, Charge)>,
+        answers: &mut [Option<Answer>],
+    ) -> Result<(), ShardError> {
+        if open.is_empty() {
+            return Ok(());
+        }
+        let (positions, charges): (Vec<usize>, Vec<Charge>) = open.into_iter().unzip();
+        let outcomes = self.shards.check(charges.clone()).await?;
+        for ((i, charge), outcome) in positions.into_iter().zip(charges).zip(outcomes) {
+            let mut answer = policy::local_answer(
+                flat[i],
+                &self.me,
+                outcome.decision,
+                outcome.sequence,
+                outcome.at,
+                charge,
+            );
+            answer.degraded = true;
+            answers[i] = Some(answer);
+        }
+        Ok(())
     }
 
     /// Decide descriptors a peer forwarded here: on this node's shards, whatever this
