@@ -1,6 +1,6 @@
 //! Compiles `proto/` with the pure-Rust `protox` compiler, so building ringlimit
-//! needs no `protoc` on the machine. The descriptor set is also written out for
-//! gRPC server reflection.
+//! needs no `protoc` on the machine. The public protos' descriptor set is also
+//! written out for gRPC server reflection.
 
 use std::path::PathBuf;
 
@@ -11,9 +11,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(protos, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    // Reflection on the public listener describes the public services only: the peer
+    // API is the cluster face and is not advertised to gateways.
+    let public = protox::compile(["proto/ringlimit.proto"], ["proto"])?;
     std::fs::write(
-        out.join("ringlimit_descriptor.bin"),
-        prost::Message::encode_to_vec(&fds),
+        out.join("public_descriptor.bin"),
+        prost::Message::encode_to_vec(&public),
     )?;
     tonic_prost_build::configure().compile_fds(fds)?;
     Ok(())

@@ -18,9 +18,21 @@ compose_file="$here/compose.yaml"
 export RINGLIMIT_PORT_1="${RINGLIMIT_PORT_1:-17420}"
 export RINGLIMIT_PORT_2="${RINGLIMIT_PORT_2:-17423}"
 export RINGLIMIT_PORT_3="${RINGLIMIT_PORT_3:-17426}"
+export RINGLIMIT_PEER_PORT_1="${RINGLIMIT_PEER_PORT_1:-18420}"
+export RINGLIMIT_PEER_PORT_2="${RINGLIMIT_PEER_PORT_2:-18423}"
+export RINGLIMIT_PEER_PORT_3="${RINGLIMIT_PEER_PORT_3:-18426}"
 addr1="127.0.0.1:$RINGLIMIT_PORT_1"
 addr2="127.0.0.1:$RINGLIMIT_PORT_2"
 addr3="127.0.0.1:$RINGLIMIT_PORT_3"
+# The peer service (cluster face) of each node, where `cluster status` is answered.
+peer_of() {
+    case "$1" in
+        "$addr1") echo "127.0.0.1:$RINGLIMIT_PEER_PORT_1" ;;
+        "$addr2") echo "127.0.0.1:$RINGLIMIT_PEER_PORT_2" ;;
+        "$addr3") echo "127.0.0.1:$RINGLIMIT_PEER_PORT_3" ;;
+        *) echo "$1" ;;
+    esac
+}
 t0=$SECONDS
 
 step() { printf 'smoke: [%3ds] %s\n' "$((SECONDS - t0))" "$*"; }
@@ -90,12 +102,12 @@ rl() {
 
 # Number of members in state "live" as the node at $1 sees them (0 if it does not answer).
 live_members() {
-    { rl cluster status --addr "$1" 2>/dev/null || true; } | awk '$NF == "live" { n++ } END { print n + 0 }'
+    { rl cluster status --addr "$(peer_of "$1")" 2>/dev/null || true; } | awk '$NF == "live" { n++ } END { print n + 0 }'
 }
 
 # Generation of node $2 as the node at $1 sees it (empty if not listed).
 generation_of() {
-    { rl cluster status --addr "$1" 2>/dev/null || true; } | awk -v id="$2" '$1 == id { print $2; exit }'
+    { rl cluster status --addr "$(peer_of "$1")" 2>/dev/null || true; } | awk -v id="$2" '$1 == id { print $2; exit }'
 }
 
 # Waits up to $2 seconds until the node at $1 lists 3 live members, and, given $3, until
@@ -108,7 +120,7 @@ wait_three_live() {
             n="3 (but node-3 still at its old generation $not_gen)"
         elif [[ "$n" -eq 3 ]]; then
             info "$addr sees 3 live members after $((SECONDS - start))s:"
-            rl cluster status --addr "$addr" 2>&1 | sed 's/^/smoke:           /'
+            rl cluster status --addr "$(peer_of "$addr")" 2>&1 | sed 's/^/smoke:           /'
             return 0
         fi
         sleep 1

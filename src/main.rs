@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use ringlimit::config::rules::RuleSet;
 use ringlimit::node::config::{
-    NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
+    NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN, DEFAULT_PEER_LISTEN,
 };
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
@@ -32,9 +32,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a node (defaults: gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421,
-    /// built-in rule: sliding window counter, 100 per 60 s).
-    Serve(ServeArgs),
+    /// Run a node (defaults: gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421, gossip
+    /// on 127.0.0.1:7422, peer service on 127.0.0.1:7423; built-in rule: sliding window
+    /// counter, 100 per 60 s).
+    Serve(Box<ServeArgs>),
     /// Ask a node whether one request may proceed.
     Check(CheckArgs),
     /// Rule file tools.
@@ -58,8 +59,9 @@ enum Command {
 enum ClusterCommand {
     /// Members, generations, ring shares and ring digest as one node sees them.
     Status {
-        /// Node to ask (host:port or http://host:port).
-        #[arg(long, default_value = DEFAULT_LISTEN)]
+        /// The node's peer service address (host:port or http://host:port): the
+        /// cluster face, not the public gRPC port.
+        #[arg(long, default_value = DEFAULT_PEER_LISTEN)]
         addr: String,
         /// Print JSON.
         #[arg(long)]
@@ -72,7 +74,8 @@ struct DevClusterArgs {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// First port: node i listens on base+3i (gRPC), base+3i+1 (metrics), base+3i+2 (gossip).
+    /// First port: node i listens on base+4i (gRPC), base+4i+1 (metrics), base+4i+2
+    /// (gossip), base+4i+3 (peer service).
     #[arg(long, default_value_t = 7420)]
     base_port: u16,
     /// Rule file for every node.
@@ -115,6 +118,14 @@ struct ServeArgs {
     /// Gossip address peers use (default: the --gossip-listen address).
     #[arg(long, env = "RINGLIMIT_GOSSIP_ADVERTISE")]
     gossip_advertise: Option<SocketAddr>,
+    /// Peer service address (the cluster face: forwarded checks, refunds, handoff);
+    /// put it on a private network. The public --listen port does not serve it.
+    #[arg(long, default_value = DEFAULT_PEER_LISTEN, env = "RINGLIMIT_PEER_LISTEN")]
+    peer_listen: SocketAddr,
+    /// Peer address other nodes use (default: the --peer-listen address, or with a
+    /// wildcard listener the --advertise IP with the peer port).
+    #[arg(long, env = "RINGLIMIT_PEER_ADVERTISE")]
+    peer_advertise: Option<SocketAddr>,
     /// Gossip address (host:port) of a node to join through; repeat for several.
     #[arg(long = "seed", env = "RINGLIMIT_SEEDS", value_delimiter = ',')]
     seeds: Vec<String>,
@@ -183,7 +194,7 @@ enum RulesCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Check(args) => runtime().and_then(|rt| rt.block_on(check(args))),
         Command::Rules {
             command: RulesCommand::Check { file },
@@ -230,6 +241,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.advertise = args.advertise;
     config.gossip_listen = args.gossip_listen;
     config.gossip_advertise = args.gossip_advertise;
+    config.peer_listen = args.peer_listen;
+    config.peer_advertise = args.peer_advertise;
     config.seeds = args.seeds;
     config.cluster_id = args.cluster_id;
     config.forward.timeout = std::time::Duration::from_millis(args.forward_timeout_ms);
@@ -249,12 +262,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             // One machine-readable line on stdout: scripts and tests that start nodes
             // on port 0 learn the bound addresses from it.
             println!(
-                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={}",
+                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={}",
                 node.decider.node_id,
                 node.decider.generation,
                 node.grpc_addr,
                 node.gossip_addr,
-                node.metrics_addr.map_or("-".to_string(), |a| a.to_string())
+                node.metrics_addr.map_or("-".to_string(), |a| a.to_string()),
+                node.peer_addr
             );
         })
         .await
@@ -270,7 +284,7 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
         let mut seed: Option<String> = None;
         for i in 0..args.nodes {
             let port = |offset: usize| -> anyhow::Result<SocketAddr> {
-                let port = usize::from(args.base_port) + 3 * i + offset;
+                let port = usize::from(args.base_port) + 4 * i + offset;
                 let port = u16::try_from(port).context("--base-port too high")?;
                 Ok(SocketAddr::from(([127, 0, 0, 1], port)))
             };
@@ -279,6 +293,7 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
                 listen: port(0)?,
                 metrics_listen: Some(port(1)?),
                 gossip_listen: port(2)?,
+                peer_listen: port(3)?,
                 rules_path: args.rules.clone(),
                 seeds: seed.iter().cloned().collect(),
                 ..NodeConfig::default()
@@ -286,11 +301,12 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
             let node = ringlimit::node::start(config).await?;
             seed.get_or_insert_with(|| node.gossip_addr.to_string());
             println!(
-                "node-{}  grpc={}  metrics=http://{}/metrics  gossip={}",
+                "node-{}  grpc={}  metrics=http://{}/metrics  gossip={}  peer={}",
                 i + 1,
                 node.grpc_addr,
                 node.metrics_addr.map_or("-".into(), |a| a.to_string()),
-                node.gossip_addr
+                node.gossip_addr,
+                node.peer_addr
             );
             nodes.push(node);
         }
@@ -330,7 +346,7 @@ async fn cluster_status(addr: String, json: bool) -> anyhow::Result<ExitCode> {
             .map(|m| {
                 serde_json::json!({
                     "node_id": m.node_id, "generation": m.generation, "grpc_addr": m.grpc_addr,
-                    "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
+                    "peer_addr": m.peer_addr, "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
                 })
             })
             .collect();
@@ -348,15 +364,16 @@ async fn cluster_status(addr: String, json: bool) -> anyhow::Result<ExitCode> {
             addr, status.node_id, status.generation, status.ring_digest, status.keys
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:>7} state",
-            "node", "generation", "grpc", "gossip", "share"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} state",
+            "node", "generation", "grpc", "peer", "gossip", "share"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:>6.1}% {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
+                m.peer_addr,
                 m.gossip_addr,
                 m.ring_share * 100.0,
                 if m.leaving { "leaving" } else { "live" }

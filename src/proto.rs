@@ -11,6 +11,7 @@ pub mod peer {
     tonic::include_proto!("ringlimit.peer.v1");
 }
 
-/// Encoded `FileDescriptorSet` of our protos, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/ringlimit_descriptor.bin"));
+/// Encoded `FileDescriptorSet` of the public protos (not the peer API), for gRPC
+/// server reflection on the public listener.
+pub const PUBLIC_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/public_descriptor.bin"));

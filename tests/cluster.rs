@@ -229,7 +229,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
     // Forward straight to b, which does not own the key: b decides, no second hop.
     let mut peer = ringlimit::proto::peer::peer_client::PeerClient::connect(format!(
         "http://{}",
-        nodes[1].grpc_addr
+        nodes[1].peer_addr
     ))
     .await
     .unwrap();

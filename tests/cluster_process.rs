@@ -169,7 +169,7 @@ impl Cluster {
     ) -> Result<Vec<(String, u64, BTreeSet<String>)>, String> {
         let mut views = Vec::new();
         for id in ids {
-            let channel = lazy_channel(self.node(id).ready.grpc);
+            let channel = lazy_channel(self.node(id).ready.peer);
             let status = ring_status(channel, Duration::from_secs(2))
                 .await
                 .map_err(|e| format!("{id}: status: {e}"))?;

@@ -313,3 +313,71 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     stream.read_to_string(&mut body).await.unwrap();
     body
 }
+
+/// Bypass closed: the node-to-node `Peer` service used to be served on the public port,
+/// where any client could refund its own spent budget (`Peer/Refund`), install counter
+/// state (`Peer/Install`) or read the topology (`Peer/Status`). It now has a listener of
+/// its own, and the public port neither serves nor advertises it.
+#[tokio::test]
+async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
+    use ringlimit::proto::peer::peer_client::PeerClient;
+    use ringlimit::proto::peer::{RefundItem, RefundRequest, StatusRequest};
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let node = start(NodeConfig::for_test()).await;
+    assert_ne!(node.peer_addr, node.grpc_addr);
+    let mut public = PeerClient::connect(format!("http://{}", node.grpc_addr))
+        .await
+        .unwrap();
+    let refund = RefundRequest {
+        items: vec![RefundItem {
+            key: "k".into(),
+            route: "/x".into(),
+            tier: None,
+            cost: 100,
+            at: 0,
+        }],
+    };
+    let refused = public.refund(refund.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    let refused = public.status(StatusRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+
+    // Reflection on the public port lists the public services only.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("expected a service list, got {answer:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"ringlimit.v1.RateLimiter".to_string()),
+        "{names:?}"
+    );
+    assert!(names.iter().all(|n| !n.contains("peer")), "{names:?}");
+
+    // The peer service answers on its own listener.
+    let mut peer = PeerClient::connect(format!("http://{}", node.peer_addr))
+        .await
+        .unwrap();
+    let status = peer.status(StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(status.members[0].peer_addr, node.peer_addr.to_string());
+    node.shutdown().await;
+}

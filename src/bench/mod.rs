@@ -594,6 +594,8 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 struct LocalNode {
     child: Child,
     grpc: String,
+    /// The peer service (the cluster face), where `Peer/Status` is answered.
+    peer: String,
 }
 
 impl LocalNode {
@@ -633,6 +635,8 @@ fn start_nodes(
                 "127.0.0.1:0",
                 "--gossip-listen",
                 "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
             ])
             .arg("--rules")
             .arg(&path)
@@ -655,8 +659,9 @@ fn start_nodes(
                 .with_context(|| format!("no {name}= in ready line {line:?}"))
         };
         let grpc = field("grpc")?;
+        let peer = field("peer")?;
         seed.get_or_insert(field("gossip")?);
-        nodes.push(LocalNode { child, grpc });
+        nodes.push(LocalNode { child, grpc, peer });
     }
     if count > 1 {
         // Let gossip converge so checks are routed on the full ring.
@@ -740,7 +745,7 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let after = rss_bytes(pid)?;
-    let held = PeerClient::connect(format!("http://{}", node.grpc))
+    let held = PeerClient::connect(format!("http://{}", node.peer))
         .await?
         .status(StatusRequest {})
         .await?

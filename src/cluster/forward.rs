@@ -249,11 +249,11 @@ impl PeerPool {
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.
     fn link(&self, owner: &Member) -> Arc<Link> {
         if let Some(link) = self.links.get(&owner.node_id) {
-            if link.generation == owner.generation && link.addr == owner.grpc_addr {
+            if link.generation == owner.generation && link.addr == owner.peer_addr {
                 return link.clone();
             }
         }
-        let mut endpoint = Endpoint::from_shared(format!("http://{}", owner.grpc_addr))
+        let mut endpoint = Endpoint::from_shared(format!("http://{}", owner.peer_addr))
             .expect("a socket address is a valid URI")
             .connect_timeout(self.config.timeout)
             .tcp_nodelay(true)
@@ -266,7 +266,7 @@ impl PeerPool {
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
         let link = Arc::new(Link {
             generation: owner.generation,
-            addr: owner.grpc_addr,
+            addr: owner.peer_addr,
             queue,
             client: client.clone(),
             created: std::time::Instant::now(),

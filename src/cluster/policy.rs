@@ -364,6 +364,7 @@ on_unavailable = "closed"
             node_id: id.into(),
             generation: 1,
             grpc_addr: addr,
+            peer_addr: addr,
             gossip_addr: addr,
             leaving: false,
         }

@@ -9,8 +9,9 @@
 //! in-memory `ChannelTransport` in tests, so a cluster forms with no socket. Its identity is
 //! `(node_id, generation, gossip address)`; the generation is the start time
 //! in ns, so it grows on every restart. It publishes two key-values:
-//! `grpc_addr` (its gRPC advertise address; the peer service shares it) and,
-//! once it starts a graceful leave, `leaving = "true"`.
+//! `grpc_addr` (its public gRPC advertise address), `peer_addr` (its peer
+//! service, on a listener of its own) and, once it starts a graceful leave,
+//! `leaving = "true"`.
 //!
 //! * **Source of truth: chitchat's live-nodes watch**
 //!   (`Chitchat::live_nodes_watcher`), never `node_states()`, which also holds
@@ -78,7 +79,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, error, info, warn};
 
-pub use view::{build_view, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING};
+pub use view::{
+    build_view, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
+};
 
 /// Default gossip round period; see the module docs for the reasoning.
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(200);
@@ -141,6 +144,8 @@ pub struct MembershipConfig {
     pub gossip_advertise: Option<SocketAddr>,
     /// The gRPC address published as the `grpc_addr` key-value.
     pub grpc_advertise: SocketAddr,
+    /// The peer service address published as the `peer_addr` key-value.
+    pub peer_advertise: SocketAddr,
     /// `host:port` gossip addresses of other nodes to join through.
     pub seeds: Vec<String>,
     /// Gossip round period; also how often liveness is re-evaluated.
@@ -157,7 +162,8 @@ pub struct MembershipConfig {
 
 impl MembershipConfig {
     /// A config with the tuned defaults (module docs), a fresh generation,
-    /// gossip on `0.0.0.0:7946` and no seeds.
+    /// gossip on `0.0.0.0:7946` and no seeds. The peer address defaults to the
+    /// gRPC one; a node sets its own.
     pub fn new(node_id: &str, grpc_advertise: SocketAddr) -> Self {
         MembershipConfig {
             node_id: node_id.to_string(),
@@ -166,6 +172,7 @@ impl MembershipConfig {
             gossip_listen: SocketAddr::from(([0, 0, 0, 0], 7946)),
             gossip_advertise: None,
             grpc_advertise,
+            peer_advertise: grpc_advertise,
             seeds: Vec::new(),
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             phi_threshold: DEFAULT_PHI_THRESHOLD,
@@ -271,6 +278,7 @@ impl Membership {
             node_id: config.node_id.clone(),
             generation: config.generation,
             grpc_addr: config.grpc_advertise,
+            peer_addr: config.peer_advertise,
             gossip_addr,
             leaving: false,
         };
@@ -294,7 +302,10 @@ impl Membership {
             // (V1) only pays off in clusters far larger than ours.
             protocol_version: ProtocolVersion::V0,
         };
-        let initial_kvs = vec![(KEY_GRPC_ADDR.to_string(), config.grpc_advertise.to_string())];
+        let initial_kvs = vec![
+            (KEY_GRPC_ADDR.to_string(), config.grpc_advertise.to_string()),
+            (KEY_PEER_ADDR.to_string(), config.peer_advertise.to_string()),
+        ];
         let handle = spawn_chitchat(chitchat_config, initial_kvs, transport)
             .await
             .map_err(|e| MembershipError::Start(e.into()))?;
@@ -303,6 +314,7 @@ impl Membership {
             generation = config.generation,
             %gossip_addr,
             grpc_addr = %config.grpc_advertise,
+            peer_addr = %config.peer_advertise,
             seeds = ?config.seeds,
             "membership started"
         );
@@ -526,10 +538,16 @@ impl Driver {
                     node_id: self.self_member.node_id.clone(),
                     generation: self.self_member.generation,
                     gossip_addr: self.self_member.gossip_addr,
-                    kvs: BTreeMap::from([(
-                        KEY_GRPC_ADDR.to_string(),
-                        self.self_member.grpc_addr.to_string(),
-                    )]),
+                    kvs: BTreeMap::from([
+                        (
+                            KEY_GRPC_ADDR.to_string(),
+                            self.self_member.grpc_addr.to_string(),
+                        ),
+                        (
+                            KEY_PEER_ADDR.to_string(),
+                            self.self_member.peer_addr.to_string(),
+                        ),
+                    ]),
                 });
             }
             if self.leaving {

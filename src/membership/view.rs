@@ -13,8 +13,12 @@ use tracing::debug;
 
 use crate::ring::Ring;
 
-/// Chitchat key under which every node publishes its gRPC advertise address.
+/// Chitchat key under which every node publishes its public gRPC advertise address.
 pub const KEY_GRPC_ADDR: &str = "grpc_addr";
+
+/// Chitchat key under which every node publishes the address of its peer service (the
+/// cluster face: forwarded checks, refunds, handoff), on a listener of its own.
+pub const KEY_PEER_ADDR: &str = "peer_addr";
 
 /// Chitchat key a node sets to `"true"` before it stops on purpose, so that
 /// its peers take it out of their rings while it can still hand state over.
@@ -32,9 +36,11 @@ pub struct Member {
     /// Start time of this incarnation in ns since the Unix epoch; strictly
     /// higher after every restart.
     pub generation: u64,
-    /// Where clients and peers reach this node's gRPC services (check and
-    /// forwarded check share one address).
+    /// Where gateways reach this node's public gRPC services.
     pub grpc_addr: SocketAddr,
+    /// Where peers reach this node's peer service (forwarded checks, refunds,
+    /// handoff): the cluster face, on its own listener.
+    pub peer_addr: SocketAddr,
     /// Where this node gossips; what other nodes use as a seed.
     pub gossip_addr: SocketAddr,
     /// The node announced a graceful leave: still alive (it can answer and
@@ -172,35 +178,43 @@ pub fn build_view(live: impl IntoIterator<Item = LiveNode>) -> ClusterView {
 
 /// Reads one live node's key-values; `None` if it is unusable.
 fn to_member(node: LiveNode) -> Option<Member> {
-    let grpc_addr = match node.kvs.get(KEY_GRPC_ADDR).map(|s| s.parse::<SocketAddr>()) {
-        Some(Ok(addr)) => addr,
-        Some(Err(error)) => {
-            debug!(
-                node_id = %node.node_id,
-                generation = node.generation,
-                value = %node.kvs[KEY_GRPC_ADDR],
-                %error,
-                "skipping live node: unparsable grpc_addr"
-            );
-            return None;
-        }
-        None => {
-            debug!(
-                node_id = %node.node_id,
-                generation = node.generation,
-                "skipping live node: no grpc_addr key-value (yet)"
-            );
-            return None;
-        }
-    };
+    let grpc_addr = address(&node, KEY_GRPC_ADDR)?;
+    let peer_addr = address(&node, KEY_PEER_ADDR)?;
     let leaving = node.kvs.get(KEY_LEAVING).is_some_and(|v| v == "true");
     Some(Member {
         node_id: node.node_id,
         generation: node.generation,
         grpc_addr,
+        peer_addr,
         gossip_addr: node.gossip_addr,
         leaving,
     })
+}
+
+/// The socket address a live node publishes under `key`; `None` (logged) if it is
+/// missing or unparsable, which makes the node unusable.
+fn address(node: &LiveNode, key: &str) -> Option<SocketAddr> {
+    match node.kvs.get(key).map(|s| s.parse::<SocketAddr>()) {
+        Some(Ok(addr)) => Some(addr),
+        Some(Err(error)) => {
+            debug!(
+                node_id = %node.node_id,
+                generation = node.generation,
+                value = %node.kvs[key],
+                %error,
+                "skipping live node: unparsable {key}"
+            );
+            None
+        }
+        None => {
+            debug!(
+                node_id = %node.node_id,
+                generation = node.generation,
+                "skipping live node: no {key} key-value (yet)"
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -214,6 +228,7 @@ mod tests {
     fn live(id: &str, generation: u64, grpc: &str, leaving: Option<&str>) -> LiveNode {
         let mut kvs = BTreeMap::new();
         kvs.insert(KEY_GRPC_ADDR.to_string(), grpc.to_string());
+        kvs.insert(KEY_PEER_ADDR.to_string(), "127.0.0.1:1".to_string());
         if let Some(v) = leaving {
             kvs.insert(KEY_LEAVING.to_string(), v.to_string());
         }
@@ -358,6 +373,7 @@ mod tests {
             node_id: "node-a".into(),
             generation: 42,
             grpc_addr: addr(9001),
+            peer_addr: addr(9101),
             gossip_addr: addr(7001),
             leaving: false,
         };

@@ -14,6 +14,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7421";
 /// Default UDP gossip address.
 pub const DEFAULT_GOSSIP_LISTEN: &str = "127.0.0.1:7422";
+/// Default address of the peer service (the cluster face: forwarded checks, refunds,
+/// handoff), a listener of its own so it can sit on a private network.
+pub const DEFAULT_PEER_LISTEN: &str = "127.0.0.1:7423";
 
 /// Everything a node needs to start. `Default` is what `ringlimit serve` runs with no
 /// flags; `for_test()` binds port 0 everywhere so tests run in parallel.
@@ -36,6 +39,12 @@ pub struct NodeConfig {
     pub advertise: Option<SocketAddr>,
     /// UDP gossip address (port 0 picks a free port).
     pub gossip_listen: SocketAddr,
+    /// Peer service address (port 0 picks a free port). Serves only `Peer`; the
+    /// public listener does not serve it.
+    pub peer_listen: SocketAddr,
+    /// Peer address other nodes use; default: the bound peer address, or, when that
+    /// is a wildcard, the advertised gRPC IP with the bound peer port.
+    pub peer_advertise: Option<SocketAddr>,
     /// Gossip address other nodes use; default: the bound gossip address.
     pub gossip_advertise: Option<SocketAddr>,
     /// Gossip addresses (`host:port`) of nodes to join through; none: a cluster of one
@@ -73,6 +82,8 @@ impl Default for NodeConfig {
             gossip_listen: DEFAULT_GOSSIP_LISTEN
                 .parse()
                 .expect("valid default address"),
+            peer_listen: DEFAULT_PEER_LISTEN.parse().expect("valid default address"),
+            peer_advertise: None,
             gossip_advertise: None,
             seeds: Vec::new(),
             cluster_id: crate::membership::DEFAULT_CLUSTER_ID.to_string(),
@@ -98,13 +109,21 @@ impl NodeConfig {
                 ..ShardConfig::default()
             },
             gossip_listen: "127.0.0.1:0".parse().expect("valid address"),
+            peer_listen: "127.0.0.1:0".parse().expect("valid address"),
             ..Self::default()
         }
     }
 
-    /// The membership settings this node config implies, once the gRPC address is bound.
-    pub fn membership(&self, generation: u64, grpc_advertise: SocketAddr) -> MembershipConfig {
+    /// The membership settings this node config implies, once the gRPC and peer
+    /// addresses are bound.
+    pub fn membership(
+        &self,
+        generation: u64,
+        grpc_advertise: SocketAddr,
+        peer_advertise: SocketAddr,
+    ) -> MembershipConfig {
         MembershipConfig {
+            peer_advertise,
             generation,
             cluster_id: self.cluster_id.clone(),
             gossip_listen: self.gossip_listen,

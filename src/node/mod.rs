@@ -65,6 +65,8 @@ pub enum NodeError {
 pub struct RunningNode {
     /// The bound gRPC address.
     pub grpc_addr: SocketAddr,
+    /// The bound peer service address (the cluster face).
+    pub peer_addr: SocketAddr,
     /// The bound metrics address, if any.
     pub metrics_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
@@ -89,6 +91,7 @@ impl std::fmt::Debug for RunningNode {
         f.debug_struct("RunningNode")
             .field("node_id", &self.decider.node_id)
             .field("grpc_addr", &self.grpc_addr)
+            .field("peer_addr", &self.peer_addr)
             .field("gossip_addr", &self.gossip_addr)
             .finish()
     }
@@ -161,6 +164,7 @@ pub async fn run(
     tracing::info!(
         node_id = %node.decider.node_id,
         grpc = %node.grpc_addr,
+        peer = %node.peer_addr,
         gossip = %node.gossip_addr,
         metrics = ?node.metrics_addr,
         "ringlimit node serving"
@@ -211,6 +215,19 @@ pub async fn start_with_clock(
             "listening on {grpc_addr}: set --advertise to the address peers should use"
         )));
     }
+    let peer = bind(config.peer_listen).await?;
+    let peer_addr = peer.local_addr().map_err(|source| NodeError::Bind {
+        addr: config.peer_listen,
+        source,
+    })?;
+    let peer_advertise = match config.peer_advertise {
+        Some(addr) => addr,
+        // A wildcard peer listener is reached at the advertised gRPC IP.
+        None if peer_addr.ip().is_unspecified() => {
+            SocketAddr::new(advertise.ip(), peer_addr.port())
+        }
+        None => peer_addr,
+    };
     let metrics = match config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
@@ -224,7 +241,7 @@ pub async fn start_with_clock(
         generation,
     };
     let membership = Membership::start(
-        config.membership(generation, advertise),
+        config.membership(generation, advertise, peer_advertise),
         &chitchat::transport::UdpTransport,
         cancel.child_token(),
     )
@@ -240,10 +257,10 @@ pub async fn start_with_clock(
         cancel.clone(),
     );
     let mut forward = config.forward.clone();
-    if forward.local_ip.is_none() && !grpc_addr.ip().is_unspecified() {
-        // Outbound peer traffic leaves from this node's own address, so partition
-        // rules written against a node's address hold in both directions.
-        forward.local_ip = Some(grpc_addr.ip());
+    if forward.local_ip.is_none() && !peer_addr.ip().is_unspecified() {
+        // Outbound peer traffic leaves from this node's own peer address, so
+        // partition rules written against a node's address hold in both directions.
+        forward.local_ip = Some(peer_addr.ip());
     }
     let peers = PeerPool::new(
         decider.node_id.clone(),
@@ -292,40 +309,18 @@ pub async fn start_with_clock(
         tracker.spawn(serve_metrics(listener, cancel.clone()));
     }
 
-    // The public face (what gateways call) and the cluster face (what peers call) are
-    // served on one listener today; each is its own service over its own layer.
+    // Two faces, two listeners. The public face is what gateways reach: the check
+    // services, health and reflection of those services only. The cluster face is the
+    // peer service (forwarded checks, refunds, handoff, status) on a listener of its
+    // own, so it can be bound to a private network and never answers on the public port.
     let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
+    tracker.spawn(serve_public(grpc, public, cancel.clone()).await?);
     let peer_service = PeerService::new(router.clone(), rules.clone());
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimiterServer<RateLimitService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| NodeError::Reflection(e.to_string()))?;
-    let server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(RateLimiterServer::new(public))
-        .add_service(PeerServer::new(peer_service))
-        .serve_with_incoming_shutdown(
-            // tonic applies TCP_NODELAY only to listeners it builds itself; without it
-            // Nagle's algorithm meets delayed ACKs and small answers wait ~40 ms.
-            TcpIncoming::from(grpc).with_nodelay(Some(true)),
-            cancel.clone().cancelled_owned(),
-        );
-    let server_cancel = cancel.clone();
-    tracker.spawn(async move {
-        if let Err(error) = server.await {
-            tracing::error!(%error, "gRPC server failed");
-            server_cancel.cancel();
-        }
-    });
+    tracker.spawn(serve_peer(peer, peer_service, cancel.clone()));
 
     Ok(RunningNode {
         grpc_addr,
+        peer_addr,
         metrics_addr,
         gossip_addr,
         decider,
@@ -338,6 +333,54 @@ pub async fn start_with_clock(
         cancel,
         tracker,
     })
+}
+
+/// The public face: `ringlimit.v1`, health, and reflection of the public protos.
+/// Returns the server task for the caller's tracker.
+async fn serve_public(
+    listener: TcpListener,
+    public: RateLimitService,
+    cancel: CancellationToken,
+) -> Result<impl std::future::Future<Output = ()>, NodeError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimiterServer<RateLimitService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(RateLimiterServer::new(public))
+        .serve_with_incoming_shutdown(
+            // tonic applies TCP_NODELAY only to listeners it builds itself; without it
+            // Nagle's algorithm meets delayed ACKs and small answers wait ~40 ms.
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            cancel.clone().cancelled_owned(),
+        );
+    Ok(async move {
+        if let Err(error) = server.await {
+            tracing::error!(%error, "public gRPC server failed");
+            cancel.cancel();
+        }
+    })
+}
+
+/// The cluster face: the peer service alone, on its own listener.
+async fn serve_peer(listener: TcpListener, peer: PeerService, cancel: CancellationToken) {
+    let server = tonic::transport::Server::builder()
+        .add_service(PeerServer::new(peer))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            cancel.clone().cancelled_owned(),
+        );
+    if let Err(error) = server.await {
+        tracing::error!(%error, "peer gRPC server failed");
+        cancel.cancel();
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {

@@ -209,6 +209,7 @@ impl Peer for PeerService {
                 node_id: m.node_id.clone(),
                 generation: m.generation,
                 grpc_addr: m.grpc_addr.to_string(),
+                peer_addr: m.peer_addr.to_string(),
                 gossip_addr: m.gossip_addr.to_string(),
                 leaving: m.leaving,
                 ring_share: shares

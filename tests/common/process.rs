@@ -48,13 +48,15 @@ pub struct Serve<'a> {
     pub log_name: &'a str,
 }
 
-/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A`.
+/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A`.
 #[derive(Clone, Copy, Debug)]
 pub struct Ready {
     pub generation: u64,
     pub grpc: SocketAddr,
     pub gossip: SocketAddr,
     pub metrics: SocketAddr,
+    /// The peer service (the cluster face), where `Peer/Status` is answered.
+    pub peer: SocketAddr,
 }
 
 /// One running (or exited) node process. Dropping it kills and reaps the process, so
@@ -91,6 +93,7 @@ impl Process {
             .args(["--listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--metrics-listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--gossip-listen", &SocketAddr::new(ip, 0).to_string()])
+            .args(["--peer-listen", &SocketAddr::new(ip, 0).to_string()])
             .arg("--rules")
             .arg(serve.rules)
             .args(serve.extra_args)
@@ -335,6 +338,7 @@ pub fn parse_ready(line: &str, id: &str) -> Result<Ready, String> {
         grpc: addr("grpc")?,
         gossip: addr("gossip")?,
         metrics: addr("metrics")?,
+        peer: addr("peer")?,
     })
 }
 
@@ -472,7 +476,7 @@ mod tests {
 
     #[test]
     fn a_ready_line_for_another_node_is_refused() {
-        let line = "ringlimit ready node_id=a generation=7 grpc=127.0.0.1:1 \
+        let line = "ringlimit ready node_id=a generation=7 grpc=127.0.0.1:1 peer=127.0.0.1:4 \
                     gossip=127.0.0.1:2 metrics=127.0.0.1:3";
         let ready = parse_ready(line, "a").unwrap();
         assert_eq!((ready.generation, ready.grpc.port()), (7, 1));

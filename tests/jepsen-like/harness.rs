@@ -307,7 +307,7 @@ impl Harness {
     /// A node's view: (generation, members, digest).
     pub async fn status(&self, id: &str) -> Result<(u64, Vec<MemberView>, u64), String> {
         let addr = self
-            .with_node(id, |n| n.process.ready.grpc)
+            .with_node(id, |n| n.process.ready.peer)
             .ok_or("not running")?;
         let status = process::ring_status(self.channel(addr), Duration::from_millis(400)).await?;
         let members = status
