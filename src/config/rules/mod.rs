@@ -92,8 +92,10 @@
 //!
 //! This file is the model: a [`Rule`] and what it is made of, so that every other layer can
 //! depend on it without pulling in TOML. `parse` turns a rule file into validated rules and
-//! names every problem by rule and field; `index` answers "which rule governs this check" on
-//! the hot path. Both are private; their public items are re-exported here.
+//! names every problem by rule and field; `file` reads the rule file without blocking or
+//! reading without bound and tells a watcher what each poll means; `index` answers "which
+//! rule governs this check" on the hot path. All are private; their public items are
+//! re-exported here.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -106,13 +108,16 @@ use crate::algorithms::{
     TokenBucket,
 };
 
+mod file;
 mod index;
 mod parse;
 
+pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
-    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, LOG_BYTES_PER_ENTRY,
-    MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN, MAX_QUEUE_DEPTH, MAX_WINDOW, MIN_WINDOW,
+    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, SyntaxError,
+    LOG_BYTES_PER_ENTRY, MAX_ISSUES_SHOWN, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN,
+    MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.
