@@ -1493,6 +1493,19 @@ mod tests {
     }
 
     #[test]
+    fn the_syntax_error_in_the_module_doc_is_what_the_loader_says() {
+        let e = RuleSet::from_file_bytes(
+            Path::new("rules.toml"),
+            b"[[rule]]\nname = \"a\"\nlimit = = 3\n",
+        )
+        .unwrap_err()
+        .to_string();
+        let doc = include_str!("mod.rs");
+        let shown: String = e.lines().map(|l| format!("//! {l}\n")).collect();
+        assert!(doc.contains(&shown), "module doc shows:\n{shown}");
+    }
+
+    #[test]
     fn serde_messages_echoing_keys_or_values_are_bounded() {
         let key = "k".repeat(100_000);
         let e = RuleSet::from_toml_str(&format!("[[rule]]\n{key} = 1\n"))
