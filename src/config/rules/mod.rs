@@ -75,7 +75,9 @@
 //! The same checks apply everywhere the file is read. At start the node refuses to start and
 //! names the problem. On reload (every second) the problem is logged once (not again until it
 //! changes), counted in `ringlimit_rules_reloads_total{result="error"}`, and the node keeps its
-//! previous rules. `ringlimit rules check FILE` exits 1 with the same message.
+//! previous rules. `ringlimit rules check FILE` exits 1 with the same message. A plain
+//! in-place write can be seen half done (an empty file is refused, but a cut that still parses
+//! is not); write a temporary file and rename it over the rule file to swap rules atomically.
 //!
 //! ## Which rule applies
 //!
