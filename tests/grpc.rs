@@ -4,8 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{check, client, descriptor, start, start_manual};
-use ringlimit::node::NodeConfig;
+use common::{
+    check, client, counter_value, descriptor, eventually, mkfifo, rules_file, start, start_manual,
+};
+use ringlimit::config::rules::MAX_RULES_FILE_BYTES;
+use ringlimit::node::{self, NodeConfig, RunningNode};
 use ringlimit::proto::CheckBatchRequest;
 use tonic::Code;
 
@@ -380,4 +383,258 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
     let status = peer.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(status.members[0].peer_addr, node.peer_addr.to_string());
     node.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule file attacks: a path or a write that would switch limiting off or stall the node.
+
+const RELOADS: &str = "ringlimit_rules_reloads_total";
+const ERROR: &str = "result=\"error\"";
+
+fn charges_rules(limit: u32) -> String {
+    format!(
+        "[[rule]]\nname = \"charges\"\nroute = \"POST /v1/charges\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"
+    )
+}
+
+fn charges_limit(node: &ringlimit::node::RunningNode) -> Option<u64> {
+    node.rules
+        .load()
+        .get("charges")
+        .map(|r| r.limiter.max_cost())
+}
+
+async fn start_watching(limit: u32) -> (tempfile::TempDir, std::path::PathBuf, RunningNode) {
+    let (dir, path) = rules_file(&charges_rules(limit));
+    let node = start(NodeConfig {
+        rules_path: Some(path.clone()),
+        ..NodeConfig::for_test()
+    })
+    .await;
+    assert_eq!(charges_limit(&node), Some(u64::from(limit)));
+    (dir, path, node)
+}
+
+/// Refused at start, and quickly: a start must not block on the rule path either.
+async fn start_error(path: &std::path::Path) -> String {
+    let config = NodeConfig {
+        rules_path: Some(path.to_path_buf()),
+        ..NodeConfig::for_test()
+    };
+    let started = tokio::time::timeout(Duration::from_secs(5), node::start(config))
+        .await
+        .expect("start returns instead of blocking on the rule path");
+    match started {
+        Ok(_) => panic!("node started with rule path {}", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Replace the file at `path` with a FIFO.
+fn swap_in_fifo(path: &std::path::Path) {
+    std::fs::remove_file(path).unwrap();
+    mkfifo(path);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_fifo_rule_path_blocks_neither_reloads_nor_shutdown() {
+    // Bypass closed: the watcher read a FIFO forever, so no later edit applied and
+    // SIGTERM no longer stopped the node.
+    let (_dir, path, node) = start_watching(2).await;
+    let mut c = client(&node).await;
+    let errors = counter_value(RELOADS, ERROR);
+    swap_in_fifo(&path);
+    assert!(
+        eventually(Duration::from_secs(5), || counter_value(RELOADS, ERROR)
+            > errors)
+        .await,
+        "the FIFO is refused and counted as a failed reload"
+    );
+    let a = c
+        .check(check("a", "POST /v1/charges", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (a.rule.as_str(), a.limit),
+        ("charges", 2),
+        "previous rules kept"
+    );
+
+    // A later edit still applies: the watcher is not stuck on the FIFO.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, charges_rules(3)).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || charges_limit(&node) == Some(3)).await,
+        "the edit after the FIFO was picked up"
+    );
+
+    swap_in_fifo(&path);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::timeout(Duration::from_secs(5), node.shutdown())
+        .await
+        .expect("shutdown completes with a FIFO at the rule path");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_device_at_the_rule_path_is_refused_unread_and_leave_completes() {
+    // Bypass closed: /dev/zero at the rule path was read until 2 GB.
+    let (_dir, path, node) = start_watching(2).await;
+    let errors = counter_value(RELOADS, ERROR);
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || counter_value(RELOADS, ERROR)
+            > errors)
+        .await,
+        "/dev/zero is refused and counted"
+    );
+    assert_eq!(charges_limit(&node), Some(2), "previous rules kept");
+    tokio::time::timeout(Duration::from_secs(10), node.leave())
+        .await
+        .expect("leave completes with /dev/zero at the rule path");
+}
+
+#[tokio::test]
+async fn an_empty_or_truncated_rule_file_keeps_the_previous_rules_and_counts_an_error() {
+    // Bypass closed: an empty write was accepted as "ok, 1 rules", replacing every rule
+    // with the built-in default.
+    let (_dir, path, node) = start_watching(2).await;
+    let mut c = client(&node).await;
+    for broken in [
+        "",
+        "# rules\n",
+        "[[rule]]\nname = \"charges\"\nroute = \"POST /v1/ch",
+    ] {
+        let errors = counter_value(RELOADS, ERROR);
+        std::fs::write(&path, broken).unwrap();
+        assert!(
+            eventually(Duration::from_secs(5), || counter_value(RELOADS, ERROR)
+                > errors)
+            .await,
+            "{broken:?} counted as a failed reload"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let a = c
+            .check(check("a", "POST /v1/charges", None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (a.rule.as_str(), a.limit),
+            ("charges", 2),
+            "{broken:?}: rules kept"
+        );
+    }
+    // Only the default, said explicitly, is accepted.
+    std::fs::write(&path, "[default]\nlimit = 7\nwindow = \"1m\"\n").unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || charges_limit(&node).is_none()).await,
+        "an explicit [default] alone applies"
+    );
+    assert_eq!(node.rules.load().default_rule().limiter.max_cost(), 7);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_oversize_rule_file_is_refused_and_keeps_the_previous_rules() {
+    let (_dir, path, node) = start_watching(2).await;
+    let errors = counter_value(RELOADS, ERROR);
+    let cap = usize::try_from(MAX_RULES_FILE_BYTES).unwrap();
+    // Valid rules followed by a comment that takes the file past the cap.
+    let mut big = charges_rules(9).into_bytes();
+    big.push(b'#');
+    big.resize(cap + 1, b'x');
+    std::fs::write(&path, &big).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || counter_value(RELOADS, ERROR)
+            > errors)
+        .await,
+        "the oversize file is counted as a failed reload"
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(charges_limit(&node), Some(2), "previous rules kept");
+    node.shutdown().await;
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_node_refuses_to_start_on_a_fifo_a_device_an_oversize_or_an_empty_rule_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    mkfifo(&fifo);
+    let e = start_error(&fifo).await;
+    assert_eq!(
+        e,
+        format!(
+            "rules: rules file {}: is a FIFO, not a regular file",
+            fifo.display()
+        )
+    );
+    let e = start_error(std::path::Path::new("/dev/zero")).await;
+    assert_eq!(
+        e,
+        "rules: rules file /dev/zero: is a character device, not a regular file"
+    );
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
+    let e = start_error(&big).await;
+    assert!(
+        e.ends_with("is 2097152 bytes, over the limit of 1048576 bytes"),
+        "{e}"
+    );
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let e = start_error(&empty).await;
+    assert!(e.contains("defines no rules"), "{e}");
+    let e = start_error(dir.path()).await;
+    assert!(e.ends_with("is a directory, not a regular file"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn rules_check_refuses_what_a_node_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    mkfifo(&fifo);
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let long = dir.path().join("long.toml");
+    std::fs::write(&long, format!("name = \"{}\n", "x".repeat(500_000))).unwrap();
+    let default_only = dir.path().join("default.toml");
+    std::fs::write(&default_only, "[default]\nlimit = 5\nwindow = \"1s\"\n").unwrap();
+    let run = |path: &std::path::Path| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlimit"))
+                .args(["rules", "check"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            tx.send(out).unwrap();
+        });
+        let out = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("rules check returns");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&fifo);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("is a FIFO, not a regular file"), "{text}");
+    let (code, text) = run(std::path::Path::new("/dev/zero"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("is a character device"), "{text}");
+    let (code, text) = run(&empty);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("defines no rules"), "{text}");
+    let (code, text) = run(&long);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.len() < 1_500, "bounded: {} bytes", text.len());
+    let (code, text) = run(&default_only);
+    assert_eq!(code, Some(0), "{text}");
 }

@@ -6,7 +6,6 @@
 //! calls: start, wait for the caller's shutdown token, drain.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -26,7 +25,7 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::handoff::Handoff;
 use crate::cluster::{Decider, Inherited, Router};
-use crate::config::rules::{RuleSet, RulesError};
+use crate::config::rules::{read_rules_file, RuleFile, RuleSet, RulesError};
 use crate::config::SharedRules;
 use crate::membership::{ClusterView, Membership};
 use crate::proto::peer::peer_server::PeerServer;
@@ -52,7 +51,7 @@ pub enum NodeError {
     /// The rule file is missing or invalid at start (a running node keeps its rules
     /// on a bad reload instead).
     #[error("rules: {0}")]
-    Rules(#[from] RulesError),
+    Rules(RulesError),
     /// gRPC reflection could not read our descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
@@ -191,13 +190,11 @@ pub async fn start_with_clock(
     metrics_handle();
     // The bytes parsed at start are the watcher's baseline: reading them again inside
     // the watcher task would miss an edit made between start and the task's first run.
-    let (rules, rules_bytes) = match &config.rules_path {
+    // Read once, never blocking (a FIFO or device is refused) and at most 1 MiB.
+    let (rules, rule_file) = match &config.rules_path {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| RulesError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            (RuleSet::load(path)?, Some(bytes))
+            let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
+            (rules, Some(file))
         }
         None => (RuleSet::builtin(), None),
     };
@@ -296,10 +293,9 @@ pub async fn start_with_clock(
         cancel.clone(),
     ));
 
-    if let Some(path) = config.rules_path.clone() {
+    if let Some(rule_file) = rule_file {
         tracker.spawn(watch_rules(
-            path,
-            rules_bytes,
+            rule_file,
             config.rules_poll,
             rules.clone(),
             cancel.clone(),
@@ -440,17 +436,21 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
 }
 
 /// Re-read the rule file every `every`; swap in a new rule set when its contents
-/// change and parse cleanly. A broken edit is logged and counted, and the node keeps
+/// change and parse cleanly. A broken edit, an empty or truncated file, or a path that
+/// stops being a readable regular file is logged and counted once, and the node keeps
 /// deciding with its previous rules: a typo must not turn limiting off.
+///
+/// The read never blocks (a FIFO is refused, not read) and still runs beside the
+/// cancellation, so nothing in the file system can keep the node from stopping.
 async fn watch_rules(
-    path: PathBuf,
-    mut last: Option<Vec<u8>>,
+    mut file: RuleFile,
     every: Duration,
     rules: SharedRules,
     cancel: CancellationToken,
 ) {
     let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
     let failures = metrics::counter!("ringlimit_rules_reloads_total", "result" => "error");
+    let path = file.path().to_owned();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -458,32 +458,28 @@ async fn watch_rules(
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let current = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
+        let read_path = path.clone();
+        let read = tokio::task::spawn_blocking(move || read_rules_file(&read_path));
+        let read = tokio::select! {
+            _ = cancel.cancelled() => return,
+            read = read => read,
+        };
+        let read = match read {
+            Ok(read) => read,
             Err(error) => {
-                if last.is_some() {
-                    tracing::error!(path = %path.display(), %error, "cannot read rule file; keeping current rules");
-                    failures.increment(1);
-                    last = None;
-                }
+                tracing::error!(path = %path.display(), %error, "rule file read task failed");
                 continue;
             }
         };
-        if last.as_deref() == Some(current.as_slice()) {
-            continue;
-        }
-        last = Some(current.clone());
-        let parsed = std::str::from_utf8(&current)
-            .map_err(|e| format!("not UTF-8: {e}"))
-            .and_then(|text| RuleSet::from_toml_str(text).map_err(|e| e.to_string()));
-        match parsed {
-            Ok(new) => {
+        match file.observe(read) {
+            None => {}
+            Some(Ok(new)) => {
                 tracing::info!(path = %path.display(), rules = new.len(), "rules reloaded");
                 rules.store(Arc::new(new));
                 reloads.increment(1);
             }
-            Err(error) => {
-                tracing::error!(path = %path.display(), %error, "invalid rule file; keeping current rules");
+            Some(Err(error)) => {
+                tracing::error!(path = %path.display(), %error, "rule file refused; keeping current rules");
                 failures.increment(1);
             }
         }

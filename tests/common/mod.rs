@@ -124,3 +124,36 @@ pub fn key_owned_by(owner: &str, members: &[&str], prefix: &str) -> String {
         .find(|k| ring.owner(k.as_bytes()) == Some(owner))
         .expect("some key lands on every member")
 }
+
+/// Make a FIFO at `path` (the `mkfifo` tool; no unsafe code in tests).
+pub fn mkfifo(path: &std::path::Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// The value of the counter `name{labels}` in the process-wide metrics (0 when absent).
+/// Nodes in one test process share the recorder, so compare before and after.
+pub fn counter_value(name: &str, labels: &str) -> u64 {
+    let text = ringlimit::node::metrics_handle().render();
+    let series = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+}
+
+/// Poll `cond` every 20 ms for at most `within`; whether it became true.
+pub async fn eventually(within: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -361,7 +361,11 @@ mod tests {
         );
         assert_eq!(d.on_unavailable, FailMode::Open);
         assert_eq!(d.level(), MatchLevel::Default);
-        assert_eq!(set("").default_rule(), d);
+        // An explicit [default] with the built-in numbers is the built-in default.
+        assert_eq!(
+            set("[default]\nlimit = 100\nwindow = \"60s\"\n").default_rule(),
+            d
+        );
         assert_eq!(RuleSet::default().default_rule(), d);
     }
 
@@ -489,7 +493,8 @@ mod tests {
                     seen.insert((*c, *t, r.map(|i| RoutePattern::parse(PATTERNS[i]).unwrap())))
                 })
                 .collect();
-            let rs = set(&render(&unique));
+            // A file with no rules of its own is refused; the node then runs the builtin.
+            let rs = if unique.is_empty() { RuleSet::builtin() } else { set(&render(&unique)) };
             for (client, tier, route) in queries {
                 let route = route.map(|i| Route::parse(ROUTES[i]).unwrap());
                 let fast = rs.matching(client, tier, route.as_ref());

@@ -48,7 +48,7 @@
 //! |------------------|---------------|---------|
 //! | `name`           | rule          | Required, unique, 1..=64 characters of `A-Z a-z 0-9 _ . -`. `default` is reserved for the `[default]` section. Reported with every decision. |
 //! | `client`         | rule          | An exact client key (1..=256 bytes). Applies whatever the caller's tier, so it cannot be combined with `tier`. |
-//! | `tier`           | rule          | A tier name (1..=256 bytes) sent by the caller with the check. |
+//! | `tier`           | rule          | A tier name (1..=64 bytes, the longest tier a check may carry; a longer one could never match) sent by the caller with the check. |
 //! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. |
 //! | `algorithm`      | both          | `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log` or `sliding_window_counter` (default). |
 //! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
@@ -61,6 +61,23 @@
 //! A `[[rule]]` must name at least one of `client`, `tier`, `route`; a rule matching
 //! everything belongs in `[default]`. Two rules may not have the same (`client`, `tier`,
 //! `route`) selector. Unknown fields are errors, so a typo never silently becomes a default.
+//!
+//! ## The file itself
+//!
+//! The rule file must be a regular file (a symlink to one is fine) of at most 1 MiB
+//! (1,048,576 bytes) of UTF-8 text. A FIFO, a device such as `/dev/zero`, a directory or a
+//! socket is refused before it is opened (and again after a non-blocking open, in case the path
+//! was swapped), so the path can never make a node block or read without end. A file that
+//! defines neither a `[default]` section nor a `[[rule]]` (empty, only comments: what an empty
+//! or truncated write looks like) is refused too; a node that should apply only a default
+//! limit says so with an explicit `[default]` section.
+//!
+//! The same checks apply everywhere the file is read. At start the node refuses to start and
+//! names the problem. On reload (every second) the problem is logged once (not again until it
+//! changes), counted in `ringlimit_rules_reloads_total{result="error"}`, and the node keeps its
+//! previous rules. `ringlimit rules check FILE` exits 1 with the same message. A plain
+//! in-place write can be seen half done (an empty file is refused, but a cut that still parses
+//! is not); write a temporary file and rename it over the rule file to swap rules atomically.
 //!
 //! ## Which rule applies
 //!
@@ -80,20 +97,28 @@
 //!
 //! ## Errors
 //!
-//! TOML syntax and type errors are reported with their line and column. All other problems
-//! are collected and reported together, one per line, each naming the rule and the field:
+//! TOML syntax and type errors are reported with their line and column, the parser's message
+//! (at most 240 characters) and at most 120 characters of the offending line around the
+//! error, with a caret under it. All other problems are collected and reported together, one
+//! per line, each naming the rule and the field; a value quoted back is cut at 120 characters
+//! (`…`), and after 50 problems the rest are counted (`... and N more problems`):
 //!
 //! ```text
 //! rule "free-charges": field "limit": must be an integer >= 1 (got 0)
 //! rule "x": field "window": "10q" is not a duration (use 500ms, 10s, 1m, 1h, 1d)
+//! rules file rules.toml: TOML error at line 3, column 9: extra `=`, expected nothing
+//!   | limit = = 3
+//!   |         ^
 //! ```
 //!
 //! # Layout
 //!
 //! This file is the model: a [`Rule`] and what it is made of, so that every other layer can
 //! depend on it without pulling in TOML. `parse` turns a rule file into validated rules and
-//! names every problem by rule and field; `index` answers "which rule governs this check" on
-//! the hot path. Both are private; their public items are re-exported here.
+//! names every problem by rule and field; `file` reads the rule file without blocking or
+//! reading without bound and tells a watcher what each poll means; `index` answers "which
+//! rule governs this check" on the hot path. All are private; their public items are
+//! re-exported here.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -106,13 +131,16 @@ use crate::algorithms::{
     TokenBucket,
 };
 
+mod file;
 mod index;
 mod parse;
 
+pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
-    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, LOG_BYTES_PER_ENTRY,
-    MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN, MAX_QUEUE_DEPTH, MAX_WINDOW, MIN_WINDOW,
+    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, SyntaxError,
+    LOG_BYTES_PER_ENTRY, MAX_ISSUES_SHOWN, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN,
+    MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::{
     nonzero, AlgorithmSpec, FailMode, LeakyMode, Rule, RuleSet, Selector, DEFAULT_RULE_NAME,
 };
-use crate::algorithms::AlgorithmKind;
+use crate::algorithms::{AlgorithmKind, UnknownAlgorithm};
 use crate::config::route::RoutePattern;
 
 /// Largest `limit`/`burst`: beyond a billion per window the numbers stop being a rate limit
@@ -84,38 +84,234 @@ pub enum DurationError {
     Overflow,
 }
 
+/// Longest tier a rule may name. A check's tier is refused beyond 64 bytes
+/// (`check::plan::MAX_TIER_BYTES`), so a longer tier in a rule could never match.
+pub const MAX_TIER_LEN: usize = 64;
+
+/// Most characters of input an error message quotes (a bad line, a bad value), so a
+/// megabyte-long line costs one bounded log line, not a megabyte of logs.
+pub const MAX_QUOTE_CHARS: usize = 120;
+
+/// Most characters of a TOML parser message shown; serde messages echo keys and values
+/// taken from the file, so they are bounded too.
+const MAX_MESSAGE_CHARS: usize = 240;
+
+/// Most validation problems listed; the rest are counted. Enough to fix a file in a few
+/// rounds, few enough that a generated file with a million mistakes logs a screenful.
+pub const MAX_ISSUES_SHOWN: usize = 50;
+
 /// Everything that can go wrong loading a rule set.
+///
+/// No variant has an error `source`: each message already says everything, so a report
+/// that prints the chain (`{:#}`) does not print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
     /// The file could not be read.
-    #[error("reading rules file {}: {source}", path.display())]
+    #[error("reading rules file {}: {error}", path.display())]
     Io {
         /// The file that was being read.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
+    },
+    /// The path names a FIFO, a device, a directory or a socket: reading it could block
+    /// forever or never end, so it is refused before it is opened.
+    #[error("rules file {}: is {kind}, not a regular file", path.display())]
+    NotAFile {
+        /// The path given.
+        path: PathBuf,
+        /// What it is instead ("a FIFO", "a directory", ...).
+        kind: &'static str,
+    },
+    /// The file is larger than [`MAX_RULES_FILE_BYTES`](super::MAX_RULES_FILE_BYTES).
+    #[error(
+        "rules file {}: {} the limit of {limit} bytes",
+        path.display(),
+        size.map_or_else(|| "is over".to_string(), |s| format!("is {s} bytes, over"))
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size, when the file system reported one.
+        size: Option<u64>,
+        /// The cap.
+        limit: u64,
+    },
+    /// The bytes are not UTF-8 text.
+    #[error(
+        "{}is not UTF-8 text (invalid byte at offset {offset})",
+        file_prefix(path)
+    )]
+    NotUtf8 {
+        /// The file, when loaded from one.
+        path: Option<PathBuf>,
+        /// Byte offset of the first invalid sequence.
+        offset: usize,
     },
     /// The text is not TOML or does not have the rule-file shape (unknown field, wrong
-    /// type); the message carries line and column.
-    #[error("{}{source}", path.as_ref().map(|p| format!("rules file {}: ", p.display())).unwrap_or_default())]
+    /// type); the message carries line and column and a bounded excerpt of the line.
+    #[error("{}{error}", file_prefix(path))]
     Toml {
         /// The file, when loaded from one.
         path: Option<PathBuf>,
-        /// The parser's error, with position.
-        source: toml::de::Error,
+        /// The parser's error, bounded.
+        error: SyntaxError,
+    },
+    /// Valid TOML without a `[default]` section or a single `[[rule]]`: an empty or
+    /// truncated write, which must not silently replace every rule with the built-in
+    /// default.
+    #[error(
+        "{}defines no rules (empty or truncated?); to use only a default limit, write a \
+         [default] section",
+        file_prefix(path)
+    )]
+    NoRules {
+        /// The file, when loaded from one.
+        path: Option<PathBuf>,
     },
     /// Well-formed TOML with invalid rules; every problem found, in file order.
     #[error("{}", join_lines(.0))]
     Invalid(Vec<RuleIssue>),
 }
 
-fn join_lines(issues: &[RuleIssue]) -> String {
-    issues
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n")
+impl RulesError {
+    /// Names `path` in errors that came from its text.
+    fn in_file(self, path: &Path) -> Self {
+        let path = Some(path.to_owned());
+        match self {
+            RulesError::Toml { path: None, error } => RulesError::Toml { path, error },
+            RulesError::NotUtf8 { path: None, offset } => RulesError::NotUtf8 { path, offset },
+            RulesError::NoRules { path: None } => RulesError::NoRules { path },
+            other => other,
+        }
+    }
 }
+
+fn file_prefix(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map(|p| format!("rules file {}: ", p.display()))
+        .unwrap_or_default()
+}
+
+fn join_lines(issues: &[RuleIssue]) -> String {
+    let mut lines: Vec<String> = issues
+        .iter()
+        .take(MAX_ISSUES_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if issues.len() > MAX_ISSUES_SHOWN {
+        lines.push(format!(
+            "... and {} more problems",
+            issues.len() - MAX_ISSUES_SHOWN
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Quotes `text` for an error message: Debug-escaped (no raw control characters reach a
+/// log) and at most [`MAX_QUOTE_CHARS`] characters, with `…` when cut.
+pub(crate) fn quote(text: &str) -> String {
+    match text.char_indices().nth(MAX_QUOTE_CHARS) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+    }
+}
+
+/// Replaces control characters so a message or excerpt stays on its own line(s) in a log,
+/// one character for one character (the caret under an excerpt stays aligned).
+fn printable(c: char) -> char {
+    match c {
+        '\t' => ' ',
+        c if c.is_control() => '\u{FFFD}',
+        c => c,
+    }
+}
+
+/// Cuts `text` to `max` characters (plus `…`), control characters replaced.
+fn bounded_text(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).map(printable).collect();
+    if text.chars().nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A TOML syntax or shape error, rendered without echoing unbounded input: the position,
+/// the parser's message (at most 240 characters) and at most [`MAX_QUOTE_CHARS`]
+/// characters of the offending line around the error, with a caret under it.
+///
+/// The `toml` crate's own rendering prints the whole line (and a caret per byte of the
+/// span), so one bad 50 MB line would become a 50 MB log record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntaxError {
+    /// 1-based line of the error, when the parser reported a position.
+    pub line: Option<usize>,
+    /// 1-based column (in characters) of the error.
+    pub column: Option<usize>,
+    /// The parser's message, bounded.
+    pub message: String,
+    /// A bounded excerpt of the line and the caret's offset in it.
+    excerpt: Option<(String, usize)>,
+}
+
+impl SyntaxError {
+    fn new(text: &str, error: &toml::de::Error) -> Self {
+        let message = bounded_text(error.message().trim_end(), MAX_MESSAGE_CHARS);
+        let Some(span) = error.span() else {
+            return SyntaxError {
+                line: None,
+                column: None,
+                message,
+                excerpt: None,
+            };
+        };
+        let mut at = span.start.min(text.len());
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+        let line_text = text[line_start..line_end].trim_end_matches('\r');
+        let line = text[..line_start].bytes().filter(|b| *b == b'\n').count() + 1;
+        let column = text[line_start..at].chars().count();
+
+        // A window of the line that keeps the error position in view.
+        let skip = column.saturating_sub(MAX_QUOTE_CHARS / 2);
+        let mut shown = String::new();
+        if skip > 0 {
+            shown.push('…');
+        }
+        let mut rest = line_text.chars().skip(skip);
+        shown.extend(rest.by_ref().take(MAX_QUOTE_CHARS).map(printable));
+        if rest.next().is_some() {
+            shown.push('…');
+        }
+        let caret = column - skip + usize::from(skip > 0);
+        SyntaxError {
+            line: Some(line),
+            column: Some(column + 1),
+            message,
+            excerpt: Some((shown, caret)),
+        }
+    }
+}
+
+impl fmt::Display for SyntaxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(line), Some(column)) = (self.line, self.column) {
+            write!(f, "TOML error at line {line}, column {column}: ")?;
+        } else {
+            f.write_str("TOML error: ")?;
+        }
+        f.write_str(&self.message)?;
+        if let Some((shown, caret)) = &self.excerpt {
+            write!(f, "\n  | {shown}\n  | {:caret$}^", "")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SyntaxError {}
 
 /// One validation problem: which rule, which field, what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,7 +491,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         None => Some(DEFAULT_ALGORITHM),
         Some(Ok(kind)) => Some(kind),
         Some(Err(unknown)) => {
-            issues.field("algorithm", unknown.to_string());
+            // The error quotes the name; bound it like every other echoed value.
+            let name = match unknown.name.char_indices().nth(MAX_QUOTE_CHARS) {
+                Some((end, _)) => format!("{}…", &unknown.name[..end]),
+                None => unknown.name,
+            };
+            issues.field("algorithm", UnknownAlgorithm { name }.to_string());
             None
         }
     };
@@ -329,13 +530,13 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         }
         Some(text) => match parse_duration(text) {
             Err(e) => {
-                issues.field("window", format!("{text:?} {e}"));
+                issues.field("window", format!("{} {e}", quote(text)));
                 None
             }
             Ok(d) if !(MIN_WINDOW..=MAX_WINDOW).contains(&d) => {
                 issues.field(
                     "window",
-                    format!("must be between 1ms and 7d (got {text:?})"),
+                    format!("must be between 1ms and 7d (got {})", quote(text)),
                 );
                 None
             }
@@ -350,7 +551,10 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         Some(other) => {
             issues.field(
                 "mode",
-                format!("{other:?} is not a mode (use \"meter\" or \"shaper\")"),
+                format!(
+                    "{} is not a mode (use \"meter\" or \"shaper\")",
+                    quote(other)
+                ),
             );
             None
         }
@@ -405,7 +609,10 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         Some(other) => {
             issues.field(
                 "on_unavailable",
-                format!("{other:?} is not a fail mode (use \"open\" or \"closed\")"),
+                format!(
+                    "{} is not a fail mode (use \"open\" or \"closed\")",
+                    quote(other)
+                ),
             );
             FailMode::Open
         }
@@ -456,13 +663,23 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// Validates a `client` or `tier` value.
-fn key_field(issues: &mut Issues<'_>, field: &'static str, value: &Option<String>) -> bool {
+/// Validates a `client` or `tier` value against the longest one a check may carry
+/// (`max`): a rule naming a longer one could never match a request.
+fn key_field(
+    issues: &mut Issues<'_>,
+    field: &'static str,
+    value: &Option<String>,
+    max: usize,
+) -> bool {
     match value {
         Some(v) if v.is_empty() => issues.field(field, "must not be empty"),
-        Some(v) if v.len() > MAX_KEY_LEN => issues.field(
+        Some(v) if v.len() > max => issues.field(
             field,
-            format!("is {} bytes long; at most {MAX_KEY_LEN} allowed", v.len()),
+            format!(
+                "is {} bytes long; at most {max} allowed (a check's {field} is refused beyond \
+                 {max} bytes, so this rule could never match)",
+                v.len()
+            ),
         ),
         _ => return true,
     }
@@ -473,25 +690,37 @@ impl RuleSet {
     /// Parses and validates a rule file's text (format in the module doc).
     ///
     /// Reports every validation problem at once, so fixing a file takes one round trip.
+    ///
+    /// Text that defines neither a `[default]` section nor a `[[rule]]` (empty, only
+    /// comments) is refused with [`RulesError::NoRules`]: it is what an empty or truncated
+    /// write looks like, and accepting it would replace every rule with the built-in default.
     pub fn from_toml_str(text: &str) -> Result<Self, RulesError> {
-        let raw: RawFile =
-            toml::from_str(text).map_err(|source| RulesError::Toml { path: None, source })?;
+        let raw: RawFile = toml::from_str(text).map_err(|e| RulesError::Toml {
+            path: None,
+            error: SyntaxError::new(text, &e),
+        })?;
+        if raw.default.is_none() && raw.rule.is_empty() {
+            return Err(RulesError::NoRules { path: None });
+        }
         Self::validate(raw)
     }
 
-    /// Reads and parses a rule file; errors name the file.
-    pub fn load(path: &Path) -> Result<Self, RulesError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RulesError::Io {
-            path: path.to_owned(),
-            source,
+    /// Parses the bytes of the rule file at `path` (read with
+    /// [`read_rules_file`](super::read_rules_file)); errors name the file.
+    pub fn from_file_bytes(path: &Path, bytes: &[u8]) -> Result<Self, RulesError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| RulesError::NotUtf8 {
+            path: Some(path.to_owned()),
+            offset: e.valid_up_to(),
         })?;
-        Self::from_toml_str(&text).map_err(|e| match e {
-            RulesError::Toml { path: None, source } => RulesError::Toml {
-                path: Some(path.to_owned()),
-                source,
-            },
-            other => other,
-        })
+        Self::from_toml_str(text).map_err(|e| e.in_file(path))
+    }
+
+    /// Reads and parses a rule file; errors name the file. Only a regular file of at most
+    /// [`MAX_RULES_FILE_BYTES`](super::MAX_RULES_FILE_BYTES) is read, without ever blocking
+    /// (see [`read_rules_file`](super::read_rules_file)).
+    pub fn load(path: &Path) -> Result<Self, RulesError> {
+        let bytes = super::read_rules_file(path)?;
+        Self::from_file_bytes(path, &bytes)
     }
 
     fn validate(raw: RawFile) -> Result<Self, RulesError> {
@@ -527,7 +756,10 @@ impl RuleSet {
                 }
                 (Some(n), None) => issues.field(
                     "name",
-                    format!("{n:?} must be 1..=64 characters of A-Z a-z 0-9 _ . -"),
+                    format!(
+                        "{} must be 1..=64 characters of A-Z a-z 0-9 _ . -",
+                        quote(n)
+                    ),
                 ),
                 (Some(_), Some(n)) if n == DEFAULT_RULE_NAME => {
                     issues.field("name", "\"default\" is reserved for the [default] section")
@@ -543,8 +775,8 @@ impl RuleSet {
                 },
             }
 
-            let mut selector_ok = key_field(&mut issues, "client", &r.client)
-                & key_field(&mut issues, "tier", &r.tier);
+            let mut selector_ok = key_field(&mut issues, "client", &r.client, MAX_KEY_LEN)
+                & key_field(&mut issues, "tier", &r.tier, MAX_TIER_LEN);
             if r.client.is_some() && r.tier.is_some() {
                 issues.field(
                     "tier",
@@ -1114,6 +1346,246 @@ mod tests {
         std::fs::write(&bad, "[[rule]\n").unwrap();
         let e = RuleSet::load(&bad).unwrap_err().to_string();
         assert!(e.contains("bad.toml") && e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_or_comment_only_file_defines_no_rules() {
+        // Bypass closed: an empty or truncated write replaced every rule with the built-in
+        // default ("ok, 1 rules").
+        for text in ["", "\n\n", "# all rules removed\n", "  \t\n# x\n"] {
+            let e = RuleSet::from_toml_str(text).unwrap_err();
+            assert!(
+                matches!(e, RulesError::NoRules { path: None }),
+                "{text:?}: {e}"
+            );
+            assert_eq!(
+                e.to_string(),
+                "defines no rules (empty or truncated?); to use only a default limit, write a \
+                 [default] section"
+            );
+        }
+    }
+
+    #[test]
+    fn an_explicit_default_section_alone_is_accepted() {
+        let rs = set("[default]\nlimit = 5\nwindow = \"1s\"\n");
+        assert_eq!(rs.len(), 1);
+        assert_eq!(rs.default_rule().limiter.max_cost(), 5);
+        // A truncated default section is still an error, not a silent default.
+        let e = invalid("[default]\n");
+        assert!(e.contains("[default]: field \"limit\": required"), "{e}");
+    }
+
+    #[test]
+    fn a_tier_longer_than_a_check_may_carry_is_refused() {
+        // Such a rule could never match: checks with a tier over 64 bytes are refused.
+        let e = invalid(&format!(
+            "[[rule]]\nname=\"a\"\ntier=\"{}\"\nlimit=1\nwindow=\"1s\"\n",
+            "t".repeat(MAX_TIER_LEN + 1)
+        ));
+        assert_eq!(
+            e,
+            "rule \"a\": field \"tier\": is 65 bytes long; at most 64 allowed (a check's tier \
+             is refused beyond 64 bytes, so this rule could never match)"
+        );
+        set(&format!(
+            "[[rule]]\nname=\"a\"\ntier=\"{}\"\nlimit=1\nwindow=\"1s\"\n",
+            "t".repeat(MAX_TIER_LEN)
+        ));
+        let e = invalid(&format!(
+            "[[rule]]\nname=\"a\"\nclient=\"{}\"\nlimit=1\nwindow=\"1s\"\n",
+            "c".repeat(MAX_KEY_LEN + 1)
+        ));
+        assert!(
+            e.contains("field \"client\": is 257 bytes long; at most 256"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rule_bounds_match_the_request_bounds() {
+        // The loader may not accept a tier or client key a check cannot carry (test-only
+        // reference to the check layer, which sits above config).
+        assert_eq!(MAX_TIER_LEN, crate::check::plan::MAX_TIER_BYTES);
+        assert_eq!(MAX_KEY_LEN, crate::check::plan::MAX_KEY_BYTES);
+    }
+
+    #[test]
+    fn a_route_pattern_longer_than_any_route_is_refused() {
+        use crate::config::route::{Route, MAX_PATH_LEN};
+        let long = format!("/{}", "p".repeat(MAX_PATH_LEN));
+        let e = invalid(&format!(
+            "[[rule]]\nname=\"a\"\nroute=\"{long}*\"\nlimit=1\nwindow=\"1s\"\n"
+        ));
+        assert!(e.contains("field \"route\": route pattern"), "{e}");
+        assert!(
+            e.contains("path is 258 bytes long; at most 256 allowed"),
+            "{e}"
+        );
+        // The longest accepted patterns still match some accepted route.
+        let exact = format!("/{}", "p".repeat(MAX_PATH_LEN - 1));
+        let prefix = format!("/{}*", "p".repeat(MAX_PATH_LEN - 2));
+        let rs = set(&format!(
+            "[[rule]]\nname=\"e\"\nroute=\"{exact}\"\nlimit=1\nwindow=\"1s\"\n\
+             [[rule]]\nname=\"p\"\nroute=\"{prefix}\"\nlimit=1\nwindow=\"1s\"\n"
+        ));
+        let route = Route::parse(&exact).unwrap();
+        for name in ["e", "p"] {
+            let rule = rs.get(name).unwrap();
+            assert!(
+                rule.selector.route.as_ref().unwrap().matches(&route),
+                "{name}"
+            );
+        }
+    }
+
+    /// Longest message any single error about a huge line may produce.
+    const BOUND: usize = 1_000;
+
+    #[test]
+    fn a_toml_error_on_a_huge_line_quotes_a_bounded_excerpt() {
+        // Bypass closed: a 50 MB one-line file was logged whole (twice) per error.
+        let line = format!("name = \"{}", "x".repeat(200_000));
+        let e = RuleSet::from_toml_str(&format!("[[rule]]\n{line}\n")).unwrap_err();
+        let s = e.to_string();
+        assert!(s.len() < BOUND, "{} bytes", s.len());
+        assert!(s.starts_with("TOML error at line 2, column"), "{s}");
+        assert!(s.contains('…'), "{s}");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "no chain to print twice"
+        );
+
+        let e = RuleSet::from_toml_str(&format!("x{} = = 1\n", "k".repeat(200_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < BOUND, "{} bytes", e.len());
+        assert!(
+            e.starts_with("TOML error at line 1, column 200005: "),
+            "{e}"
+        );
+        // The excerpt keeps the error in view, with the caret under the second `=`.
+        let mut lines = e.lines().skip(1);
+        let (shown, caret) = (lines.next().unwrap(), lines.next().unwrap());
+        assert!(
+            shown.starts_with("  | …kkk") && shown.ends_with("k = = 1"),
+            "{e}"
+        );
+        let second_eq = shown.chars().count() - 3;
+        assert_eq!(caret.chars().position(|c| c == '^'), Some(second_eq), "{e}");
+    }
+
+    #[test]
+    fn the_toml_excerpt_of_a_short_line_is_the_line() {
+        let e = RuleSet::from_toml_str("[[rule]]\nname = \"a\"\nlimit = = 3\n")
+            .unwrap_err()
+            .to_string();
+        let mut lines = e.lines();
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("TOML error at line 3, column 9: "),
+            "{e}"
+        );
+        assert_eq!(lines.next(), Some("  | limit = = 3"));
+        assert_eq!(lines.next(), Some("  |         ^"));
+    }
+
+    #[test]
+    fn the_syntax_error_in_the_module_doc_is_what_the_loader_says() {
+        let e = RuleSet::from_file_bytes(
+            Path::new("rules.toml"),
+            b"[[rule]]\nname = \"a\"\nlimit = = 3\n",
+        )
+        .unwrap_err()
+        .to_string();
+        let doc = include_str!("mod.rs");
+        let shown: String = e.lines().map(|l| format!("//! {l}\n")).collect();
+        assert!(doc.contains(&shown), "module doc shows:\n{shown}");
+    }
+
+    #[test]
+    fn serde_messages_echoing_keys_or_values_are_bounded() {
+        let key = "k".repeat(100_000);
+        let e = RuleSet::from_toml_str(&format!("[[rule]]\n{key} = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < BOUND, "{} bytes: {}", e.len(), &e[..200]);
+        assert!(e.contains("unknown field"), "{e}");
+        let value = "v".repeat(100_000);
+        let e = RuleSet::from_toml_str(&format!("[[rule]]\nlimit = \"{value}\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < BOUND, "{} bytes", e.len());
+        // Control characters from the file never reach a log raw.
+        let e = RuleSet::from_toml_str("[[rule]]\n\"a\\u001b[31mb\" = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\u{1b}'), "{e:?}");
+    }
+
+    #[test]
+    fn field_errors_quote_a_bounded_excerpt_of_the_value() {
+        let huge = "z".repeat(100_000);
+        let cut = format!("\"{}\"…", "z".repeat(MAX_QUOTE_CHARS));
+        for fields in [
+            format!("limit = 1\nwindow = \"{huge}\""),
+            format!("limit = 1\nwindow = \"1s\"\non_unavailable = \"{huge}\""),
+            format!("algorithm = \"leaky_bucket\"\nlimit = 1\nwindow = \"1s\"\nmode = \"{huge}\""),
+        ] {
+            let e = one_rule(&fields);
+            assert!(e.len() < BOUND, "{} bytes", e.len());
+            assert!(e.contains(&cut), "{e}");
+        }
+        let e = one_rule(&format!(
+            "algorithm = \"{huge}\"\nlimit = 1\nwindow = \"1s\""
+        ));
+        assert!(e.len() < BOUND, "{} bytes", e.len());
+        assert!(
+            e.contains(&format!("\"{}…\" is not an algorithm", "z".repeat(120))),
+            "{e}"
+        );
+        let e = invalid(&format!(
+            "[[rule]]\nname = \"{huge} \"\ntier = \"t\"\nlimit = 1\nwindow = \"1s\"\n"
+        ));
+        assert!(e.len() < BOUND, "{} bytes", e.len());
+        assert!(e.contains(&cut), "{e}");
+    }
+
+    #[test]
+    fn a_file_with_thousands_of_problems_lists_the_first_fifty() {
+        let text: String = (0..2_000)
+            .map(|i| {
+                format!("[[rule]]\nname = \"r{i}\"\ntier = \"t{i}\"\nlimit = 0\nwindow = \"1s\"\n")
+            })
+            .collect();
+        let e = invalid(&text);
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), MAX_ISSUES_SHOWN + 1);
+        assert_eq!(lines[MAX_ISSUES_SHOWN], "... and 1950 more problems");
+    }
+
+    #[test]
+    fn from_file_bytes_names_the_file_and_refuses_non_utf8() {
+        let path = Path::new("/etc/ringlimit/rules.toml");
+        let e = RuleSet::from_file_bytes(path, b"").unwrap_err().to_string();
+        assert!(
+            e.starts_with("rules file /etc/ringlimit/rules.toml: defines no rules"),
+            "{e}"
+        );
+        let e = RuleSet::from_file_bytes(path, b"[x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("rules file /etc/ringlimit/rules.toml: TOML error at line 1"),
+            "{e}"
+        );
+        let e = RuleSet::from_file_bytes(path, &[b'#', b' ', 0xc3]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rules file /etc/ringlimit/rules.toml: is not UTF-8 text (invalid byte at offset 2)"
+        );
     }
 
     #[test]
