@@ -56,7 +56,7 @@
 //! | `name`           | rule          | Required, unique, 1..=64 characters of `A-Z a-z 0-9 _ . -`. `default` is reserved for the `[default]` section. Reported with every decision. |
 //! | `client`         | rule          | An exact client key (1..=256 bytes). Applies whatever the caller's tier, so it cannot be combined with `tier`. |
 //! | `tier`           | rule          | A tier name (1..=256 bytes) sent by the caller with the check. |
-//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. |
+//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. No `?` or `#`: requests are matched by their path, query string and fragment stripped. |
 //! | `algorithm`      | both          | `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log` or `sliding_window_counter` (default). |
 //! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
 //! | `window`         | both          | Required. An integer and a unit: `500ms`, `10s`, `1m`, `1h`, `1d`; between 1 ms and 7 days. |
@@ -94,6 +94,8 @@
 //! the same budget, so `GET /v1/a`, `GET /v1/b` and `GET /v1/a?x=1` under a `/v1/*` rule are
 //! one budget. With `per = "route"` the route part is the normalised route (`GET /v1/a` for
 //! all of `GET /v1/a`, `GET /v1/a?x=1` and `GET /v1/a#top`), so each method + path has its own.
+//! `per` is part of the rule's fingerprint: changing it starts the rule's counters over, like
+//! changing a number.
 //!
 //! ## Errors
 //!

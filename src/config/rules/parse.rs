@@ -722,6 +722,19 @@ mod tests {
     }
 
     #[test]
+    fn readme_counter_examples_parse_and_scope_as_described() {
+        let readme = include_str!("../../../README.md");
+        let at = readme
+            .find("**What one counter is.**")
+            .expect("README section");
+        let start = at + readme[at..].find("```toml\n").unwrap() + "```toml\n".len();
+        let end = start + readme[start..].find("```\n").unwrap();
+        let rs = set(&readme[start..end]);
+        assert_eq!(rs.get("api").unwrap().per, CountPer::Client);
+        assert_eq!(rs.get("search").unwrap().per, CountPer::Route);
+    }
+
+    #[test]
     fn algorithm_defaults_fill_in() {
         let rs = set(r#"
             [[rule]]
