@@ -33,8 +33,9 @@ use std::fmt;
 /// longer, and a bound keeps hostile input from growing keys.
 pub const MAX_METHOD_LEN: usize = 16;
 
-/// Longest accepted path in bytes. Routes are part of the counter key, so an unbounded path
-/// would let one caller inflate every shard's memory.
+/// Longest accepted path in bytes, query string included. The route as sent travels to the
+/// key's owner and back in the answer, and a `per = "route"` rule counts by its path, so an
+/// unbounded one would let one caller inflate every node's memory and traffic.
 pub const MAX_PATH_LEN: usize = 256;
 
 /// How much of an offending input an error quotes back; the input may be megabytes of junk.

@@ -530,7 +530,7 @@ impl AlgorithmSpec {
     /// others. It is xxh3 over an explicit little-endian encoding (never `std::hash`, whose
     /// output may change between Rust versions), so every node and every build agree. It
     /// covers only the spec: renaming a rule, moving it or changing its selector or fail mode
-    /// does not change it.
+    /// does not change it. A rule's own fingerprint ([`rule_fingerprint`]) adds its `per`.
     pub fn fingerprint(&self) -> u64 {
         let mut buf = Vec::with_capacity(64);
         buf.extend_from_slice(b"ringlimit.spec.v1");
