@@ -295,3 +295,85 @@ async fn an_unreachable_owner_fails_open_or_closed_per_rule() {
         node.shutdown().await;
     }
 }
+
+/// Both sides of a forward compute the same counter identity: the entry node sends the
+/// route as received and the owner normalises it again, so query strings and paths sent
+/// through different entry nodes still spend one budget on the owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn forwarded_checks_with_varying_paths_and_queries_share_the_owners_budget() {
+    let (_dir, rules) = rules_file(
+        r#"
+[[rule]]
+name = "v1"
+route = "/v1/*"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+
+[[rule]]
+name = "each"
+route = "/each/*"
+per = "route"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+"#,
+    );
+    let nodes = start_cluster(&["a", "b"], Some(&rules)).await;
+    let key = key_owned_by("b", &["a", "b"], "scope");
+    let mut via_a = client(&nodes[0]).await;
+    let mut via_b = client(&nodes[1]).await;
+    let mut admitted = 0;
+    for (i, route) in [
+        "GET /v1/a",
+        "GET /v1/a?x=1",
+        "GET /v1/b",
+        "GET /v1/c?n=2",
+        "/v1/a#f",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let c = if i % 2 == 0 { &mut via_a } else { &mut via_b };
+        let answer = c
+            .check(check(&key, route, None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!(answer.degraded && answer.allowed));
+        if !answer.degraded {
+            assert_eq!(answer.decider.unwrap().node_id, "b", "the owner decides");
+        }
+        admitted += usize::from(answer.allowed);
+    }
+    assert_eq!(
+        admitted, 3,
+        "one budget of 3 across paths, queries and entry nodes"
+    );
+
+    // per = "route": the query never separates, the path does.
+    let forwarded = via_a
+        .check(check(&key, "GET /each/a?x=1", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(forwarded.allowed && forwarded.descriptors[0].hops == 1);
+    let local = via_b
+        .check(check(&key, "GET /each/a", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !local.allowed,
+        "same normalised route as the forwarded check"
+    );
+    let other = via_a
+        .check(check(&key, "GET /each/b?x=1", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(other.allowed, "another path has its own budget");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}

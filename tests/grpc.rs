@@ -638,3 +638,77 @@ fn rules_check_refuses_what_a_node_refuses() {
     let (code, text) = run(&default_only);
     assert_eq!(code, Some(0), "{text}");
 }
+/// The bypass closed here: counters used to be keyed by the concrete route string, so a
+/// wildcard rule gave every path its own budget and `?nonce=N` a fresh one on every call.
+const SCOPES: &str = r#"
+[[rule]]
+name = "v1"
+route = "/v1/*"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+
+[[rule]]
+name = "vip"
+client = "vip"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+
+[[rule]]
+name = "each"
+route = "/each/*"
+per = "route"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+"#;
+
+#[tokio::test]
+async fn varying_the_path_or_query_string_never_opens_a_fresh_budget() {
+    let (_dir, path) = common::rules_file(SCOPES);
+    let config = NodeConfig {
+        rules_path: Some(path),
+        ..NodeConfig::for_test()
+    };
+    let (node, _clock) = start_manual(config, T0).await;
+    let mut c = client(&node).await;
+    let mut ask = async |key: &str, route: &str| {
+        let a = c.check(check(key, route, None)).await.unwrap().into_inner();
+        (a.rule, a.allowed, a.remaining)
+    };
+
+    // A wildcard rule is one budget for every route it matches, query strings included.
+    assert_eq!(ask("c", "GET /v1/a").await, ("v1".into(), true, 1));
+    assert_eq!(ask("c", "GET /v1/b").await, ("v1".into(), true, 0));
+    assert_eq!(ask("c", "GET /v1/a?x=1").await, ("v1".into(), false, 0));
+    for nonce in 0..5 {
+        let (_, allowed, _) = ask("c", &format!("POST /v1/c/1?nonce={nonce}")).await;
+        assert!(!allowed, "?nonce={nonce} is the same budget");
+    }
+    assert!(
+        ask("other", "GET /v1/a").await.1,
+        "another client has its own"
+    );
+
+    // A client rule without a route: one budget across all routes.
+    assert_eq!(ask("vip", "GET /a").await, ("vip".into(), true, 1));
+    assert_eq!(ask("vip", "POST /b?x=1").await, ("vip".into(), true, 0));
+    assert_eq!(ask("vip", "GET /c").await, ("vip".into(), false, 0));
+
+    // per = "route": each normalised route (method + path, no query) has its own budget.
+    assert_eq!(ask("c", "GET /each/a").await, ("each".into(), true, 1));
+    assert_eq!(ask("c", "GET /each/a?x=1").await, ("each".into(), true, 0));
+    assert_eq!(ask("c", "GET /each/a#top").await, ("each".into(), false, 0));
+    assert_eq!(ask("c", "GET /each/b").await, ("each".into(), true, 1));
+    assert_eq!(ask("c", "POST /each/a").await, ("each".into(), true, 1));
+
+    // The answer echoes the route as sent.
+    let a = c
+        .check(check("d", "GET /v1/z?q=1", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(a.descriptors[0].route, "GET /v1/z?q=1");
+    node.shutdown().await;
+}

@@ -1,6 +1,11 @@
 //! Validation and planning: a check's input becomes descriptors ready for a shard, each
 //! with its matched rule and its counter identity, or a clear error naming the field.
 //!
+//! The identity is (rule, client key, route part): the route part is empty unless the
+//! matched rule counts per route, and then it is the normalised route (method + path, the
+//! query string and fragment stripped by `Route::parse`). A forwarded check is planned
+//! again by its owner from the key and route as sent, so both sides compute the same one.
+//!
 //! Pure: no I/O and no wire types, so every bad-input rule is unit-tested here once for
 //! every front end. The front end says how its fields are named ([`FieldNames`]); the
 //! path string is only built for an error, so a valid request pays nothing for it.
@@ -130,13 +135,7 @@ pub fn plan_forwarded(
     let cost = parse_cost(input.cost, &name)?;
     parse_key(input.key, &name)?;
     let rule = rules.matching(input.key, tier, Some(&route));
-    Ok(CheckItem::new(
-        rule.clone(),
-        input.key,
-        input.route,
-        tier,
-        cost,
-    ))
+    Ok(CheckItem::new(rule.clone(), input.key, route, tier, cost))
 }
 
 fn plan_descriptor(
@@ -159,13 +158,7 @@ fn plan_descriptor(
             ),
         ));
     }
-    Ok(CheckItem::new(
-        rule.clone(),
-        input.key,
-        input.route,
-        tier,
-        cost,
-    ))
+    Ok(CheckItem::new(rule.clone(), input.key, route, tier, cost))
 }
 
 fn parse_key(key: &str, name: impl Fn(Leaf) -> String) -> Result<(), CheckError> {
@@ -223,6 +216,7 @@ mod tests {
     use super::*;
     use crate::check::{CheckInput, DescriptorInput};
     use crate::shard::KeyId;
+    use std::sync::Arc;
 
     /// Names as a plain list front end would: `[i].leaf`.
     struct Plain;
@@ -268,18 +262,126 @@ mod tests {
         assert_eq!(&*planned[0].client, "cust_42");
     }
 
+    const SCOPES: &str = r#"
+        [[rule]]
+        name = "v1"
+        route = "/v1/*"
+        limit = 2
+        window = "1m"
+        [[rule]]
+        name = "vip"
+        client = "vip"
+        limit = 1000
+        window = "1m"
+        [[rule]]
+        name = "each"
+        route = "/each/*"
+        per = "route"
+        limit = 2
+        window = "1m"
+    "#;
+
+    fn id_of(rules: &RuleSet, key: &str, route: &str) -> KeyId {
+        plan_check(&one(key, route), rules, None, &Plain).unwrap()[0].id
+    }
+
     #[test]
-    fn the_identity_is_computed_once_at_planning_from_rule_client_and_route() {
+    fn the_identity_is_computed_once_at_planning_from_rule_and_client_with_no_route() {
         let planned = plan(&one("cust_42", "POST /v1/charges")).unwrap();
-        assert_eq!(
-            planned[0].id,
-            KeyId::of("default", b"cust_42", "POST /v1/charges")
-        );
+        assert_eq!(planned[0].id, KeyId::of("default", b"cust_42", ""));
+        assert_eq!(&*planned[0].route, "POST /v1/charges", "the route as sent");
         assert_eq!(
             planned[0].id.placement,
             crate::ring::Ring::key_hash(b"cust_42"),
             "the placement is the ring hash of the client key"
         );
+    }
+
+    #[test]
+    fn by_default_every_route_a_rule_matches_shares_one_counter() {
+        let rules = RuleSet::from_toml_str(SCOPES).unwrap();
+        let a = id_of(&rules, "c", "GET /v1/a");
+        assert_eq!(a, KeyId::of("v1", b"c", ""));
+        for route in [
+            "GET /v1/b",
+            "GET /v1/a?x=1",
+            "POST /v1/a",
+            "GET /v1/c/1",
+            "/v1/a#f",
+        ] {
+            assert_eq!(id_of(&rules, "c", route), a, "{route}");
+        }
+        assert_ne!(id_of(&rules, "d", "GET /v1/a"), a, "another client");
+        // A client rule without a route: one budget across all routes.
+        let vip = id_of(&rules, "vip", "GET /anything");
+        assert_eq!(vip, KeyId::of("vip", b"vip", ""));
+        assert_eq!(id_of(&rules, "vip", "POST /v1/a?nonce=7"), vip);
+        // The default rule too.
+        assert_eq!(id_of(&rules, "c", "/x?n=1"), id_of(&rules, "c", "/y"));
+    }
+
+    #[test]
+    fn a_per_route_rule_counts_each_normalised_route_separately() {
+        let rules = RuleSet::from_toml_str(SCOPES).unwrap();
+        let a = id_of(&rules, "c", "GET /each/a");
+        assert_eq!(a, KeyId::of("each", b"c", "GET /each/a"));
+        assert_eq!(id_of(&rules, "c", "GET /each/a?x=1"), a, "query stripped");
+        assert_eq!(
+            id_of(&rules, "c", "GET /each/a#top"),
+            a,
+            "fragment stripped"
+        );
+        assert_ne!(id_of(&rules, "c", "GET /each/b"), a);
+        assert_ne!(id_of(&rules, "c", "POST /each/a"), a, "the method counts");
+        let planned = plan_check(&one("c", "GET /each/a?x=1"), &rules, None, &Plain).unwrap();
+        assert_eq!(planned[0].normalised_route(), "GET /each/a");
+        assert_eq!(&*planned[0].route, "GET /each/a?x=1");
+    }
+
+    #[test]
+    fn a_query_string_matches_rules_by_the_path_alone() {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"exact\"\nroute = \"GET /v1/a\"\nlimit = 1\nwindow = \"1s\"\n",
+        )
+        .unwrap();
+        let planned = plan_check(&one("c", "GET /v1/a?x=1"), &rules, None, &Plain).unwrap();
+        assert_eq!(&*planned[0].rule.name, "exact");
+        assert_eq!(
+            id_of(&rules, "c", "GET /v1/a?x=1"),
+            id_of(&rules, "c", "GET /v1/a")
+        );
+    }
+
+    #[test]
+    fn a_forwarded_check_gets_the_identity_its_sender_planned() {
+        let rules = RuleSet::from_toml_str(SCOPES).unwrap();
+        for (key, route) in [
+            ("c", "GET /v1/a?x=1"),
+            ("c", "GET /each/a?x=1"),
+            ("vip", "/z"),
+        ] {
+            let sent = plan_check(&one(key, route), &rules, None, &Plain).unwrap();
+            // The owner plans what the sender forwards: key and route as sent.
+            let input = DescriptorInput {
+                key: &sent[0].client,
+                route: &sent[0].route,
+                tier: None,
+                cost: None,
+            };
+            let owner = plan_forwarded(&input, &rules, |l| l.as_str().into()).unwrap();
+            assert_eq!(owner.id, sent[0].id, "{key} {route}");
+        }
+    }
+
+    #[test]
+    fn the_fail_open_stand_in_counts_like_its_rule() {
+        let rules = RuleSet::from_toml_str(SCOPES).unwrap();
+        let shared = &plan_check(&one("c", "GET /v1/a?x=1"), &rules, None, &Plain).unwrap()[0];
+        let stand_in = shared.under(Arc::new(shared.rule.fallback(3)));
+        assert_eq!(stand_in.id, KeyId::of("v1~fallback", b"c", ""));
+        let each = &plan_check(&one("c", "GET /each/a?x=1"), &rules, None, &Plain).unwrap()[0];
+        let stand_in = each.under(Arc::new(each.rule.fallback(3)));
+        assert_eq!(stand_in.id, KeyId::of("each~fallback", b"c", "GET /each/a"));
     }
 
     #[test]

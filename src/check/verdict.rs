@@ -157,7 +157,13 @@ mod tests {
             .into_iter()
             .enumerate()
             .map(|(i, answer)| DescriptorOutcome {
-                item: CheckItem::new(rule.clone(), &format!("k{i}"), "/x", None, NonZeroU64::MIN),
+                item: CheckItem::new(
+                    rule.clone(),
+                    &format!("k{i}"),
+                    crate::config::route::Route::parse("/x").unwrap(),
+                    None,
+                    NonZeroU64::MIN,
+                ),
                 answer,
                 refunded: false,
             })

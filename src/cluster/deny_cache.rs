@@ -50,7 +50,8 @@ impl Denial {
 }
 
 /// Node-wide cache of denials, keyed by counter identity (the [`KeyId`] of rule,
-/// client and route, computed once when the check was planned).
+/// client and route part, computed once when the check was planned): a denial covers
+/// every route that spends the same budget.
 #[derive(Debug)]
 pub struct DenyCache {
     map: DashMap<KeyId, Denial>,

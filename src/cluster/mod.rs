@@ -24,6 +24,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::config::route::Route;
 use crate::config::rules::Rule;
 use crate::membership::Member;
 use crate::shard::{Charge, KeyId};
@@ -42,7 +43,10 @@ pub struct Decider {
 ///
 /// Its identity (`id`: the client key's ring placement and the counter's
 /// discriminator) is computed once, when it is planned, and reused for the owner
-/// lookup, the shard choice, the store and the deny cache.
+/// lookup, the shard choice, the store and the deny cache. It is the [`KeyId`] of (rule
+/// name, client key, route part), where the route part is empty unless the rule counts
+/// per route (`per = "route"`), and then the normalised route (method + path, no query
+/// string or fragment): see [`CountPer`](crate::config::rules::CountPer).
 #[derive(Debug, Clone)]
 pub struct CheckItem {
     /// The counter's identity under `rule`.
@@ -51,8 +55,11 @@ pub struct CheckItem {
     pub rule: Arc<Rule>,
     /// The client key.
     pub client: Arc<str>,
-    /// The route as sent (part of the counter's identity).
+    /// The route as sent, query string included: echoed in the answer and forwarded to
+    /// the owner, which plans it again and so normalises it the same way.
     pub route: Arc<str>,
+    /// Length of the normalised route (method + path), a prefix of `route`.
+    normalised_len: usize,
     /// The tier the caller sent (the owner re-matches rules with it when forwarded).
     pub tier: Option<Arc<str>>,
     /// Units to consume.
@@ -64,18 +71,30 @@ impl CheckItem {
     pub fn new(
         rule: Arc<Rule>,
         client: &str,
-        route: &str,
+        route: Route<'_>,
         tier: Option<&str>,
         cost: NonZeroU64,
     ) -> Self {
+        let normalised = route.as_str();
         Self {
-            id: KeyId::of(&rule.name, client.as_bytes(), route),
+            id: KeyId::of(
+                &rule.name,
+                client.as_bytes(),
+                rule.per.route_part(normalised),
+            ),
             rule,
             client: Arc::from(client),
-            route: Arc::from(route),
+            route: Arc::from(route.sent()),
+            normalised_len: normalised.len(),
             tier: tier.map(Arc::from),
             cost,
         }
+    }
+
+    /// The route as counted by a `per = "route"` rule: method + path, without the query
+    /// string or fragment it was sent with.
+    pub fn normalised_route(&self) -> &str {
+        &self.route[..self.normalised_len]
     }
 
     /// What this node's shard needs to decide it: identity, rule and cost.
@@ -87,10 +106,12 @@ impl CheckItem {
         }
     }
 
-    /// The item decided under another rule (a fail-open stand-in): a different counter.
+    /// The item decided under another rule (a fail-open stand-in): a different counter,
+    /// scoped the way that rule counts (a stand-in counts like the rule it stands in for).
     pub fn under(&self, rule: Arc<Rule>) -> Charge {
+        let route = rule.per.route_part(self.normalised_route());
         Charge {
-            id: KeyId::of(&rule.name, self.client.as_bytes(), &self.route),
+            id: KeyId::of(&rule.name, self.client.as_bytes(), route),
             rule,
             cost: self.cost,
         }

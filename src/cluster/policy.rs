@@ -391,7 +391,7 @@ on_unavailable = "closed"
         let rules = rules();
         let parsed = crate::config::route::Route::parse(route).unwrap();
         let rule = rules.matching(client, None, Some(&parsed)).clone();
-        CheckItem::new(rule, client, route, None, NonZeroU64::new(cost).unwrap())
+        CheckItem::new(rule, client, parsed, None, NonZeroU64::new(cost).unwrap())
     }
 
     /// A client key the ring of `view` gives to `owner`.

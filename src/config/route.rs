@@ -9,15 +9,23 @@
 //!
 //! ```text
 //! route   = [METHOD " "] path          METHOD: 1..=16 letters A-Z; exactly one space
-//! path    = "/" *visible-ascii         1..=256 bytes of 0x21..=0x7E (no spaces, no controls)
+//! path    = "/" *visible-ascii         1..=256 bytes of 0x21..=0x7E (no spaces, no controls),
+//!                                      query string and fragment included
 //! pattern = "*"                        any route
-//!         | ["*" " " | METHOD " "] path ["*"]
+//!         | ["*" " " | METHOD " "] path ["*"]        path without '?' or '#'
 //! ```
+//!
+//! A route is normalised to its method and path: the path ends at the first `?` or `#`, so
+//! `GET /v1/a?x=1` and `GET /v1/a#top` are the route `GET /v1/a`. That normalised route is
+//! what patterns match and what a rule with `per = "route"` counts; the query string can
+//! therefore never select another rule or open another budget. (The whole text as sent is
+//! still validated and bounded, since it travels to the owner and back in the answer.)
 //!
 //! In a pattern a missing method or `*` means "any method", and a trailing `*` turns the path
 //! into a prefix: `/v1/*` matches `/v1/users` and `/v1/` but not `/v1`. `*` anywhere else in a
-//! pattern is rejected, so nobody mistakes patterns for globs. Paths are compared byte for
-//! byte: strip query strings and normalise case in the gateway before checking.
+//! pattern is rejected, so nobody mistakes patterns for globs; so are `?` and `#`, which no
+//! normalised route contains. Paths are compared byte for byte: normalise case and
+//! percent-encoding in the gateway before checking.
 
 use std::fmt;
 
@@ -25,33 +33,62 @@ use std::fmt;
 /// longer, and a bound keeps hostile input from growing keys.
 pub const MAX_METHOD_LEN: usize = 16;
 
-/// Longest accepted path in bytes. Routes are part of the counter key, so an unbounded path
-/// would let one caller inflate every shard's memory.
+/// Longest accepted path in bytes, query string included. The route as sent travels to the
+/// key's owner and back in the answer, and a `per = "route"` rule counts by its path, so an
+/// unbounded one would let one caller inflate every node's memory and traffic.
 pub const MAX_PATH_LEN: usize = 256;
 
 /// How much of an offending input an error quotes back; the input may be megabytes of junk.
 const QUOTE_LIMIT: usize = 80;
 
-/// A concrete request route: an optional HTTP method and a path.
+/// A concrete request route: an optional HTTP method and a path, normalised (query string
+/// and fragment stripped).
 ///
 /// Borrowed and `Copy` because it is parsed once per check on the hot path and only ever
-/// compared against rule patterns; the caller keeps the backing string alive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// compared against rule patterns; the caller keeps the backing string alive. Two routes
+/// are equal when their normalised forms are, whatever query string each was sent with.
+#[derive(Debug, Clone, Copy)]
 pub struct Route<'a> {
     method: Option<&'a str>,
     path: &'a str,
+    /// The whole input, of which [`Route::as_str`] is a prefix.
+    sent: &'a str,
+}
+
+impl PartialEq for Route<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Route<'_> {}
+
+impl std::hash::Hash for Route<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
 }
 
 impl<'a> Route<'a> {
     /// Parses `METHOD /path` or `/path`, rejecting anything a rule could not match reliably.
     ///
-    /// Strict on purpose: the route is part of the counter key, so two spellings of one route
-    /// (`get /x` and `GET /x`) must not silently become two independent budgets.
+    /// Strict on purpose: the route can be part of the counter key (`per = "route"`), so two
+    /// spellings of one route (`get /x` and `GET /x`) must not silently become two
+    /// independent budgets. A query string or fragment is accepted and stripped: the path
+    /// ends at the first `?` or `#`.
     pub fn parse(input: &'a str) -> Result<Self, RouteError> {
-        let (method, path) =
+        let (method, full) =
             split(input, false).map_err(|kind| RouteError::new(Subject::Route, input, kind))?;
-        check_path(path, false).map_err(|kind| RouteError::new(Subject::Route, input, kind))?;
-        Ok(Route { method, path })
+        check_path(full, false).map_err(|kind| RouteError::new(Subject::Route, input, kind))?;
+        let path = match full.find(['?', '#']) {
+            Some(end) => &full[..end],
+            None => full,
+        };
+        Ok(Route {
+            method,
+            path,
+            sent: input,
+        })
     }
 
     /// The method, or `None` when the caller checked a bare path; only method-agnostic
@@ -60,19 +97,28 @@ impl<'a> Route<'a> {
         self.method
     }
 
-    /// The path, always starting with `/`; exposed so the caller can build counter keys.
+    /// The path, always starting with `/`, without query string or fragment.
     pub fn path(&self) -> &'a str {
         self.path
+    }
+
+    /// The normalised route, `METHOD /path` or `/path`: what a `per = "route"` rule counts.
+    /// Borrowed from the input (it is a prefix of it), so it costs no allocation.
+    pub fn as_str(&self) -> &'a str {
+        let end = self.method.map_or(0, |m| m.len() + 1) + self.path.len();
+        &self.sent[..end]
+    }
+
+    /// The route exactly as the caller sent it, query string and fragment included.
+    pub fn sent(&self) -> &'a str {
+        self.sent
     }
 }
 
 impl fmt::Display for Route<'_> {
-    /// Renders the canonical form, which parses back to the same route.
+    /// Renders the normalised form, which parses back to the same route.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.method {
-            Some(m) => write!(f, "{m} {}", self.path),
-            None => f.write_str(self.path),
-        }
+        f.write_str(self.as_str())
     }
 }
 
@@ -243,6 +289,9 @@ pub enum RouteErrorKind {
     },
     /// A `*` in a pattern somewhere other than the last character of the path.
     MisplacedWildcard,
+    /// A `?` or `#` in a pattern: routes are matched without their query string or
+    /// fragment, so such a pattern could never match.
+    QueryInPattern,
 }
 
 impl RouteError {
@@ -313,6 +362,10 @@ impl fmt::Display for RouteErrorKind {
             MisplacedWildcard => {
                 f.write_str("'*' is only allowed as the last character of a path pattern")
             }
+            QueryInPattern => f.write_str(
+                "'?' and '#' are not allowed in a route pattern: requests are matched by their \
+                 path alone (query string and fragment stripped), so it could never match",
+            ),
         }
     }
 }
@@ -377,6 +430,9 @@ fn check_path(path: &str, wildcard: bool) -> Result<bool, RouteErrorKind> {
     if body.contains('*') {
         return Err(RouteErrorKind::MisplacedWildcard);
     }
+    if body.contains(['?', '#']) {
+        return Err(RouteErrorKind::QueryInPattern);
+    }
     Ok(prefix)
 }
 
@@ -418,6 +474,48 @@ mod tests {
         assert!(Route::parse(&format!("{} /", "A".repeat(16))).is_ok());
         assert!(Route::parse(&format!("/{}", "a".repeat(255))).is_ok());
         assert!(Route::parse("/a?b=c&d=%20").is_ok());
+    }
+
+    #[test]
+    fn query_string_and_fragment_are_accepted_and_stripped_from_the_route() {
+        let r = route("GET /v1/a?x=1&y=%20");
+        assert_eq!(r.method(), Some("GET"));
+        assert_eq!(r.path(), "/v1/a");
+        assert_eq!(r.as_str(), "GET /v1/a");
+        assert_eq!(r.sent(), "GET /v1/a?x=1&y=%20");
+        assert_eq!(r.to_string(), "GET /v1/a");
+        assert_eq!(
+            r,
+            route("GET /v1/a"),
+            "equal to the route without its query"
+        );
+        assert_eq!(route("GET /v1/a#top"), route("GET /v1/a"));
+        assert_eq!(route("/v1/a?x#y").as_str(), "/v1/a");
+        assert_eq!(route("/?").path(), "/");
+        assert_ne!(route("GET /v1/a?x=1"), route("GET /v1/b?x=1"));
+        // The text as sent is still validated: no spaces or controls in the query either.
+        assert!(route_err("GET /a?x=1 2").contains("space at byte 6"));
+        assert!(route_err("/?\n").contains("control character"));
+        assert!(route_err(&format!("/a?{}", "q".repeat(300))).contains("bytes long"));
+    }
+
+    #[test]
+    fn patterns_match_a_route_by_its_path_whatever_its_query() {
+        assert!(pat("GET /v1/a").matches(&route("GET /v1/a?x=1")));
+        assert!(pat("/v1/*").matches(&route("GET /v1/b#frag")));
+        assert!(
+            !pat("/v1/a*").matches(&route("GET /v1?/a")),
+            "the path is /v1"
+        );
+    }
+
+    #[test]
+    fn patterns_with_a_query_string_or_fragment_are_refused() {
+        for p in ["/v1/a?x=1", "GET /v1/a#top", "/v1?*", "/?"] {
+            let e = RoutePattern::parse(p).unwrap_err();
+            assert_eq!(e.kind(), RouteErrorKind::QueryInPattern, "{p}");
+            assert!(e.to_string().contains("could never match"), "{e}");
+        }
     }
 
     #[test]

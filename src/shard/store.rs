@@ -1,7 +1,7 @@
 //! The per-shard counter store: pure, synchronous, time injected.
 //!
 //! One [`Store`] is owned by value by exactly one shard actor, so it needs no locks. It
-//! maps a [`KeyId`] (a 128-bit identity of rule, client key and route) to the algorithm
+//! maps a [`KeyId`] (a 128-bit identity of rule, client key and route part) to the algorithm
 //! state of that key and bounds its own memory in two ways:
 //!
 //! - **Expiry.** Every algorithm reports when a key's state becomes indistinguishable
@@ -54,8 +54,13 @@ const DISC_SEED: u64 = 0x7269_6e67_6c69_6d74;
 /// keep attacker-chosen keys from piling into one probe sequence.
 type TableHasher = foldhash::fast::RandomState;
 
-/// The identity of one counter: (rule, client key, route), each part length-prefixed so
-/// that no two different triples encode to the same bytes (`("ab","c")` vs `("a","bc")`).
+/// The identity of one counter: (rule, client key, route part), each part length-prefixed
+/// so that no two different triples encode to the same bytes (`("ab","c")` vs `("a","bc")`).
+///
+/// The route part is empty for a rule counting per client (the default: one budget for
+/// every route the rule matches) and the normalised route (method + path, no query) for a
+/// rule with `per = "route"`; see `config::rules::CountPer`. An empty part still has its
+/// length prefix, so it never collides with a route.
 ///
 /// The store keeps only a [`KeyId`] derived from it; the encoding remains the key of
 /// the deny cache and of [`KeyId::of`].
@@ -119,7 +124,7 @@ pub struct KeyId {
 }
 
 impl KeyId {
-    /// The identity of (rule, client, route). Computed once per planned check; the
+    /// The identity of (rule, client, route part). Computed once per planned check; the
     /// encoding goes through a stack buffer, so the usual sizes allocate nothing.
     pub fn of(rule: &str, client: &[u8], route: &str) -> Self {
         const STACK: usize = 1024;
@@ -148,7 +153,7 @@ impl KeyId {
 /// Which counter an operation is about, and the rule numbers it runs under.
 #[derive(Debug, Clone, Copy)]
 pub struct Counter<'a> {
-    /// The counter's identity (rule, client key, route), computed when it was planned.
+    /// The counter's identity (rule, client key, route part), computed when it was planned.
     pub id: KeyId,
     /// Fingerprint of the rule's numbers: state built under other numbers is discarded.
     pub fingerprint: u64,

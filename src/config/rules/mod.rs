@@ -33,6 +33,13 @@
 //! window = "60s"
 //!
 //! [[rule]]
+//! name = "search-per-path"
+//! route = "GET /v1/search/*"
+//! per = "route"                   # one budget per path (default "client": one in all)
+//! limit = 50
+//! window = "1m"
+//!
+//! [[rule]]
 //! name = "search-shaped"
 //! route = "GET /v1/search*"       # no client or tier: the default for this route
 //! algorithm = "leaky_bucket"
@@ -49,7 +56,7 @@
 //! | `name`           | rule          | Required, unique, 1..=64 characters of `A-Z a-z 0-9 _ . -`. `default` is reserved for the `[default]` section. Reported with every decision. |
 //! | `client`         | rule          | An exact client key (1..=256 bytes). Applies whatever the caller's tier, so it cannot be combined with `tier`. |
 //! | `tier`           | rule          | A tier name (1..=64 bytes, the longest tier a check may carry; a longer one could never match) sent by the caller with the check. |
-//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. |
+//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. No `?` or `#`: requests are matched by their path, query string and fragment stripped. |
 //! | `algorithm`      | both          | `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log` or `sliding_window_counter` (default). |
 //! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
 //! | `window`         | both          | Required. An integer and a unit: `500ms`, `10s`, `1m`, `1h`, `1d`; between 1 ms and 7 days. |
@@ -57,6 +64,7 @@
 //! | `mode`           | both          | Leaky bucket only: `meter` (default; rejects early arrivals) or `shaper` (admits them with a delay). |
 //! | `queue_depth`    | both          | Leaky bucket shaper only: how many requests may wait for their delay, 0..=1,000,000 (default 0). |
 //! | `on_unavailable` | both          | What a node does when the key's owner is unreachable: `open` (default; decide locally, flagged as degraded) or `closed` (deny). |
+//! | `per`            | both          | What one counter is: `client` (default; one budget per client key, shared by every route the rule matches) or `route` (one budget per client key and normalised route, i.e. method + path without query string or fragment). |
 //!
 //! A `[[rule]]` must name at least one of `client`, `tier`, `route`; a rule matching
 //! everything belongs in `[default]`. Two rules may not have the same (`client`, `tier`,
@@ -93,7 +101,18 @@
 //!
 //! Within one level the most specific pattern wins: an exact path beats a prefix, a longer
 //! prefix beats a shorter one, and then a named method beats any method. A check without a
-//! route only matches rules without a `route`.
+//! route only matches rules without a `route`. Routes are matched by method and path; the
+//! query string and fragment are stripped first.
+//!
+//! ## What one counter is
+//!
+//! A counter is identified by (rule name, client key, route part), each length-prefixed. The
+//! route part is empty by default (`per = "client"`): every route the rule matches spends
+//! the same budget, so `GET /v1/a`, `GET /v1/b` and `GET /v1/a?x=1` under a `/v1/*` rule are
+//! one budget. With `per = "route"` the route part is the normalised route (`GET /v1/a` for
+//! all of `GET /v1/a`, `GET /v1/a?x=1` and `GET /v1/a#top`), so each method + path has its own.
+//! `per` is part of the rule's fingerprint: changing it starts the rule's counters over, like
+//! changing a number.
 //!
 //! ## Errors
 //!
@@ -168,7 +187,9 @@ pub struct Rule {
     pub spec: AlgorithmSpec,
     /// What to do when the key's owner cannot be reached.
     pub on_unavailable: FailMode,
-    /// [`AlgorithmSpec::fingerprint`] of `spec`, precomputed so a reload can tell in O(1)
+    /// What one counter is: one per client key, or one per client key and route.
+    pub per: CountPer,
+    /// [`rule_fingerprint`] of `spec` and `per`, precomputed so a reload can tell in O(1)
     /// whether a rule's counters are still meaningful.
     pub fingerprint: u64,
     /// The algorithm built from `spec`, ready for the shard: built once at load, so an
@@ -187,6 +208,7 @@ impl Rule {
             self.selector.clone(),
             self.spec.divided(nodes),
             self.on_unavailable,
+            self.per,
         )
     }
 
@@ -212,22 +234,83 @@ impl Rule {
                 window: BUILTIN_WINDOW,
             },
             FailMode::Open,
+            CountPer::Client,
         )
     }
 
     /// Only called with specs that [`parse::build_spec`] accepted, which already built the
     /// limiter once; the bounds it checks make the constructors infallible here.
-    fn new(name: &str, selector: Selector, spec: AlgorithmSpec, on_unavailable: FailMode) -> Self {
+    fn new(
+        name: &str,
+        selector: Selector,
+        spec: AlgorithmSpec,
+        on_unavailable: FailMode,
+        per: CountPer,
+    ) -> Self {
         let limiter = spec
             .limiter()
             .expect("build_spec only returns specs whose limiter builds");
         Rule {
             name: name.into(),
             selector,
-            fingerprint: spec.fingerprint(),
+            fingerprint: rule_fingerprint(&spec, per),
             limiter,
             spec,
             on_unavailable,
+            per,
+        }
+    }
+}
+
+/// The fingerprint a rule's counters are kept under: its algorithm and numbers
+/// ([`AlgorithmSpec::fingerprint`]) and what one counter is ([`CountPer`]), hashed with
+/// xxh3 over an explicit encoding so every node and build agree.
+///
+/// `per` is part of it because switching it changes what a count means (one budget for
+/// all routes, or one per route): like a changed number, it restarts the rule's counters,
+/// and a handed-over state counted the other way finds no rule to be installed under.
+pub fn rule_fingerprint(spec: &AlgorithmSpec, per: CountPer) -> u64 {
+    let mut buf = [0u8; 26];
+    buf[..17].copy_from_slice(b"ringlimit.rule.v2");
+    buf[17..25].copy_from_slice(&spec.fingerprint().to_le_bytes());
+    buf[25] = match per {
+        CountPer::Client => 0,
+        CountPer::Route => 1,
+    };
+    xxhash_rust::xxh3::xxh3_64(&buf)
+}
+
+/// What one counter of a rule is: whose budget a check spends.
+///
+/// The client key always places and separates counters; this says whether the route
+/// separates them too. The default closes the "fresh budget per path" bypass: a client
+/// cannot get more than the limit by varying the path or appending `?nonce=N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CountPer {
+    /// One budget per (rule, client key), shared by every route the rule matches.
+    #[default]
+    Client,
+    /// One budget per (rule, client key, normalised route): method + path, no query string
+    /// or fragment.
+    Route,
+}
+
+impl CountPer {
+    /// The route part of a counter's identity for a check on `normalised` (the route's
+    /// [`Route::as_str`](crate::config::route::Route::as_str)): empty unless the rule counts
+    /// per route. Length-prefixed in the identity, so empty never collides with a route.
+    pub fn route_part(self, normalised: &str) -> &str {
+        match self {
+            CountPer::Client => "",
+            CountPer::Route => normalised,
+        }
+    }
+
+    /// The value as written in the rule file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CountPer::Client => "client",
+            CountPer::Route => "route",
         }
     }
 }
@@ -475,7 +558,7 @@ impl AlgorithmSpec {
     /// others. It is xxh3 over an explicit little-endian encoding (never `std::hash`, whose
     /// output may change between Rust versions), so every node and every build agree. It
     /// covers only the spec: renaming a rule, moving it or changing its selector or fail mode
-    /// does not change it.
+    /// does not change it. A rule's own fingerprint ([`rule_fingerprint`]) adds its `per`.
     pub fn fingerprint(&self) -> u64 {
         let mut buf = Vec::with_capacity(64);
         buf.extend_from_slice(b"ringlimit.spec.v1");
@@ -672,7 +755,32 @@ mod tests {
             );
         }
         let r = a.get("a").unwrap();
-        assert_eq!(r.fingerprint, r.spec.fingerprint());
+        assert_eq!(r.fingerprint, rule_fingerprint(&r.spec, r.per));
+    }
+
+    #[test]
+    fn fingerprint_changes_when_per_changes() {
+        // Counting per route or per client are different counts: switching restarts them.
+        let base = set(FP_A);
+        let per_route =
+            set(&FP_A.replacen("tier = \"free\"", "tier = \"free\"\nper = \"route\"", 1));
+        let explicit =
+            set(&FP_A.replacen("tier = \"free\"", "tier = \"free\"\nper = \"client\"", 1));
+        let fp = |rs: &RuleSet| rs.get("a").unwrap().fingerprint;
+        assert_ne!(fp(&base), fp(&per_route));
+        assert_eq!(fp(&base), fp(&explicit), "client is the default");
+        assert_eq!(
+            base.get("a").unwrap().spec,
+            per_route.get("a").unwrap().spec,
+            "same numbers: only per differs"
+        );
+        // The fail-open stand-in counts the same way as its rule.
+        let rule = per_route.get("a").unwrap();
+        assert_eq!(rule.fallback(3).per, CountPer::Route);
+        assert_ne!(
+            rule.fallback(3).fingerprint,
+            base.get("a").unwrap().fallback(3).fingerprint
+        );
     }
 
     #[test]
@@ -721,7 +829,8 @@ mod tests {
     #[test]
     fn fingerprint_is_pinned_across_builds() {
         // Nodes of different versions must agree; changing the encoding resets all counters.
-        let spec = RuleSet::builtin().default_rule().spec;
-        assert_eq!(spec.fingerprint(), 3_508_162_426_882_450_458);
+        let rule = RuleSet::builtin().default_rule().clone();
+        assert_eq!(rule.spec.fingerprint(), 3_508_162_426_882_450_458);
+        assert_eq!(rule.fingerprint, 13_225_777_028_764_748_139);
     }
 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{
-    nonzero, AlgorithmSpec, FailMode, LeakyMode, Rule, RuleSet, Selector, DEFAULT_RULE_NAME,
+    nonzero, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, RuleSet, Selector,
+    DEFAULT_RULE_NAME,
 };
 use crate::algorithms::{AlgorithmKind, UnknownAlgorithm};
 use crate::config::route::RoutePattern;
@@ -377,6 +378,7 @@ struct RawDefault {
     mode: Option<String>,
     queue_depth: Option<i64>,
     on_unavailable: Option<String>,
+    per: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -393,6 +395,7 @@ struct RawRule {
     mode: Option<String>,
     queue_depth: Option<i64>,
     on_unavailable: Option<String>,
+    per: Option<String>,
 }
 
 /// The limit-related fields, shared by `[default]` and `[[rule]]`.
@@ -404,6 +407,7 @@ struct RawSpec<'a> {
     mode: Option<&'a str>,
     queue_depth: Option<i64>,
     on_unavailable: Option<&'a str>,
+    per: Option<&'a str>,
 }
 
 impl RawDefault {
@@ -416,6 +420,7 @@ impl RawDefault {
             mode: self.mode.as_deref(),
             queue_depth: self.queue_depth,
             on_unavailable: self.on_unavailable.as_deref(),
+            per: self.per.as_deref(),
         }
     }
 }
@@ -430,6 +435,7 @@ impl RawRule {
             mode: self.mode.as_deref(),
             queue_depth: self.queue_depth,
             on_unavailable: self.on_unavailable.as_deref(),
+            per: self.per.as_deref(),
         }
     }
 }
@@ -483,8 +489,15 @@ fn bounded(
     }
 }
 
+/// What [`build_spec`] makes of the fields shared by `[default]` and `[[rule]]`.
+struct Built {
+    spec: AlgorithmSpec,
+    on_unavailable: FailMode,
+    per: CountPer,
+}
+
 /// Validates the limit fields; `None` if any issue was recorded.
-fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSpec, FailMode)> {
+fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
     let before = issues.out.len();
 
     let algo = match raw.algorithm.map(str::parse::<AlgorithmKind>) {
@@ -618,6 +631,21 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         }
     };
 
+    let per = match raw.per {
+        None | Some("client") => CountPer::Client,
+        Some("route") => CountPer::Route,
+        Some(other) => {
+            issues.field(
+                "per",
+                format!(
+                    "{other:?} is not a counter scope (use \"client\": one budget per client \
+                     key, or \"route\": one per client key and route)"
+                ),
+            );
+            CountPer::Client
+        }
+    };
+
     if issues.out.len() != before {
         return None;
     }
@@ -653,7 +681,11 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<(AlgorithmSp
         issues.rule(format!("numbers rejected by the algorithm: {error}"));
         return None;
     }
-    Some((spec, on_unavailable))
+    Some(Built {
+        spec,
+        on_unavailable,
+        per,
+    })
 }
 
 fn valid_name(name: &str) -> bool {
@@ -733,8 +765,14 @@ impl RuleSet {
                     rule: RuleRef::Default,
                     out: &mut out,
                 };
-                build_spec(&mut issues, &d.spec()).map(|(spec, fail)| {
-                    Rule::new(DEFAULT_RULE_NAME, Selector::default(), spec, fail)
+                build_spec(&mut issues, &d.spec()).map(|b| {
+                    Rule::new(
+                        DEFAULT_RULE_NAME,
+                        Selector::default(),
+                        b.spec,
+                        b.on_unavailable,
+                        b.per,
+                    )
                 })
             }
         };
@@ -819,9 +857,9 @@ impl RuleSet {
                 }
             }
 
-            let spec = build_spec(&mut issues, &r.spec());
-            if let (Some(name), Some((spec, fail)), true) = (name, spec, selector_ok) {
-                rules.push(Rule::new(name, selector, spec, fail));
+            let built = build_spec(&mut issues, &r.spec());
+            if let (Some(name), Some(b), true) = (name, built, selector_ok) {
+                rules.push(Rule::new(name, selector, b.spec, b.on_unavailable, b.per));
             }
         }
 
@@ -889,7 +927,9 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         let rs = set(&text);
-        assert_eq!(rs.len(), 4);
+        assert_eq!(rs.len(), 5);
+        assert_eq!(rs.get("search-per-path").unwrap().per, CountPer::Route);
+        assert_eq!(rs.get("vip-customer").unwrap().per, CountPer::Client);
         let free = rs.get("free-charges").unwrap();
         assert_eq!(
             free.spec,
@@ -911,6 +951,19 @@ mod tests {
             }
         );
         assert_eq!(rs.get("vip-customer").unwrap().level(), MatchLevel::Client);
+    }
+
+    #[test]
+    fn readme_counter_examples_parse_and_scope_as_described() {
+        let readme = include_str!("../../../README.md");
+        let at = readme
+            .find("**What one counter is.**")
+            .expect("README section");
+        let start = at + readme[at..].find("```toml\n").unwrap() + "```toml\n".len();
+        let end = start + readme[start..].find("```\n").unwrap();
+        let rs = set(&readme[start..end]);
+        assert_eq!(rs.get("api").unwrap().per, CountPer::Client);
+        assert_eq!(rs.get("search").unwrap().per, CountPer::Route);
     }
 
     #[test]
@@ -1164,6 +1217,71 @@ mod tests {
             e.contains("rule \"x\": field \"on_unavailable\": \"maybe\" is not a fail mode"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn per_defaults_to_client_and_accepts_route() {
+        let rs = set(r#"
+            [default]
+            per = "route"
+            limit = 1
+            window = "1s"
+            [[rule]]
+            name = "plain"
+            route = "/v1/*"
+            limit = 2
+            window = "1s"
+            [[rule]]
+            name = "explicit"
+            tier = "t"
+            per = "client"
+            limit = 2
+            window = "1s"
+            [[rule]]
+            name = "each"
+            client = "c"
+            per = "route"
+            limit = 2
+            window = "1s"
+        "#);
+        assert_eq!(rs.default_rule().per, CountPer::Route);
+        assert_eq!(rs.get("plain").unwrap().per, CountPer::Client);
+        assert_eq!(rs.get("explicit").unwrap().per, CountPer::Client);
+        assert_eq!(rs.get("each").unwrap().per, CountPer::Route);
+        assert_eq!(RuleSet::builtin().default_rule().per, CountPer::Client);
+    }
+
+    #[test]
+    fn bad_per_names_rule_and_field() {
+        let e = one_rule("limit = 1\nwindow = \"1s\"\nper = \"path\"");
+        assert!(
+            e.contains(
+                "rule \"x\": field \"per\": \"path\" is not a counter scope (use \"client\""
+            ),
+            "{e}"
+        );
+        assert!(e.contains("\"route\": one per client key and route"), "{e}");
+        let e = invalid("[default]\nlimit = 1\nwindow = \"1s\"\nper = \"Route\"\n");
+        assert!(e.contains("[default]: field \"per\": \"Route\""), "{e}");
+        // Not a string at all: a TOML type error with its position.
+        let e = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"x\"\ntier = \"t\"\nlimit = 1\nwindow = \"1s\"\nper = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 6"), "{e}");
+    }
+
+    #[test]
+    fn a_route_pattern_with_a_query_string_is_refused() {
+        let e = invalid(
+            "[[rule]]\nname = \"q\"\nroute = \"GET /v1/a?x=1\"\nlimit = 1\nwindow = \"1s\"\n",
+        );
+        assert!(
+            e.contains("rule \"q\": field \"route\": route pattern \"GET /v1/a?x=1\""),
+            "{e}"
+        );
+        assert!(e.contains("could never match"), "{e}");
     }
 
     #[test]
