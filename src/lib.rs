@@ -20,6 +20,7 @@
 //! shard          actor handles + tasks; the store; counter identity (KeyId)
 //!   │
 //! config  membership  clock        rules and routes; gossip → ClusterView; time
+//!   │     keyring                  the cluster key (pure)
 //!   │
 //! algorithms  ring                 pure: the five limiters; the consistent-hash ring
 //! ```
@@ -28,6 +29,7 @@
 //! - [`ring`]: the consistent-hash ring that places keys on cluster members.
 //! - [`clock`]: wall-clock milliseconds, clamped so they never run backwards.
 //! - [`config`]: the rule file and route syntax (most specific rule wins).
+//! - [`keyring`]: the cluster key members prove on peer calls and gossip datagrams.
 //! - [`membership`]: chitchat gossip publishing a watch of the cluster view.
 //! - [`shard`]: the per-shard store and the actors that own it.
 //! - [`cluster`]: where each descriptor is decided (here, one hop away, the deny cache,
@@ -48,6 +50,7 @@ pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod keyring;
 pub mod membership;
 pub mod node;
 pub mod proto;
