@@ -4,7 +4,14 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ringlimit::config::rules::RuleSet;
+use ringlimit::node::RunningNode;
+use ringlimit::proto::peer::peer_client::PeerClient;
+use ringlimit::proto::peer::{ForwardItem, ForwardRequest, InstallRequest, KeyState};
+use ringlimit::shard::KeyId;
+use tonic::transport::Channel;
 
 use common::{
     check, client, key_owned_by, member_config, rules_file, start, start_cluster, wait_converged,
@@ -29,6 +36,14 @@ on_unavailable = "closed"
 "#;
 
 const LIMIT: usize = 20;
+
+/// A client of `node`'s `Peer` service (on its own listener), as another member would
+/// call it: the one place that knows where the peer API is served.
+async fn peer_client(node: &RunningNode) -> PeerClient<Channel> {
+    PeerClient::connect(format!("http://{}", node.peer_addr))
+        .await
+        .expect("peer client connects")
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn checks_sent_round_robin_to_three_nodes_admit_exactly_the_limit_with_one_decider() {
@@ -227,12 +242,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
     let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
     let key = key_owned_by("c", &["a", "b", "c"], "stray");
     // Forward straight to b, which does not own the key: b decides, no second hop.
-    let mut peer = ringlimit::proto::peer::peer_client::PeerClient::connect(format!(
-        "http://{}",
-        nodes[1].peer_addr
-    ))
-    .await
-    .unwrap();
+    let mut peer = peer_client(&nodes[1]).await;
     let forward_one = |deadline_ms: u64| ringlimit::proto::peer::ForwardRequest {
         from_node: "a".into(),
         items: vec![ringlimit::proto::peer::ForwardItem {
@@ -291,6 +301,269 @@ async fn an_unreachable_owner_fails_open_or_closed_per_rule() {
         "fail-closed: {closed:?}"
     );
     assert!(closed.retry_after_ms > 0);
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+// Attack tests: what a caller of the `Peer` service can do to a key, whoever it is (peer
+// authentication is a separate layer). Each names the bypass it closes.
+
+/// Window of rule `t` (1 h), in ms.
+const HOUR_MS: u64 = 3_600_000;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A handed-over state for (rule, key, route) as a peer would send it.
+fn handed_over(rule: &str, key: &str, route: &str, algorithm: &str, words: Vec<u64>) -> KeyState {
+    let rules = RuleSet::from_toml_str(RULES).unwrap();
+    let fingerprint = rules
+        .rules()
+        .iter()
+        .find(|r| &*r.name == rule)
+        .expect("rule exists")
+        .fingerprint;
+    let id = KeyId::of(rule, key.as_bytes(), route);
+    KeyState {
+        fingerprint,
+        algorithm: algorithm.into(),
+        words,
+        placement: id.placement,
+        id: id.disc,
+    }
+}
+
+fn install(states: Vec<KeyState>) -> InstallRequest {
+    InstallRequest {
+        from_node: "a".into(),
+        states,
+    }
+}
+
+/// Closes: `Peer/Install` with window id 10^12 (or a log entry a year ahead) froze a
+/// victim key (`retry_after` ≈ 1.9 million years), and a later window id reset an
+/// exhausted key's count.
+#[tokio::test(flavor = "multi_thread")]
+async fn installed_state_from_the_future_is_refused_and_the_victim_keeps_its_budget() {
+    let (_dir, rules) = rules_file(RULES);
+    let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let victim = key_owned_by("b", &["a", "b", "c"], "victim");
+    let mut peer = peer_client(&nodes[1]).await;
+    let year_ahead = now_ms() + 365 * 24 * HOUR_MS;
+    let answer = peer
+        .install(install(vec![
+            handed_over(
+                "t",
+                &victim,
+                "GET /t",
+                "fixed_window",
+                vec![1_000_000_000_000, 1],
+            ),
+            handed_over(
+                "closed",
+                &victim,
+                "GET /closed",
+                "sliding_window_log",
+                vec![year_ahead, 5, year_ahead, 5],
+            ),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.installed, answer.skipped), (0, 2), "both refused");
+    let mut via_a = client(&nodes[0]).await;
+    for (route, limit) in [("GET /t", LIMIT as u64), ("GET /closed", 5)] {
+        let first = via_a
+            .check(check(&victim, route, None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            first.allowed,
+            "{route}: the victim is not frozen: {first:?}"
+        );
+        assert_eq!(first.remaining, limit - 1, "{route}: a fresh budget");
+        assert_eq!(first.decider.unwrap().node_id, "b");
+    }
+
+    // An exhausted key is not reset by a state from a later window.
+    let exhausted = key_owned_by("b", &["a", "b", "c"], "spent");
+    for _ in 0..LIMIT {
+        assert!(
+            via_a
+                .check(check(&exhausted, "GET /t", None))
+                .await
+                .unwrap()
+                .into_inner()
+                .allowed
+        );
+    }
+    let now = now_ms();
+    // The next window, unless the test runs within 10 s of its start (then the one after).
+    let later = now / HOUR_MS
+        + if now % HOUR_MS > HOUR_MS - 10_000 {
+            2
+        } else {
+            1
+        };
+    let answer = peer
+        .install(install(vec![handed_over(
+            "t",
+            &exhausted,
+            "GET /t",
+            "fixed_window",
+            vec![later, 0],
+        )]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.installed, 0, "a later window is refused");
+    let after = via_a
+        .check(check(&exhausted, "GET /t", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !after.allowed,
+        "the exhausted key stays exhausted: {after:?}"
+    );
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+/// Closes: `Peer/Install` of a spent state denied a never-seen victim's very first
+/// request (here with a count no rule could admit: 1,000 of a limit of 20, a log of 6
+/// units of a limit of 5), and 20,000 states installed in one call.
+#[tokio::test(flavor = "multi_thread")]
+async fn installed_state_beyond_the_rule_or_the_call_cap_is_refused() {
+    let (_dir, rules) = rules_file(RULES);
+    let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let victim = key_owned_by("b", &["a", "b", "c"], "never-seen");
+    let mut peer = peer_client(&nodes[1]).await;
+    let now = now_ms();
+    let answer = peer
+        .install(install(vec![
+            handed_over(
+                "t",
+                &victim,
+                "GET /t",
+                "fixed_window",
+                vec![now / HOUR_MS, 1_000],
+            ),
+            handed_over(
+                "closed",
+                &victim,
+                "GET /closed",
+                "sliding_window_log",
+                vec![now, 6, now - 1, 3, now, 3],
+            ),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.installed, answer.skipped), (0, 2));
+    let mut via_c = client(&nodes[2]).await;
+    for (route, limit) in [("GET /t", LIMIT as u64), ("GET /closed", 5)] {
+        let first = via_c
+            .check(check(&victim, route, None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            first.allowed,
+            "{route}: the first request is allowed: {first:?}"
+        );
+        assert_eq!(first.remaining, limit - 1);
+    }
+
+    let flood: Vec<KeyState> = (0..20_000)
+        .map(|i| {
+            handed_over(
+                "t",
+                &format!("flood{i}"),
+                "GET /t",
+                "fixed_window",
+                vec![now / HOUR_MS, LIMIT as u64],
+            )
+        })
+        .collect();
+    let refused = peer.install(install(flood)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("states:") && refused.message().contains("at most 1000"),
+        "{}",
+        refused.message()
+    );
+    let flooded = via_c
+        .check(check("flood7", "GET /t", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(flooded.allowed, "nothing of the refused call was installed");
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+/// Closes: `Peer/Forward` had no item cap (150,000 items decided in one call) and did
+/// not validate `tier` length.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
+    let (_dir, rules) = rules_file(RULES);
+    let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let victim = key_owned_by("b", &["a", "b", "c"], "v");
+    let mut peer = peer_client(&nodes[1]).await;
+    let item = |tier: Option<String>| ForwardItem {
+        key: victim.clone(),
+        route: "GET /t".into(),
+        tier,
+        cost: 1,
+        hops: 1,
+    };
+    let forward = |items| ForwardRequest {
+        from_node: "a".into(),
+        items,
+        deadline_ms: 0,
+    };
+    let refused = peer
+        .forward(forward(vec![item(None); 150_000]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("items:") && refused.message().contains("at most 1000"),
+        "{}",
+        refused.message()
+    );
+    let long_tier = Some("t".repeat(65));
+    let refused = peer
+        .forward(forward(vec![item(None), item(long_tier)]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("items[1].tier:"),
+        "{}",
+        refused.message()
+    );
+    let answer = client(&nodes[0])
+        .await
+        .check(check(&victim, "GET /t", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.allowed);
+    assert_eq!(
+        answer.remaining,
+        LIMIT as u64 - 1,
+        "neither refused call decided anything"
+    );
     for node in nodes {
         node.shutdown().await;
     }

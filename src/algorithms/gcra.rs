@@ -167,7 +167,7 @@ impl Gcra {
     }
 
     /// Burst tolerance `tau` in scaled units.
-    fn tau(&self) -> u128 {
+    pub(super) fn tau(&self) -> u128 {
         u128::from(self.capacity) * u128::from(self.period_ms)
     }
 

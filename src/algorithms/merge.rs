@@ -168,12 +168,19 @@ fn merge_token_bucket(l: &TokenBucket, a: &mut TokenBucketState, b: TokenBucketS
 /// both backlogs back to back: `tat = t + backlog_a + backlog_b`. That is at least each input's
 /// TAT (`tat_x <= t + backlog_x`), and every GCRA verdict is monotone in the TAT, so the merged
 /// schedule is never more generous than either input. The sum saturates and is capped at
-/// `u64::MAX × limit` (the largest TAT `accepts` allows, itself at least each accepted input's
-/// TAT). `last_admit = max` keeps the refund guard pointing at the newest admission of either.
+/// `t + tau`: no admission ever books the schedule further than `tau` ahead of its own instant,
+/// so every state a check produced has `tat <= last_admit + tau`, which is at most `t + tau`, and
+/// the cap is still at least each such input's TAT (a state booked `tau` ahead denies every
+/// request until it is back within `tau`, like a full window). The cap keeps a merged state
+/// plausible when the key moves on again (see `Limiter::validate_imported`); it is also at most
+/// `u64::MAX × limit`, the largest TAT `accepts` allows. `last_admit = max` keeps the refund
+/// guard pointing at the newest admission of either.
 fn merge_gcra(l: &Gcra, a: &mut GcraState, b: GcraState) {
     let t = a.last_admit.max(b.last_admit);
     let ts = u128::from(t) * u128::from(l.limit); // < 2^128: both factors are u64
-    let cap = u128::from(u64::MAX) * u128::from(l.limit);
+    let cap = ts
+        .saturating_add(l.tau())
+        .min(u128::from(u64::MAX) * u128::from(l.limit));
     let backlog_a = a.tat.saturating_sub(ts);
     let backlog_b = b.tat.saturating_sub(ts);
     *a = GcraState {
@@ -664,10 +671,16 @@ mod tests {
         Ok(())
     }
 
-    /// Sliding counter only: the previous windows' sum exceeded the limit and was capped, which
-    /// legitimately leaves the merged state less full than the sum of both inputs.
+    /// Sliding counter: the previous windows' sum exceeded the limit and was capped; GCRA: the
+    /// two backlogs together were booked beyond the burst tolerance and capped there. Either
+    /// legitimately leaves the merged state less full than the sum of both inputs (it is
+    /// still at least as full as each).
     fn prev_capped(limiter: &Limiter, a: &KeyState, b: &KeyState) -> bool {
         match (limiter, a, b) {
+            (Limiter::LeakyBucket(l), KeyState::LeakyBucket(a), KeyState::LeakyBucket(b)) => {
+                let ts = u128::from(a.last_admit.max(b.last_admit)) * u128::from(l.limit);
+                a.tat.saturating_sub(ts) + b.tat.saturating_sub(ts) > l.tau()
+            }
             (
                 Limiter::SlidingWindowCounter(l),
                 KeyState::SlidingWindowCounter(a),

@@ -178,6 +178,129 @@ impl Limiter {
     }
 }
 
+/// Why a state handed over by another node was refused: it is not one this node's rule
+/// could have produced by now. Each kind is a metric label (`reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implausible {
+    /// A state of another algorithm than the rule's.
+    Algorithm,
+    /// Counts beyond what the rule can admit (a window count above the limit, a token
+    /// deficit beyond the capacity, a log whose entries disagree with its sum or exceed the
+    /// limit), or a schedule booked further ahead than the burst tolerance.
+    Count,
+    /// A window id or timestamp beyond the receiver's clock plus the skew allowance.
+    Future,
+}
+
+impl Implausible {
+    /// Every reason, in a fixed order (metric handles are indexed by it).
+    pub const ALL: [Implausible; 3] = [
+        Implausible::Algorithm,
+        Implausible::Count,
+        Implausible::Future,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Implausible::Algorithm => "algorithm",
+            Implausible::Count => "count",
+            Implausible::Future => "future",
+        }
+    }
+
+    /// Position in [`Implausible::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Implausible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Implausible::Algorithm => "state of another algorithm than the rule's",
+            Implausible::Count => "counts beyond what the rule can admit",
+            Implausible::Future => "a window or timestamp beyond now plus the clock-skew allowance",
+        })
+    }
+}
+
+impl std::error::Error for Implausible {}
+
+impl Limiter {
+    /// Whether `state`, received from another node, is one this limiter could have produced
+    /// on a node whose clock reads at most `now + skew_ms`: right algorithm, counts within
+    /// the rule ([`Limiter::accepts`]), and no window or instant beyond that horizon. A state
+    /// that fails is refused, never merged: a window id from the far future would freeze the
+    /// key (every check clamps to it) and a later window would replace the current count.
+    ///
+    /// Per algorithm, with `h = now + skew_ms`:
+    /// * fixed window, sliding counter: window index `<= h / window`;
+    /// * token bucket: `last <= h` (the deficit is bounded by the capacity already);
+    /// * GCRA: `last_admit <= h` and `TAT <= h + tau` (no admission books the schedule
+    ///   more than the burst tolerance ahead of its own instant);
+    /// * sliding log: high-water mark `<= h` (every entry is at or before it, at most
+    ///   `limit` units in all).
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use ringlimit::algorithms::{AlgorithmKind, FixedWindow, Implausible, KeyState, Limiter};
+    ///
+    /// let limiter = Limiter::FixedWindow(
+    ///     FixedWindow::new(NonZeroU64::new(5).unwrap(), Duration::from_secs(60)).unwrap());
+    /// let now = 120_000; // window 2
+    /// let current = KeyState::from_words(AlgorithmKind::FixedWindow, &[2, 5]).unwrap();
+    /// assert_eq!(limiter.validate_imported(&current, now, 5_000), Ok(()));
+    /// let far = KeyState::from_words(AlgorithmKind::FixedWindow, &[1_000_000_000_000, 1]).unwrap();
+    /// assert_eq!(limiter.validate_imported(&far, now, 5_000), Err(Implausible::Future));
+    /// ```
+    pub fn validate_imported(
+        &self,
+        state: &KeyState,
+        now: super::Millis,
+        skew_ms: u64,
+    ) -> Result<(), Implausible> {
+        if self.kind() != state.kind() {
+            return Err(Implausible::Algorithm);
+        }
+        if !self.accepts(state) {
+            return Err(Implausible::Count);
+        }
+        let h = now.saturating_add(skew_ms);
+        let in_time = match (self, state) {
+            (Limiter::TokenBucket(_), KeyState::TokenBucket(s)) => s.last <= h,
+            (Limiter::LeakyBucket(l), KeyState::LeakyBucket(s)) => {
+                if s.last_admit > h {
+                    return Err(Implausible::Future);
+                }
+                // Scaled instants: ms × limit. The schedule is booked from the newest
+                // admission, which is itself at most `h`.
+                let booked = u128::from(s.last_admit) * u128::from(l.limit) + l.tau();
+                return if s.tat <= booked {
+                    Ok(())
+                } else if s.tat <= u128::from(h) * u128::from(l.limit) + l.tau() {
+                    Err(Implausible::Count)
+                } else {
+                    Err(Implausible::Future)
+                };
+            }
+            (Limiter::FixedWindow(l), KeyState::FixedWindow(s)) => s.idx <= h / l.window_ms,
+            (Limiter::SlidingWindowLog(_), KeyState::SlidingWindowLog(s)) => s.high <= h,
+            (Limiter::SlidingWindowCounter(l), KeyState::SlidingWindowCounter(s)) => {
+                s.idx <= h / l.window_ms
+            }
+            // Unreachable: the kinds were compared above.
+            _ => return Err(Implausible::Algorithm),
+        };
+        if in_time {
+            Ok(())
+        } else {
+            Err(Implausible::Future)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU64;
@@ -305,6 +428,217 @@ mod tests {
             KeyState::from_pair(AlgorithmKind::SlidingWindowCounter, pair),
             Some(fits)
         );
+    }
+
+    /// The receiver's clock in the validation tests, and its skew allowance.
+    const NOW: u64 = 1_000_000_000;
+    const SKEW: u64 = 5_000;
+
+    fn words(kind: AlgorithmKind, words: &[u64]) -> KeyState {
+        KeyState::from_words(kind, words).unwrap()
+    }
+
+    fn validate(limiter: &Limiter, kind: AlgorithmKind, w: &[u64]) -> Result<(), Implausible> {
+        limiter.validate_imported(&words(kind, w), NOW, SKEW)
+    }
+
+    #[test]
+    fn fixed_window_imports_are_refused_beyond_the_skew_or_the_limit() {
+        let w = 60_000;
+        let l = Limiter::FixedWindow(FixedWindow::new(nz(5), Duration::from_millis(w)).unwrap());
+        let k = AlgorithmKind::FixedWindow;
+        let current = NOW / w;
+        assert_eq!(validate(&l, k, &[current, 5]), Ok(()));
+        assert_eq!(
+            validate(&l, k, &[0, 5]),
+            Ok(()),
+            "an old window is harmless"
+        );
+        // The next window is plausible only once now + skew has reached it.
+        let next_start = (current + 1) * w;
+        assert_eq!(validate(&l, k, &[current + 1, 1]), Err(Implausible::Future));
+        assert_eq!(
+            l.validate_imported(&words(k, &[current + 1, 1]), next_start - SKEW, SKEW),
+            Ok(())
+        );
+        assert_eq!(
+            l.validate_imported(&words(k, &[current + 1, 1]), next_start - SKEW - 1, SKEW),
+            Err(Implausible::Future)
+        );
+        assert_eq!(
+            validate(&l, k, &[1_000_000_000_000, 1]),
+            Err(Implausible::Future)
+        );
+        assert_eq!(validate(&l, k, &[u64::MAX, 0]), Err(Implausible::Future));
+        assert_eq!(validate(&l, k, &[current, 6]), Err(Implausible::Count));
+    }
+
+    #[test]
+    fn sliding_counter_imports_are_refused_beyond_the_skew_or_the_limit() {
+        let w = 60_000;
+        let l = Limiter::SlidingWindowCounter(
+            SlidingCounter::new(nz(5), Duration::from_millis(w)).unwrap(),
+        );
+        let k = AlgorithmKind::SlidingWindowCounter;
+        let current = NOW / w;
+        assert_eq!(validate(&l, k, &[current, 5, 5]), Ok(()));
+        assert_eq!(
+            validate(&l, k, &[current + 1, 0, 1]),
+            Err(Implausible::Future)
+        );
+        assert_eq!(
+            validate(&l, k, &[1_000_000_000_000, 0, 1]),
+            Err(Implausible::Future)
+        );
+        assert_eq!(validate(&l, k, &[current, 6, 0]), Err(Implausible::Count));
+        assert_eq!(validate(&l, k, &[current, 0, 6]), Err(Implausible::Count));
+    }
+
+    #[test]
+    fn token_bucket_imports_are_refused_from_the_future_or_beyond_capacity() {
+        // 5 tokens per 10 s: a full bucket is 5 * 10_000 scaled units.
+        let l =
+            Limiter::TokenBucket(TokenBucket::new(nz(5), nz(5), Duration::from_secs(10)).unwrap());
+        let k = AlgorithmKind::TokenBucket;
+        assert_eq!(validate(&l, k, &[50_000, NOW]), Ok(()));
+        assert_eq!(validate(&l, k, &[50_000, NOW + SKEW]), Ok(()));
+        assert_eq!(
+            validate(&l, k, &[1, NOW + SKEW + 1]),
+            Err(Implausible::Future)
+        );
+        assert_eq!(validate(&l, k, &[50_001, NOW]), Err(Implausible::Count));
+        assert_eq!(validate(&l, k, &[u64::MAX, NOW]), Err(Implausible::Count));
+    }
+
+    #[test]
+    fn gcra_imports_are_refused_when_booked_beyond_the_burst_tolerance() {
+        // 5 per 10 s, burst 3: T = 10_000 scaled units, tau = 30_000 (3 s of ms × 5).
+        let l = Limiter::LeakyBucket(Gcra::meter(nz(5), Duration::from_secs(10), nz(3)).unwrap());
+        let k = AlgorithmKind::LeakyBucket;
+        let scaled = |ms: u64| u128::from(ms) * 5;
+        let state = |tat: u128, last: u64| [(tat >> 64) as u64, tat as u64, last];
+        let tau = 30_000u128;
+        assert_eq!(validate(&l, k, &state(scaled(NOW) + tau, NOW)), Ok(()));
+        assert_eq!(
+            validate(&l, k, &state(scaled(NOW) + tau + 1, NOW)),
+            Err(Implausible::Count),
+            "booked further ahead of its newest admission than any check books"
+        );
+        assert_eq!(
+            validate(&l, k, &state(scaled(NOW + SKEW) + tau, NOW + SKEW)),
+            Ok(()),
+            "an owner whose clock is ahead within the allowance"
+        );
+        assert_eq!(
+            validate(&l, k, &state(scaled(NOW + SKEW + 1), NOW + SKEW + 1)),
+            Err(Implausible::Future)
+        );
+        assert_eq!(
+            validate(&l, k, &state(scaled(NOW) * 1_000, NOW + SKEW + 1)),
+            Err(Implausible::Future),
+            "a schedule a thousand years ahead"
+        );
+        assert_eq!(
+            validate(&l, k, &state(scaled(NOW) * 1_000, NOW)),
+            Err(Implausible::Future),
+            "booked far beyond now + skew + tau"
+        );
+        assert_eq!(
+            validate(&l, k, &[u64::MAX, u64::MAX, 0]),
+            Err(Implausible::Count),
+            "beyond any schedule the arithmetic holds"
+        );
+    }
+
+    #[test]
+    fn sliding_log_imports_are_refused_with_future_entries_or_too_many_units() {
+        let l = Limiter::SlidingWindowLog(SlidingLog::new(nz(3), Duration::from_secs(60)).unwrap());
+        let k = AlgorithmKind::SlidingWindowLog;
+        assert_eq!(validate(&l, k, &[NOW, 3, NOW - 10, 1, NOW, 2]), Ok(()));
+        assert_eq!(
+            validate(&l, k, &[NOW + SKEW + 1, 1, NOW + SKEW + 1, 1]),
+            Err(Implausible::Future)
+        );
+        assert_eq!(
+            validate(&l, k, &[NOW, 1, NOW + 1, 1]),
+            Err(Implausible::Count),
+            "an entry after the high-water mark"
+        );
+        assert_eq!(
+            validate(&l, k, &[NOW, 4, NOW - 3, 1, NOW - 2, 1, NOW - 1, 1, NOW, 1]),
+            Err(Implausible::Count),
+            "more entries than the limit"
+        );
+        assert_eq!(
+            validate(&l, k, &[NOW, 0, NOW - 1, 0]),
+            Err(Implausible::Count),
+            "an entry of cost zero"
+        );
+    }
+
+    #[test]
+    fn a_state_of_another_algorithm_is_refused_as_such() {
+        let l = Limiter::FixedWindow(FixedWindow::new(nz(5), Duration::from_secs(1)).unwrap());
+        let other = words(AlgorithmKind::TokenBucket, &[0, 0]);
+        assert_eq!(
+            l.validate_imported(&other, NOW, SKEW),
+            Err(Implausible::Algorithm)
+        );
+        let labels: Vec<_> = Implausible::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, ["algorithm", "count", "future"]);
+    }
+
+    proptest! {
+        /// Whatever checks a node made up to its own `now`, and whatever two such states
+        /// merge into, the state is plausible to a receiver whose clock is behind by at
+        /// most the allowance: legitimate handoffs always install.
+        #[test]
+        fn states_made_by_checks_are_always_plausible_within_the_skew(
+            steps in proptest::collection::vec((0u64..4_000, 1u64..4), 1..40),
+            other in proptest::collection::vec((0u64..4_000, 1u64..4), 1..40),
+            behind in 0u64..=SKEW,
+        ) {
+            for limiter in limiters() {
+                let mut a = limiter.new_state();
+                let mut b = limiter.new_state();
+                let (mut ta, mut tb) = (NOW, NOW + 500);
+                for &(step, cost) in &steps {
+                    ta += step;
+                    limiter.check(&mut a, ta, nz(cost));
+                }
+                for &(step, cost) in &other {
+                    tb += step;
+                    limiter.check(&mut b, tb, nz(cost));
+                }
+                let sender_now = ta.max(tb);
+                let receiver_now = sender_now - behind;
+                prop_assert_eq!(limiter.validate_imported(&a, receiver_now, SKEW), Ok(()));
+                prop_assert_eq!(limiter.validate_imported(&b, receiver_now, SKEW), Ok(()));
+                let mut merged = a.clone();
+                limiter.merge(&mut merged, b.clone());
+                prop_assert_eq!(
+                    limiter.validate_imported(&merged, receiver_now, SKEW),
+                    Ok(()),
+                    "{:?} + {:?} = {:?}", a, b, merged
+                );
+            }
+        }
+
+        /// Arbitrary words never panic the validation.
+        #[test]
+        fn validating_arbitrary_words_never_panics(
+            words in proptest::collection::vec(any::<u64>(), 0..8),
+            now in any::<u64>(),
+            skew in any::<u64>(),
+        ) {
+            for limiter in limiters() {
+                for kind in AlgorithmKind::ALL {
+                    if let Some(state) = KeyState::from_words(kind, &words) {
+                        let _ = limiter.validate_imported(&state, now, skew);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

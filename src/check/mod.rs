@@ -114,22 +114,7 @@ impl Checker {
         inputs: &[CheckInput<'_>],
         names: &dyn FieldNames,
     ) -> Result<Vec<Verdict>, CheckError> {
-        if inputs.len() > plan::MAX_BATCH {
-            return Err(CheckError::invalid(
-                names.checks(),
-                format!(
-                    "{} checks in one batch; at most {} are allowed",
-                    inputs.len(),
-                    plan::MAX_BATCH
-                ),
-            ));
-        }
-        let rules = self.rules.load();
-        let planned = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, input)| plan::plan_check(input, &rules, Some(i), names))
-            .collect::<Result<Vec<_>, _>>()?;
+        let planned = plan::plan_batch(inputs, &self.rules.load(), names)?;
         self.decide(planned).await
     }
 

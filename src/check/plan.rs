@@ -118,6 +118,29 @@ pub fn plan_check(
         .collect()
 }
 
+/// Validate a batch of checks: at most [`MAX_BATCH`], each planned as [`plan_check`]
+/// would (named as check `i` of the batch). Any invalid check refuses the whole batch.
+pub fn plan_batch(
+    inputs: &[CheckInput<'_>],
+    rules: &RuleSet,
+    names: &dyn FieldNames,
+) -> Result<Vec<Vec<CheckItem>>, CheckError> {
+    if inputs.len() > MAX_BATCH {
+        return Err(CheckError::invalid(
+            names.checks(),
+            format!(
+                "{} checks in one batch; at most {MAX_BATCH} are allowed",
+                inputs.len()
+            ),
+        ));
+    }
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| plan_check(input, rules, Some(i), names))
+        .collect()
+}
+
 /// Validate and plan one descriptor forwarded by a peer. The sending node validated it
 /// already, with the same rules; the owner re-matches it against its own rule set,
 /// which is the same file everywhere except for a moment during a reload.

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::algorithms::{Implausible, Millis};
 use crate::clock::Clock;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::Inherited;
@@ -30,8 +31,16 @@ use crate::membership::ClusterView;
 use crate::ring::diff;
 use crate::shard::{Exported, NewOwner, Shards};
 
-/// States per `Install` call.
-const PUSH_CHUNK: usize = 1000;
+/// States per `Install` call: the sender pushes at most this many at once and the
+/// receiver refuses a call with more, so one call cannot make a node hold (or validate)
+/// an unbounded number of states. Equal to the public batch maximum.
+pub const MAX_INSTALL_STATES: usize = crate::check::plan::MAX_BATCH;
+
+/// How far ahead of the receiver's clock a handed-over state's window or timestamps may
+/// be, in ms (see "Clock skew at a handoff" in `docs/ownership.md`). Members' clocks are
+/// expected within NTP's tens of milliseconds; 5 s leaves room for a badly synchronised
+/// member while keeping a forged state from reaching more than 5 s into the future.
+pub const MAX_CLOCK_SKEW_MS: u64 = 5_000;
 
 /// Moves state off this node when its ring says the state belongs elsewhere.
 #[derive(Clone)]
@@ -231,7 +240,7 @@ impl Handoff {
             };
             let total = states.len();
             let mut delivered = 0;
-            for chunk in states.chunks(PUSH_CHUNK) {
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
                 match self.peers.install(&owner, chunk).await {
                     Ok(n) => {
                         installed += n;
@@ -250,25 +259,56 @@ impl Handoff {
     }
 }
 
-/// Pair handed-over states with the local rule each belongs to, dropping the ones no
-/// local rule has the numbers of (the rule sets differ for a moment).
+/// Handed-over states sorted by what the receiver does with them.
+#[derive(Debug, Default)]
+pub struct Vetted {
+    /// States to install, each with the local rule it belongs to.
+    pub items: Vec<(Exported, Arc<Rule>)>,
+    /// States of rules this node does not have (the rule sets differ for a moment):
+    /// skipped, not suspicious.
+    pub unknown_rule: u64,
+    /// States refused as implausible, per reason ([`Implausible::index`]).
+    pub refused: [u64; Implausible::ALL.len()],
+}
+
+impl Vetted {
+    /// How many states were refused as implausible.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.iter().sum()
+    }
+}
+
+/// Pair handed-over states with the local rule each belongs to, and keep only those the
+/// rule could have produced by `now` (the receiver's clock) plus [`MAX_CLOCK_SKEW_MS`]
+/// (see [`Limiter::validate_imported`](crate::algorithms::Limiter::validate_imported)).
 ///
 /// Any local rule with the same numbers decides identically: the counter's identity
 /// (which includes the rule name) travels in the id, so the receiver needs the rule only
-/// for its arithmetic. Fallback counters never travel.
-pub fn with_rules(states: Vec<Exported>, rules: &RuleSet) -> Vec<(Exported, Arc<Rule>)> {
+/// for its arithmetic. States no local rule has the numbers of are dropped and counted in
+/// `unknown_rule`; implausible ones (a window from the far future, a count beyond the
+/// limit) are refused and counted per reason, never merged. Fallback counters never
+/// travel.
+pub fn with_rules(states: Vec<Exported>, rules: &RuleSet, now: Millis) -> Vetted {
     let by_fingerprint: HashMap<u64, &Arc<Rule>> = rules
         .rules()
         .iter()
         .map(|rule| (rule.fingerprint, rule))
         .collect();
-    states
-        .into_iter()
-        .filter_map(|state| {
-            let rule = by_fingerprint.get(&state.fingerprint)?;
-            Some((state, Arc::clone(rule)))
-        })
-        .collect()
+    let mut vetted = Vetted::default();
+    for state in states {
+        let Some(rule) = by_fingerprint.get(&state.fingerprint) else {
+            vetted.unknown_rule += 1;
+            continue;
+        };
+        match rule
+            .limiter
+            .validate_imported(&state.state, now, MAX_CLOCK_SKEW_MS)
+        {
+            Ok(()) => vetted.items.push((state, Arc::clone(rule))),
+            Err(reason) => vetted.refused[reason.index()] += 1,
+        }
+    }
+    vetted
 }
 
 #[cfg(test)]
@@ -276,6 +316,8 @@ mod tests {
     use super::*;
     use crate::cluster::policy::testkit;
     use crate::shard::KeyId;
+
+    const NOW: Millis = 1_700_000_000_000;
 
     #[test]
     fn handed_over_states_find_their_rule_by_fingerprint_or_are_dropped() {
@@ -286,8 +328,65 @@ mod tests {
             fingerprint,
             state: default.limiter.new_state(),
         };
-        let paired = with_rules(vec![state(default.fingerprint), state(12345)], &rules);
-        assert_eq!(paired.len(), 1);
-        assert_eq!(paired[0].1.name, default.name);
+        let vetted = with_rules(vec![state(default.fingerprint), state(12345)], &rules, NOW);
+        assert_eq!(vetted.items.len(), 1);
+        assert_eq!(vetted.items[0].1.name, default.name);
+        assert_eq!(vetted.unknown_rule, 1);
+        assert_eq!(vetted.refused_total(), 0);
+    }
+
+    #[test]
+    fn implausible_states_are_refused_and_counted_by_reason() {
+        let rules = testkit::rules();
+        let default = rules.default_rule().clone();
+        let made_now = {
+            let mut s = default.limiter.new_state();
+            default
+                .limiter
+                .check(&mut s, NOW, std::num::NonZeroU64::MIN);
+            s
+        };
+        let from_later = {
+            let mut s = default.limiter.new_state();
+            default
+                .limiter
+                .check(&mut s, NOW + 3_600_000, std::num::NonZeroU64::MIN);
+            s
+        };
+        let other_algorithm = match default.limiter.kind() {
+            crate::algorithms::AlgorithmKind::TokenBucket => {
+                crate::algorithms::KeyState::FixedWindow(Default::default())
+            }
+            _ => crate::algorithms::KeyState::TokenBucket(Default::default()),
+        };
+        let exported = |state| Exported {
+            id: KeyId::of("default", b"k", "/x"),
+            fingerprint: default.fingerprint,
+            state,
+        };
+        let vetted = with_rules(
+            vec![
+                exported(made_now.clone()),
+                exported(from_later),
+                exported(other_algorithm),
+            ],
+            &rules,
+            NOW,
+        );
+        assert_eq!(vetted.items.len(), 1, "only the state made by now installs");
+        assert_eq!(vetted.items[0].0.state, made_now);
+        assert_eq!(vetted.refused[Implausible::Future.index()], 1);
+        assert_eq!(vetted.refused[Implausible::Algorithm.index()], 1);
+        // A sender whose clock is ahead within the allowance still hands over.
+        let mut ahead = default.limiter.new_state();
+        default.limiter.check(
+            &mut ahead,
+            NOW + MAX_CLOCK_SKEW_MS,
+            std::num::NonZeroU64::MIN,
+        );
+        assert_eq!(
+            with_rules(vec![exported(ahead)], &rules, NOW).items.len(),
+            1
+        );
     }
 }

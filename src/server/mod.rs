@@ -9,6 +9,8 @@
 //! This is the edge: the one place an error becomes a `tonic::Status`, so the mapping
 //! from "what went wrong" to "what the caller is told" is reviewed in one spot.
 
+#[cfg(test)]
+mod decode_fuzz;
 pub mod peer;
 pub mod ringlimit_v1;
 

@@ -8,15 +8,19 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::algorithms::Implausible;
 use crate::algorithms::{AlgorithmKind, KeyState};
-use crate::check::plan::plan_forwarded;
+use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
-use crate::cluster::{handoff, policy, CheckItem, Router};
+use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
+use crate::cluster::{policy, CheckItem, Router};
+use crate::config::rules::RuleSet;
 use crate::config::SharedRules;
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::{
-    ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse, MemberStatus,
-    RefundRequest, RefundResponse, StatusRequest, StatusResponse,
+    ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
+    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, StatusRequest,
+    StatusResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
 
@@ -26,7 +30,7 @@ fn plan_item(
     route: &str,
     tier: Option<&str>,
     cost: u64,
-    rules: &crate::config::rules::RuleSet,
+    rules: &RuleSet,
     index: usize,
 ) -> Result<CheckItem, CheckError> {
     let input = DescriptorInput {
@@ -41,12 +45,100 @@ fn plan_item(
     })
 }
 
+/// Refuse a call whose list `field` holds more than `max` entries, before any of them is
+/// looked at: one call must not make a node decide, refund or hold an unbounded amount.
+fn at_most(field: &str, given: usize, max: usize) -> Result<(), CheckError> {
+    if given > max {
+        return Err(CheckError::invalid(
+            field,
+            format!("{given} {field} in one call; at most {max} are allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// A forwarded batch as checks ready for the owner's shards: at most [`MAX_BATCH`]
+/// items, each validated like a client's descriptor (key, route, tier, cost). Any
+/// invalid item refuses the whole batch, and nothing is decided.
+pub(crate) fn plan_forward(
+    request: &ForwardRequest,
+    rules: &RuleSet,
+) -> Result<Vec<CheckItem>, CheckError> {
+    at_most("items", request.items.len(), MAX_BATCH)?;
+    request
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            plan_item(
+                &item.key,
+                &item.route,
+                item.tier.as_deref(),
+                item.cost,
+                rules,
+                i,
+            )
+        })
+        .collect()
+}
+
+/// A refund call as refunds for the shards, with the same bounds as [`plan_forward`].
+pub(crate) fn plan_refund(
+    request: &RefundRequest,
+    rules: &RuleSet,
+) -> Result<Vec<Refund>, CheckError> {
+    at_most("items", request.items.len(), MAX_BATCH)?;
+    request
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let planned = plan_item(
+                &item.key,
+                &item.route,
+                item.tier.as_deref(),
+                item.cost,
+                rules,
+                i,
+            )?;
+            Ok(Refund {
+                charge: planned.charge(),
+                at: item.at,
+            })
+        })
+        .collect()
+}
+
+/// Handed-over states as domain values: at most [`MAX_INSTALL_STATES`] per call.
+/// States this node cannot decode (an algorithm or a word layout it does not know) are
+/// skipped, like states of rules it does not have; whether the rest are plausible is
+/// [`handoff::with_rules`]' question.
+pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, CheckError> {
+    at_most("states", states.len(), MAX_INSTALL_STATES)?;
+    Ok(states
+        .into_iter()
+        .filter_map(|state| {
+            let kind = AlgorithmKind::parse(&state.algorithm)?;
+            Some(Exported {
+                id: KeyId {
+                    placement: state.placement,
+                    disc: state.id,
+                },
+                fingerprint: state.fingerprint,
+                state: KeyState::from_words(kind, &state.words)?,
+            })
+        })
+        .collect())
+}
+
 /// Serves forwarded checks, refunds, handed-over state and status to peers.
 #[derive(Clone)]
 pub struct PeerService {
     router: Arc<Router>,
     rules: SharedRules,
     installed: metrics::Counter,
+    /// Per [`Implausible`] reason: handed-over states refused, never merged.
+    refused: [metrics::Counter; Implausible::ALL.len()],
     stale: metrics::Counter,
 }
 
@@ -57,6 +149,9 @@ impl PeerService {
             router,
             rules,
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
+            refused: Implausible::ALL.map(|reason| {
+                metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
+            }),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
         }
     }
@@ -69,28 +164,15 @@ impl Peer for PeerService {
         request: Request<ForwardRequest>,
     ) -> Result<Response<ForwardResponse>, Status> {
         let request = request.into_inner();
+        // The bounds first: an oversized batch is refused whenever it arrives.
+        at_most("items", request.items.len(), MAX_BATCH)?;
         if policy::arrived_too_late(request.deadline_ms, self.router.now_ms()) {
             self.stale.increment(request.items.len() as u64);
             return Err(Status::deadline_exceeded(
                 "forwarded batch arrived after its deadline",
             ));
         }
-        let rules = self.rules.load();
-        let items = request
-            .items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| {
-                plan_item(
-                    &item.key,
-                    &item.route,
-                    item.tier.as_deref(),
-                    item.cost,
-                    &rules,
-                    i,
-                )
-            })
-            .collect::<Result<Vec<_>, CheckError>>()?;
+        let items = plan_forward(&request, &self.rules.load())?;
         let answers = self
             .router
             .decide_forwarded(&items)
@@ -124,27 +206,7 @@ impl Peer for PeerService {
         &self,
         request: Request<RefundRequest>,
     ) -> Result<Response<RefundResponse>, Status> {
-        let rules = self.rules.load();
-        let refunds = request
-            .into_inner()
-            .items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| {
-                let planned = plan_item(
-                    &item.key,
-                    &item.route,
-                    item.tier.as_deref(),
-                    item.cost,
-                    &rules,
-                    i,
-                )?;
-                Ok(Refund {
-                    charge: planned.charge(),
-                    at: item.at,
-                })
-            })
-            .collect::<Result<Vec<_>, CheckError>>()?;
+        let refunds = plan_refund(&request.into_inner(), &self.rules.load())?;
         self.router
             .shards()
             .refund(refunds)
@@ -159,28 +221,26 @@ impl Peer for PeerService {
     ) -> Result<Response<InstallResponse>, Status> {
         let request = request.into_inner();
         let total = request.states.len() as u64;
-        // Undecodable states (an algorithm or a word layout this node does not know)
-        // are skipped, like states of rules this node does not have.
-        let states: Vec<Exported> = request
-            .states
-            .into_iter()
-            .filter_map(|state| {
-                let kind = AlgorithmKind::parse(&state.algorithm)?;
-                Some(Exported {
-                    id: KeyId {
-                        placement: state.placement,
-                        disc: state.id,
-                    },
-                    fingerprint: state.fingerprint,
-                    state: KeyState::from_words(kind, &state.words)?,
-                })
-            })
-            .collect();
-        let items = handoff::with_rules(states, &self.rules.load());
+        let states = decode_install(request.states)?;
+        let vetted = handoff::with_rules(states, &self.rules.load(), self.router.now_ms());
+        for (counter, &n) in self.refused.iter().zip(&vetted.refused) {
+            counter.increment(n);
+        }
+        let refused = vetted.refused_total();
+        if refused > 0 {
+            tracing::warn!(
+                from = %request.from_node,
+                refused,
+                algorithm = vetted.refused[Implausible::Algorithm.index()],
+                count = vetted.refused[Implausible::Count.index()],
+                future = vetted.refused[Implausible::Future.index()],
+                "handed-over states refused as implausible (see docs/ownership.md)"
+            );
+        }
         let installed = self
             .router
             .shards()
-            .install(items)
+            .install(vetted.items)
             .await
             .map_err(CheckError::from)? as u64;
         self.installed.increment(installed);
@@ -188,6 +248,7 @@ impl Peer for PeerService {
             from = %request.from_node,
             installed,
             skipped = total - installed,
+            refused,
             "handoff received"
         );
         Ok(Response::new(InstallResponse {
@@ -232,5 +293,140 @@ impl Peer for PeerService {
             members,
             keys,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::plan::{MAX_KEY_BYTES, MAX_TIER_BYTES};
+    use crate::proto::peer::{ForwardItem, RefundItem};
+
+    fn item(key: &str, tier: Option<&str>) -> ForwardItem {
+        ForwardItem {
+            key: key.into(),
+            route: "GET /t".into(),
+            tier: tier.map(Into::into),
+            cost: 1,
+            hops: 1,
+        }
+    }
+
+    fn forward(items: Vec<ForwardItem>) -> ForwardRequest {
+        ForwardRequest {
+            from_node: "a".into(),
+            items,
+            deadline_ms: 0,
+        }
+    }
+
+    fn field<T: std::fmt::Debug>(result: Result<T, CheckError>) -> (String, String) {
+        match result {
+            Err(CheckError::InvalidArgument { field, reason }) => (field, reason),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_forward_of_more_than_the_batch_maximum_is_refused_naming_items_and_the_limit() {
+        let rules = RuleSet::builtin();
+        let full = forward(vec![item("k", None); MAX_BATCH]);
+        assert_eq!(plan_forward(&full, &rules).unwrap().len(), MAX_BATCH);
+        let over = forward(vec![item("k", None); MAX_BATCH + 1]);
+        let (field, reason) = field(plan_forward(&over, &rules));
+        assert_eq!(field, "items");
+        assert!(reason.contains("at most 1000"), "{reason}");
+    }
+
+    #[test]
+    fn forwarded_items_are_validated_like_a_clients_naming_the_item() {
+        let rules = RuleSet::builtin();
+        let long_tier = "t".repeat(MAX_TIER_BYTES + 1);
+        let long_key = "k".repeat(MAX_KEY_BYTES + 1);
+        let cases = [
+            (item("k", Some(&long_tier)), "items[1].tier"),
+            (item("k", Some("")), "items[1].tier"),
+            (item(&long_key, None), "items[1].key"),
+            (item("", None), "items[1].key"),
+            (
+                ForwardItem {
+                    route: "not a route".into(),
+                    ..item("k", None)
+                },
+                "items[1].route",
+            ),
+            (
+                ForwardItem {
+                    cost: 0,
+                    ..item("k", None)
+                },
+                "items[1].cost",
+            ),
+            (
+                ForwardItem {
+                    cost: u64::MAX,
+                    ..item("k", None)
+                },
+                "items[1].cost",
+            ),
+        ];
+        for (bad, want) in cases {
+            let request = forward(vec![item("ok", None), bad.clone()]);
+            assert_eq!(field(plan_forward(&request, &rules)).0, want, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn refunds_have_the_same_bounds_as_forwards() {
+        let rules = RuleSet::builtin();
+        let refund = |key: &str, tier: Option<&str>| RefundItem {
+            key: key.into(),
+            route: "GET /t".into(),
+            tier: tier.map(Into::into),
+            cost: 1,
+            at: 0,
+        };
+        let over = RefundRequest {
+            items: vec![refund("k", None); MAX_BATCH + 1],
+        };
+        assert_eq!(field(plan_refund(&over, &rules)).0, "items");
+        let long_tier = "t".repeat(MAX_TIER_BYTES + 1);
+        let bad = RefundRequest {
+            items: vec![refund("k", None), refund("k", Some(&long_tier))],
+        };
+        assert_eq!(field(plan_refund(&bad, &rules)).0, "items[1].tier");
+        let ok = RefundRequest {
+            items: vec![refund("k", None); MAX_BATCH],
+        };
+        assert_eq!(plan_refund(&ok, &rules).unwrap().len(), MAX_BATCH);
+    }
+
+    #[test]
+    fn an_install_of_more_than_the_cap_is_refused_and_undecodable_states_are_skipped() {
+        let state = |algorithm: &str, words: Vec<u64>| WireState {
+            fingerprint: 1,
+            algorithm: algorithm.into(),
+            words,
+            placement: 2,
+            id: 3,
+        };
+        let over = vec![state("fixed_window", vec![0, 0]); MAX_INSTALL_STATES + 1];
+        let (field, reason) = field(decode_install(over));
+        assert_eq!(field, "states");
+        assert!(reason.contains("at most 1000"), "{reason}");
+        let decoded = decode_install(vec![
+            state("fixed_window", vec![7, 1]),
+            state("no_such_algorithm", vec![7, 1]),
+            state("fixed_window", vec![7]),
+        ])
+        .unwrap();
+        assert_eq!(decoded.len(), 1);
+        assert_eq!(
+            decoded[0].id,
+            KeyId {
+                placement: 2,
+                disc: 3
+            }
+        );
     }
 }

@@ -35,7 +35,7 @@ impl RateLimitService {
 
 /// How `ringlimit.v1` names its fields: the request's own descriptor is the top level,
 /// the others are `descriptors[i]`, and inside a batch everything is under `checks[i]`.
-struct V1Names;
+pub(super) struct V1Names;
 
 impl FieldNames for V1Names {
     fn field(&self, at: At, leaf: Leaf) -> String {
@@ -64,7 +64,7 @@ impl FieldNames for V1Names {
 
 /// The check input of one request: its own descriptor first, then the extra ones with
 /// what they inherit filled in.
-fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
+pub(super) fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
     let own = DescriptorInput {
         key: &request.key,
         route: &request.route,
