@@ -100,6 +100,41 @@ fn store_decision_10k_keys(bencher: Bencher) {
     });
 }
 
+/// A decision for a never-seen key at a full store (10,000 keys, 5% of them exhausted):
+/// the flood path, where every check evicts one key first.
+#[divan::bench]
+fn store_decision_at_cap_new_key(bencher: Bencher) {
+    let rules = RuleSet::builtin();
+    let rule = rules.default_rule().clone();
+    let cap = 10_000u64;
+    let mut store = Store::new(cap as usize, 1);
+    let counter = |id: KeyId| ringlimit::shard::Counter {
+        id,
+        fingerprint: rule.fingerprint,
+        limiter: &rule.limiter,
+        local: false,
+    };
+    // Synthetic identities: deriving real ones is `key_identity`'s cost, not the store's.
+    let id = |i: u64| KeyId {
+        placement: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        disc: i,
+    };
+    let now = 1_767_225_600_000u64;
+    for i in 0..cap {
+        let cost = if i % 20 == 0 {
+            rule.limiter.max_cost()
+        } else {
+            1
+        };
+        store.check(counter(id(i)), now, nz(cost));
+    }
+    let mut i = cap;
+    bencher.bench_local(|| {
+        i += 1;
+        black_box(store.check(counter(id(i)), now, NonZeroU64::MIN))
+    });
+}
+
 /// A counter's identity (ring placement + discriminator), computed once per planned
 /// descriptor: the part of a decision that used to run inside the store.
 #[divan::bench]

@@ -103,7 +103,8 @@ struct ServeArgs {
     /// Number of shard actors (default: number of cores).
     #[arg(long)]
     shards: Option<usize>,
-    /// Most keys this node holds; beyond it the soonest-expiring are evicted (and counted).
+    /// Most keys this node holds; beyond it the least-harm keys are evicted, never an
+    /// exhausted one while another can go (and every eviction is counted).
     #[arg(long, default_value_t = 1_000_000)]
     max_keys: usize,
     /// Log format.

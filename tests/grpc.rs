@@ -266,6 +266,64 @@ async fn a_rule_file_edit_is_picked_up_without_restart_and_a_broken_edit_keeps_o
     node.shutdown().await;
 }
 
+/// Issue 10, "Flooding unique keys evicts exhausted counters": a client exhausted a
+/// key, then sent enough distinct keys to push it out of the key cap and was admitted
+/// again. Eviction now takes keys that still have budget first, never a denied one.
+#[tokio::test]
+async fn a_flood_of_unique_keys_does_not_free_an_exhausted_key() {
+    const MAX_KEYS: usize = 200;
+    let mut config = NodeConfig::for_test();
+    config.shards.max_keys = MAX_KEYS;
+    let (node, clock) = start_manual(config, T0).await;
+    let mut c = client(&node).await;
+    let victim = check("victim", "POST /v1/charges", Some(100));
+    assert!(c.check(victim.clone()).await.unwrap().into_inner().allowed);
+    let denied = c
+        .check(check("victim", "POST /v1/charges", None))
+        .await
+        .unwrap();
+    assert!(!denied.into_inner().allowed, "the limit of 100 is spent");
+
+    // 20 times the cap in unique single-hit keys, through CheckBatch.
+    clock.advance(10);
+    for batch in 0..20 * MAX_KEYS / 1000 {
+        let checks = (0..1000)
+            .map(|i| check(&format!("flood-{batch}-{i}"), "POST /v1/charges", None))
+            .collect();
+        let results = c
+            .check_batch(CheckBatchRequest { checks })
+            .await
+            .unwrap()
+            .into_inner()
+            .results;
+        assert!(results.iter().all(|r| r.allowed));
+    }
+    assert!(
+        node.shards.keys().await.unwrap() <= MAX_KEYS,
+        "the cap held"
+    );
+
+    let after = c
+        .check(check("victim", "POST /v1/charges", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!after.allowed, "still denied after the flood: {after:?}");
+    assert_eq!(after.remaining, 0);
+
+    let body = http_get(node.metrics_addr.unwrap(), "/metrics").await;
+    let evictions = |kind: &str| -> f64 {
+        body.lines()
+            .filter(|l| l.starts_with("ringlimit_evictions_total{"))
+            .filter(|l| l.contains(&format!("kind=\"{kind}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(evictions("live") > 0.0, "{body}");
+    assert_eq!(evictions("denied"), 0.0, "{body}");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn metrics_port_serves_prometheus_text() {
     let node = start(NodeConfig::for_test()).await;

@@ -183,6 +183,7 @@ impl Shards {
                     sequence: sequence.clone(),
                     metrics: ShardMetrics::new(index),
                     unlogged_evictions: 0,
+                    unlogged_denied_evictions: 0,
                     last_eviction_log: 0,
                 };
                 tracker.spawn(actor.run(rx, config.expiry_tick, cancel.clone()));
@@ -373,7 +374,10 @@ struct ShardMetrics {
     checks: [[metrics::Counter; 2]; 5],
     keys: Gauge,
     queue_depth: Gauge,
+    /// Evictions of keys that still had budget (`kind="live"`).
     evictions: metrics::Counter,
+    /// Evictions of exhausted keys (`kind="denied"`): only when every key was denied.
+    denied_evictions: metrics::Counter,
     expired: metrics::Counter,
 }
 
@@ -389,7 +393,12 @@ impl ShardMetrics {
             checks,
             keys: metrics::gauge!("ringlimit_keys", "shard" => shard.clone()),
             queue_depth: metrics::gauge!("ringlimit_shard_queue_depth", "shard" => shard.clone()),
-            evictions: metrics::counter!("ringlimit_evictions_total", "shard" => shard.clone()),
+            evictions: metrics::counter!(
+                "ringlimit_evictions_total", "shard" => shard.clone(), "kind" => "live"
+            ),
+            denied_evictions: metrics::counter!(
+                "ringlimit_evictions_total", "shard" => shard.clone(), "kind" => "denied"
+            ),
             expired: metrics::counter!("ringlimit_expired_keys_total", "shard" => shard),
         }
     }
@@ -401,9 +410,11 @@ struct Actor {
     clock: Clamped,
     sequence: Arc<AtomicU64>,
     metrics: ShardMetrics,
-    /// Evictions not yet logged, and when the last eviction line was written: one
-    /// warning per second per shard, however fast keys are evicted.
+    /// Evictions not yet logged (all kinds, and of them the denied ones), and when the
+    /// last eviction line was written: one warning per second per shard, however fast
+    /// keys are evicted.
     unlogged_evictions: u64,
+    unlogged_denied_evictions: u64,
     last_eviction_log: Millis,
 }
 
@@ -501,7 +512,7 @@ impl Actor {
         let expired = self.store.expire(now, budget);
         self.record_churn(Churn {
             expired,
-            evicted: 0,
+            ..Churn::default()
         });
     }
 
@@ -513,17 +524,39 @@ impl Actor {
             self.metrics.evictions.increment(churn.evicted);
             self.unlogged_evictions += churn.evicted;
         }
+        if churn.evicted_denied > 0 {
+            self.metrics
+                .denied_evictions
+                .increment(churn.evicted_denied);
+            self.unlogged_evictions += churn.evicted_denied;
+            self.unlogged_denied_evictions += churn.evicted_denied;
+        }
         if self.unlogged_evictions > 0
             && self.clock.now_ms().saturating_sub(self.last_eviction_log) >= 1_000
         {
             // Eviction loses live counts: loud on purpose (design reference, Failure modes).
-            tracing::warn!(
-                shard = self.index,
-                evicted = self.unlogged_evictions,
-                cap = self.store.cap(),
-                "key cap reached: evicted live rate-limit state; raise --max-keys"
-            );
+            if self.unlogged_denied_evictions > 0 {
+                tracing::warn!(
+                    shard = self.index,
+                    evicted = self.unlogged_evictions,
+                    denied = self.unlogged_denied_evictions,
+                    cap = self.store.cap(),
+                    "key cap reached with every key denied: evicted {} exhausted keys, whose \
+                     clients are admitted early; raise --max-keys",
+                    self.unlogged_denied_evictions
+                );
+            } else {
+                tracing::warn!(
+                    shard = self.index,
+                    evicted = self.unlogged_evictions,
+                    denied = 0,
+                    cap = self.store.cap(),
+                    "key cap reached: evicted live rate-limit state (no denied key); \
+                     raise --max-keys"
+                );
+            }
             self.unlogged_evictions = 0;
+            self.unlogged_denied_evictions = 0;
             self.last_eviction_log = self.clock.now_ms();
         }
         self.metrics.keys.set(self.store.len() as f64);

@@ -9,11 +9,34 @@
 //!   Dropping it then loses nothing. [`Store::expire`] walks the keys incrementally from
 //!   a cursor, a bounded number of entries per call, like Redis's active expiry, so a
 //!   tick never pauses the shard for long however many keys it holds.
-//! - **A key cap.** When a new key arrives at a full store, a few random entries are
-//!   sampled and the one whose state expires soonest is evicted: it is the one closest to
-//!   being forgotten anyway. Eviction does lose counts (that client's budget restarts),
-//!   which is why every eviction is counted and surfaced: the design reference calls
-//!   eviction the one failure that shows no error signal.
+//! - **A key cap.** When a new key arrives at a full store, one key is evicted, the one
+//!   whose loss changes the fewest future answers (see *Least-harm eviction* below).
+//!   Eviction does lose counts (that client's budget restarts), which is why every
+//!   eviction is counted and surfaced: the design reference calls eviction the one failure
+//!   that shows no error signal.
+//!
+//! ## Least-harm eviction
+//!
+//! A client that floods unique keys must not be able to push an exhausted counter out
+//! and get its budget back. So the store never evicts a *denied* key (one whose next
+//! check of cost 1 would be denied) while any other key can go:
+//!
+//! - Each slot carries a `DENIED` bit, set when the last decision on the key left it
+//!   exhausted (`remaining == 0`) and cleared when one leaves it with budget. Time only
+//!   moves a state towards fresh, so the bit over-approximates "denied now": a key that
+//!   is denied now has the bit. (A key that recovered since keeps it until its next
+//!   check or its expiry: it is protected a little longer than needed, never less.)
+//! - The dense slot vector is kept partitioned: denied slots first (`slots[..denied]`),
+//!   the others after. Moving a key across the boundary is one swap, done only when its
+//!   bit changes. Eviction samples only the non-denied part, so it is O(samples) and a
+//!   sample can never hit a denied key while a non-denied one exists. Only when every
+//!   key is denied does it sample the denied part, and that kind of eviction is counted
+//!   apart ([`Churn::evicted_denied`]).
+//! - Among the sampled candidates an expired one goes first (it is fresh already), then
+//!   the one that had consumed the fewest units at its last decision (a 5-bit log2 of
+//!   `limit - remaining` kept in the slot: one flood hit is 1, the minimum), then the one
+//!   that is back to fresh soonest. A flood of single-hit keys therefore mostly evicts
+//!   its own keys, and never an exhausted one.
 //!
 //! ## Memory layout
 //!
@@ -43,7 +66,7 @@ use crate::algorithms::{AlgorithmKind, Decision, KeyState, Limiter, Millis};
 use crate::ring::Ring;
 
 /// How many entries an eviction samples. More samples evict closer to the true
-/// soonest-expiring entry at the price of more work per eviction.
+/// least-harm entry at the price of more work per eviction.
 const EVICTION_SAMPLES: usize = 8;
 
 /// Seed of [`KeyId::disc`]: fixed, so every node computes the same identity.
@@ -187,6 +210,13 @@ const OVERFLOW: u32 = 1 << 23;
 const MOVED: u32 = 1 << 24;
 /// A node-local (fallback) counter: never exported.
 const LOCAL: u32 = 1 << 25;
+/// The last decision left the key exhausted: a check of cost 1 would be denied. Slots
+/// with it set are kept at the front of `Store::slots` (see *Least-harm eviction*).
+const DENIED: u32 = 1 << 26;
+/// What losing the key would cost, as of its last decision: the bit length of the units
+/// it had consumed (`limit - remaining`), saturated at 31. Eviction prefers low values.
+const HARM_SHIFT: u32 = 27;
+const HARM_MASK: u32 = 0b1_1111;
 
 /// One key: identity, packed state and what the store needs to manage it. 40 bytes.
 #[derive(Debug, Clone, Copy)]
@@ -227,6 +257,38 @@ impl Slot {
     fn expired(&self, now: Millis) -> bool {
         u64::from(self.expires_s) * 1_000 <= now
     }
+
+    fn harm(&self) -> u32 {
+        (self.meta >> HARM_SHIFT) & HARM_MASK
+    }
+
+    /// Eviction order among candidates of one part: lowest first. Expired entries cost
+    /// nothing; then fewest units consumed; then soonest back to fresh.
+    fn eviction_rank(&self, now: Millis) -> (bool, u32, u32) {
+        let expired = self.expired(now);
+        let harm = if expired { 0 } else { self.harm() };
+        (!expired, harm, self.expires_s)
+    }
+}
+
+/// Where a decision left a key, for eviction: exhausted (denied for a cost of 1 at the
+/// decision's instant) and the harm bucket of what it had consumed.
+fn standing(decision: &Decision) -> (bool, u32) {
+    let consumed = decision.limit.saturating_sub(decision.remaining);
+    let harm = (u64::BITS - consumed.leading_zeros()).min(HARM_MASK);
+    (decision.remaining == 0, harm)
+}
+
+/// [`standing`] of a state this store did not decide itself (installed or merged):
+/// probe a copy with a check of cost 1.
+fn probe_standing(limiter: &Limiter, state: &KeyState, now: Millis) -> (bool, u32) {
+    let mut copy = state.clone();
+    let probe = limiter.check(&mut copy, now, NonZeroU64::MIN);
+    // An admitted probe took one unit the key still had.
+    let before = probe.remaining + u64::from(probe.allowed);
+    let consumed = probe.limit.saturating_sub(before);
+    let harm = (u64::BITS - consumed.leading_zeros()).min(HARM_MASK);
+    (!probe.allowed, harm)
 }
 
 /// Whole seconds, rounded up, saturating (u32 seconds reach the year 2106).
@@ -259,14 +321,19 @@ struct Moved {
 pub struct Churn {
     /// Keys dropped because their state had become equivalent to fresh.
     pub expired: u64,
-    /// Live keys dropped to respect the key cap (their counts were lost).
+    /// Live keys that still had budget, dropped to respect the key cap: their counts
+    /// were lost (the client regains at most what it had spent).
     pub evicted: u64,
+    /// Exhausted (denied) keys dropped to respect the key cap, which happens only when
+    /// every key of the store was denied: their clients are admitted again early.
+    pub evicted_denied: u64,
 }
 
 impl std::ops::AddAssign for Churn {
     fn add_assign(&mut self, rhs: Self) {
         self.expired += rhs.expired;
         self.evicted += rhs.evicted;
+        self.evicted_denied += rhs.evicted_denied;
     }
 }
 
@@ -274,8 +341,11 @@ impl std::ops::AddAssign for Churn {
 #[derive(Debug)]
 pub struct Store {
     /// Dense: stable positions for the expiry cursor and the eviction sample, and no
-    /// per-bucket waste beyond the vector's growth slack.
+    /// per-bucket waste beyond the vector's growth slack. Partitioned: the first
+    /// `denied` slots have `DENIED` set, the rest do not.
     slots: Vec<Slot>,
+    /// How many slots (at the front) are denied.
+    denied: usize,
     /// Positions in `slots`, found by the secret-seeded hash of a slot's id.
     index: HashTable<u32>,
     hasher: TableHasher,
@@ -300,6 +370,7 @@ impl Store {
         let cap = cap.clamp(1, u32::MAX as usize);
         Self {
             slots: Vec::new(),
+            denied: 0,
             index: HashTable::new(),
             hasher: TableHasher::default(),
             overflow: HashMap::default(),
@@ -371,6 +442,7 @@ impl Store {
                     moved.dirty = true;
                 }
             }
+            self.mark(i, standing(&decision));
             return (decision, Churn::default(), fresh);
         }
         let mut state = limiter.new_state();
@@ -384,6 +456,7 @@ impl Store {
         let i = self.push(id, hash, fp, expires_at);
         self.slots[i].set(LOCAL, local);
         self.put_state(i, state);
+        self.mark(i, standing(&decision));
         (decision, churn, true)
     }
 
@@ -524,30 +597,37 @@ impl Store {
             if self.slots[i].fingerprint_slot() != fp {
                 return false;
             }
-            let expires_at = if self.slots[i].has(MOVED) {
+            let (expires_at, standing) = if self.slots[i].has(MOVED) {
                 // The key comes back after this node handed it away: the sender's state
                 // already includes everything this node pushed, so it replaces ours.
                 self.slots[i].set(MOVED, false);
                 self.moved.remove(&item.id);
                 let expires_at = limiter.expires_at(&item.state);
+                let standing = probe_standing(limiter, &item.state, now);
                 self.put_state(i, item.state);
-                expires_at
+                (expires_at, standing)
             } else {
                 self.update(i, |state| {
                     limiter.merge(state, item.state);
-                    limiter.expires_at(state)
+                    (
+                        limiter.expires_at(state),
+                        probe_standing(limiter, state, now),
+                    )
                 })
             };
             self.slots[i].expires_s = ceil_secs(expires_at);
+            self.mark(i, standing);
             return true;
         }
         let expires_at = limiter.expires_at(&item.state);
         if expires_at <= now {
             return false;
         }
+        let standing = probe_standing(limiter, &item.state, now);
         self.make_room(now);
         let i = self.push(item.id, hash, fp, expires_at);
         self.put_state(i, item.state);
+        self.mark(i, standing);
         true
     }
 
@@ -577,8 +657,61 @@ impl Store {
         i
     }
 
-    /// Remove the slot at `i`; the last slot takes its position.
-    fn remove_at(&mut self, i: usize) {
+    /// Record where the last decision left the key at `i`: its harm bucket, and its
+    /// `DENIED` bit, moving it across the partition if the bit changes. Returns the
+    /// key's position afterwards.
+    fn mark(&mut self, i: usize, (denied, harm): (bool, u32)) -> usize {
+        let slot = &mut self.slots[i];
+        slot.meta = (slot.meta & !(HARM_MASK << HARM_SHIFT)) | (harm << HARM_SHIFT);
+        if slot.has(DENIED) == denied {
+            return i;
+        }
+        slot.set(DENIED, denied);
+        let to = if denied {
+            // First non-denied slot: becomes the last denied one.
+            self.denied += 1;
+            self.denied - 1
+        } else {
+            // Last denied slot: becomes the first non-denied one.
+            self.denied -= 1;
+            self.denied
+        };
+        self.swap_slots(i, to);
+        to
+    }
+
+    /// Exchange the slots at `a` and `b`, and their positions in the table.
+    fn swap_slots(&mut self, a: usize, b: usize) {
+        if a == b {
+            return;
+        }
+        // Through a placeholder: positions are unique, and while one entry is rewritten
+        // the table briefly holds a position twice. `u32::MAX` is never a position (the
+        // cap is at most `u32::MAX` keys).
+        let (hash_a, hash_b) = (
+            self.hasher.hash_one(self.slots[a].id),
+            self.hasher.hash_one(self.slots[b].id),
+        );
+        for (hash, from, to) in [
+            (hash_a, a as u32, u32::MAX),
+            (hash_b, b as u32, a as u32),
+            (hash_a, u32::MAX, b as u32),
+        ] {
+            if let Some(position) = self.index.find_mut(hash, |&j| j == from) {
+                *position = to;
+            }
+        }
+        self.slots.swap(a, b);
+    }
+
+    /// Remove the slot at `i`; the last slot takes its position (a denied slot is first
+    /// swapped to the end of the denied part, so the partition holds).
+    fn remove_at(&mut self, mut i: usize) {
+        if i < self.denied {
+            self.denied -= 1;
+            self.swap_slots(i, self.denied);
+            i = self.denied;
+        }
         let slot = self.slots[i];
         if let Ok(entry) = self
             .index
@@ -681,6 +814,7 @@ impl Store {
 
     fn clear(&mut self) {
         self.slots.clear();
+        self.denied = 0;
         self.index.clear();
         self.overflow.clear();
         self.moved.clear();
@@ -690,34 +824,46 @@ impl Store {
         self.cursor = 0;
     }
 
-    /// Free one slot if the store is full: prefer an expired entry among the sample,
-    /// else evict the sampled entry that expires soonest.
+    /// Free one slot if the store is full: sample the non-denied part (the denied one
+    /// only if every key is denied) and drop the least-harm candidate (see the module
+    /// docs). O([`EVICTION_SAMPLES`]) whatever the store holds.
     fn make_room(&mut self, now: Millis) -> Churn {
-        if self.slots.len() < self.cap {
+        if self.slots.len() < self.cap || self.slots.is_empty() {
             return Churn::default();
         }
-        let mut victim: Option<(usize, u32)> = None;
+        let (from, to) = if self.denied < self.slots.len() {
+            (self.denied, self.slots.len())
+        } else {
+            (0, self.denied)
+        };
+        let span = (to - from) as u64;
+        let mut victim: Option<(usize, (bool, u32, u32))> = None;
         for _ in 0..EVICTION_SAMPLES {
-            let index = (self.next_random() % self.slots.len() as u64) as usize;
-            let expires_s = self.slots[index].expires_s;
-            if victim.is_none_or(|(_, best)| expires_s < best) {
-                victim = Some((index, expires_s));
+            let index = from + (self.next_random() % span) as usize;
+            let rank = self.slots[index].eviction_rank(now);
+            if victim.is_none_or(|(_, best)| rank < best) {
+                victim = Some((index, rank));
             }
         }
-        let Some((index, _)) = victim else {
+        let Some((victim, _)) = victim else {
             return Churn::default();
         };
-        let expired = self.slots[index].expired(now);
-        self.remove_at(index);
-        if expired {
+        let slot = self.slots[victim];
+        self.remove_at(victim);
+        if slot.expired(now) {
             Churn {
                 expired: 1,
-                evicted: 0,
+                ..Churn::default()
+            }
+        } else if slot.has(DENIED) {
+            Churn {
+                evicted_denied: 1,
+                ..Churn::default()
             }
         } else {
             Churn {
-                expired: 0,
                 evicted: 1,
+                ..Churn::default()
             }
         }
     }
@@ -730,6 +876,25 @@ impl Store {
         x ^= x << 17;
         self.rng = x;
         x
+    }
+}
+
+#[cfg(test)]
+impl Store {
+    /// The invariants eviction relies on: the table finds every slot at its position,
+    /// and the denied slots are exactly the first `denied`.
+    fn assert_consistent(&self) {
+        assert_eq!(self.index.len(), self.slots.len());
+        assert!(self.denied <= self.slots.len());
+        for (i, slot) in self.slots.iter().enumerate() {
+            assert_eq!(self.find(self.hasher.hash_one(slot.id), slot.id), Some(i));
+            assert_eq!(slot.has(DENIED), i < self.denied, "partition at {i}");
+        }
+    }
+
+    fn is_flagged_denied(&self, id: KeyId) -> bool {
+        self.find(self.hasher.hash_one(id), id)
+            .is_some_and(|i| self.slots[i].has(DENIED))
     }
 }
 
@@ -833,7 +998,159 @@ mod tests {
             prop_assert_eq!(store.index.len(), store.slots.len());
             let overflowed = store.slots.iter().filter(|slot| slot.has(OVERFLOW)).count();
             prop_assert_eq!(overflowed, store.overflow.len());
+            store.assert_consistent();
         }
+
+        /// At the cap, a key that is denied now is evicted only when every key of the
+        /// store was flagged denied; and the flag never misses a key that is denied now
+        /// (a check of cost 1 on a copy of its state would be denied).
+        #[test]
+        fn eviction_never_removes_a_denied_key_while_another_could_go(
+            cap in 2usize..12,
+            ops in proptest::collection::vec(
+                (0usize..6, 0u8..40, 0u64..2_500, 1u64..4, any::<bool>()),
+                1..300,
+            ),
+        ) {
+            let limiters = model_limiters();
+            let mut store = Store::new(cap, 5);
+            let mut rule_of: HashMap<KeyId, usize> = HashMap::new();
+            let mut now = 1_767_225_600_000u64;
+            let denied_now = |store: &Store, id: KeyId, rule: usize, now: Millis| {
+                let (_, state) = store.iter().find(|(k, _)| *k == id).unwrap();
+                let mut copy = state.clone();
+                !limiters[rule].1.check(&mut copy, now, nz(1)).allowed
+            };
+            for (rule, client, step, cost, refund) in ops {
+                now += step;
+                let (name, limiter) = &limiters[rule];
+                let cost = if *name == "swc-big" { nz(cost << 31) } else { nz(cost) };
+                let key = [client];
+                let counter = c(name, rule as u64, limiter, &key, "/m");
+                rule_of.insert(counter.id, rule);
+                let before: Vec<(KeyId, bool, bool)> = store
+                    .iter()
+                    .map(|(id, _)| {
+                        let denied = denied_now(&store, id, rule_of[&id], now);
+                        (id, denied, store.is_flagged_denied(id))
+                    })
+                    .collect();
+                let (decision, churn, _) = store.check(counter, now, cost);
+                if refund && decision.allowed {
+                    store.refund(counter, now, cost);
+                }
+                store.assert_consistent();
+                let after: Vec<KeyId> = store.iter().map(|(id, _)| id).collect();
+                let all_flagged = before.iter().all(|&(_, _, flagged)| flagged);
+                for &(id, denied, _) in &before {
+                    if denied && !after.contains(&id) {
+                        prop_assert!(all_flagged, "evicted a denied key while others could go");
+                        prop_assert_eq!(churn.evicted_denied, 1);
+                    }
+                }
+                if !all_flagged {
+                    prop_assert_eq!(churn.evicted_denied, 0);
+                }
+                for (id, _) in store.iter() {
+                    if denied_now(&store, id, rule_of[&id], now) {
+                        prop_assert!(store.is_flagged_denied(id), "a denied key without its flag");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_flood_of_fresh_keys_never_evicts_an_exhausted_one() {
+        let mut store = Store::new(100, 9);
+        let limiter = fixed(3, 60_000);
+        let exhausted: Vec<[u8; 1]> = (0..5u8).map(|i| [i]).collect();
+        let now = 1_767_225_600_000;
+        for key in &exhausted {
+            for _ in 0..3 {
+                store.check(c("r", 1, &limiter, key, "/x"), now, nz(1));
+            }
+        }
+        // Some legitimate keys half-way to their limit fill the rest of the store.
+        for i in 0..95u32 {
+            for _ in 0..2 {
+                store.check(c("r", 1, &limiter, &i.to_be_bytes(), "/legit"), now, nz(1));
+            }
+        }
+        assert_eq!(store.len(), 100);
+        let mut churn = Churn::default();
+        for i in 0..10_000u32 {
+            churn += store
+                .check(
+                    c("r", 1, &limiter, &i.to_le_bytes(), "/flood"),
+                    now + 1,
+                    nz(1),
+                )
+                .1;
+        }
+        assert_eq!(churn.evicted, 10_000, "one live eviction per flooded key");
+        assert_eq!(churn.evicted_denied, 0);
+        store.assert_consistent();
+        for key in &exhausted {
+            let (decision, _, _) = store.check(c("r", 1, &limiter, key, "/x"), now + 2, nz(1));
+            assert!(
+                !decision.allowed,
+                "an exhausted key is still denied after the flood"
+            );
+        }
+    }
+
+    #[test]
+    fn eviction_takes_a_denied_key_only_when_every_key_is_denied_and_counts_it_apart() {
+        let mut store = Store::new(3, 1);
+        let limiter = fixed(1, 60_000);
+        for key in [b"a", b"b", b"c"] {
+            store.check(c("r", 1, &limiter, key, "/x"), 0, nz(1));
+        }
+        assert_eq!(store.denied, 3, "a limit of 1 is exhausted by one check");
+        let (_, churn, _) = store.check(c("r", 1, &limiter, b"d", "/x"), 1, nz(1));
+        assert_eq!(
+            churn,
+            Churn {
+                expired: 0,
+                evicted: 0,
+                evicted_denied: 1,
+            }
+        );
+        store.assert_consistent();
+    }
+
+    #[test]
+    fn eviction_prefers_the_key_that_consumed_the_least() {
+        let mut store = Store::new(2, 3);
+        let limiter = fixed(100, 60_000);
+        for _ in 0..40 {
+            store.check(c("r", 1, &limiter, b"busy", "/x"), 0, nz(1));
+        }
+        store.check(c("r", 1, &limiter, b"once", "/x"), 0, nz(1));
+        store.check(c("r", 1, &limiter, b"new", "/x"), 10, nz(1));
+        let kept: Vec<KeyId> = store.iter().map(|(id, _)| id).collect();
+        assert!(
+            kept.contains(&KeyId::of("r", b"busy", "/x")),
+            "40 of 100 spent: kept"
+        );
+        assert!(!kept.contains(&KeyId::of("r", b"once", "/x")));
+    }
+
+    #[test]
+    fn a_key_leaves_the_denied_part_when_admitted_again() {
+        let mut store = Store::new(10, 1);
+        let limiter = fixed(2, 1_000);
+        for _ in 0..3 {
+            store.check(c("r", 1, &limiter, b"a", "/x"), 0, nz(1));
+        }
+        store.check(c("r", 1, &limiter, b"b", "/x"), 0, nz(1));
+        assert!(store.is_flagged_denied(KeyId::of("r", b"a", "/x")));
+        assert_eq!(store.denied, 1);
+        store.check(c("r", 1, &limiter, b"a", "/x"), 1_000, nz(1));
+        assert!(!store.is_flagged_denied(KeyId::of("r", b"a", "/x")));
+        assert_eq!(store.denied, 0);
+        store.assert_consistent();
     }
 
     #[test]
@@ -1012,7 +1329,8 @@ mod tests {
             churn,
             Churn {
                 expired: 1,
-                evicted: 0
+                evicted: 0,
+                evicted_denied: 0,
             }
         );
     }
