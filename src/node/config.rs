@@ -150,6 +150,14 @@ impl NodeConfig {
         if self.shards.inbox == 0 {
             return Err("shard inbox must hold at least 1 command".into());
         }
+        if self.forward.max_batch == 0 || self.forward.max_batch > crate::check::plan::MAX_BATCH {
+            // A peer refuses a larger Forward call, and every check in it would fail open.
+            return Err(format!(
+                "forward max batch must be 1..={} (got {}): peers refuse larger batches",
+                crate::check::plan::MAX_BATCH,
+                self.forward.max_batch
+            ));
+        }
         if self.forward.timeout.is_zero() {
             return Err("forward timeout must be positive".into());
         }
