@@ -16,9 +16,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 
 pub mod config;
+pub mod grpc;
 
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
@@ -33,7 +33,7 @@ use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
 use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
-pub use config::NodeConfig;
+pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +156,9 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(&RunningNode),
 ) -> Result<(), NodeError> {
+    // A serving process may hold up to --max-connections sockets: the default soft
+    // limit (often 1024) would otherwise bound it first.
+    grpc::raise_fd_limit();
     let node = start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await?;
     on_ready(&node);
     tracing::info!(
@@ -305,15 +308,29 @@ pub async fn start_with_clock(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    // Every bound on what one client can make this server hold (README "Flags and
+    // metrics"); the accept loop, the connection cap and the handshake timeout are in
+    // `grpc::incoming`.
+    let limits = &config.grpc;
+    let max = MAX_MESSAGE_BYTES;
     let server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(RateLimiterServer::new(public))
-        .add_service(PeerServer::new(peer_service))
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .max_frame_size(limits.max_frame_size)
+        .http2_max_header_list_size(limits.max_header_list_size)
+        .initial_stream_window_size(limits.initial_stream_window)
+        .initial_connection_window_size(limits.initial_connection_window)
+        .layer(grpc::StatusMappingLayer)
+        .add_service(health_service.max_decoding_message_size(max))
+        .add_service(reflection.max_decoding_message_size(max))
+        .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
+        .add_service(PeerServer::new(peer_service).max_decoding_message_size(max))
         .serve_with_incoming_shutdown(
-            // tonic applies TCP_NODELAY only to listeners it builds itself; without it
-            // Nagle's algorithm meets delayed ACKs and small answers wait ~40 ms.
-            TcpIncoming::from(grpc).with_nodelay(Some(true)),
+            grpc::incoming(grpc, limits),
             cancel.clone().cancelled_owned(),
         );
     let server_cancel = cancel.clone();
