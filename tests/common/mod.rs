@@ -124,3 +124,17 @@ pub fn key_owned_by(owner: &str, members: &[&str], prefix: &str) -> String {
         .find(|k| ring.owner(k.as_bytes()) == Some(owner))
         .expect("some key lands on every member")
 }
+
+/// The sum of every sample of metric `name` (all label sets) in this process's
+/// Prometheus recorder, which every in-process node shares.
+pub fn metric_sum(name: &str) -> f64 {
+    node::metrics_handle()
+        .render()
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
