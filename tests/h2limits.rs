@@ -507,3 +507,68 @@ async fn a_request_that_never_finishes_is_cut_at_the_request_timeout() {
     drop((r, w));
     node.shutdown().await;
 }
+
+/// Bounds (does not remove): "600 CheckBatch streams whose responses are never read
+/// held +174 MB". A client advertising a zero receive window reads no answer; the node
+/// holds at most 256 such answers per connection (the stream cap), and the rest of the
+/// client's 600 streams never reach it.
+#[tokio::test]
+async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
+    const STREAMS: usize = 600;
+    let node = start(NodeConfig::for_test()).await;
+    client(&node)
+        .await
+        .check(check("warm", "/x", None))
+        .await
+        .unwrap();
+    let before = vm_rss_kb();
+    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .max_concurrent_reset_streams(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(connection);
+    let batch = ringlimit::proto::CheckBatchRequest {
+        checks: (0..1000)
+            .map(|i| check(&format!("unread-{i}"), "/x", None))
+            .collect(),
+    };
+    let body = framed(&batch.encode_to_vec());
+    let mut responses = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        let mut send = send.clone();
+        let head = http::Request::post(format!(
+            "http://{}/ringlimit.v1.RateLimiter/CheckBatch",
+            node.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut out) = send.send_request(head, false).unwrap();
+        out.send_data(body.clone(), true).unwrap();
+        responses.push(response);
+        streams.push(out);
+    }
+    // The first 256 are answered (headers are not flow-controlled); their bodies wait.
+    let mut answered = Vec::new();
+    for response in responses.drain(..256) {
+        let response = tokio::time::timeout(GUARD, response)
+            .await
+            .expect("an answer's headers")
+            .unwrap();
+        answered.push(response);
+    }
+    let grown_kb = vm_rss_kb().saturating_sub(before);
+    eprintln!("{STREAMS} unread CheckBatch streams: RSS +{grown_kb} kB");
+    assert!(
+        grown_kb < 200 * 1024,
+        "RSS grew {grown_kb} kB for {STREAMS} unread CheckBatch answers"
+    );
+    drop((answered, responses, streams, send));
+    conn.abort();
+    node.shutdown().await;
+}

@@ -257,3 +257,27 @@ fn default_node_id() -> String {
         .map(|h| format!("ringlimit-{h}"))
         .unwrap_or_else(|| format!("ringlimit-{}", std::process::id()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_grpc_limits_are_valid_and_switching_one_off_is_refused() {
+        assert!(NodeConfig::default().validate().is_ok());
+        assert!(NodeConfig::for_test().validate().is_ok());
+        let off: [fn(&mut GrpcLimits); 6] = [
+            |l| l.max_connections = 0,
+            |l| l.max_concurrent_streams = 0,
+            |l| l.request_timeout = Duration::ZERO,
+            |l| l.keepalive_timeout = Duration::ZERO,
+            |l| l.max_frame_size = 1024,
+            |l| l.initial_connection_window = u32::MAX,
+        ];
+        for switch_off in off {
+            let mut config = NodeConfig::for_test();
+            switch_off(&mut config.grpc);
+            assert!(config.validate().is_err(), "{:?}", config.grpc);
+        }
+    }
+}
