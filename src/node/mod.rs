@@ -203,11 +203,13 @@ pub async fn start_with_clock(
     tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
 
-    let grpc = bind(config.listen).await?;
-    let grpc_addr = grpc.local_addr().map_err(|source| NodeError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let grpc_listener = bind(config.listen).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| NodeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
     let advertise = config.advertise.unwrap_or(grpc_addr);
     if advertise.ip().is_unspecified() {
         return Err(NodeError::Config(format!(
@@ -330,7 +332,7 @@ pub async fn start_with_clock(
         .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
         .add_service(PeerServer::new(peer_service).max_decoding_message_size(max))
         .serve_with_incoming_shutdown(
-            grpc::incoming(grpc, limits),
+            grpc::incoming(grpc_listener, limits),
             cancel.clone().cancelled_owned(),
         );
     let server_cancel = cancel.clone();
