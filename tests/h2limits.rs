@@ -106,6 +106,10 @@ async fn raw_h2(addr: std::net::SocketAddr) -> (TcpStream, Vec<(u16, u32)>) {
     }
 }
 
+/// Tests that measure this process's RSS, or allocate megabytes, run one at a time: a
+/// neighbour's growth would be counted as the measuring test's.
+static RSS_MEASURED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn vm_rss_kb() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     status
@@ -124,6 +128,7 @@ async fn twenty_thousand_streams_on_one_connection_are_capped() {
     let mut config = NodeConfig::for_test();
     // Accepted streams stay open for the whole test: the count refused is then exact.
     config.grpc.request_timeout = Duration::from_secs(600);
+    let _alone = RSS_MEASURED.lock().await;
     let node = start(config).await;
     // Warm up the server path once so the baseline includes it.
     client(&node)
@@ -339,6 +344,8 @@ async fn malformed_request_bodies_are_invalid_argument_naming_the_message() {
 /// by a stock tonic client gets the same.
 #[tokio::test]
 async fn over_size_messages_are_resource_exhausted_naming_the_limit() {
+    // Its 4 MiB request would show up in a neighbour's RSS measurement.
+    let _alone = RSS_MEASURED.lock().await;
     let node = start(NodeConfig::for_test()).await;
     // A length prefix claiming 4 GiB - 1, and no body at all.
     let mut prefix = BytesMut::new();
@@ -515,6 +522,7 @@ async fn a_request_that_never_finishes_is_cut_at_the_request_timeout() {
 #[tokio::test]
 async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
     const STREAMS: usize = 600;
+    let _alone = RSS_MEASURED.lock().await;
     let node = start(NodeConfig::for_test()).await;
     client(&node)
         .await
