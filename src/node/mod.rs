@@ -158,7 +158,17 @@ pub async fn run(
 ) -> Result<(), NodeError> {
     // A serving process may hold up to --max-connections sockets: the default soft
     // limit (often 1024) would otherwise bound it first.
-    grpc::raise_fd_limit();
+    if let Some(nofile) = grpc::raise_fd_limit() {
+        // Beyond the connections: listeners, gossip, peer channels, the rule file.
+        let needed = config.grpc.max_connections as u64 + 256;
+        if nofile < needed {
+            tracing::warn!(
+                nofile,
+                max_connections = config.grpc.max_connections,
+                "file descriptor limit below --max-connections + 256: accepts will fail (and back off) before the connection cap is reached"
+            );
+        }
+    }
     let node = start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await?;
     on_ready(&node);
     tracing::info!(
