@@ -18,6 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("public_descriptor.bin"),
         prost::Message::encode_to_vec(&public),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Every message implements `prost::Name`, so the server codec can name the message
+    // a malformed request failed to decode as (`ringlimit.v1.CheckRequest: ...`).
+    let mut prost_config = prost_build::Config::new();
+    prost_config.enable_type_names();
+    tonic_prost_build::configure()
+        .codec_path("crate::server::codec::NamedProstCodec")
+        .compile_fds_with_config(fds, prost_config)?;
     Ok(())
 }

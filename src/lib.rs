@@ -35,9 +35,10 @@
 //! - [`cluster`]: where each descriptor is decided (here, one hop away, the deny cache,
 //!   fail-open), and state handoff when ownership moves.
 //! - [`check`]: the seam under every front end: [`check::Checker`].
-//! - [`server`]: the gRPC front ends, one mapping file each.
+//! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec.
 //! - [`client`]: what a gateway does with a verdict (429 headers).
-//! - [`node`]: starts and stops a node.
+//! - [`node`]: starts and stops a node; `node::grpc` bounds what one client can make
+//!   the gRPC listener hold.
 //! - [`proto`]: generated wire types, used only by `server`, `cluster::forward` and
 //!   tools.
 //!

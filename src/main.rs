@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use ringlimit::config::rules::RuleSet;
 use ringlimit::node::config::{
-    NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN, DEFAULT_PEER_LISTEN,
+    GrpcLimits, NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
+    DEFAULT_PEER_LISTEN,
 };
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
@@ -146,6 +147,15 @@ struct ServeArgs {
     /// and leave together as one batch when a call returns.
     #[arg(long, default_value_t = 1)]
     forward_max_in_flight: usize,
+    /// Most open gRPC connections; one more is closed at once (and counted).
+    #[arg(long, default_value_t = GrpcLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most HTTP/2 streams open on one connection; more are refused (REFUSED_STREAM).
+    #[arg(long, default_value_t = GrpcLimits::default().max_concurrent_streams)]
+    max_concurrent_streams: u32,
+    /// Server-side deadline of one gRPC call, in ms (a shorter grpc-timeout wins).
+    #[arg(long, default_value_t = GrpcLimits::default().request_timeout.as_millis() as u64)]
+    request_timeout_ms: u64,
     /// NEGATIVE CONTROL for the chaos tests: decide every check locally, ignoring the
     /// ring (a deliberately broken cluster). Never use in production.
     #[arg(long, hide = true)]
@@ -250,6 +260,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;
+    config.grpc.max_connections = args.max_connections;
+    config.grpc.max_concurrent_streams = args.max_concurrent_streams;
+    config.grpc.request_timeout = std::time::Duration::from_millis(args.request_timeout_ms);
     config.broken_decide_locally = args.broken_decide_locally;
     runtime()?.block_on(async move {
         let shutdown = CancellationToken::new();

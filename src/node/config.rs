@@ -59,6 +59,8 @@ pub struct NodeConfig {
     /// On graceful leave: how long to keep serving after announcing, so every ring drops
     /// this node before its state is pushed away.
     pub leave_settle: Duration,
+    /// HTTP/2 and connection limits of the gRPC listener.
+    pub grpc: GrpcLimits,
     /// NEGATIVE CONTROL ONLY: decide every check on the receiving node, ignoring the
     /// ring. A deliberately broken cluster (each node enforces the full limit alone,
     /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
@@ -90,6 +92,7 @@ impl Default for NodeConfig {
             forward: ForwardConfig::default(),
             deny_cache: 100_000,
             leave_settle: Duration::from_millis(600),
+            grpc: GrpcLimits::default(),
             broken_decide_locally: false,
         }
     }
@@ -164,6 +167,111 @@ impl NodeConfig {
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());
         }
+        self.grpc.validate()
+    }
+}
+
+/// Largest gRPC request message a node decodes, in bytes (4 MiB, tonic's default made
+/// explicit). The largest legitimate messages are a `CheckBatch` of 1,000 checks with
+/// full-size keys and descriptors (~2.5 MB) and a handoff chunk of 1,000 key states.
+/// A larger one is answered `RESOURCE_EXHAUSTED` before its body is read.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// What one client can make the gRPC listener hold. Each bound answers one way a single
+/// client exhausted a node (issue 10): thousands of streams on one connection, never
+/// finished requests, dead or silent peers, an fd-limit spin. The defaults and their
+/// reasons are in README "Flags and metrics".
+#[derive(Debug, Clone)]
+pub struct GrpcLimits {
+    /// Open connections at most; one more is closed at once after accept and counted
+    /// (`ringlimit_connections_refused_total`).
+    pub max_connections: usize,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: streams one connection may have open; a
+    /// stream beyond it is refused (`REFUSED_STREAM`).
+    pub max_concurrent_streams: u32,
+    /// Deadline of one call on the server (the client's `grpc-timeout` applies if
+    /// shorter): a stream that never finishes its request is cancelled and freed.
+    pub request_timeout: Duration,
+    /// A connection must send the HTTP/2 preface within this time, or it is closed.
+    pub handshake_timeout: Duration,
+    /// HTTP/2 PING sent after this much silence from the peer.
+    pub keepalive_interval: Duration,
+    /// A PING not answered within this time closes the connection (a dead peer).
+    pub keepalive_timeout: Duration,
+    /// A connection is asked to go away (GOAWAY, clients reconnect) after this age, and
+    /// closed `max_connection_age_grace` later: the bound on a live but idle connection.
+    pub max_connection_age: Duration,
+    /// Time calls in flight get to finish after the GOAWAY of `max_connection_age`.
+    pub max_connection_age_grace: Duration,
+    /// HTTP/2 SETTINGS_MAX_FRAME_SIZE we accept.
+    pub max_frame_size: u32,
+    /// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE: request headers, decoded, at most.
+    pub max_header_list_size: u32,
+    /// Initial HTTP/2 flow-control window of one stream: request bytes a client may send
+    /// ahead of the server reading them, per stream.
+    pub initial_stream_window: u32,
+    /// Initial HTTP/2 flow-control window of a connection: the same across all streams
+    /// of one connection (the bound on unread request bytes per connection).
+    pub initial_connection_window: u32,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_concurrent_streams: 256,
+            request_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(30 * 60),
+            max_connection_age_grace: Duration::from_secs(30),
+            max_frame_size: 16 * 1024,
+            max_header_list_size: 16 * 1024,
+            initial_stream_window: 256 * 1024,
+            initial_connection_window: 1024 * 1024,
+        }
+    }
+}
+
+impl GrpcLimits {
+    /// Refuse values that would switch a limit off or break HTTP/2.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("max connections must be at least 1".into());
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err("max concurrent streams must be at least 1".into());
+        }
+        for (name, d) in [
+            ("request timeout", self.request_timeout),
+            ("handshake timeout", self.handshake_timeout),
+            ("keepalive interval", self.keepalive_interval),
+            ("keepalive timeout", self.keepalive_timeout),
+            ("max connection age", self.max_connection_age),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        // RFC 9113 6.5.2: SETTINGS_MAX_FRAME_SIZE is 2^14..=2^24-1.
+        if !(16_384..=16_777_215).contains(&self.max_frame_size) {
+            return Err(format!(
+                "max frame size must be 16384..=16777215 (got {})",
+                self.max_frame_size
+            ));
+        }
+        // RFC 9113 6.9.2: a window above 2^31-1 is a flow-control error.
+        if self.initial_stream_window == 0
+            || self.initial_connection_window == 0
+            || self.initial_stream_window > i32::MAX as u32
+            || self.initial_connection_window > i32::MAX as u32
+        {
+            return Err("flow-control windows must be 1..=2147483647".into());
+        }
+        if self.max_header_list_size < 1024 {
+            return Err("max header list size must be at least 1024".into());
+        }
         Ok(())
     }
 }
@@ -175,4 +283,28 @@ fn default_node_id() -> String {
         .filter(|h| !h.is_empty() && h.len() <= 48)
         .map(|h| format!("ringlimit-{h}"))
         .unwrap_or_else(|| format!("ringlimit-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_grpc_limits_are_valid_and_switching_one_off_is_refused() {
+        assert!(NodeConfig::default().validate().is_ok());
+        assert!(NodeConfig::for_test().validate().is_ok());
+        let off: [fn(&mut GrpcLimits); 6] = [
+            |l| l.max_connections = 0,
+            |l| l.max_concurrent_streams = 0,
+            |l| l.request_timeout = Duration::ZERO,
+            |l| l.keepalive_timeout = Duration::ZERO,
+            |l| l.max_frame_size = 1024,
+            |l| l.initial_connection_window = u32::MAX,
+        ];
+        for switch_off in off {
+            let mut config = NodeConfig::for_test();
+            switch_off(&mut config.grpc);
+            assert!(config.validate().is_err(), "{:?}", config.grpc);
+        }
+    }
 }

@@ -15,9 +15,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 
 pub mod config;
+pub mod grpc;
 
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
@@ -32,7 +32,7 @@ use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
 use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
-pub use config::NodeConfig;
+pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +158,19 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(&RunningNode),
 ) -> Result<(), NodeError> {
+    // A serving process may hold up to --max-connections sockets: the default soft
+    // limit (often 1024) would otherwise bound it first.
+    if let Some(nofile) = grpc::raise_fd_limit() {
+        // Beyond the connections: listeners, gossip, peer channels, the rule file.
+        let needed = config.grpc.max_connections as u64 + 256;
+        if nofile < needed {
+            tracing::warn!(
+                nofile,
+                max_connections = config.grpc.max_connections,
+                "file descriptor limit below --max-connections + 256: accepts will fail (and back off) before the connection cap is reached"
+            );
+        }
+    }
     let node = start_with_clock(config, Arc::new(SystemClock), CancellationToken::new()).await?;
     on_ready(&node);
     tracing::info!(
@@ -201,11 +214,13 @@ pub async fn start_with_clock(
     tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
 
-    let grpc = bind(config.listen).await?;
-    let grpc_addr = grpc.local_addr().map_err(|source| NodeError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let grpc_listener = bind(config.listen).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| NodeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
     let advertise = config.advertise.unwrap_or(grpc_addr);
     if advertise.ip().is_unspecified() {
         return Err(NodeError::Config(format!(
@@ -310,9 +325,14 @@ pub async fn start_with_clock(
     // peer service (forwarded checks, refunds, handoff, status) on a listener of its
     // own, so it can be bound to a private network and never answers on the public port.
     let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
-    tracker.spawn(serve_public(grpc, public, cancel.clone()).await?);
+    tracker.spawn(serve_public(grpc_listener, public, &config.grpc, cancel.clone()).await?);
     let peer_service = PeerService::new(router.clone(), rules.clone());
-    tracker.spawn(serve_peer(peer, peer_service, cancel.clone()));
+    tracker.spawn(serve_peer(
+        peer,
+        peer_service,
+        config.grpc.clone(),
+        cancel.clone(),
+    ));
 
     Ok(RunningNode {
         grpc_addr,
@@ -333,9 +353,14 @@ pub async fn start_with_clock(
 
 /// The public face: `ringlimit.v1`, health, and reflection of the public protos.
 /// Returns the server task for the caller's tracker.
+///
+/// Every bound on what one client can make this server hold is set here (README
+/// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
+/// are in [`grpc::incoming`].
 async fn serve_public(
     listener: TcpListener,
     public: RateLimitService,
+    limits: &GrpcLimits,
     cancel: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, NodeError> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -347,14 +372,14 @@ async fn serve_public(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
-    let server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(RateLimiterServer::new(public))
+    let max = MAX_MESSAGE_BYTES;
+    let server = limited(limits)
+        .layer(grpc::StatusMappingLayer)
+        .add_service(health_service.max_decoding_message_size(max))
+        .add_service(reflection.max_decoding_message_size(max))
+        .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
         .serve_with_incoming_shutdown(
-            // tonic applies TCP_NODELAY only to listeners it builds itself; without it
-            // Nagle's algorithm meets delayed ACKs and small answers wait ~40 ms.
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            grpc::incoming(listener, limits),
             cancel.clone().cancelled_owned(),
         );
     Ok(async move {
@@ -365,18 +390,38 @@ async fn serve_public(
     })
 }
 
-/// The cluster face: the peer service alone, on its own listener.
-async fn serve_peer(listener: TcpListener, peer: PeerService, cancel: CancellationToken) {
-    let server = tonic::transport::Server::builder()
-        .add_service(PeerServer::new(peer))
+/// The cluster face: the peer service alone, on its own listener, with the same limits.
+async fn serve_peer(
+    listener: TcpListener,
+    peer: PeerService,
+    limits: GrpcLimits,
+    cancel: CancellationToken,
+) {
+    let server = limited(&limits)
+        .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            grpc::incoming(listener, &limits),
             cancel.clone().cancelled_owned(),
         );
     if let Err(error) = server.await {
         tracing::error!(%error, "peer gRPC server failed");
         cancel.cancel();
     }
+}
+
+/// A gRPC server builder with the HTTP/2 limits of `limits`.
+fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .max_frame_size(limits.max_frame_size)
+        .http2_max_header_list_size(limits.max_header_list_size)
+        .initial_stream_window_size(limits.initial_stream_window)
+        .initial_connection_window_size(limits.initial_connection_window)
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {

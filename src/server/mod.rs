@@ -5,10 +5,13 @@
 //!   over the wire-independent [`crate::check::Checker`].
 //! - [`peer`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks, refunds,
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
+//! - [`codec`]: the protobuf codec of every generated service, answering a malformed
+//!   body `INVALID_ARGUMENT` rather than tonic-prost's `INTERNAL`.
 //!
 //! This is the edge: the one place an error becomes a `tonic::Status`, so the mapping
 //! from "what went wrong" to "what the caller is told" is reviewed in one spot.
 
+pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod peer;

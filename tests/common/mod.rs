@@ -157,3 +157,17 @@ pub async fn eventually(within: std::time::Duration, mut cond: impl FnMut() -> b
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// The sum of every sample of metric `name` (all label sets) in this process's
+/// Prometheus recorder, which every in-process node shares.
+pub fn metric_sum(name: &str) -> f64 {
+    node::metrics_handle()
+        .render()
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

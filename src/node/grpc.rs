@@ -1,0 +1,417 @@
+//! The gRPC listener's bounds: what one client can make a node hold.
+//!
+//! - [`incoming`]: the accept loop. A semaphore caps open connections (one more is
+//!   closed at once and counted); an accept error that is about the process, not one
+//!   connection (EMFILE, ENFILE, ENOBUFS, ENOMEM), backs off 10..=100 ms instead of
+//!   spinning a core, and is logged at most every 5 s.
+//! - [`Conn`]: an accepted connection holding its slot until dropped, closed if it has
+//!   not sent the HTTP/2 preface within the handshake timeout.
+//! - [`StatusMappingLayer`]: the two answers tonic gives before a codec runs, mapped to
+//!   what a gateway should read: an over-size message `RESOURCE_EXHAUSTED` (tonic says
+//!   `OUT_OF_RANGE`), and a body that fails to decode in a service without our codec
+//!   (health, reflection) `INVALID_ARGUMENT` (tonic-prost says `INTERNAL`).
+//! - [`raise_fd_limit`]: the soft RLIMIT_NOFILE raised to the hard limit at start.
+//!
+//! The HTTP/2 settings themselves (streams, windows, keepalive, frame and header sizes)
+//! are tonic's, set from [`GrpcLimits`] in the composition root.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::{Code, Status};
+
+use super::config::{GrpcLimits, MAX_MESSAGE_BYTES};
+
+/// Length of the HTTP/2 client connection preface (RFC 9113 3.4).
+const PREFACE_LEN: usize = 24;
+/// Shortest and longest pause after an accept error about the process.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_millis(100);
+/// At most one log line per this interval for accept errors and refused connections.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// How long to pause after `error` from `accept`, given the previous pause (`None`
+/// after a success): `None` retries at once. Errors about one connection (it was reset
+/// or aborted before we took it) say nothing about the next one; anything else (out of
+/// file descriptors, buffers, memory) will fail again at once, so wait, doubling from
+/// 10 ms to at most 100 ms.
+pub fn accept_backoff(error: &io::Error, previous: Option<Duration>) -> Option<Duration> {
+    use io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+    if matches!(
+        error.kind(),
+        ConnectionAborted | ConnectionReset | Interrupted
+    ) {
+        return None;
+    }
+    Some(previous.map_or(BACKOFF_MIN, |p| (p * 2).clamp(BACKOFF_MIN, BACKOFF_MAX)))
+}
+
+/// Accepted connections, at most `limits.max_connections` open at once. Never yields
+/// an error: accept errors are handled here (tonic's own loop retries them at once).
+pub fn incoming(
+    listener: TcpListener,
+    limits: &GrpcLimits,
+) -> impl Stream<Item = Result<Conn, io::Error>> + Send + 'static {
+    let acceptor = Acceptor {
+        listener,
+        slots: Arc::new(Semaphore::new(limits.max_connections)),
+        max_connections: limits.max_connections,
+        handshake_timeout: limits.handshake_timeout,
+        backoff: None,
+        errors: RateLimitedLog::default(),
+        refusals: RateLimitedLog::default(),
+        accept_errors: metrics::counter!("ringlimit_accept_errors_total"),
+        refused: metrics::counter!("ringlimit_connections_refused_total"),
+    };
+    futures_util::stream::unfold(acceptor, |mut acceptor| async move {
+        let conn = acceptor.next().await;
+        Some((Ok(conn), acceptor))
+    })
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    max_connections: usize,
+    handshake_timeout: Duration,
+    backoff: Option<Duration>,
+    errors: RateLimitedLog,
+    refusals: RateLimitedLog,
+    accept_errors: metrics::Counter,
+    refused: metrics::Counter,
+}
+
+impl Acceptor {
+    async fn next(&mut self) -> Conn {
+        loop {
+            let (stream, peer) = match self.listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    self.accept_errors.increment(1);
+                    self.backoff = accept_backoff(&error, self.backoff);
+                    if let Some(suppressed) = self.errors.due() {
+                        tracing::warn!(%error, suppressed, backoff = ?self.backoff, "gRPC accept failed");
+                    }
+                    if let Some(pause) = self.backoff {
+                        tokio::time::sleep(pause).await;
+                    }
+                    continue;
+                }
+            };
+            self.backoff = None;
+            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                // Dropping the socket closes it: the client sees the connection end
+                // before any byte, and tries another node or later.
+                self.refused.increment(1);
+                if let Some(suppressed) = self.refusals.due() {
+                    tracing::warn!(%peer, suppressed, max_connections = self.max_connections, "connection cap reached: closing new connection");
+                }
+                continue;
+            };
+            // Without TCP_NODELAY Nagle's algorithm meets delayed ACKs and small
+            // answers wait ~40 ms.
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
+            }
+            return Conn::new(stream, slot, self.handshake_timeout);
+        }
+    }
+}
+
+/// Logs at most once per [`LOG_EVERY`], saying how many events it kept quiet about.
+#[derive(Default)]
+struct RateLimitedLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedLog {
+    /// `Some(events suppressed since the last line)` if a line is due now.
+    fn due(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < LOG_EVERY)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+/// An accepted TCP connection. It holds one of the listener's connection slots until
+/// hyper drops it, and fails its reads with `TimedOut` if the HTTP/2 preface has not
+/// arrived within the handshake timeout (after it, HTTP/2 keepalive watches the peer).
+pub struct Conn {
+    stream: TcpStream,
+    handshake: Option<Pin<Box<Sleep>>>,
+    preface_left: usize,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, handshake_timeout: Duration) -> Self {
+        metrics::gauge!("ringlimit_grpc_connections").increment(1.0);
+        Self {
+            stream,
+            handshake: Some(Box::pin(tokio::time::sleep(handshake_timeout))),
+            preface_left: PREFACE_LEN,
+            _slot: slot,
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        metrics::gauge!("ringlimit_grpc_connections").decrement(1.0);
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(deadline) = this.handshake.as_mut() else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                let read = buf.filled().len() - before;
+                this.preface_left = this.preface_left.saturating_sub(read);
+                if this.preface_left == 0 {
+                    this.handshake = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within the handshake timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Raise the soft RLIMIT_NOFILE to the hard limit, so the connection cap, not the
+/// default soft limit (often 1024), is what bounds connections. Returns the soft limit
+/// now in force; failing to raise it is logged and not fatal.
+pub fn raise_fd_limit() -> Option<u64> {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => {
+            tracing::info!(nofile = soft, "file descriptor limit");
+            Some(soft)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot raise the file descriptor limit");
+            None
+        }
+    }
+}
+
+/// Maps the answers tonic gives before a codec runs (see the module doc). Applied to
+/// every service of the public server; a response without `grpc-status` in its headers
+/// (every normal answer) costs one header lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatusMappingLayer;
+
+impl<S> tower_layer::Layer<S> for StatusMappingLayer {
+    type Service = StatusMapping<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        StatusMapping { inner }
+    }
+}
+
+/// The service of [`StatusMappingLayer`].
+#[derive(Debug, Clone)]
+pub struct StatusMapping<S> {
+    inner: S,
+}
+
+type Remap<R, E> = fn(Result<http::Response<R>, E>) -> Result<http::Response<R>, E>;
+
+impl<S, B, R> tonic::codegen::Service<http::Request<B>> for StatusMapping<S>
+where
+    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<R>>,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = futures_util::future::Map<S::Future, Remap<R, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        use futures_util::FutureExt;
+        self.inner
+            .call(request)
+            .map(remap_response as Remap<R, S::Error>)
+    }
+}
+
+fn remap_response<R, E>(response: Result<http::Response<R>, E>) -> Result<http::Response<R>, E> {
+    let mut response = response?;
+    // Only a trailers-only answer (an error before any message) has grpc-status here.
+    if !response.headers().contains_key(Status::GRPC_STATUS) {
+        return Ok(response);
+    }
+    let Some(status) = Status::from_header_map(response.headers()) else {
+        return Ok(response);
+    };
+    if let Some(mapped) = map_status(status.code(), status.message()) {
+        let headers = response.headers_mut();
+        headers.remove(Status::GRPC_STATUS);
+        headers.remove(Status::GRPC_MESSAGE);
+        headers.remove(Status::GRPC_STATUS_DETAILS);
+        if mapped.add_header(headers).is_ok() {
+            response.extensions_mut().insert(mapped);
+        }
+    }
+    Ok(response)
+}
+
+/// The status a caller should see instead of (`code`, `message`), if any: tonic's
+/// length-prefix check (`OUT_OF_RANGE`, "decoded message length too large") becomes
+/// `RESOURCE_EXHAUSTED` naming the limit; tonic-prost's decode failure (`INTERNAL`,
+/// "failed to decode Protobuf message") becomes `INVALID_ARGUMENT`.
+pub fn map_status(code: Code, message: &str) -> Option<Status> {
+    match code {
+        Code::OutOfRange if message.contains("message length too large") => {
+            Some(Status::resource_exhausted(format!(
+                "request message larger than the limit of {MAX_MESSAGE_BYTES} bytes ({message})"
+            )))
+        }
+        Code::Internal if message.starts_with("failed to decode Protobuf message") => Some(
+            Status::invalid_argument(format!("invalid protobuf: {message}")),
+        ),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(code: i32) -> io::Error {
+        io::Error::from_raw_os_error(code)
+    }
+
+    #[test]
+    fn fd_exhaustion_backs_off_doubling_up_to_100_ms() {
+        let emfile = os(24);
+        let first = accept_backoff(&emfile, None);
+        assert_eq!(first, Some(Duration::from_millis(10)));
+        let mut pause = first;
+        for _ in 0..10 {
+            pause = accept_backoff(&emfile, pause);
+        }
+        assert_eq!(pause, Some(Duration::from_millis(100)));
+        // ENFILE, ENOBUFS, ENOMEM: the same.
+        for code in [23, 105, 12] {
+            assert_eq!(accept_backoff(&os(code), None), Some(BACKOFF_MIN));
+        }
+    }
+
+    #[test]
+    fn an_error_about_one_connection_retries_at_once() {
+        for kind in [
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::Interrupted,
+        ] {
+            assert_eq!(
+                accept_backoff(&io::Error::from(kind), Some(BACKOFF_MAX)),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn tonics_size_and_decode_errors_are_mapped_and_nothing_else() {
+        let size = map_status(
+            Code::OutOfRange,
+            "Error, decoded message length too large: found 5000000 bytes, the limit is: 4194304 bytes",
+        )
+        .unwrap();
+        assert_eq!(size.code(), Code::ResourceExhausted);
+        assert!(size.message().contains("4194304"), "{}", size.message());
+        let decode = map_status(
+            Code::Internal,
+            "failed to decode Protobuf message: invalid wire type",
+        )
+        .unwrap();
+        assert_eq!(decode.code(), Code::InvalidArgument);
+        assert!(map_status(Code::Internal, "shard panicked").is_none());
+        assert!(map_status(Code::OutOfRange, "window id too far").is_none());
+        assert!(map_status(Code::InvalidArgument, "key: empty").is_none());
+    }
+
+    #[test]
+    fn the_log_speaks_once_per_interval_and_counts_the_rest() {
+        let mut log = RateLimitedLog::default();
+        assert_eq!(log.due(), Some(0));
+        assert_eq!(log.due(), None);
+        assert_eq!(log.due(), None);
+        log.last = Some(Instant::now() - LOG_EVERY);
+        assert_eq!(log.due(), Some(2));
+    }
+}
