@@ -116,26 +116,7 @@ impl Keyring {
     /// A fresh random single-key keyring, for a cluster started in one process
     /// (`dev-cluster`, tests): its members share it and nothing else knows it.
     pub fn generate() -> Keyring {
-        use std::hash::{BuildHasher, Hasher};
-        // std's RandomState is seeded from the OS's randomness once per process and
-        // varied per instance; 16 draws hashed together make the secret.
-        let mut seed = Vec::with_capacity(16 * 8);
-        for _ in 0..16 {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos()),
-            );
-            h.write_u32(std::process::id());
-            seed.extend_from_slice(&h.finish().to_le_bytes());
-        }
-        Keyring {
-            keys: vec![blake3::derive_key(
-                "ringlimit generated cluster key v1",
-                &seed,
-            )],
-        }
+        Keyring::from_text(&generate_secret()).expect("a generated secret is long enough")
     }
 
     /// Number of keys (the first signs).
@@ -177,9 +158,247 @@ impl Keyring {
     }
 }
 
+/// A fresh random secret (64 hex characters) in the secret file format.
+///
+/// std's `RandomState` is seeded from the OS's randomness once per process and varied
+/// per instance; several draws, the time and the pid are hashed together.
+pub fn generate_secret() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut seed = Vec::with_capacity(16 * 8);
+    for _ in 0..16 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        seed.extend_from_slice(&h.finish().to_le_bytes());
+    }
+    hex(blake3::hash(&seed).as_bytes())
+}
+
+/// Metadata header carrying a peer call's proof.
+pub const CALL_HEADER: &str = "x-ringlimit-peer-auth";
+
+/// How far a call's timestamp may be from the receiver's clock, either way, in ms.
+/// Members keep their clocks within the handoff's 5 s allowance; this is wider so a
+/// call never fails on skew before a handoff would.
+pub const CALL_SKEW_MS: u64 = 30_000;
+
+/// Why a peer call's proof was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallRefused {
+    /// No proof header at all.
+    #[error("no {CALL_HEADER} header: peer calls need the cluster key")]
+    Missing,
+    /// The header is not `v1 <node> <ms> <nonce> <tag>`.
+    #[error("malformed {CALL_HEADER} header")]
+    Malformed,
+    /// The tag does not verify under any key of the ring.
+    #[error("the call's tag does not verify under the cluster key")]
+    BadTag,
+    /// The timestamp is outside the allowance.
+    #[error("the call was signed at {at} ms, more than {CALL_SKEW_MS} ms from this node's clock")]
+    Stale {
+        /// The call's timestamp.
+        at: u64,
+    },
+    /// The same (node, nonce) was seen within the allowance: a replay.
+    #[error("replayed call")]
+    Replayed,
+}
+
+/// What a verified call proves: who signed it, when, with which nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallProof {
+    /// The signing member's node id.
+    pub from: String,
+    /// Its clock when it signed, Unix ms.
+    pub at: u64,
+    /// Unique per call of that member.
+    pub nonce: u64,
+}
+
+impl Keyring {
+    /// The proof header value for a call to `path` by `from` at `at` with `nonce`.
+    ///
+    /// It binds the method path, the caller, the time and a nonce, not the message
+    /// body: it keeps out anyone without the key and, with the receiver's replay
+    /// cache, anyone replaying a captured call; an active attacker who can rewrite the
+    /// peer network's TCP streams is out of its reach (docs/security.md).
+    pub fn sign_call(&self, path: &str, from: &str, at: u64, nonce: u64) -> String {
+        let tag = self.tag(
+            Purpose::PeerCall,
+            &[
+                path.as_bytes(),
+                from.as_bytes(),
+                &at.to_le_bytes(),
+                &nonce.to_le_bytes(),
+            ],
+        );
+        format!("v1 {from} {at} {nonce:016x} {}", hex(&tag))
+    }
+
+    /// Check a call's proof header against `path` and this node's clock `now`.
+    /// Replays are the caller's to catch ([`ReplayGuard`]).
+    pub fn verify_call(
+        &self,
+        header: Option<&str>,
+        path: &str,
+        now: u64,
+    ) -> Result<CallProof, CallRefused> {
+        let header = header.ok_or(CallRefused::Missing)?;
+        let mut parts = header.split(' ');
+        let (Some("v1"), Some(from), Some(at), Some(nonce), Some(tag), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(CallRefused::Malformed);
+        };
+        let at: u64 = at.parse().map_err(|_| CallRefused::Malformed)?;
+        let nonce = u64::from_str_radix(nonce, 16).map_err(|_| CallRefused::Malformed)?;
+        let tag = unhex(tag).ok_or(CallRefused::Malformed)?;
+        let data: [&[u8]; 4] = [
+            path.as_bytes(),
+            from.as_bytes(),
+            &at.to_le_bytes(),
+            &nonce.to_le_bytes(),
+        ];
+        if !self.verify(Purpose::PeerCall, &data, &tag) {
+            return Err(CallRefused::BadTag);
+        }
+        if at.abs_diff(now) > CALL_SKEW_MS {
+            return Err(CallRefused::Stale { at });
+        }
+        Ok(CallProof {
+            from: from.to_string(),
+            at,
+            nonce,
+        })
+    }
+}
+
+/// Remembers the (node, nonce) of every call verified within the last
+/// [`CALL_SKEW_MS`], so a captured call cannot be sent again: older calls are refused
+/// as stale anyway. Bounded: at most `cap` entries; when full, the oldest go first
+/// (a flood of valid calls needs the key).
+#[derive(Debug)]
+pub struct ReplayGuard {
+    seen: std::collections::HashSet<(String, u64)>,
+    order: std::collections::VecDeque<(u64, String, u64)>,
+    cap: usize,
+}
+
+impl ReplayGuard {
+    /// A guard remembering at most `cap` calls.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            seen: Default::default(),
+            order: Default::default(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// Admit `proof` at `now` once; a second time within the allowance is a replay.
+    pub fn admit(&mut self, proof: &CallProof, now: u64) -> Result<(), CallRefused> {
+        while let Some((at, from, nonce)) = self.order.front() {
+            if now.saturating_sub(*at) <= 2 * CALL_SKEW_MS && self.order.len() < self.cap {
+                break;
+            }
+            self.seen.remove(&(from.clone(), *nonce));
+            self.order.pop_front();
+        }
+        if !self.seen.insert((proof.from.clone(), proof.nonce)) {
+            return Err(CallRefused::Replayed);
+        }
+        self.order.push_back((now, proof.from.clone(), proof.nonce));
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_call_verifies_once_for_its_path_and_within_the_allowance() {
+        let ring = Keyring::from_text(A).unwrap();
+        let path = "/ringlimit.peer.v1.Peer/Refund";
+        let header = ring.sign_call(path, "node-a", 1_000_000, 7);
+        let proof = ring.verify_call(Some(&header), path, 1_000_500).unwrap();
+        assert_eq!(
+            (proof.from.as_str(), proof.at, proof.nonce),
+            ("node-a", 1_000_000, 7)
+        );
+        let mut guard = ReplayGuard::new(100);
+        assert_eq!(guard.admit(&proof, 1_000_500), Ok(()));
+        assert_eq!(guard.admit(&proof, 1_000_600), Err(CallRefused::Replayed));
+
+        assert_eq!(
+            ring.verify_call(Some(&header), "/ringlimit.peer.v1.Peer/Install", 1_000_500),
+            Err(CallRefused::BadTag),
+            "a proof for one method is useless for another"
+        );
+        assert_eq!(
+            ring.verify_call(Some(&header), path, 1_000_000 + CALL_SKEW_MS + 1),
+            Err(CallRefused::Stale { at: 1_000_000 })
+        );
+        assert_eq!(ring.verify_call(None, path, 0), Err(CallRefused::Missing));
+        assert_eq!(
+            ring.verify_call(Some("v1 a b c d"), path, 0),
+            Err(CallRefused::Malformed)
+        );
+        let forged = header.replace("node-a", "node-b");
+        assert_eq!(
+            ring.verify_call(Some(&forged), path, 1_000_000),
+            Err(CallRefused::BadTag),
+            "the caller's id is bound"
+        );
+        let other = Keyring::from_text(B).unwrap();
+        assert_eq!(
+            other.verify_call(Some(&header), path, 1_000_000),
+            Err(CallRefused::BadTag)
+        );
+    }
+
+    #[test]
+    fn the_replay_guard_forgets_calls_older_than_the_allowance_and_stays_bounded() {
+        let proof = |nonce| CallProof {
+            from: "a".into(),
+            at: 0,
+            nonce,
+        };
+        let mut guard = ReplayGuard::new(3);
+        for nonce in 0..10 {
+            guard.admit(&proof(nonce), 0).unwrap();
+        }
+        assert!(guard.order.len() <= 3 && guard.seen.len() <= 3);
+        let mut guard = ReplayGuard::new(100);
+        guard.admit(&proof(1), 0).unwrap();
+        assert!(
+            guard.admit(&proof(1), 3 * CALL_SKEW_MS).is_ok(),
+            "forgotten, and stale anyway"
+        );
+    }
 
     const A: &str = "0123456789abcdefghijklmnopqrstuvwxyz";
     const B: &str = "ZYXWVUTSRQPONMLKJIHGFEDCBA9876543210";

@@ -67,6 +67,9 @@ enum ClusterCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// The cluster's secret file: the peer service answers only signed calls.
+        #[arg(long, env = "RINGLIMIT_CLUSTER_SECRET_FILE")]
+        cluster_secret_file: Option<PathBuf>,
     },
 }
 
@@ -156,6 +159,14 @@ struct ServeArgs {
     /// Server-side deadline of one gRPC call, in ms (a shorter grpc-timeout wins).
     #[arg(long, default_value_t = GrpcLimits::default().request_timeout.as_millis() as u64)]
     request_timeout_ms: u64,
+    /// The cluster key: a file of secrets, one per line (the first signs, all verify;
+    /// see docs/security.md). Required to listen beyond loopback or to join (--seed).
+    #[arg(long, env = "RINGLIMIT_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// Run a cluster without a key: anyone who reaches the peer port can then speak for
+    /// the cluster. Logged as a warning on every start.
+    #[arg(long)]
+    insecure_cluster: bool,
     /// NEGATIVE CONTROL for the chaos tests: decide every check locally, ignoring the
     /// ring (a deliberately broken cluster). Never use in production.
     #[arg(long, hide = true)]
@@ -211,8 +222,13 @@ fn main() -> ExitCode {
             command: RulesCommand::Check { file },
         } => rules_check(&file),
         Command::Cluster {
-            command: ClusterCommand::Status { addr, json },
-        } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json))),
+            command:
+                ClusterCommand::Status {
+                    addr,
+                    json,
+                    cluster_secret_file,
+                },
+        } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json, cluster_secret_file))),
         Command::DevCluster(args) => dev_cluster(args),
         Command::Bench(args) => runtime()
             .and_then(|rt| rt.block_on(bench::run(args)))
@@ -264,6 +280,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
     config.grpc.request_timeout = std::time::Duration::from_millis(args.request_timeout_ms);
     config.broken_decide_locally = args.broken_decide_locally;
+    config.insecure_cluster = args.insecure_cluster;
+    config.cluster_key = args
+        .cluster_secret_file
+        .as_deref()
+        .map(ringlimit::keyring::Keyring::from_file)
+        .transpose()?;
     runtime()?.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
@@ -296,6 +318,15 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async move {
         let mut nodes = Vec::new();
         let mut seed: Option<String> = None;
+        // One key for the nodes of this process, written where `cluster status` can
+        // read it (mode 0600) and known to nothing else.
+        let secret = ringlimit::keyring::generate_secret();
+        let secret_path = std::env::temp_dir().join(format!(
+            "ringlimit-dev-cluster-{}.secret",
+            std::process::id()
+        ));
+        write_private(&secret_path, &secret)?;
+        let key = ringlimit::keyring::Keyring::from_text(&secret)?;
         for i in 0..args.nodes {
             let port = |offset: usize| -> anyhow::Result<SocketAddr> {
                 let port = usize::from(args.base_port) + 4 * i + offset;
@@ -308,6 +339,7 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
                 metrics_listen: Some(port(1)?),
                 gossip_listen: port(2)?,
                 peer_listen: port(3)?,
+                cluster_key: Some(key.clone()),
                 rules_path: args.rules.clone(),
                 seeds: seed.iter().cloned().collect(),
                 ..NodeConfig::default()
@@ -329,25 +361,58 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
             nodes.len(),
             nodes[0].grpc_addr
         );
+        println!(
+            "cluster key: {}   (ringlimit cluster status --addr {} --cluster-secret-file {})",
+            secret_path.display(),
+            nodes[0].peer_addr,
+            secret_path.display()
+        );
         wait_for_signal().await;
         println!("stopping: each node leaves gracefully");
         for node in nodes.into_iter().rev() {
             node.leave().await;
         }
+        let _ = std::fs::remove_file(&secret_path);
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn cluster_status(addr: String, json: bool) -> anyhow::Result<ExitCode> {
+/// Write `text` to a new file only its owner can read.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(file, "{text}")?;
+    Ok(())
+}
+
+async fn cluster_status(
+    addr: String,
+    json: bool,
+    secret: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
     let addr = if addr.contains("://") {
         addr
     } else {
         format!("http://{addr}")
     };
-    let mut client = ringlimit::proto::peer::peer_client::PeerClient::connect(addr.clone())
+    let keyring = secret
+        .as_deref()
+        .map(ringlimit::keyring::Keyring::from_file)
+        .transpose()?;
+    let channel = tonic::transport::Endpoint::from_shared(addr.clone())?
+        .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
+    let mut client = ringlimit::proto::peer::peer_client::PeerClient::new(
+        ringlimit::cluster::forward::Signed::new(channel, keyring, "ringlimit-cli".into()),
+    );
     let status = client
         .status(ringlimit::proto::peer::StatusRequest {})
         .await

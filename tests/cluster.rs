@@ -6,12 +6,14 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ringlimit::cluster::forward::Signed;
 use ringlimit::config::rules::RuleSet;
+use ringlimit::keyring::Keyring;
+use ringlimit::node::config::TEST_CLUSTER_SECRET;
 use ringlimit::node::RunningNode;
 use ringlimit::proto::peer::peer_client::PeerClient;
 use ringlimit::proto::peer::{ForwardItem, ForwardRequest, InstallRequest, KeyState};
 use ringlimit::shard::KeyId;
-use tonic::transport::Channel;
 
 use common::{
     check, client, key_owned_by, member_config, rules_file, start, start_cluster, wait_converged,
@@ -39,10 +41,14 @@ const LIMIT: usize = 20;
 
 /// A client of `node`'s `Peer` service (on its own listener), as another member would
 /// call it: the one place that knows where the peer API is served.
-async fn peer_client(node: &RunningNode) -> PeerClient<Channel> {
-    PeerClient::connect(format!("http://{}", node.peer_addr))
+async fn peer_client(node: &RunningNode) -> PeerClient<Signed> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.peer_addr))
+        .unwrap()
+        .connect()
         .await
-        .expect("peer client connects")
+        .expect("peer client connects");
+    let keyring = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
+    PeerClient::new(Signed::new(channel, Some(keyring), "a".into()))
 }
 
 #[tokio::test(flavor = "multi_thread")]

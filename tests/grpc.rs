@@ -434,10 +434,19 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
     );
     assert!(names.iter().all(|n| !n.contains("peer")), "{names:?}");
 
-    // The peer service answers on its own listener.
-    let mut peer = PeerClient::connect(format!("http://{}", node.peer_addr))
+    // The peer service answers members on its own listener.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.peer_addr))
+        .unwrap()
+        .connect()
         .await
         .unwrap();
+    let key = ringlimit::keyring::Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET)
+        .unwrap();
+    let mut peer = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+        channel,
+        Some(key),
+        "member".into(),
+    ));
     let status = peer.status(StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(status.members[0].peer_addr, node.peer_addr.to_string());
     node.shutdown().await;
@@ -768,5 +777,85 @@ async fn varying_the_path_or_query_string_never_opens_a_fresh_budget() {
         .unwrap()
         .into_inner();
     assert_eq!(a.descriptors[0].route, "GET /v1/z?q=1");
+    node.shutdown().await;
+}
+
+/// Bypass closed: only members speak for the cluster. A peer call without the cluster
+/// key's proof, with another key's proof, or replaying a captured proof is refused
+/// `UNAUTHENTICATED` before any peer handler runs, so nobody outside the cluster can
+/// refund a spent budget, install counter state or decide checks on a node's counters.
+#[tokio::test]
+async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
+    use ringlimit::keyring::{Keyring, CALL_HEADER};
+    use ringlimit::node::config::TEST_CLUSTER_SECRET;
+    use ringlimit::proto::peer::peer_client::PeerClient;
+    use ringlimit::proto::peer::{RefundItem, RefundRequest, StatusRequest};
+
+    let node = start(NodeConfig::for_test()).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.peer_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let refund = RefundRequest {
+        items: vec![RefundItem {
+            key: "k".into(),
+            route: "/x".into(),
+            tier: None,
+            cost: 100,
+            at: 0,
+        }],
+    };
+    fn unauthenticated<T>(result: Result<T, tonic::Status>) {
+        match result {
+            Err(status) => assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}"),
+            Ok(_) => panic!("a peer call without a valid proof was served"),
+        }
+    }
+
+    // No proof at all.
+    let mut anonymous = PeerClient::new(channel.clone());
+    unauthenticated(anonymous.refund(refund.clone()).await);
+    unauthenticated(anonymous.status(StatusRequest {}).await);
+
+    // A proof made with another key.
+    let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
+    let mut outsider = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+        channel.clone(),
+        Some(other),
+        "intruder".into(),
+    ));
+    unauthenticated(outsider.refund(refund.clone()).await);
+
+    // A member's captured proof, sent again.
+    let key = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let captured: tonic::metadata::MetadataValue<_> = key
+        .sign_call("/ringlimit.peer.v1.Peer/Status", "member", now, 42)
+        .parse()
+        .unwrap();
+    let mut replayer =
+        PeerClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert(CALL_HEADER, captured.clone());
+            Ok(r)
+        });
+    assert!(
+        replayer.status(StatusRequest {}).await.is_ok(),
+        "the first use passes"
+    );
+    unauthenticated(replayer.status(StatusRequest {}).await);
+    // ... and a proof for Status is useless for Refund.
+    unauthenticated(replayer.refund(refund.clone()).await);
+
+    // A member's own signed calls are served.
+    let mut member = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+        channel,
+        Some(key),
+        "member".into(),
+    ));
+    assert!(member.status(StatusRequest {}).await.is_ok());
     node.shutdown().await;
 }

@@ -605,14 +605,19 @@ impl LocalNode {
     }
 }
 
+/// Where [`start_nodes`] keeps the cluster key of the nodes it starts.
+fn secret_path(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("cluster.secret")
+}
+
 impl Drop for LocalNode {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
-/// Start `count` node processes of this binary, clustered, with `rules`.
-/// Start `count` local nodes on port 0 with `rules`; `extra` are more `serve` flags.
+/// Start `count` node processes of this binary on port 0, clustered under a fresh
+/// cluster key (in `dir`), with `rules`; `extra` are more `serve` flags.
 fn start_nodes(
     count: usize,
     dir: &std::path::Path,
@@ -621,6 +626,8 @@ fn start_nodes(
 ) -> anyhow::Result<Vec<LocalNode>> {
     let path = dir.join("rules.toml");
     std::fs::write(&path, rules)?;
+    let secret = secret_path(dir);
+    std::fs::write(&secret, ringlimit::keyring::generate_secret())?;
     let exe = std::env::current_exe()?;
     let mut nodes: Vec<LocalNode> = Vec::new();
     let mut seed: Option<String> = None;
@@ -640,6 +647,8 @@ fn start_nodes(
             ])
             .arg("--rules")
             .arg(&path)
+            .arg("--cluster-secret-file")
+            .arg(&secret)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -745,12 +754,19 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let after = rss_bytes(pid)?;
-    let held = PeerClient::connect(format!("http://{}", node.peer))
-        .await?
-        .status(StatusRequest {})
-        .await?
-        .into_inner()
-        .keys;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.peer))?
+        .connect()
+        .await?;
+    let keyring = ringlimit::keyring::Keyring::from_file(&secret_path(&dir))?;
+    let held = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+        channel,
+        Some(keyring),
+        "ringlimit-bench".into(),
+    ))
+    .status(StatusRequest {})
+    .await?
+    .into_inner()
+    .keys;
     // The warm-up key is held too.
     anyhow::ensure!(
         held > args.keys as u64,

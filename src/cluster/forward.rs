@@ -29,6 +29,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::cluster::{CheckItem, Decider, Remote};
+use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
@@ -56,6 +57,9 @@ pub struct ForwardConfig {
     /// Source IP for outbound peer connections (so partition rules that match a
     /// node's address also match its outbound traffic); `None` lets the OS choose.
     pub local_ip: Option<IpAddr>,
+    /// The cluster key every peer call is signed with; `None` sends unsigned calls
+    /// (a node whose peers accept them: `--insecure-cluster`, or a lone loopback node).
+    pub keyring: Option<Keyring>,
 }
 
 impl Default for ForwardConfig {
@@ -67,6 +71,7 @@ impl Default for ForwardConfig {
             max_in_flight: 1,
             queue: 16_384,
             local_ip: None,
+            keyring: None,
         }
     }
 }
@@ -96,7 +101,7 @@ struct Link {
     generation: u64,
     addr: SocketAddr,
     queue: mpsc::Sender<Pending>,
-    client: PeerClient<Channel>,
+    client: PeerClient<Signed>,
     created: std::time::Instant,
 }
 
@@ -262,7 +267,11 @@ impl PeerPool {
         if let Some(ip) = self.config.local_ip {
             endpoint = endpoint.local_address(Some(ip));
         }
-        let client = PeerClient::new(endpoint.connect_lazy());
+        let client = PeerClient::new(Signed::new(
+            endpoint.connect_lazy(),
+            self.config.keyring.clone(),
+            self.me.clone(),
+        ));
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
         let link = Arc::new(Link {
             generation: owner.generation,
@@ -288,7 +297,7 @@ impl PeerPool {
 /// Coalesce queued checks for one peer into `Forward` calls.
 async fn batcher(
     mut rx: mpsc::Receiver<Pending>,
-    client: PeerClient<Channel>,
+    client: PeerClient<Signed>,
     me: Arc<str>,
     peer: String,
     config: ForwardConfig,
@@ -346,7 +355,7 @@ async fn batcher(
 }
 
 async fn send(
-    mut client: PeerClient<Channel>,
+    mut client: PeerClient<Signed>,
     batch: Vec<Pending>,
     me: Arc<str>,
     peer: String,
@@ -425,5 +434,74 @@ fn remote(o: ForwardOutcome, decider: &Decider) -> Remote {
         decider: decider.clone(),
         rule: Arc::from(o.rule.as_str()),
         algorithm: AlgorithmKind::parse(&o.algorithm),
+    }
+}
+
+/// A channel to a peer that signs every call with the cluster key: the proof header
+/// binds the method path, this node's id, the time and a nonce ([`Keyring::sign_call`]).
+/// Tools that call a peer's `Peer` service (`cluster status`, test harnesses) use it too.
+#[derive(Clone)]
+pub struct Signed {
+    inner: Channel,
+    signer: Option<Arc<Signer>>,
+}
+
+struct Signer {
+    keyring: Keyring,
+    me: Arc<str>,
+    nonce: std::sync::atomic::AtomicU64,
+}
+
+impl Signed {
+    /// Sign calls on `inner` as `me` with `keyring` (`None`: send them unsigned).
+    pub fn new(inner: Channel, keyring: Option<Keyring>, me: Arc<str>) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // Nonces start at a random point so two incarnations of one node id never
+        // reuse a (node, nonce) pair within the replay window.
+        let start = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Self {
+            inner,
+            signer: keyring.map(|keyring| {
+                Arc::new(Signer {
+                    keyring,
+                    me,
+                    nonce: std::sync::atomic::AtomicU64::new(start),
+                })
+            }),
+        }
+    }
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
+    type Response =
+        <Channel as tonic::codegen::Service<http::Request<tonic::body::Body>>>::Response;
+    type Error = <Channel as tonic::codegen::Service<http::Request<tonic::body::Body>>>::Error;
+    type Future = <Channel as tonic::codegen::Service<http::Request<tonic::body::Body>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        if let Some(signer) = &self.signer {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let nonce = signer
+                .nonce
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let proof = signer
+                .keyring
+                .sign_call(request.uri().path(), &signer.me, now, nonce);
+            if let Ok(value) = http::HeaderValue::from_str(&proof) {
+                request.headers_mut().insert(CALL_HEADER, value);
+            }
+        }
+        self.inner.call(request)
     }
 }

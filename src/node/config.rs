@@ -61,6 +61,12 @@ pub struct NodeConfig {
     pub leave_settle: Duration,
     /// HTTP/2 and connection limits of the gRPC listener.
     pub grpc: GrpcLimits,
+    /// The cluster key: peer calls are signed and checked with it. Required for a node
+    /// that listens beyond loopback or has seeds, unless `insecure_cluster`.
+    pub cluster_key: Option<crate::keyring::Keyring>,
+    /// Run a cluster without a key (logged as a warning on every start): any process
+    /// that reaches the peer port can then speak for the cluster.
+    pub insecure_cluster: bool,
     /// NEGATIVE CONTROL ONLY: decide every check on the receiving node, ignoring the
     /// ring. A deliberately broken cluster (each node enforces the full limit alone,
     /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
@@ -94,9 +100,15 @@ impl Default for NodeConfig {
             leave_settle: Duration::from_millis(600),
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,
+            cluster_key: None,
+            insecure_cluster: false,
         }
     }
 }
+
+/// The secret of [`NodeConfig::for_test`]'s cluster key. Public, so it protects
+/// nothing: for tests only.
+pub const TEST_CLUSTER_SECRET: &str = "ringlimit-test-cluster-secret-not-for-production";
 
 impl NodeConfig {
     /// Loopback, port 0 for every listener, two shards, fast rule polling.
@@ -113,6 +125,9 @@ impl NodeConfig {
             },
             gossip_listen: "127.0.0.1:0".parse().expect("valid address"),
             peer_listen: "127.0.0.1:0".parse().expect("valid address"),
+            cluster_key: Some(
+                crate::keyring::Keyring::from_text(TEST_CLUSTER_SECRET).expect("a valid secret"),
+            ),
             ..Self::default()
         }
     }
@@ -152,6 +167,19 @@ impl NodeConfig {
         }
         if self.shards.inbox == 0 {
             return Err("shard inbox must hold at least 1 command".into());
+        }
+        if self.cluster_key.is_none() && !self.insecure_cluster {
+            let exposed = [self.listen, self.peer_listen, self.gossip_listen]
+                .into_iter()
+                .find(|a| !a.ip().is_loopback());
+            if let Some(addr) = exposed {
+                return Err(format!(
+                    "listening on {addr} without a cluster key: pass --cluster-secret-file (or --insecure-cluster to run without one)"
+                ));
+            }
+            if !self.seeds.is_empty() {
+                return Err("joining a cluster (--seed) without a cluster key: pass --cluster-secret-file (or --insecure-cluster to run without one)".into());
+            }
         }
         if self.forward.max_batch == 0 || self.forward.max_batch > crate::check::plan::MAX_BATCH {
             // A peer refuses a larger Forward call, and every check in it would fail open.

@@ -30,6 +30,7 @@ use crate::config::SharedRules;
 use crate::membership::{ClusterView, Membership};
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
@@ -268,7 +269,13 @@ pub async fn start_with_clock(
         &tracker,
         cancel.clone(),
     );
+    if config.cluster_key.is_none() && config.insecure_cluster {
+        tracing::warn!(
+            "--insecure-cluster: peer calls are not authenticated; anyone who reaches the peer port can refund, install state or decide checks"
+        );
+    }
     let mut forward = config.forward.clone();
+    forward.keyring = config.cluster_key.clone();
     if forward.local_ip.is_none() && !peer_addr.ip().is_unspecified() {
         // Outbound peer traffic leaves from this node's own peer address, so
         // partition rules written against a node's address hold in both directions.
@@ -330,6 +337,7 @@ pub async fn start_with_clock(
     tracker.spawn(serve_peer(
         peer,
         peer_service,
+        PeerAuthLayer::new(config.cluster_key.clone()),
         config.grpc.clone(),
         cancel.clone(),
     ));
@@ -390,14 +398,17 @@ async fn serve_public(
     })
 }
 
-/// The cluster face: the peer service alone, on its own listener, with the same limits.
+/// The cluster face: the peer service alone, on its own listener, with the same
+/// limits, every call checked for the cluster key's proof before it is served.
 async fn serve_peer(
     listener: TcpListener,
     peer: PeerService,
+    auth: PeerAuthLayer,
     limits: GrpcLimits,
     cancel: CancellationToken,
 ) {
     let server = limited(&limits)
+        .layer(auth)
         .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, &limits),

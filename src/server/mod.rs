@@ -15,6 +15,7 @@ pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod peer;
+pub mod peer_auth;
 pub mod ringlimit_v1;
 
 use crate::check::CheckError;

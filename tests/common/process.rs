@@ -87,6 +87,13 @@ impl Process {
         let mut copy =
             std::fs::File::create(&stdout_log).map_err(|e| format!("create stdout log: {e}"))?;
         let ip = serve.ip;
+        // Every harness node shares the test cluster key (the node refuses to join a
+        // cluster without one).
+        let secret = serve.dir.join("cluster.secret");
+        if !secret.exists() {
+            std::fs::write(&secret, ringlimit::node::config::TEST_CLUSTER_SECRET)
+                .map_err(|e| format!("write cluster secret: {e}"))?;
+        }
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .args(["--node-id", id])
@@ -96,6 +103,8 @@ impl Process {
             .args(["--peer-listen", &SocketAddr::new(ip, 0).to_string()])
             .arg("--rules")
             .arg(serve.rules)
+            .arg("--cluster-secret-file")
+            .arg(&secret)
             .args(serve.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -385,9 +394,17 @@ impl RingStatus {
     }
 }
 
-/// Ask a node for its ring over `channel`, within `timeout`.
+/// Ask a node's peer service for its ring over `channel`, within `timeout`, signed with
+/// the test cluster key as a member would.
 pub async fn ring_status(channel: Channel, timeout: Duration) -> Result<RingStatus, String> {
-    let mut client = PeerClient::new(channel);
+    let keyring =
+        ringlimit::keyring::Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET)
+            .expect("a valid secret");
+    let mut client = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+        channel,
+        Some(keyring),
+        "test-harness".into(),
+    ));
     let answer = tokio::time::timeout(timeout, client.status(StatusRequest {}))
         .await
         .map_err(|_| "status timed out".to_string())?
