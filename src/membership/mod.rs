@@ -59,6 +59,7 @@
 //! incarnation in every view after ≈ 0.6 s, long before the old one was
 //! declared dead.
 
+pub mod auth;
 mod view;
 
 #[cfg(test)]
@@ -79,6 +80,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, error, info, warn};
 
+pub use auth::{transport, AuthUdpTransport, GossipAuthStats};
 pub use view::{
     build_view, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
 };
