@@ -32,6 +32,20 @@
 //! The tag is checked before the clock, so an unauthenticated datagram is always
 //! counted as `tag`, never as `stale`.
 //!
+//! # Encoding through chitchat's own socket
+//!
+//! Chitchat 0.13 keeps the envelope's `serialize`/`deserialize` crate-private (the
+//! `Serializable`/`Deserializable` traits are public, but not implemented for
+//! `ChitchatEnvelope`), so a [`Transport`] outside chitchat cannot encode or decode an
+//! envelope itself. Each socket therefore keeps a private *codec*: a chitchat
+//! `UdpSocket` and a plain socket connected to it, both on `127.0.0.1:0`. To send, the
+//! envelope goes through chitchat's socket to the plain one, which reads chitchat's
+//! bytes; they are sealed and sent from the gossip socket. To receive, a datagram is
+//! verified first and only then its payload is passed over loopback to chitchat's
+//! socket, which decodes it. Loopback delivery is synchronous, so each hop is one
+//! syscall pair; nothing unauthenticated reaches the decoder. Forking chitchat to make
+//! the codec public would remove the hop.
+//!
 //! # Size
 //!
 //! Chitchat sizes its messages for [`MAX_DATAGRAM_LEN`] (65,507 bytes, the largest
@@ -41,8 +55,9 @@
 //! inside chitchat, so an envelope longer than `MAX_DATAGRAM_LEN - TRAILER_LEN`
 //! (65,467 bytes) cannot be sent: [`Socket::send`] then refuses it with an error
 //! (chitchat logs a failed SYN and ignores a failed reply), counts it in
-//! `ringlimit_gossip_oversize_total` and warns, rather than letting the kernel fail the
-//! send or fragmenting a tag. An envelope that long needs a delta of over 65 kB of
+//! `ringlimit_gossip_oversize_total` and warns; one over 65,507 bytes already fails on
+//! the codec's loopback hop (`EMSGSIZE`), as it would in chitchat's own UDP socket. An
+//! envelope that long needs a delta of over 65 kB of
 //! state the peer lacks, or a digest of thousands of nodes; a ringlimit node publishes
 //! three short key-values (about 150 bytes of delta and 50 of digest per node), so
 //! that happens only in clusters of hundreds of nodes, where chitchat's full-digest SYN
@@ -355,6 +370,13 @@ async fn ensure(codec: &mut Option<Codec>) -> anyhow::Result<&mut Codec> {
 }
 
 impl AuthUdpSocket {
+    /// Drops the codec sockets (reopened on next use) and with them anything queued
+    /// in them, including a pending payload, which is then lost like a dropped datagram.
+    fn reset_codec(&mut self) {
+        self.codec = None;
+        self.pending = None;
+    }
+
     /// Chitchat's encoding of `envelope`, in `self.datagram`.
     async fn encode(&mut self, envelope: ChitchatEnvelope) -> anyhow::Result<()> {
         let codec = ensure(&mut self.codec).await?;
@@ -368,11 +390,11 @@ impl AuthUdpSocket {
                 Ok(Ok(_)) => continue, // a leftover: cannot be ours
                 Ok(Err(error)) if is_transient(&error) => continue,
                 Ok(Err(error)) => {
-                    self.codec = None;
+                    self.reset_codec();
                     return Err(error).context("gossip codec: reading the encoding");
                 }
                 Err(_) => {
-                    self.codec = None;
+                    self.reset_codec();
                     anyhow::bail!("gossip codec: no encoding within {CODEC_TIMEOUT:?}");
                 }
             }
@@ -403,14 +425,12 @@ impl AuthUdpSocket {
                 }
                 Ok(Ok(_)) => continue, // not from our tap: never authenticated
                 Ok(Err(error)) => {
-                    self.pending = None;
-                    self.codec = None;
+                    self.reset_codec();
                     return Err(error).context("gossip codec: decoding");
                 }
                 Err(_) => {
                     // Authentic, but chitchat could not decode it.
-                    self.pending = None;
-                    self.codec = None;
+                    self.reset_codec();
                     self.stats
                         .note_reject(Reject::Malformed, from_addr, len, now_ms());
                     return Ok(None);

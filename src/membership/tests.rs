@@ -523,6 +523,41 @@ async fn without_the_cluster_key_a_process_never_joins() {
     }
 }
 
+/// Attack test, bypass closed: a second process with an existing node's `--node-id`
+/// and a higher generation took over that node's whole ring share. Here it even holds
+/// the key (a misconfigured or compromised member): while the real node is live, no
+/// view adopts the impostor's incarnation, the real node's own view included.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_live_incarnation_of_a_node_id_from_another_address_is_refused() {
+    let ids = ["imp-a", "imp-b"];
+    let key = || AuthUdpTransport::new(keyring(KEY_OLD));
+    let (ta, tb, ti) = (key(), key(), key());
+    let a = start_node_on(&ta, ids[0], &[]).await;
+    let b = start_node_on(&tb, ids[1], &[a.gossip_addr()]).await;
+    let views = [a.view(), b.view()];
+    wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+    let real = views[1].borrow().member(ids[0]).unwrap().clone();
+
+    let mut config = MembershipConfig::for_test(ids[0], grpc("impostor"));
+    config.generation = real.generation + 1_000;
+    config.seeds = vec![a.gossip_addr().to_string(), b.gossip_addr().to_string()];
+    let impostor = Membership::start(config, &ti, CancellationToken::new())
+        .await
+        .unwrap();
+    // The impostor hears the cluster: its own view lists b, so gossip flows both ways.
+    wait_all(&[impostor.view()], CONVERGE, "impostor gossips", |v| {
+        v.member(ids[1]).is_some()
+    })
+    .await;
+    never_within(&views, OUTSIDER_WINDOW, "impostor adopted", |v| {
+        v.member(ids[0]) != Some(&real)
+    })
+    .await;
+    impostor.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Key rotation without downtime: every node has added the new key second
 /// ("old\nnew": signs old, accepts both), and one has already moved it first
 /// ("new\nold": signs new). All three form one view and nothing is refused.
