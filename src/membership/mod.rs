@@ -5,8 +5,10 @@
 //!
 //! Each node runs one [`chitchat`] instance (gossip, scuttlebutt
 //! reconciliation, phi-accrual failure detector) over the transport its caller
-//! passes: UDP in a node (`chitchat::transport::UdpTransport`), chitchat's
-//! in-memory `ChannelTransport` in tests, so a cluster forms with no socket. Its identity is
+//! passes: in a node, UDP authenticated with the cluster key ([`auth`], picked by
+//! [`transport`]; chitchat's plain `UdpTransport` only for an insecure cluster),
+//! chitchat's in-memory `ChannelTransport` in tests, so a cluster forms with no socket.
+//! Its identity is
 //! `(node_id, generation, gossip address)`; the generation is the start time
 //! in ns, so it grows on every restart. It publishes two key-values:
 //! `grpc_addr` (its public gRPC advertise address), `peer_addr` (its peer
@@ -22,10 +24,13 @@
 //!   key-value change of a live node. So the `leaving` flag needs no separate
 //!   `subscribe_event` listener and no polling: one `watch::Receiver::changed`
 //!   drives everything.
-//! * **Dedupe by node id, highest generation wins** ([`build_view`]): a
-//!   restarted node is a new chitchat identity while the old one still counts
-//!   as live until the failure detector gives up on it. The ring places by
-//!   node id only, so the restart does not move keys.
+//! * **One address per node id, then highest generation wins**
+//!   ([`build_view_after`]): a restarted node is a new chitchat identity while the
+//!   old one still counts as live until the failure detector gives up on it. A
+//!   restart on the same gossip address replaces it at once; a live incarnation from
+//!   another address (an impostor, or a pod that moved) is refused and logged until
+//!   the incumbent is no longer live. The ring places by node id only, so the
+//!   restart does not move keys.
 //! * **Pure core, thin shell:** [`build_view`] is a pure function; one driver
 //!   task (a single `select!`: cancellation, live-set changes, commands) turns
 //!   the watch into views and publishes a view only when the members changed.
@@ -55,10 +60,12 @@
 //! asserts ≤ 3 s). A graceful leave reached both other rings after
 //! **0.20–0.23 s**: [`Membership::announce_leaving`] sets the key-value and
 //! gossips to every live peer at once instead of waiting for the next round
-//! (≈ 0.4 s without that push). A restarted node id replaced its old
-//! incarnation in every view after ≈ 0.6 s, long before the old one was
-//! declared dead.
+//! (≈ 0.4 s without that push). A node id restarted on its gossip address
+//! replaced its old incarnation in every view after ≈ 0.4–0.6 s, long before the
+//! old one was declared dead; restarted on a new address, after ≈ 1.2 s, once the
+//! old one was.
 
+pub mod auth;
 mod view;
 
 #[cfg(test)]
@@ -79,8 +86,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, error, info, warn};
 
+pub use auth::{transport, AuthUdpTransport, GossipAuthStats};
 pub use view::{
-    build_view, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
+    build_view, build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING,
+    KEY_PEER_ADDR,
 };
 
 /// Default gossip round period; see the module docs for the reasoning.
@@ -559,7 +568,7 @@ impl Driver {
                     }
                 }
             }
-            build_view(nodes)
+            build_view_after(Some(&self.view_tx.borrow()), nodes)
         };
         let view = match self.hold_removals_until {
             Some(until) if std::time::Instant::now() < until => {

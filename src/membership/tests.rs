@@ -13,7 +13,9 @@ use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::Reject;
 use super::*;
+use crate::keyring::Keyring;
 
 /// Upper bound the issue sets for a killed node to leave every ring.
 const DETECTION_BUDGET: Duration = Duration::from_secs(3);
@@ -217,11 +219,25 @@ async fn announced_leave_leaves_rings_promptly_while_node_stays_live() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_with_higher_generation_replaces_old_member() {
-    let ids = ["restart-a", "restart-b", "restart-c"];
+    restart_replaces_old_member(["restart-a", "restart-b", "restart-c"], true).await;
+}
+
+/// A node that comes back on another gossip address (a rescheduled pod) is refused
+/// while its old incarnation is live (that is what an impostor looks like) and adopted
+/// once the old one is declared dead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_restarted_on_a_new_address_is_adopted_once_the_old_one_is_dead() {
+    restart_replaces_old_member(["moved-a", "moved-b", "moved-c"], false).await;
+}
+
+/// Crashes `ids[0]` and restarts it with a higher generation, on its old gossip
+/// address or (`same_address` false) a new one; the new incarnation must replace the
+/// old one in every view without moving a key.
+async fn restart_replaces_old_member(ids: [&str; 3], same_address: bool) {
     let mut nodes = start_cluster(&ids).await;
     let views: Vec<_> = nodes.iter().map(Membership::view).collect();
     wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
-    let old = views[1].borrow().member("restart-a").unwrap().clone();
+    let old = views[1].borrow().member(ids[0]).unwrap().clone();
     let ring_before = views[1].borrow().ring.digest();
 
     // Crash and restart at once, well before the old incarnation is declared
@@ -229,9 +245,12 @@ async fn restart_with_higher_generation_replaces_old_member() {
     let seed = nodes[1].gossip_addr();
     nodes.remove(0).shutdown().await;
     let restarted_at = Instant::now();
-    let mut config = MembershipConfig::for_test("restart-a", grpc("restart-a"));
+    let mut config = MembershipConfig::for_test(ids[0], grpc(ids[0]));
     config.generation = old.generation + 1;
     config.seeds = vec![seed.to_string()];
+    if same_address {
+        config.gossip_listen = old.gossip_addr;
+    }
     let new_a = Membership::start(config, &UdpTransport, CancellationToken::new())
         .await
         .unwrap();
@@ -240,7 +259,7 @@ async fn restart_with_higher_generation_replaces_old_member() {
 
     let is_new_a = |v: &ClusterView| {
         v.members.len() == 3
-            && v.member("restart-a")
+            && v.member(ids[0])
                 .is_some_and(|m| m.generation == new_generation && m.gossip_addr == new_gossip)
     };
     wait_all(
@@ -251,16 +270,13 @@ async fn restart_with_higher_generation_replaces_old_member() {
     )
     .await;
     println!(
-        "restarted node replaced its old incarnation after {:?}",
+        "restarted node (same address: {same_address}) replaced its old incarnation after {:?}",
         restarted_at.elapsed()
     );
+    assert_eq!(new_gossip == old.gossip_addr, same_address);
     for rx in &views[1..] {
         let view = rx.borrow();
-        let a_entries = view
-            .members
-            .iter()
-            .filter(|m| m.node_id == "restart-a")
-            .count();
+        let a_entries = view.members.iter().filter(|m| m.node_id == ids[0]).count();
         assert_eq!(a_entries, 1);
         // Same ids, same ring: a restart moves no keys.
         assert_eq!(view.ring.digest(), ring_before);
@@ -398,6 +414,202 @@ async fn in_memory_a_partitioned_member_leaves_the_view_and_rejoins_when_healed(
     for node in nodes {
         node.shutdown().await;
     }
+}
+
+/// Fixed window in which an outsider must stay out of every view, after the members
+/// converged: 15 gossip rounds of the outsider knocking on its seed, and longer than
+/// the ~1 s it takes a node that can gossip to appear everywhere.
+const OUTSIDER_WINDOW: Duration = Duration::from_secs(3);
+
+const KEY_OLD: &str = "old-cluster-secret-0123456789abcdefghij";
+const KEY_NEW: &str = "new-cluster-secret-9876543210zyxwvutsrq";
+
+fn keyring(text: &str) -> Keyring {
+    Keyring::from_text(text).unwrap()
+}
+
+/// Panics if `bad` holds for any view any receiver publishes within `window`
+/// (every change is looked at, not only the last view).
+async fn never_within(
+    views: &[watch::Receiver<Arc<ClusterView>>],
+    window: Duration,
+    what: &str,
+    bad: impl Fn(&ClusterView) -> bool,
+) {
+    let deadline = Instant::now() + window;
+    let bad = &bad;
+    futures_util::future::join_all(views.iter().map(|rx| {
+        let mut rx = rx.clone();
+        async move {
+            loop {
+                {
+                    let view = rx.borrow_and_update();
+                    assert!(!bad(&view), "{what}: {view:?}");
+                }
+                if !matches!(timeout_at(deadline, rx.changed()).await, Ok(Ok(()))) {
+                    break;
+                }
+            }
+        }
+    }))
+    .await;
+}
+
+/// Attack test, bypass closed: a process running the stock binary with `--seed
+/// <member>` but without the cluster key (plain chitchat UDP, or authenticated with
+/// another key) joined and took a share of the ring. Members that share the key form
+/// one view; the outsiders never appear in any member's view, members never appear in
+/// theirs, and the members count the refused datagrams.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_cluster_key_a_process_never_joins() {
+    let ids = ["key-a", "key-b"];
+    let ta = AuthUdpTransport::new(keyring(KEY_OLD));
+    let tb = AuthUdpTransport::new(keyring(KEY_OLD));
+    let a = start_node_on(&ta, ids[0], &[]).await;
+    let seed = a.gossip_addr();
+    let b = start_node_on(&tb, ids[1], &[seed]).await;
+    let wrong_key = start_node_on(
+        &AuthUdpTransport::new(keyring(KEY_NEW)),
+        "key-intruder",
+        &[seed, b.gossip_addr()],
+    )
+    .await;
+    let plain = start_node_on(&UdpTransport, "key-plain", &[seed, b.gossip_addr()]).await;
+
+    let members = [a.view(), b.view()];
+    wait_all(&members, CONVERGE, "the two keyed members", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+    let outsider = |v: &ClusterView| {
+        v.member("key-intruder").is_some()
+            || v.member("key-plain").is_some()
+            || v.ring.contains("key-intruder")
+            || v.ring.contains("key-plain")
+    };
+    let keyed = |v: &ClusterView| v.member("key-a").is_some() && v.member("key-b").is_some();
+    let insider = |v: &ClusterView| v.members.iter().any(|m| ids.contains(&m.node_id.as_str()));
+    let outsiders = [wrong_key.view(), plain.view()];
+    tokio::join!(
+        never_within(
+            &members,
+            OUTSIDER_WINDOW,
+            "an outsider in a member's view",
+            outsider
+        ),
+        never_within(
+            &outsiders,
+            OUTSIDER_WINDOW,
+            "a member in an outsider's view",
+            insider
+        ),
+    );
+    for rx in &members {
+        assert!(keyed(&rx.borrow()) && !outsider(&rx.borrow()));
+    }
+    // Both outsiders gossip to both members every round; all of it was refused.
+    for stats in [ta.stats(), tb.stats()] {
+        assert!(stats.rejected(Reject::Tag) > 0, "{stats:?}");
+    }
+    println!(
+        "rejected by a: {} tag, {} malformed; by b: {} tag, {} malformed",
+        ta.stats().rejected(Reject::Tag),
+        ta.stats().rejected(Reject::Malformed),
+        tb.stats().rejected(Reject::Tag),
+        tb.stats().rejected(Reject::Malformed),
+    );
+    for node in [a, b, wrong_key, plain] {
+        node.shutdown().await;
+    }
+}
+
+/// Attack test, bypass closed: a second process with an existing node's `--node-id`
+/// and a higher generation took over that node's whole ring share. Here it even holds
+/// the key (a misconfigured or compromised member): while the real node is live, no
+/// view adopts the impostor's incarnation, the real node's own view included.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_live_incarnation_of_a_node_id_from_another_address_is_refused() {
+    let ids = ["imp-a", "imp-b"];
+    let key = || AuthUdpTransport::new(keyring(KEY_OLD));
+    let (ta, tb, ti) = (key(), key(), key());
+    let a = start_node_on(&ta, ids[0], &[]).await;
+    let b = start_node_on(&tb, ids[1], &[a.gossip_addr()]).await;
+    let views = [a.view(), b.view()];
+    wait_all(&views, CONVERGE, "converged", |v| has_all(v, &ids)).await;
+    let real = views[1].borrow().member(ids[0]).unwrap().clone();
+
+    let mut config = MembershipConfig::for_test(ids[0], grpc("impostor"));
+    config.generation = real.generation + 1_000;
+    config.seeds = vec![a.gossip_addr().to_string(), b.gossip_addr().to_string()];
+    let impostor = Membership::start(config, &ti, CancellationToken::new())
+        .await
+        .unwrap();
+    // The impostor hears the cluster: its own view lists b, so gossip flows both ways.
+    wait_all(&[impostor.view()], CONVERGE, "impostor gossips", |v| {
+        v.member(ids[1]).is_some()
+    })
+    .await;
+    never_within(&views, OUTSIDER_WINDOW, "impostor adopted", |v| {
+        v.member(ids[0]) != Some(&real)
+    })
+    .await;
+    impostor.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Key rotation without downtime: every node has added the new key second
+/// ("old\nnew": signs old, accepts both), and one has already moved it first
+/// ("new\nold": signs new). All three form one view and nothing is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn during_a_key_rotation_every_member_still_joins() {
+    let ids = ["rot-a", "rot-b", "rot-c"];
+    let step1 = format!("{KEY_OLD}\n{KEY_NEW}");
+    let step2 = format!("{KEY_NEW}\n{KEY_OLD}");
+    let transports = [
+        AuthUdpTransport::new(keyring(&step1)),
+        AuthUdpTransport::new(keyring(&step1)),
+        AuthUdpTransport::new(keyring(&step2)),
+    ];
+    let first = start_node_on(&transports[0], ids[0], &[]).await;
+    let seed = first.gossip_addr();
+    let mut nodes = vec![first];
+    for (id, t) in ids[1..].iter().zip(&transports[1..]) {
+        nodes.push(start_node_on(t, id, &[seed]).await);
+    }
+    let views: Vec<_> = nodes.iter().map(Membership::view).collect();
+    wait_all(&views, CONVERGE, "old-first and new-first members", |v| {
+        has_all(v, &ids)
+    })
+    .await;
+    for t in &transports {
+        assert_eq!(t.stats().rejected_total(), 0, "{:?}", t.stats());
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+/// A member whose ring has only the old key while another already signs with the new
+/// one cannot verify that one's datagrams: the rotation order (add everywhere first)
+/// matters, and the refusals show up in the counter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_that_skipped_the_rotation_refuses_the_new_key() {
+    let old_only = AuthUdpTransport::new(keyring(KEY_OLD));
+    let new_only = AuthUdpTransport::new(keyring(KEY_NEW));
+    let a = start_node_on(&old_only, "skip-a", &[]).await;
+    let b = start_node_on(&new_only, "skip-b", &[a.gossip_addr()]).await;
+    let deadline = Instant::now() + CONVERGE;
+    while old_only.stats().rejected(Reject::Tag) == 0 {
+        assert!(Instant::now() < deadline, "no refusal counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    never_within(&[a.view(), b.view()], OUTSIDER_WINDOW, "joined", |v| {
+        v.members.len() > 1
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 #[test]

@@ -1,15 +1,14 @@
 //! The pure half of membership: chitchat's live nodes in, a [`ClusterView`] out.
 //!
 //! Nothing here does I/O or reads a clock, so every rule about which members
-//! count (dedupe by node id, unusable nodes skipped, leaving nodes kept out of
-//! the ring) is unit-tested without a network.
+//! count (one address per node id, dedupe by node id, unusable nodes skipped, leaving
+//! nodes kept out of the ring) is unit-tested without a network.
 
-use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::ring::Ring;
 
@@ -133,47 +132,85 @@ impl ClusterView {
     }
 }
 
-/// Turns chitchat's live nodes into a [`ClusterView`].
+/// Turns chitchat's live nodes into a [`ClusterView`], with no earlier view: see
+/// [`build_view_after`].
+pub fn build_view(live: impl IntoIterator<Item = LiveNode>) -> ClusterView {
+    build_view_after(None, live)
+}
+
+/// Turns chitchat's live nodes into a [`ClusterView`], given the view published before
+/// (`None` for the first one).
 ///
 /// Rules, in order:
-/// 1. A node without a parsable `grpc_addr` key-value is skipped (debug log):
-///    nobody could forward to it. Skipping happens *before* de-duplication,
-///    so while a restarted node's key-values are still in flight, its
-///    previous, still-usable incarnation keeps the node id on the ring instead
-///    of the id blinking out.
-/// 2. One member per node id: the highest generation wins. A restarted node
-///    shows up in chitchat as a new identity while the old one is still
-///    "live" until the failure detector gives up on it.
-/// 3. `leaving = "true"` keeps the member in `members` but off the ring.
+/// 1. **One gossip address per node id.** Each node id has a *home*: the gossip address
+///    of its member in `previous`, if an incarnation at that address is still live;
+///    otherwise the address of its lowest live generation (ties broken by address).
+///    A live incarnation of the id at any other address is refused and logged at warn:
+///    a second process claiming an existing node's id (a higher generation used to
+///    take over that node's ring share) does not get it. A node that moved (a
+///    rescheduled pod on a new address) is refused while its old incarnation is still
+///    live and adopted as soon as the failure detector drops the old one (about 1 s),
+///    because the home is only ever an address that is live now. A node's own id is
+///    always home at its own address in its own view (it is in every view it
+///    publishes). Limit: an observer with no earlier member for the id (a node that
+///    just started) sees both at once and takes the lower generation, so a
+///    lower-generation impostor can win there; the cluster key, which an impostor
+///    must hold to gossip at all ([`super::auth`]), is the defence against that.
+/// 2. A node without a parsable `grpc_addr` or `peer_addr` key-value is skipped (debug
+///    log): nobody could forward to it. Skipping happens *before* picking a
+///    generation, so while a restarted node's key-values are still in flight, its
+///    previous, still-usable incarnation keeps the node id on the ring instead of the
+///    id blinking out.
+/// 3. Among the usable incarnations at home, the highest generation wins: a restart
+///    (same address, higher generation) replaces the old incarnation at once, while
+///    the old one still counts as live until the failure detector gives up on it.
+/// 4. `leaving = "true"` keeps the member in `members` but off the ring.
 ///
 /// The result does not depend on the input order.
-pub fn build_view(live: impl IntoIterator<Item = LiveNode>) -> ClusterView {
-    let mut newest: BTreeMap<String, Member> = BTreeMap::new();
+pub fn build_view_after(
+    previous: Option<&ClusterView>,
+    live: impl IntoIterator<Item = LiveNode>,
+) -> ClusterView {
+    let mut by_id: BTreeMap<String, Vec<LiveNode>> = BTreeMap::new();
     for node in live {
-        let Some(member) = to_member(node) else {
-            continue;
-        };
-        match newest.entry(member.node_id.clone()) {
-            Entry::Vacant(slot) => {
-                slot.insert(member);
+        by_id.entry(node.node_id.clone()).or_default().push(node);
+    }
+    let mut members = Vec::with_capacity(by_id.len());
+    for (node_id, mut incarnations) in by_id {
+        incarnations.sort_by_key(|n| (n.generation, n.gossip_addr));
+        let held = previous
+            .and_then(|view| view.member(&node_id))
+            .map(|m| m.gossip_addr)
+            .filter(|addr| incarnations.iter().any(|n| n.gossip_addr == *addr));
+        let home = held.unwrap_or(incarnations[0].gossip_addr);
+        let mut chosen: Option<Member> = None;
+        for node in incarnations {
+            if node.gossip_addr != home {
+                warn!(
+                    %node_id,
+                    generation = node.generation,
+                    gossip_addr = %node.gossip_addr,
+                    kept_gossip_addr = %home,
+                    "refusing a second live incarnation of a node id from another gossip address"
+                );
+                continue;
             }
-            Entry::Occupied(mut slot) => {
-                let kept = slot.get();
-                // Ties (the same generation twice) should not happen; break
-                // them by gossip address so the outcome is still deterministic.
-                if (member.generation, member.gossip_addr) > (kept.generation, kept.gossip_addr) {
+            // Ascending generations: the last usable one is the newest.
+            if let Some(member) = to_member(node) {
+                if let Some(old) = &chosen {
                     debug!(
-                        node_id = %member.node_id,
-                        old_generation = kept.generation,
+                        %node_id,
+                        old_generation = old.generation,
                         new_generation = member.generation,
                         "newer generation of node supersedes older one"
                     );
-                    slot.insert(member);
                 }
+                chosen = Some(member);
             }
         }
+        members.extend(chosen);
     }
-    ClusterView::from_members(newest.into_values().collect())
+    ClusterView::from_members(members)
 }
 
 /// Reads one live node's key-values; `None` if it is unusable.
@@ -235,9 +272,29 @@ mod tests {
         LiveNode {
             node_id: id.to_string(),
             generation,
-            gossip_addr: addr(7000 + generation as u16),
+            gossip_addr: home(id),
             kvs,
         }
+    }
+
+    /// Where `id` gossips unless a test moves it: the same for every generation, so
+    /// a higher generation is a restart.
+    fn home(id: &str) -> SocketAddr {
+        addr(7000 + id.bytes().map(u16::from).sum::<u16>() % 1000)
+    }
+
+    /// `live(..)` gossiping from port `gossip` instead.
+    fn live_from(id: &str, generation: u64, grpc: &str, gossip: u16) -> LiveNode {
+        LiveNode {
+            gossip_addr: addr(gossip),
+            ..live(id, generation, grpc, None)
+        }
+    }
+
+    /// The one member of `view` with id `id`, as (generation, gossip port).
+    fn incarnation(view: &ClusterView, id: &str) -> (u64, u16) {
+        let m = view.member(id).unwrap();
+        (m.generation, m.gossip_addr.port())
     }
 
     fn ids(view: &ClusterView) -> Vec<&str> {
@@ -283,7 +340,7 @@ mod tests {
             let a = view.member("node-a").unwrap();
             assert_eq!(a.generation, 3);
             assert_eq!(a.grpc_addr, addr(9003));
-            assert_eq!(a.gossip_addr, addr(7003));
+            assert_eq!(a.gossip_addr, home("node-a"));
             assert_eq!(view.ring.members(), ["node-a"]);
         }
     }
@@ -395,5 +452,95 @@ mod tests {
         // Different incarnations, same ids: same placement.
         assert_ne!(a, b);
         assert_eq!(a.ring.digest(), b.ring.digest());
+    }
+
+    /// Bypass closed: a second process with an existing node's id and a higher
+    /// generation, gossiping from another address, took over that node's ring share.
+    #[test]
+    fn a_second_live_incarnation_from_another_address_is_refused() {
+        let real = live("node-a", 1, "127.0.0.1:9001", None);
+        let impostor = live_from("node-a", 9, "127.0.0.1:6666", 6666);
+        for nodes in [
+            vec![real.clone(), impostor.clone()],
+            vec![impostor.clone(), real.clone()],
+        ] {
+            let first = build_view(nodes.clone());
+            assert_eq!(first.members.len(), 1);
+            assert_eq!(incarnation(&first, "node-a"), (1, home("node-a").port()));
+            assert_eq!(first.member("node-a").unwrap().grpc_addr, addr(9001));
+            // And still once the real one is in the view before.
+            let later = build_view_after(Some(&first), nodes);
+            assert_eq!(later, first);
+        }
+    }
+
+    /// The incumbent is the member already in the view, so a lower generation (which
+    /// an impostor can pick freely) does not win either; nor can an impostor take a
+    /// node's own id in that node's view, which always lists itself.
+    #[test]
+    fn an_impostor_with_a_lower_generation_does_not_displace_the_incumbent() {
+        let real = live("node-a", 5, "127.0.0.1:9001", None);
+        let before = build_view([real.clone(), live("node-b", 1, "127.0.0.1:9002", None)]);
+        let impostor = live_from("node-a", 0, "127.0.0.1:6666", 6666);
+        let view = build_view_after(
+            Some(&before),
+            [
+                impostor.clone(),
+                real.clone(),
+                live("node-b", 1, "127.0.0.1:9002", None),
+            ],
+        );
+        assert_eq!(view, before);
+        // Without history the lower generation is taken to be the first one: the
+        // documented limit, covered by the cluster key.
+        assert_eq!(
+            incarnation(&build_view([impostor, real]), "node-a"),
+            (0, 6666)
+        );
+    }
+
+    #[test]
+    fn a_restart_at_the_same_address_is_adopted_even_while_an_impostor_is_live() {
+        let old = live("node-a", 1, "127.0.0.1:9001", None);
+        let before = build_view([old.clone()]);
+        let impostor = live_from("node-a", 7, "127.0.0.1:6666", 6666);
+        let restarted = live("node-a", 2, "127.0.0.1:9011", None);
+        let view = build_view_after(Some(&before), [old, impostor.clone(), restarted.clone()]);
+        assert_eq!(incarnation(&view, "node-a"), (2, home("node-a").port()));
+        assert_eq!(view.member("node-a").unwrap().grpc_addr, addr(9011));
+        // The old incarnation dies: the restarted one stays, the impostor stays out.
+        let after = build_view_after(Some(&view), [impostor, restarted]);
+        assert_eq!(after, view);
+    }
+
+    /// A rescheduled pod comes back on a new address: refused while its old
+    /// incarnation is live, adopted once the failure detector drops the old one.
+    #[test]
+    fn a_moved_node_is_adopted_once_its_old_incarnation_is_no_longer_live() {
+        let old = live("node-a", 1, "127.0.0.1:9001", None);
+        let moved = live_from("node-a", 2, "127.0.0.1:9021", 7777);
+        let before = build_view([old.clone()]);
+        let both = build_view_after(Some(&before), [old, moved.clone()]);
+        assert_eq!(incarnation(&both, "node-a"), (1, home("node-a").port()));
+        let after = build_view_after(Some(&both), [moved.clone()]);
+        assert_eq!(incarnation(&after, "node-a"), (2, 7777));
+        assert_eq!(after.member("node-a").unwrap().grpc_addr, addr(9021));
+        // From then on the new address is home: the old one could not come back
+        // beside it (a restart of it would be a new incarnation at a foreign address).
+        let old_again = live("node-a", 3, "127.0.0.1:9001", None);
+        let later = build_view_after(Some(&after), [old_again, moved]);
+        assert_eq!(incarnation(&later, "node-a"), (2, 7777));
+    }
+
+    /// The home only counts if an incarnation is live there; an unusable one (its
+    /// key-values still in flight) holds the id without putting anyone on the ring.
+    #[test]
+    fn an_unusable_incarnation_at_home_still_keeps_an_impostor_out() {
+        let mut real = live("node-a", 1, "", None);
+        real.kvs.clear();
+        let impostor = live_from("node-a", 9, "127.0.0.1:6666", 6666);
+        let view = build_view([real, impostor]);
+        assert!(view.member("node-a").is_none());
+        assert!(view.ring.is_empty());
     }
 }
