@@ -138,6 +138,13 @@ field_decider() { grep -o '"decider":{[^}]*}' <<<"$1" | grep -o '"node_id":"[^"]
 check() { rl check --addr "$1" --key "$2" --route "GET /smoke" --json 2>&1; }
 
 # ---------------------------------------------------------------- start
+if [[ ! -s "$here/cluster.secret" ]]; then
+    step "generate the cluster key docker/cluster.secret"
+    head -c 32 /dev/urandom | base64 > "$here/cluster.secret"
+    chmod 644 "$here/cluster.secret"   # the image runs as uid 65534
+fi
+export RINGLIMIT_CLUSTER_SECRET_FILE="$here/cluster.secret"
+
 step "remove leftovers of an earlier run (if any)"
 dc down -v --remove-orphans >/dev/null 2>&1 || true
 

@@ -61,8 +61,9 @@ pub struct NodeConfig {
     pub leave_settle: Duration,
     /// HTTP/2 and connection limits of the gRPC listener.
     pub grpc: GrpcLimits,
-    /// The cluster key: peer calls are signed and checked with it. Required for a node
-    /// that listens beyond loopback or has seeds, unless `insecure_cluster`.
+    /// The cluster key: peer calls and gossip datagrams are signed and checked with it.
+    /// Required for a node whose peer or gossip listener is beyond loopback or that has
+    /// seeds, unless `insecure_cluster`.
     pub cluster_key: Option<crate::keyring::Keyring>,
     /// Run a cluster without a key (logged as a warning on every start): any process
     /// that reaches the peer port can then speak for the cluster.
@@ -169,7 +170,9 @@ impl NodeConfig {
             return Err("shard inbox must hold at least 1 command".into());
         }
         if self.cluster_key.is_none() && !self.insecure_cluster {
-            let exposed = [self.listen, self.peer_listen, self.gossip_listen]
+            // The cluster face (peer service, gossip) is what the key protects; the
+            // public port may face gateways on any address without it.
+            let exposed = [self.peer_listen, self.gossip_listen]
                 .into_iter()
                 .find(|a| !a.ip().is_loopback());
             if let Some(addr) = exposed {

@@ -255,7 +255,7 @@ pub async fn start_with_clock(
     };
     let membership = Membership::start(
         config.membership(generation, advertise, peer_advertise),
-        &chitchat::transport::UdpTransport,
+        &*crate::membership::transport(config.cluster_key.clone()),
         cancel.child_token(),
     )
     .await
