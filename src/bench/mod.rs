@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// random nodes, so about 2/3 are forwarded).
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
+    /// Start the nodes without a cluster key (`--insecure-cluster`): to measure what
+    /// authenticating peer calls and gossip costs against the default.
+    #[arg(long)]
+    pub insecure_cluster: bool,
     /// Concurrent callers.
     #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
@@ -166,11 +170,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let rules_dir = tempfile_dir()?;
     let (mut nodes, targets) = if args.targets.is_empty() {
+        let insecure: &[&str] = if args.insecure_cluster {
+            &["--insecure-cluster"]
+        } else {
+            &[]
+        };
         let nodes = start_nodes(
             args.nodes,
             &rules_dir,
             &rule_toml("sliding_window_counter", args.limit),
-            &[],
+            insecure,
         )?;
         let targets = nodes.iter().map(|n| n.grpc.clone()).collect();
         (nodes, targets)
@@ -647,14 +656,15 @@ fn start_nodes(
             ])
             .arg("--rules")
             .arg(&path)
-            .arg("--cluster-secret-file")
-            .arg(&secret)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(seed) = &seed {
             command.args(["--seed", seed]);
+        }
+        if !extra.contains(&"--insecure-cluster") {
+            command.arg("--cluster-secret-file").arg(&secret);
         }
         let mut child = command.spawn().context("starting a ringlimit node")?;
         let stdout = child.stdout.take().context("node stdout")?;
