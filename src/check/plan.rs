@@ -153,34 +153,42 @@ pub fn plan_forwarded(
     rules: &RuleSet,
     name: impl Fn(Leaf) -> String,
 ) -> Result<CheckItem, CheckError> {
-    let route = parse_route(input.route, &name)?;
-    let tier = parse_tier(input.tier, &name)?;
-    let cost = parse_cost(input.cost, &name)?;
-    parse_key(input.key, &name)?;
-    let rule = rules.matching(input.key, tier, Some(&route));
-    Ok(CheckItem::new(rule.clone(), input.key, route, tier, cost))
+    validated(input, rules, &name)
 }
 
+/// A client's descriptor: validated, matched, and refused if its rule could never
+/// admit its cost (it could only ever be denied).
 fn plan_descriptor(
     input: &DescriptorInput<'_>,
     rules: &RuleSet,
     name: impl Fn(Leaf) -> String,
 ) -> Result<CheckItem, CheckError> {
-    let route = parse_route(input.route, &name)?;
-    let tier = parse_tier(input.tier, &name)?;
-    let cost = parse_cost(input.cost, &name)?;
-    parse_key(input.key, &name)?;
-    let rule = rules.matching(input.key, tier, Some(&route));
-    let max_cost = rule.limiter.max_cost();
-    if cost.get() > max_cost {
+    let item = validated(input, rules, &name)?;
+    let max_cost = item.rule.limiter.max_cost();
+    if item.cost.get() > max_cost {
         return Err(CheckError::invalid(
             name(Leaf::Cost),
             format!(
-                "cost {cost} can never be admitted: rule \"{}\" admits at most {max_cost} at once",
-                rule.name
+                "cost {} can never be admitted: rule \"{}\" admits at most {max_cost} at once",
+                item.cost, item.rule.name
             ),
         ));
     }
+    Ok(item)
+}
+
+/// The checks every descriptor passes, in the order their errors are reported (route,
+/// tier, cost, key), then its rule.
+fn validated(
+    input: &DescriptorInput<'_>,
+    rules: &RuleSet,
+    name: &impl Fn(Leaf) -> String,
+) -> Result<CheckItem, CheckError> {
+    let route = parse_route(input.route, name)?;
+    let tier = parse_tier(input.tier, name)?;
+    let cost = parse_cost(input.cost, name)?;
+    parse_key(input.key, name)?;
+    let rule = rules.matching(input.key, tier, Some(&route));
     Ok(CheckItem::new(rule.clone(), input.key, route, tier, cost))
 }
 
