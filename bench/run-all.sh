@@ -34,7 +34,7 @@ trap 'kill $cluster 2>/dev/null || true' EXIT
 sleep 3
 owner=$("$BIN" check --addr 127.0.0.1:18420 --key client_0 --route "GET /bench" --json | sed -E 's/.*"node_id":"([^"]+)".*/\1/')
 entry=127.0.0.1:18420
-[ "$owner" = node-1 ] && entry=127.0.0.1:18423
+[ "$owner" = node-1 ] && entry=127.0.0.1:18424   # dev-cluster: node i on base+4i
 echo "owner of client_0: $owner; sending through $entry" | tee -a "$OUT/hot-key.txt"
 "$BIN" bench --addr "$entry" --keys 1 --concurrency 50 --duration "$DURATION" 2>/dev/null | tee -a "$OUT/hot-key.txt"
 curl -s 127.0.0.1:18421/metrics | grep -E '^ringlimit_(checks_total|deny_cache_hits_total|forwarded_total)' | tee -a "$OUT/hot-key.txt"

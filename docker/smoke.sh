@@ -7,7 +7,8 @@
 # Without a usable docker engine: prints "smoke: SKIP (no docker engine)" and exits 0.
 #
 # Environment: RINGLIMIT_BIN (use this binary, skip cargo build), RINGLIMIT_PORT_1/2/3
-# (host ports, default 17420/17423/17426), RINGLIMIT_NET (subnet prefix, default
+# (host ports, default 17420/17423/17426), RINGLIMIT_PEER_PORT_1/2/3 (peer ports on the
+# host, default 18420/18423/18426), RINGLIMIT_NET (subnet prefix, default
 # 172.28.0). The ringlimit:local image is left in place.
 set -euo pipefail
 

@@ -113,12 +113,6 @@ impl Keyring {
         Ok(Keyring { keys })
     }
 
-    /// A fresh random single-key keyring, for a cluster started in one process
-    /// (`dev-cluster`, tests): its members share it and nothing else knows it.
-    pub fn generate() -> Keyring {
-        Keyring::from_text(&generate_secret()).expect("a generated secret is long enough")
-    }
-
     /// Number of keys (the first signs).
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -464,7 +458,8 @@ mod tests {
 
     #[test]
     fn generated_rings_differ_and_never_print_their_keys() {
-        let (a, b) = (Keyring::generate(), Keyring::generate());
+        let ring = || Keyring::from_text(&generate_secret()).unwrap();
+        let (a, b) = (ring(), ring());
         let tag = a.tag(Purpose::PeerCall, &[b"x"]);
         assert!(!b.verify(Purpose::PeerCall, &[b"x"], &tag));
         assert_eq!(format!("{a:?}"), "Keyring { keys: 1 }");

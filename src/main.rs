@@ -160,7 +160,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = GrpcLimits::default().request_timeout.as_millis() as u64)]
     request_timeout_ms: u64,
     /// The cluster key: a file of secrets, one per line (the first signs, all verify;
-    /// see docs/security.md). Required to listen beyond loopback or to join (--seed).
+    /// see docs/security.md). Required when the peer or gossip listener is beyond
+    /// loopback, or to join (--seed).
     #[arg(long, env = "RINGLIMIT_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
     /// Run a cluster without a key: anyone who reaches the peer port can then speak for

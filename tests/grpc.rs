@@ -847,8 +847,17 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "the first use passes"
     );
     unauthenticated(replayer.status(StatusRequest {}).await);
-    // ... and a proof for Status is useless for Refund.
-    unauthenticated(replayer.refund(refund.clone()).await);
+    // ... and a fresh proof made for Status is useless for Refund, on its first use.
+    let for_status: tonic::metadata::MetadataValue<_> = key
+        .sign_call("/ringlimit.peer.v1.Peer/Status", "member", now, 43)
+        .parse()
+        .unwrap();
+    let mut misused =
+        PeerClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert(CALL_HEADER, for_status.clone());
+            Ok(r)
+        });
+    unauthenticated(misused.refund(refund.clone()).await);
 
     // A member's own signed calls are served.
     let mut member = PeerClient::new(ringlimit::cluster::forward::Signed::new(
