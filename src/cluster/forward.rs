@@ -489,17 +489,23 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
 
     fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
         if let Some(signer) = &self.signer {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64);
+            let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
             let nonce = signer
                 .nonce
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let proof = signer
                 .keyring
                 .sign_call(request.uri().path(), &signer.me, now, nonce);
-            if let Ok(value) = http::HeaderValue::from_str(&proof) {
-                request.headers_mut().insert(CALL_HEADER, value);
+            match http::HeaderValue::from_str(&proof) {
+                Ok(value) => {
+                    request.headers_mut().insert(CALL_HEADER, value);
+                }
+                // Node ids are validated to be visible ASCII: only a tool's own id can
+                // get here, and the peer will refuse the unsigned call; say why.
+                Err(_) => tracing::error!(
+                    me = %signer.me,
+                    "this id cannot travel in a peer-call proof; the call goes unsigned"
+                ),
             }
         }
         self.inner.call(request)

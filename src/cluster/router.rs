@@ -279,7 +279,21 @@ impl Router {
             // The sender's ring and ours disagree (a membership change in flight).
             self.metrics.not_owner.increment(strays as u64);
         }
-        self.decide_here(items.iter(), &view).await
+        // The same policy as a client's batch, from the peer's side: everything is
+        // decided here (never forwarded again), nothing is answered from the cache.
+        let refs: Vec<&CheckItem> = items.iter().collect();
+        let plan = policy::plan(
+            &refs,
+            &view,
+            &self.me.node_id,
+            &self.deny,
+            self.clock.now_ms(),
+            Origin::Peer,
+            self.routing,
+        );
+        debug_assert!(plan.remote.is_empty() && plan.cached == 0);
+        self.decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+            .await
     }
 
     /// Decide on this node's shards, each item on its own counter.

@@ -67,12 +67,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
-use async_trait::async_trait;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket, UdpTransport};
 use chitchat::ChitchatEnvelope;
+use tonic::async_trait;
 use tracing::warn;
 
 use crate::keyring::{Keyring, Purpose, TAG_LEN};
@@ -346,9 +346,7 @@ struct AuthUdpSocket {
 
 /// Wall-clock Unix milliseconds (0 before 1970: a broken clock is refused by peers).
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    crate::clock::Clock::now_ms(&crate::clock::SystemClock)
 }
 
 /// Receive errors that do not mean the socket is broken (as in chitchat's UDP socket).

@@ -157,6 +157,13 @@ impl NodeConfig {
         if self.node_id.is_empty() || self.node_id.len() > 64 {
             return Err(format!("node id {:?} must be 1..=64 bytes", self.node_id));
         }
+        if !self.node_id.bytes().all(|b| b.is_ascii_graphic()) {
+            // The id travels in peer-call proofs (an HTTP header, space-separated).
+            return Err(format!(
+                "node id {:?} must be visible ASCII without spaces",
+                self.node_id
+            ));
+        }
         if self.shards.shards == 0 || self.shards.shards > 1024 {
             return Err(format!(
                 "shards must be 1..=1024 (got {})",
@@ -336,6 +343,18 @@ mod tests {
             let mut config = NodeConfig::for_test();
             switch_off(&mut config.grpc);
             assert!(config.validate().is_err(), "{:?}", config.grpc);
+        }
+    }
+
+    #[test]
+    fn a_node_id_that_cannot_travel_in_a_peer_call_proof_is_refused() {
+        for id in ["node a", "nöde", "tab\tid"] {
+            let config = NodeConfig {
+                node_id: id.into(),
+                ..NodeConfig::for_test()
+            };
+            let error = config.validate().unwrap_err();
+            assert!(error.contains("visible ASCII"), "{id:?}: {error}");
         }
     }
 }

@@ -50,9 +50,7 @@ impl PeerAuthLayer {
 
 impl Check {
     fn admit(&self, path: &str, header: Option<&str>) -> Result<(), CallRefused> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
         let outcome = self
             .keyring
             .verify_call(header, path, now)
