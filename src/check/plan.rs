@@ -409,10 +409,13 @@ mod tests {
         let rules = RuleSet::from_toml_str(SCOPES).unwrap();
         let shared = &plan_check(&one("c", "GET /v1/a?x=1"), &rules, None, &Plain).unwrap()[0];
         let stand_in = shared.under(Arc::new(shared.rule.fallback(3)));
-        assert_eq!(stand_in.id, KeyId::of("v1~fallback", b"c", ""));
+        assert_eq!(stand_in.id, KeyId::of("v1~fallback/3", b"c", ""));
         let each = &plan_check(&one("c", "GET /each/a?x=1"), &rules, None, &Plain).unwrap()[0];
         let stand_in = each.under(Arc::new(each.rule.fallback(3)));
-        assert_eq!(stand_in.id, KeyId::of("each~fallback", b"c", "GET /each/a"));
+        assert_eq!(
+            stand_in.id,
+            KeyId::of("each~fallback/3", b"c", "GET /each/a")
+        );
     }
 
     #[test]

@@ -200,11 +200,16 @@ pub struct Rule {
 impl Rule {
     /// The fail-open stand-in for this rule on a node deciding alone while the key's
     /// owner is unreachable: the limit divided by `nodes` (the live node count), and its
-    /// own counters (name `<rule>~fallback`), so degraded decisions never mix with the
-    /// real ones if this node later owns the key.
+    /// own counters (name `<rule>~fallback/<nodes>`), so degraded decisions never mix
+    /// with the real ones if this node later owns the key.
+    ///
+    /// The node count is part of the name, so each ring size has its own counter: while
+    /// a partition makes the ring flap between sizes, a counter built under one share
+    /// is kept, not restarted by the other share's fingerprint (the chaos checker's
+    /// S1-fallback caught 5 admitted under a share of 3 when the two shared a name).
     pub fn fallback(&self, nodes: u64) -> Rule {
         Rule::new(
-            &format!("{}{FALLBACK_SUFFIX}", self.name),
+            &format!("{}{FALLBACK_SUFFIX}/{}", self.name, nodes.max(1)),
             self.selector.clone(),
             self.spec.divided(nodes),
             self.on_unavailable,
@@ -215,7 +220,7 @@ impl Rule {
     /// True for a [`Rule::fallback`]: its counters belong to this node alone and are never
     /// handed to another (rule names cannot contain `~`, so no configured rule matches).
     pub fn is_node_local(&self) -> bool {
-        self.name.ends_with(FALLBACK_SUFFIX)
+        self.name.contains(FALLBACK_SUFFIX)
     }
 
     /// The precedence level this rule matches at, derived from its selector alone; reported
@@ -703,7 +708,7 @@ mod tests {
     fn fallback_divides_the_limit_by_the_node_count_but_never_below_one() {
         let rules = RuleSet::builtin();
         let fallback = rules.default_rule().fallback(3);
-        assert_eq!(&*fallback.name, "default~fallback");
+        assert_eq!(&*fallback.name, "default~fallback/3");
         assert_eq!(fallback.spec.limit().get(), 33);
         assert_eq!(fallback.spec.window(), rules.default_rule().spec.window());
         assert_eq!(rules.default_rule().fallback(1000).spec.limit().get(), 1);
