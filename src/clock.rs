@@ -17,10 +17,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::algorithms::Millis;
 
-/// A source of wall-clock time in Unix milliseconds.
+/// A source of wall-clock time in Unix milliseconds, and of a monotonic reading.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// The current time. May go backwards; callers clamp.
     fn now_ms(&self) -> Millis;
+
+    /// Milliseconds since an arbitrary origin of this process, never stepped by NTP or
+    /// an operator: for waits measured on this node only (the deny cache's "denied for
+    /// another 900 ms"), so a wall-clock step cannot stretch or cut them.
+    fn monotonic_ms(&self) -> Millis;
 }
 
 /// The operating system's wall clock.
@@ -34,6 +39,14 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as Millis)
             .unwrap_or(0)
+    }
+
+    fn monotonic_ms(&self) -> Millis {
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        ORIGIN
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as Millis
     }
 }
 
@@ -64,6 +77,12 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> Millis {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    /// Moves with the wall reading (tests step both at once; a backward `set` is a
+    /// test's own business).
+    fn monotonic_ms(&self) -> Millis {
         self.now.load(Ordering::SeqCst)
     }
 }

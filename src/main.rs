@@ -111,6 +111,11 @@ struct ServeArgs {
     /// exhausted one while another can go (and every eviction is counted).
     #[arg(long, default_value_t = 1_000_000)]
     max_keys: usize,
+    /// Most bytes of per-key state kept beside the key table (sliding logs grow 16 bytes
+    /// per admitted unit); beyond it, least-harm eviction as for --max-keys. Bytes, or
+    /// with a KiB/MiB/GiB suffix. Default: 256 bytes × --max-keys.
+    #[arg(long, value_parser = parse_bytes)]
+    max_state_bytes: Option<usize>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -266,6 +271,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.shards.shards = shards;
     }
     config.shards.max_keys = args.max_keys;
+    config.shards.max_state_bytes = args.max_state_bytes;
     config.advertise = args.advertise;
     config.gossip_listen = args.gossip_listen;
     config.gossip_advertise = args.gossip_advertise;
@@ -622,5 +628,45 @@ fn rules_check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
             eprintln!("{}: invalid\n{error}", file.display());
             Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// A byte count: digits, optionally followed by `KiB`, `MiB` or `GiB`.
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (use bytes, KiB, MiB or GiB)"
+            ))
+        }
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count (e.g. 268435456 or 256MiB)"))?;
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_bytes("268435456"), Ok(268_435_456));
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1 GiB"), Ok(1 << 30));
+        assert!(parse_bytes("12MB").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("99999999999999999999GiB").is_err());
     }
 }

@@ -80,6 +80,7 @@ impl Cluster {
                 extra_args: &cluster.extra_args,
                 dir: cluster.dir(),
                 log_name: id,
+                env: &[],
             })
             .unwrap_or_else(|message| panic!("{message}"));
             cluster.nodes.push(node);

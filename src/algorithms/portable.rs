@@ -30,6 +30,18 @@ impl KeyState {
         }
     }
 
+    /// Heap bytes this state owns beyond its own size: a sliding log's entry buffer
+    /// (its capacity, which is what the allocator holds), nothing for the others. The
+    /// store counts it against its byte budget.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            KeyState::SlidingWindowLog(log) => {
+                log.entries.capacity() * std::mem::size_of::<(super::Millis, u64)>()
+            }
+            _ => 0,
+        }
+    }
+
     /// A fresh state of the same algorithm.
     pub fn empty_like(state: &KeyState) -> KeyState {
         match state {

@@ -22,7 +22,10 @@ use crate::shard::KeyId;
 /// A cached denial and the owner's answer it repeats.
 #[derive(Debug, Clone)]
 pub struct Denial {
-    /// Denied until this instant (Unix ms): the owner's `now + retry_after`.
+    /// Denied until this instant of the node's monotonic clock: `now + retry_after`
+    /// when the owner answered. Monotonic, so a wall-clock step back on this node
+    /// cannot make the cache deny past the owner's reset (a chaos run with a clock
+    /// step found that: docs/chaos.md, finding 8).
     pub until: Millis,
     /// The smallest cost this denial covers.
     pub cost: u64,

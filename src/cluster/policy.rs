@@ -78,6 +78,26 @@ pub fn place(
     }
 }
 
+/// This node's two clock readings for one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Wall-clock Unix ms: what answers carry.
+    pub wall: Millis,
+    /// Monotonic ms ([`crate::clock::Clock::monotonic_ms`]): what the deny cache's waits
+    /// are measured on, so a wall-clock step on this node cannot stretch a denial.
+    pub mono: Millis,
+}
+
+impl Now {
+    /// Both readings of `clock`.
+    pub fn of(clock: &dyn crate::clock::Clock) -> Now {
+        Now {
+            wall: clock.now_ms(),
+            mono: clock.monotonic_ms(),
+        }
+    }
+}
+
 /// Partition `items`: decided here, answered from `deny` (remote keys only: a local
 /// key is decided by its own shard at the same cost), or sent to the owner.
 pub fn plan(
@@ -85,7 +105,7 @@ pub fn plan(
     view: &ClusterView,
     me: &str,
     deny: &DenyCache,
-    now: Millis,
+    now: Now,
     origin: Origin,
     routing: Routing,
 ) -> Plan {
@@ -111,12 +131,13 @@ pub fn plan(
 }
 
 /// A deny-cache answer for `item` at `now`, if one applies.
-pub fn cached(item: &CheckItem, deny: &DenyCache, now: Millis) -> Option<Answer> {
-    let (decision, decider) = deny.get(&item.id, now, item.cost.get(), item.rule.fingerprint)?;
+pub fn cached(item: &CheckItem, deny: &DenyCache, now: Now) -> Option<Answer> {
+    let (decision, decider) =
+        deny.get(&item.id, now.mono, item.cost.get(), item.rule.fingerprint)?;
     Some(Answer {
         decision,
         sequence: 0,
-        at: now,
+        at: now.wall,
         decider,
         degraded: true,
         hops: 0,
@@ -172,8 +193,8 @@ pub fn remote_answer(item: &CheckItem, remote: Remote, owner: &Member) -> Answer
     }
 }
 
-/// The denial to cache after an owner denied `item` at this node's `now`; `None` when
-/// the wait is zero or unbounded (nothing useful to cache).
+/// The denial to cache after an owner denied `item` at this node's monotonic `now`;
+/// `None` when the wait is zero or unbounded (nothing useful to cache).
 pub fn denial(item: &CheckItem, answer: &Answer, now: Millis) -> Option<Denial> {
     let retry = answer.decision.retry_after_ms;
     if answer.decision.allowed || retry == 0 || retry == u64::MAX {
@@ -427,7 +448,20 @@ mod tests {
 
     fn plan_of(items: &[CheckItem], view: &ClusterView, deny: &DenyCache, origin: Origin) -> Plan {
         let refs: Vec<&CheckItem> = items.iter().collect();
-        plan(&refs, view, "a", deny, 1_000, origin, Routing::default())
+        plan(
+            &refs,
+            view,
+            "a",
+            deny,
+            same(1_000),
+            origin,
+            Routing::default(),
+        )
+    }
+
+    /// Both readings at `ms` (as a `ManualClock` gives).
+    fn same(ms: Millis) -> Now {
+        Now { wall: ms, mono: ms }
     }
 
     #[test]
@@ -525,11 +559,47 @@ mod tests {
             &view,
             "a",
             &deny,
-            6_000,
+            same(6_000),
             Origin::Client,
             Routing::default(),
         );
         assert_eq!(later.remote.len(), 1);
+    }
+
+    #[test]
+    fn a_cached_denial_lasts_its_wait_on_the_monotonic_clock_whatever_the_wall_clock_does() {
+        let view = view(&["a", "b"]);
+        let key = key_of(&view, "b");
+        let it = item(&key, "/x", 1);
+        let answer = Answer {
+            decision: decision(false, 500),
+            ..local_answer(
+                &it,
+                &decider("b"),
+                decision(false, 500),
+                1,
+                1_000,
+                it.charge(),
+            )
+        };
+        let deny = DenyCache::new(10);
+        deny.insert(it.id, denial(&it, &answer, 1_000).unwrap(), 1_000);
+        // The wall clock stepped back 3 s; 600 ms really passed: the owner's wait is
+        // over, so the owner is asked again.
+        let stepped = Now {
+            wall: 10_000 - 3_000 + 600,
+            mono: 1_600,
+        };
+        assert!(cached(&it, &deny, stepped).is_none());
+        // And a step forward does not cut the wait short.
+        deny.insert(it.id, denial(&it, &answer, 2_000).unwrap(), 2_000);
+        let ahead = Now {
+            wall: 2_000 + 3_000,
+            mono: 2_100,
+        };
+        let again = cached(&it, &deny, ahead).expect("still denied");
+        assert_eq!(again.decision.retry_after_ms, 400);
+        assert_eq!(again.at, 5_000, "answers carry the wall clock");
     }
 
     #[test]
@@ -550,8 +620,8 @@ mod tests {
         };
         let deny = DenyCache::new(10);
         deny.insert(big.id, denial(&big, &answer, 1_000).unwrap(), 1_000);
-        assert!(cached(&item(&key, "/x", 9), &deny, 1_001).is_some());
-        assert!(cached(&item(&key, "/x", 1), &deny, 1_001).is_none());
+        assert!(cached(&item(&key, "/x", 9), &deny, same(1_001)).is_some());
+        assert!(cached(&item(&key, "/x", 1), &deny, same(1_001)).is_none());
     }
 
     #[test]

@@ -155,7 +155,7 @@ impl Router {
     /// then refund the admitted descriptors of every check that another one denied.
     pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
         let view = self.view();
-        let now = self.clock.now_ms();
+        let now = policy::Now::of(&*self.clock);
         let flat: Vec<&CheckItem> = checks.iter().flatten().collect();
         let plan = policy::plan(
             &flat,
@@ -210,7 +210,7 @@ impl Router {
         remote: &[(usize, crate::membership::Member)],
         results: Vec<Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>>,
         view: &ClusterView,
-        now: Millis,
+        now: policy::Now,
         answers: &mut [Option<Answer>],
     ) -> Vec<(usize, Charge)> {
         let mut open = Vec::new();
@@ -219,15 +219,15 @@ impl Router {
             match result {
                 Ok(remote) => {
                     let answer = policy::remote_answer(item, remote, owner);
-                    if let Some(denial) = policy::denial(item, &answer, now) {
-                        self.deny.insert(item.id, denial, now);
+                    if let Some(denial) = policy::denial(item, &answer, now.mono) {
+                        self.deny.insert(item.id, denial, now.mono);
                     }
                     answers[*i] = Some(answer);
                 }
                 Err(error) => {
                     self.metrics.forward_errors.increment(1);
                     tracing::debug!(%error, key = %item.client, "owner unreachable; falling back");
-                    match policy::on_unreachable(item, &self.me, view.ring.len(), now) {
+                    match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
                         Fallback::Closed(answer) => {
                             self.metrics.degraded_closed.increment(1);
                             answers[*i] = Some(*answer);
@@ -287,7 +287,7 @@ impl Router {
             &view,
             &self.me.node_id,
             &self.deny,
-            self.clock.now_ms(),
+            policy::Now::of(&*self.clock),
             Origin::Peer,
             self.routing,
         );

@@ -47,8 +47,26 @@ pub struct ShardConfig {
     pub inbox: usize,
     /// Keys the whole node holds at most; each shard gets an equal share.
     pub max_keys: usize,
+    /// Bytes the whole node's side states (sliding logs, oversized schedules) may hold;
+    /// each shard gets an equal share. `None`: [`DEFAULT_STATE_BYTES_PER_KEY`] ×
+    /// `max_keys`.
+    pub max_state_bytes: Option<usize>,
     /// How often each shard sweeps a slice of its keys for expired state.
     pub expiry_tick: Duration,
+}
+
+/// The default byte budget per key of `--max-keys`: 256 bytes, so a node at its key cap
+/// of a million keys holds at most 256 MB of side state (every sliding log of up to ~14
+/// entries fits it; longer logs are fine as long as not every key has one).
+pub const DEFAULT_STATE_BYTES_PER_KEY: usize = 256;
+
+impl ShardConfig {
+    /// The node's byte budget for side states: `max_state_bytes`, or the default
+    /// derived from `max_keys`.
+    pub fn state_budget(&self) -> usize {
+        self.max_state_bytes
+            .unwrap_or_else(|| self.max_keys.saturating_mul(DEFAULT_STATE_BYTES_PER_KEY))
+    }
 }
 
 impl Default for ShardConfig {
@@ -57,6 +75,7 @@ impl Default for ShardConfig {
             shards: std::thread::available_parallelism().map_or(2, |n| n.get()),
             inbox: 4096,
             max_keys: 1_000_000,
+            max_state_bytes: None,
             expiry_tick: Duration::from_millis(100),
         }
     }
@@ -173,12 +192,14 @@ impl Shards {
     ) -> Self {
         let shards = config.shards.max(1);
         let per_shard_cap = config.max_keys.div_ceil(shards).max(1);
+        let per_shard_bytes = config.state_budget().div_ceil(shards);
         let inboxes: Vec<_> = (0..shards)
             .map(|index| {
                 let (tx, rx) = mpsc::channel(config.inbox.max(1));
                 let actor = Actor {
                     index,
-                    store: Store::new(per_shard_cap, index as u64 + 1),
+                    store: Store::new(per_shard_cap, index as u64 + 1)
+                        .with_byte_budget(per_shard_bytes),
                     clock: Clamped::new(clock.clone()),
                     sequence: sequence.clone(),
                     metrics: ShardMetrics::new(index),
@@ -373,6 +394,7 @@ struct ShardMetrics {
     /// [allowed, denied] per algorithm, indexed by `algorithm_index`.
     checks: [[metrics::Counter; 2]; 5],
     keys: Gauge,
+    state_bytes: Gauge,
     queue_depth: Gauge,
     /// Evictions of keys that still had budget (`kind="live"`).
     evictions: metrics::Counter,
@@ -392,6 +414,7 @@ impl ShardMetrics {
         Self {
             checks,
             keys: metrics::gauge!("ringlimit_keys", "shard" => shard.clone()),
+            state_bytes: metrics::gauge!("ringlimit_state_bytes", "shard" => shard.clone()),
             queue_depth: metrics::gauge!("ringlimit_shard_queue_depth", "shard" => shard.clone()),
             evictions: metrics::counter!(
                 "ringlimit_evictions_total", "shard" => shard.clone(), "kind" => "live"
@@ -541,8 +564,9 @@ impl Actor {
                     evicted = self.unlogged_evictions,
                     denied = self.unlogged_denied_evictions,
                     cap = self.store.cap(),
-                    "key cap reached with every key denied: evicted {} exhausted keys, whose \
-                     clients are admitted early; raise --max-keys",
+                    "key cap or state byte budget reached with every key denied: evicted {} \
+                     exhausted keys, whose \
+                     clients are admitted early; raise --max-keys or --max-state-bytes",
                     self.unlogged_denied_evictions
                 );
             } else {
@@ -551,8 +575,8 @@ impl Actor {
                     evicted = self.unlogged_evictions,
                     denied = 0,
                     cap = self.store.cap(),
-                    "key cap reached: evicted live rate-limit state (no denied key); \
-                     raise --max-keys"
+                    "key cap or state byte budget reached: evicted live rate-limit state \
+                     (no denied key); raise --max-keys or --max-state-bytes"
                 );
             }
             self.unlogged_evictions = 0;
@@ -560,5 +584,6 @@ impl Actor {
             self.last_eviction_log = self.clock.now_ms();
         }
         self.metrics.keys.set(self.store.len() as f64);
+        self.metrics.state_bytes.set(self.store.side_bytes() as f64);
     }
 }

@@ -38,6 +38,19 @@
 //!   that is back to fresh soonest. A flood of single-hit keys therefore mostly evicts
 //!   its own keys, and never an exhausted one.
 //!
+//! ## Byte budget
+//!
+//! The key cap bounds slots, not bytes: a sliding log keeps one 16-byte entry per
+//! admitted unit, so 2,000 logs of a 2,000-per-window rule hold ~64 MB under a cap of a
+//! million keys. Every state that lives on the side (every sliding log, the rare
+//! oversized schedule) is therefore charged to a byte budget ([`Store::with_byte_budget`],
+//! the node's `--max-state-bytes` split over its shards): its map entry plus the heap it
+//! owns, at the buffer's capacity (what the allocator really holds). When a check or an
+//! installed state takes the side over the budget, side keys are evicted in the same
+//! least-harm order as at the key cap, with the same guarantee: the side keys are kept
+//! partitioned by the `DENIED` bit too, and a denied one goes only when every side key
+//! is denied (counted apart). Those evictions show in the same metric.
+//!
 //! ## Memory layout
 //!
 //! A rate limiter holds one small state for each of millions of keys, so the bytes per
@@ -296,6 +309,22 @@ fn ceil_secs(ms: Millis) -> u32 {
     u32::try_from(ms.div_ceil(1_000)).unwrap_or(u32::MAX)
 }
 
+/// A state kept beside its slot (it does not pack into two words).
+#[derive(Debug)]
+struct Side {
+    state: KeyState,
+    /// Position in `Store::side_ids`.
+    at: u32,
+    /// Mirrors the slot's `DENIED` bit, for the partition of `side_ids`.
+    denied: bool,
+}
+
+/// What a side state costs the byte budget: its map entry, its id in `side_ids` and
+/// the heap it owns (a sliding log's buffer).
+fn side_cost(state: &KeyState) -> usize {
+    std::mem::size_of::<(KeyId, Side)>() + std::mem::size_of::<KeyId>() + state.heap_bytes()
+}
+
 /// A key whose state was handed to a new owner but may still be decided here.
 ///
 /// A node still on the old ring may forward a check to the old owner after the
@@ -349,8 +378,15 @@ pub struct Store {
     /// Positions in `slots`, found by the secret-seeded hash of a slot's id.
     index: HashTable<u32>,
     hasher: TableHasher,
-    /// States that do not pack into two words.
-    overflow: HashMap<KeyId, KeyState, TableHasher>,
+    /// States that do not pack into two words, each with its position in `side_ids`.
+    overflow: HashMap<KeyId, Side, TableHasher>,
+    /// The keys of `overflow`, dense for sampling, partitioned like `slots`: the first
+    /// `side_denied` are denied (see *Byte budget*).
+    side_ids: Vec<KeyId>,
+    side_denied: usize,
+    /// Bytes the side states hold ([`side_cost`] summed), against `max_side_bytes`.
+    side_bytes: usize,
+    max_side_bytes: usize,
     /// Keys handed to a new owner.
     moved: HashMap<KeyId, Moved, TableHasher>,
     /// Interned fingerprints: a slot stores a 20-bit position here instead of 64 bits.
@@ -374,6 +410,10 @@ impl Store {
             index: HashTable::new(),
             hasher: TableHasher::default(),
             overflow: HashMap::default(),
+            side_ids: Vec::new(),
+            side_denied: 0,
+            side_bytes: 0,
+            max_side_bytes: usize::MAX,
             moved: HashMap::default(),
             fingerprints: Vec::new(),
             fingerprint_slots: HashMap::default(),
@@ -382,6 +422,18 @@ impl Store {
             cursor: 0,
             rng: seed | 1,
         }
+    }
+
+    /// Bound the bytes of the states kept beside the slots (sliding logs, oversized
+    /// schedules) to `bytes`; over it, side states are evicted in least-harm order.
+    pub fn with_byte_budget(mut self, bytes: usize) -> Self {
+        self.max_side_bytes = bytes;
+        self
+    }
+
+    /// Bytes held by side states (counted against the byte budget).
+    pub fn side_bytes(&self) -> usize {
+        self.side_bytes
     }
 
     /// Number of keys held.
@@ -443,7 +495,9 @@ impl Store {
                 }
             }
             self.mark(i, standing(&decision));
-            return (decision, Churn::default(), fresh);
+            // A sliding log grows by an entry per admission: keep the byte budget.
+            let churn = self.fit_bytes(now);
+            return (decision, churn, fresh);
         }
         let mut state = limiter.new_state();
         let decision = limiter.check(&mut state, now, cost);
@@ -452,11 +506,12 @@ impl Store {
             // The check left no trace (a denial on fresh state): nothing to remember.
             return (decision, Churn::default(), true);
         }
-        let churn = self.make_room(now);
+        let mut churn = self.make_room(now);
         let i = self.push(id, hash, fp, expires_at);
         self.slots[i].set(LOCAL, local);
         self.put_state(i, state);
         self.mark(i, standing(&decision));
+        churn += self.fit_bytes(now);
         (decision, churn, true)
     }
 
@@ -617,6 +672,7 @@ impl Store {
             };
             self.slots[i].expires_s = ceil_secs(expires_at);
             self.mark(i, standing);
+            self.fit_bytes(now);
             return true;
         }
         let expires_at = limiter.expires_at(&item.state);
@@ -628,6 +684,7 @@ impl Store {
         let i = self.push(item.id, hash, fp, expires_at);
         self.put_state(i, item.state);
         self.mark(i, standing);
+        self.fit_bytes(now);
         true
     }
 
@@ -667,6 +724,10 @@ impl Store {
             return i;
         }
         slot.set(DENIED, denied);
+        if slot.has(OVERFLOW) {
+            let id = slot.id;
+            self.side_set_denied(id, denied);
+        }
         let to = if denied {
             // First non-denied slot: becomes the last denied one.
             self.denied += 1;
@@ -731,7 +792,7 @@ impl Store {
         }
         self.slots.swap_remove(i);
         if slot.has(OVERFLOW) {
-            self.overflow.remove(&slot.id);
+            self.side_remove(slot.id);
         }
         if slot.has(MOVED) {
             self.moved.remove(&slot.id);
@@ -742,8 +803,8 @@ impl Store {
     fn load(&self, i: usize) -> KeyState {
         let slot = &self.slots[i];
         if slot.has(OVERFLOW) {
-            if let Some(state) = self.overflow.get(&slot.id) {
-                return state.clone();
+            if let Some(side) = self.overflow.get(&slot.id) {
+                return side.state.clone();
             }
         }
         KeyState::from_pair(slot.kind(), slot.words).expect("only packable kinds are stored packed")
@@ -753,9 +814,12 @@ impl Store {
     fn update<R>(&mut self, i: usize, f: impl FnOnce(&mut KeyState) -> R) -> R {
         let slot = self.slots[i];
         if slot.has(OVERFLOW) {
-            if let Some(state) = self.overflow.get_mut(&slot.id) {
+            if let Some(side) = self.overflow.get_mut(&slot.id) {
                 // Stays on the side even if it would fit again: rare, and simpler.
-                return f(state);
+                let before = side_cost(&side.state);
+                let result = f(&mut side.state);
+                self.side_bytes = self.side_bytes - before + side_cost(&side.state);
+                return result;
             }
         }
         let mut state = KeyState::from_pair(slot.kind(), slot.words)
@@ -775,13 +839,15 @@ impl Store {
                 slot.words = pair;
                 if slot.has(OVERFLOW) {
                     slot.set(OVERFLOW, false);
-                    self.overflow.remove(&slot.id);
+                    let id = slot.id;
+                    self.side_remove(id);
                 }
             }
             None => {
                 slot.words = [0; 2];
                 slot.set(OVERFLOW, true);
-                self.overflow.insert(slot.id, state);
+                let (id, denied) = (slot.id, slot.has(DENIED));
+                self.side_insert(id, state, denied);
             }
         }
     }
@@ -817,6 +883,9 @@ impl Store {
         self.denied = 0;
         self.index.clear();
         self.overflow.clear();
+        self.side_ids.clear();
+        self.side_denied = 0;
+        self.side_bytes = 0;
         self.moved.clear();
         self.fingerprints.clear();
         self.fingerprint_slots.clear();
@@ -848,8 +917,13 @@ impl Store {
         let Some((victim, _)) = victim else {
             return Churn::default();
         };
-        let slot = self.slots[victim];
-        self.remove_at(victim);
+        self.evict_at(victim, now)
+    }
+
+    /// Drop the key at `i` to make room, and say what kind of loss it was.
+    fn evict_at(&mut self, i: usize, now: Millis) -> Churn {
+        let slot = self.slots[i];
+        self.remove_at(i);
         if slot.expired(now) {
             Churn {
                 expired: 1,
@@ -865,6 +939,102 @@ impl Store {
                 evicted: 1,
                 ..Churn::default()
             }
+        }
+    }
+
+    /// Evict side states while their bytes exceed the budget, in the key cap's order
+    /// (see *Byte budget*): sample the non-denied side keys (the denied ones only when
+    /// every side key is denied) and drop the least-harm candidate.
+    fn fit_bytes(&mut self, now: Millis) -> Churn {
+        let mut churn = Churn::default();
+        while self.side_bytes > self.max_side_bytes && !self.side_ids.is_empty() {
+            let (from, to) = if self.side_denied < self.side_ids.len() {
+                (self.side_denied, self.side_ids.len())
+            } else {
+                (0, self.side_denied)
+            };
+            let span = (to - from) as u64;
+            let mut victim: Option<(usize, (bool, u32, u32))> = None;
+            for _ in 0..EVICTION_SAMPLES {
+                let pick = from + (self.next_random() % span) as usize;
+                let id = self.side_ids[pick];
+                let Some(i) = self.find(self.hasher.hash_one(id), id) else {
+                    continue;
+                };
+                let rank = self.slots[i].eviction_rank(now);
+                if victim.is_none_or(|(_, best)| rank < best) {
+                    victim = Some((i, rank));
+                }
+            }
+            let Some((i, _)) = victim else { break };
+            churn += self.evict_at(i, now);
+        }
+        churn
+    }
+
+    /// Put `state` on the side for `id` (replacing what it had there).
+    fn side_insert(&mut self, id: KeyId, state: KeyState, denied: bool) {
+        let cost = side_cost(&state);
+        if let Some(side) = self.overflow.get_mut(&id) {
+            self.side_bytes = self.side_bytes - side_cost(&side.state) + cost;
+            side.state = state;
+            return;
+        }
+        self.side_bytes += cost;
+        let at = self.side_ids.len() as u32;
+        self.side_ids.push(id);
+        self.overflow.insert(
+            id,
+            Side {
+                state,
+                at,
+                denied: false,
+            },
+        );
+        self.side_set_denied(id, denied);
+    }
+
+    /// Drop the side state of `id`, keeping `side_ids` dense and partitioned.
+    fn side_remove(&mut self, id: KeyId) {
+        self.side_set_denied(id, false);
+        let Some(side) = self.overflow.remove(&id) else {
+            return;
+        };
+        self.side_bytes -= side_cost(&side.state);
+        let at = side.at as usize;
+        self.side_ids.swap_remove(at);
+        if let Some(&moving) = self.side_ids.get(at) {
+            if let Some(other) = self.overflow.get_mut(&moving) {
+                other.at = at as u32;
+            }
+        }
+    }
+
+    /// Move the side key `id` across the denied boundary of `side_ids` if its flag
+    /// changes (one swap, as for slots).
+    fn side_set_denied(&mut self, id: KeyId, denied: bool) {
+        let Some(side) = self.overflow.get(&id) else {
+            return;
+        };
+        if side.denied == denied {
+            return;
+        }
+        let at = side.at as usize;
+        let to = if denied {
+            self.side_denied += 1;
+            self.side_denied - 1
+        } else {
+            self.side_denied -= 1;
+            self.side_denied
+        };
+        let other = self.side_ids[to];
+        self.side_ids.swap(at, to);
+        if let Some(o) = self.overflow.get_mut(&other) {
+            o.at = at as u32;
+        }
+        if let Some(side) = self.overflow.get_mut(&id) {
+            side.at = to as u32;
+            side.denied = denied;
         }
     }
 
@@ -889,7 +1059,16 @@ impl Store {
         for (i, slot) in self.slots.iter().enumerate() {
             assert_eq!(self.find(self.hasher.hash_one(slot.id), slot.id), Some(i));
             assert_eq!(slot.has(DENIED), i < self.denied, "partition at {i}");
+            if slot.has(OVERFLOW) {
+                let side = &self.overflow[&slot.id];
+                assert_eq!(self.side_ids[side.at as usize], slot.id);
+                assert_eq!(side.denied, slot.has(DENIED));
+                assert_eq!((side.at as usize) < self.side_denied, side.denied);
+            }
         }
+        assert_eq!(self.side_ids.len(), self.overflow.len());
+        let bytes: usize = self.overflow.values().map(|s| side_cost(&s.state)).sum();
+        assert_eq!(self.side_bytes, bytes);
     }
 
     fn is_flagged_denied(&self, id: KeyId) -> bool {
@@ -1001,6 +1180,32 @@ mod tests {
             store.assert_consistent();
         }
 
+        /// With a byte budget, every operation leaves the side bytes within it and the
+        /// bookkeeping (dense, partitioned side ids, byte sum) consistent.
+        #[test]
+        fn a_byte_budget_holds_through_any_sequence(
+            budget in 0usize..4_000,
+            ops in proptest::collection::vec((0usize..6, 0u8..8, 0u64..3_000, 1u64..3, any::<bool>()), 1..200),
+        ) {
+            let limiters = model_limiters();
+            let mut store = Store::new(10_000, 1).with_byte_budget(budget);
+            let mut now = 1_767_225_600_000u64;
+            for (rule, client, step, cost, refund) in ops {
+                now += step;
+                let (name, limiter) = &limiters[rule];
+                let cost = if *name == "swc-big" { nz(cost << 31) } else { nz(cost) };
+                let key = [client];
+                let counter = c(name, rule as u64, limiter, &key, "/m");
+                let (got, _, _) = store.check(counter, now, cost);
+                if refund && got.allowed {
+                    store.refund(counter, now, cost);
+                }
+                store.expire(now, 3);
+                prop_assert!(store.side_bytes() <= budget);
+                store.assert_consistent();
+            }
+        }
+
         /// At the cap, a key that is denied now is evicted only when every key of the
         /// store was flagged denied; and the flag never misses a key that is denied now
         /// (a check of cost 1 on a copy of its state would be denied).
@@ -1098,6 +1303,86 @@ mod tests {
                 "an exhausted key is still denied after the flood"
             );
         }
+    }
+
+    #[test]
+    fn a_flood_of_sliding_logs_stays_in_the_byte_budget_and_never_frees_an_exhausted_log() {
+        // The attack of issue 10: sliding logs grow ~16 bytes per admitted unit, so a key
+        // cap alone does not bound memory. An exhausted log holds ~16 kB here; the flood
+        // of single-hit logs must evict its own keys, not it.
+        let budget = 64 * 1024;
+        let mut store = Store::new(1_000_000, 7).with_byte_budget(budget);
+        let big =
+            Limiter::SlidingWindowLog(SlidingLog::new(nz(1_000), Duration::from_secs(60)).unwrap());
+        let victim = c("log", 1, &big, b"victim", "/x");
+        for _ in 0..1_000 {
+            assert!(store.check(victim, 0, nz(1)).0.allowed);
+        }
+        assert!(!store.check(victim, 1, nz(1)).0.allowed, "exhausted");
+        let mut churn = Churn::default();
+        for i in 0..20_000u32 {
+            let (_, c, _) = store.check(c("log", 1, &big, &i.to_le_bytes(), "/flood"), 2, nz(1));
+            churn += c;
+            assert!(
+                store.side_bytes() <= budget,
+                "over budget after {i} flood keys"
+            );
+        }
+        assert!(
+            churn.evicted > 10_000,
+            "the flood evicted its own keys: {churn:?}"
+        );
+        assert_eq!(churn.evicted_denied, 0);
+        assert!(
+            !store.check(victim, 3, nz(1)).0.allowed,
+            "still exhausted after the flood"
+        );
+        store.assert_consistent();
+    }
+
+    #[test]
+    fn over_the_byte_budget_a_denied_log_goes_only_when_every_side_key_is_denied() {
+        let full = |log: &Limiter, n: u64| {
+            let mut s = log.new_state();
+            for _ in 0..n {
+                log.check(&mut s, 0, nz(1));
+            }
+            side_cost(&s)
+        };
+        let w = Duration::from_secs(60);
+        // Limit 4: two exhausted logs, then a third key over the budget. The third is
+        // the only one with budget left, so it is the one that goes, every time.
+        let log = Limiter::SlidingWindowLog(SlidingLog::new(nz(4), w).unwrap());
+        let budget = 2 * full(&log, 4) + full(&log, 4) / 2;
+        let mut store = Store::new(100, 3).with_byte_budget(budget);
+        for key in [b"a", b"b"] {
+            for _ in 0..4 {
+                store.check(c("log", 1, &log, key, "/x"), 0, nz(1));
+            }
+        }
+        let (_, churn, _) = store.check(c("log", 1, &log, b"c", "/x"), 0, nz(1));
+        assert_eq!((churn.evicted, churn.evicted_denied), (1, 0), "{churn:?}");
+        for key in [b"a", b"b"] {
+            assert!(
+                !store
+                    .check(c("log", 1, &log, key, "/x"), 1, nz(1))
+                    .0
+                    .allowed
+            );
+        }
+        store.assert_consistent();
+        // Limit 1: every log is exhausted by its first check, so one denied log must go,
+        // counted apart.
+        let log = Limiter::SlidingWindowLog(SlidingLog::new(nz(1), w).unwrap());
+        let budget = 2 * full(&log, 1) + full(&log, 1) / 2;
+        let mut store = Store::new(100, 3).with_byte_budget(budget);
+        let mut churn = Churn::default();
+        for key in [b"a", b"b", b"c"] {
+            churn += store.check(c("log", 1, &log, key, "/x"), 0, nz(1)).1;
+        }
+        assert_eq!((churn.evicted, churn.evicted_denied), (0, 1), "{churn:?}");
+        assert!(store.side_bytes() <= budget);
+        store.assert_consistent();
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct Serve<'a> {
     /// Logs go to `<dir>/<log_name>.log` (stderr) and `<dir>/<log_name>.stdout.log`.
     pub dir: &'a Path,
     pub log_name: &'a str,
+    /// Extra environment variables (the chaos harness preloads libfaketime).
+    pub env: &'a [(String, String)],
 }
 
 /// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A`.
@@ -112,6 +114,7 @@ impl Process {
         for seed in serve.seeds {
             cmd.args(["--seed", &seed.to_string()]);
         }
+        cmd.envs(serve.env.iter().map(|(k, v)| (k, v)));
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }

@@ -65,6 +65,9 @@ pub struct Harness {
     pub ip_prefix: [u8; 3],
     pub history: Arc<History>,
     pub iptables_ok: bool,
+    /// libfaketime, when the clock-offset nemesis can run: every node is started with
+    /// it preloaded and its own offset file (`<dir>/<id>.faketime`, "+0s" at first).
+    pub faketime: Option<PathBuf>,
     inner: Mutex<Inner>,
     channels: Mutex<HashMap<SocketAddr, Channel>>,
     /// Last scraped metrics per (id, generation): resets, restarts, fail_open.
@@ -117,6 +120,19 @@ pub fn iptables_available() -> bool {
     iptables(&del).is_ok()
 }
 
+/// Debian's libfaketime (package `faketime`, installed by `.ci/deps`), the
+/// multi-threaded variant; `None` if it is not installed.
+pub fn faketime_library() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime",
+        "/usr/lib/aarch64-linux-gnu/faketime",
+        "/usr/lib/faketime",
+    ]
+    .iter()
+    .map(|dir| PathBuf::from(dir).join("libfaketimeMT.so.1"))
+    .find(|p| p.exists())
+}
+
 impl Harness {
     pub fn new(
         run_dir: PathBuf,
@@ -124,6 +140,7 @@ impl Harness {
         extra_args: &[&str],
         ip_prefix: [u8; 3],
         history: Arc<History>,
+        clock_faults: bool,
     ) -> Arc<Harness> {
         std::fs::create_dir_all(&run_dir).expect("run dir");
         let rules_file = run_dir.join("rules.toml");
@@ -135,6 +152,11 @@ impl Harness {
             ip_prefix,
             history,
             iptables_ok: iptables_available(),
+            faketime: if clock_faults {
+                faketime_library()
+            } else {
+                None
+            },
             inner: Mutex::new(Inner {
                 nodes: Vec::new(),
                 next_host: 10,
@@ -179,6 +201,7 @@ impl Harness {
             let inner = self.lock();
             inner.nodes.iter().filter(|n| n.id == id).count()
         };
+        let env = self.faketime_env(id)?;
         let process = Process::spawn(&Serve {
             id,
             ip: ip.into(),
@@ -187,6 +210,7 @@ impl Harness {
             extra_args: &self.extra_args,
             dir: &self.dir,
             log_name: &format!("{id}.{incarnation}"),
+            env: &env,
         })?;
         let (pid, generation, grpc) = (process.pid, process.ready.generation, process.ready.grpc);
         self.history.record(&Entry::Spawn {
@@ -205,6 +229,47 @@ impl Harness {
             serving: false,
         });
         Ok(())
+    }
+
+    fn offset_file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.faketime"))
+    }
+
+    /// The environment that puts node `id` under libfaketime with its own offset file
+    /// (created at "+0s"; a restarted node keeps the offset its id has).
+    fn faketime_env(&self, id: &str) -> Result<Vec<(String, String)>, String> {
+        let Some(lib) = &self.faketime else {
+            return Ok(Vec::new());
+        };
+        let file = self.offset_file(id);
+        if !file.exists() {
+            std::fs::write(&file, "+0s\n").map_err(|e| format!("write {}: {e}", file.display()))?;
+        }
+        Ok(vec![
+            ("LD_PRELOAD".into(), lib.display().to_string()),
+            ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+            // Re-read the offset file at most once a second (the checker allows for it:
+            // checker::clocks::LAG_MS).
+            ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+            // Only the wall clock moves: timers, gossip failure detection and tokio
+            // keep real monotonic time, as NTP stepping the wall clock would.
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ])
+    }
+
+    /// Set node `id`'s wall clock to real time + `offset_s` seconds: the `clock` line
+    /// first, then the offset file (replaced atomically), which the node picks up
+    /// within its cache time.
+    pub fn set_clock_offset(&self, id: &str, offset_s: i64) -> Result<(), String> {
+        self.history.record(&Entry::Clock {
+            t: now_ms(),
+            node: id.to_string(),
+            offset_ms: offset_s * 1000,
+        });
+        let file = self.offset_file(id);
+        let tmp = file.with_extension("faketime.tmp");
+        std::fs::write(&tmp, format!("{offset_s:+}s\n")).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &file).map_err(|e| e.to_string())
     }
 
     /// Start a node and wait until it has joined (its ring holds every running node);

@@ -102,6 +102,13 @@ pub enum Entry {
         edge: String,
         detail: String,
     },
+    /// The clock-offset nemesis set `node`'s wall clock to real time + `offset_ms`
+    /// (written before the offset file changes; the node reads it within its cache time).
+    Clock {
+        t: u64,
+        node: String,
+        offset_ms: i64,
+    },
     Phase {
         t: u64,
         name: String,

@@ -6,7 +6,8 @@
 //!
 //! - `cargo test --test jepsen-like` runs the SHORT profile (3 nodes) and the negative
 //!   control (a `--broken-decide-locally` cluster the checkers must flag).
-//! - `RINGLIMIT_CHAOS=long` runs the LONG profile (5 nodes, ≥ 10 minutes).
+//! - `RINGLIMIT_CHAOS=long` runs the LONG profile (5 nodes, ≥ 10 minutes;
+//!   `RINGLIMIT_CHAOS_MINUTES=60` for an hour).
 //! - `RINGLIMIT_CHAOS_SEED=N` repeats a run; `RINGLIMIT_CHAOS_RECHECK=FILE` re-checks a
 //!   history file offline.
 
@@ -170,10 +171,23 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     } else {
         &[]
     };
-    let h = Harness::new(dir.clone(), RULES, extra, ip_prefix, history.clone());
+    let h = Harness::new(
+        dir.clone(),
+        RULES,
+        extra,
+        ip_prefix,
+        history.clone(),
+        profile.faults,
+    );
     let guard = Guard(h.clone());
     if profile.faults && !h.iptables_ok {
         eprintln!("[chaos] iptables is not usable here: the partition nemesis will be SKIPPED");
+    }
+    if profile.faults && h.faketime.is_none() {
+        eprintln!(
+            "[chaos] libfaketime is not installed (Debian's faketime; .ci/deps installs it): \
+             the clock-offset nemesis will be SKIPPED"
+        );
     }
     let started = Instant::now();
     for _ in 0..profile.nodes {
@@ -290,13 +304,26 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     }
 }
 
+/// How long the long profile injects faults: `RINGLIMIT_CHAOS_MINUTES` (default 10).
+fn chaos_minutes() -> u64 {
+    match std::env::var("RINGLIMIT_CHAOS_MINUTES") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .expect("RINGLIMIT_CHAOS_MINUTES must be a whole number of minutes"),
+        Err(_) => 10,
+    }
+}
+
 fn chaos_profile() -> Profile {
     if std::env::var("RINGLIMIT_CHAOS").as_deref() == Ok("long") {
+        let minutes = chaos_minutes();
         Profile {
             name: "long",
             nodes: 5,
-            events: 40,
-            min_chaos: Duration::from_secs(600),
+            // About one step per 15 s: the time bound, not the list, ends the run.
+            events: (minutes as usize * 4).max(40),
+            min_chaos: Duration::from_secs(minutes * 60),
             fault_free: Duration::from_secs(10),
             clients: 16,
             broken: false,

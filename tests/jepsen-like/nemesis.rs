@@ -22,16 +22,20 @@ pub enum Kind {
     Leave,
     /// iptables DROP between one node and every other node, both directions.
     Partition,
+    /// Step one node's wall clock forward or back (libfaketime), then back to real
+    /// time: both directions in one step.
+    ClockOffset,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::KillRestart,
         Kind::KillReplace,
         Kind::Pause,
         Kind::Add,
         Kind::Leave,
         Kind::Partition,
+        Kind::ClockOffset,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +45,7 @@ impl Kind {
             Kind::Add => "add",
             Kind::Leave => "leave",
             Kind::Partition => "partition",
+            Kind::ClockOffset => "clock-offset",
         }
     }
 }
@@ -54,12 +59,20 @@ pub struct Step {
     pub hold_ms: u64,
     /// Quiet time after the cluster converged again, in ms.
     pub settle_ms: u64,
+    /// Clock offset in whole seconds (clock-offset only; never 0): within ±3 s, under
+    /// the 5 s skew a handed-over state is vetted against.
+    pub offset_s: i64,
 }
 
 impl Step {
     pub fn describe(&self) -> String {
+        let offset = if self.kind == Kind::ClockOffset {
+            format!(" offset={:+}s", self.offset_s)
+        } else {
+            String::new()
+        };
         format!(
-            "{}(victim#{} hold={}ms settle={}ms)",
+            "{}(victim#{} hold={}ms settle={}ms{offset})",
             self.kind.name(),
             self.victim_pick % 97,
             self.hold_ms,
@@ -76,6 +89,7 @@ fn hold_for(kind: Kind, rng: &mut Rng, long: bool) -> u64 {
         Kind::KillReplace => rng.range(1500, 3000 * scale),
         Kind::Pause => rng.range(1500, 3500 * scale),
         Kind::Partition => rng.range(2500, 4000 * scale),
+        Kind::ClockOffset => rng.range(2000, 4000 * scale),
         Kind::Add | Kind::Leave => 0,
     }
 }
@@ -103,6 +117,7 @@ pub fn schedule(seed: u64, long: bool, initial: usize, events: usize) -> Vec<Ste
                 victim_pick: rng.next_u64(),
                 hold_ms: hold_for(kind, &mut rng, false),
                 settle_ms: rng.range(1000, 2000),
+                offset_s: offset_for(&mut rng),
             });
         }
     } else {
@@ -122,10 +137,21 @@ pub fn schedule(seed: u64, long: bool, initial: usize, events: usize) -> Vec<Ste
                 victim_pick: rng.next_u64(),
                 hold_ms: hold_for(kind, &mut rng, true),
                 settle_ms: rng.range(1000, 4000),
+                offset_s: offset_for(&mut rng),
             });
         }
     }
     steps
+}
+
+/// ±1..3 s.
+fn offset_for(rng: &mut Rng) -> i64 {
+    let magnitude = rng.range(1, 3) as i64;
+    if rng.range(0, 1) == 0 {
+        magnitude
+    } else {
+        -magnitude
+    }
 }
 
 fn record(h: &Harness, n: u32, kind: Kind, victim: &str, edge: &str, detail: String) {
@@ -295,6 +321,32 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
                 }
             }
         }
+        Kind::ClockOffset => {
+            if h.faketime.is_none() {
+                eprintln!("[nemesis] libfaketime unavailable: the clock-offset nemesis is SKIPPED");
+                record(
+                    h,
+                    n,
+                    step.kind,
+                    &victim,
+                    "skipped",
+                    "libfaketime unavailable".into(),
+                );
+                return Ok(());
+            }
+            h.set_clock_offset(&victim, step.offset_s)?;
+            record(
+                h,
+                n,
+                step.kind,
+                &victim,
+                "start",
+                format!("wall clock {:+}s", step.offset_s),
+            );
+            tokio::time::sleep(hold).await;
+            h.set_clock_offset(&victim, 0)?;
+            record(h, n, step.kind, &victim, "end", "wall clock +0s".into());
+        }
     }
     let converged = h.wait_converged(Duration::from_secs(15)).await;
     record(
@@ -306,6 +358,12 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
         format!("converged: {converged:?}"),
     );
     converged?;
-    tokio::time::sleep(Duration::from_millis(step.settle_ms)).await;
+    let mut settle = step.settle_ms;
+    if step.kind == Kind::ClockOffset {
+        // After a step back the node's clamped clock stands still until real time
+        // catches up, and it reads the offset file up to a second late: settle past both.
+        settle = settle.max(step.offset_s.unsigned_abs() * 1000 + 2000);
+    }
+    tokio::time::sleep(Duration::from_millis(settle)).await;
     Ok(())
 }

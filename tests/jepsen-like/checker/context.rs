@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 
 use crate::history::{Entry, MemberView, RuleInfo};
 
+use super::clocks::Clocks;
 use super::views::Views;
 
 /// The facts of an `ok` answer.
@@ -138,6 +139,8 @@ pub struct Parsed {
     pub exits: Vec<Exit>,
     /// (node, generation) → its last scrape.
     pub metrics: HashMap<(String, u64), Scrape>,
+    /// Every node's clock offsets (the clock-offset nemesis).
+    pub clocks: Clocks,
 }
 
 impl Parsed {
@@ -151,6 +154,7 @@ impl Parsed {
         let mut phase_open: HashMap<String, u64> = HashMap::new();
         let mut exits = Vec::new();
         let mut metrics = HashMap::new();
+        let mut clocks = Clocks::default();
         for e in entries {
             match e {
                 Entry::Meta {
@@ -266,6 +270,7 @@ impl Parsed {
                         _ => {}
                     }
                 }
+                Entry::Clock { t, node, offset_ms } => clocks.record(node, *t, *offset_ms),
                 Entry::Phase {
                     t,
                     name,
@@ -322,6 +327,7 @@ impl Parsed {
             phases,
             exits,
             metrics,
+            clocks,
         }
     }
 }
@@ -357,6 +363,7 @@ pub struct Context<'a> {
     pub phases: &'a [Phase],
     pub exits: &'a [Exit],
     pub metrics: &'a HashMap<(String, u64), Scrape>,
+    pub clocks: &'a Clocks,
     /// The fixed window rule's limit L and window W (ms).
     pub l: u64,
     pub w: u64,
@@ -389,7 +396,9 @@ impl<'a> Context<'a> {
                     Some(win) => win..=win,
                     None => continue,
                 },
-                Outcome::Info | Outcome::Pending => candidate_windows(op, w, p.deadline_ms),
+                Outcome::Info | Outcome::Pending => {
+                    candidate_windows(op, w, p.deadline_ms, &p.clocks)
+                }
                 Outcome::Fail => continue,
             };
             for win in wins {
@@ -410,7 +419,9 @@ impl<'a> Context<'a> {
         let mut doubt: BTreeMap<(String, u64), Vec<&Op>> = BTreeMap::new();
         for op in &fw_ops {
             if op.is_info() || op.ok().is_some_and(|a| a.fallback()) {
-                for win in (op.invoke / w)..=(late_charge(op, &p.events, p.deadline_ms) / w) {
+                let late = late_charge(op, &p.events, p.deadline_ms);
+                let (first, last) = (p.clocks.earliest(op.invoke, late), p.clocks.latest(late));
+                for win in (first / w)..=(last / w) {
                     doubt.entry((op.key.clone(), win)).or_default().push(op);
                 }
             }
@@ -440,6 +451,7 @@ impl<'a> Context<'a> {
             phases: &p.phases,
             exits: &p.exits,
             metrics: &p.metrics,
+            clocks: &p.clocks,
             l,
             w,
             sliding_log: rule("sliding_window_log"),
@@ -492,8 +504,11 @@ impl<'a> Window<'a> {
 
 /// The windows an op of unknown outcome may have been charged in: from its invoke until
 /// it completed (at most 10 deadlines later).
-fn candidate_windows(op: &Op, w: u64, deadline_ms: u64) -> RangeInclusive<u64> {
-    (op.invoke / w)..=(op.complete.min(op.invoke + 10 * deadline_ms) / w)
+/// The windows an op without an answer may have been charged in: on the decider's
+/// clock, which the clock-offset nemesis may have set ahead or behind.
+fn candidate_windows(op: &Op, w: u64, deadline_ms: u64, clocks: &Clocks) -> RangeInclusive<u64> {
+    let last = op.complete.min(op.invoke + 10 * deadline_ms);
+    (clocks.earliest(op.invoke, last) / w)..=(clocks.latest(last) / w)
 }
 
 /// Until when a charge in doubt may still land. In doubt: an `info` op, or a fail-open

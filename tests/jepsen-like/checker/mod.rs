@@ -20,6 +20,7 @@
 //! `summary` renders the table; `testkit` builds small histories for the unit tests.
 
 mod availability;
+mod clocks;
 mod context;
 mod observability;
 mod s1_bound;

@@ -49,7 +49,8 @@ pub fn fallback(ctx: &Context, report: &mut Report) {
 }
 
 /// S1-log: per non-degraded decider and key of the sliding window log, admissions whose
-/// decisions surely lie within less than W (`complete_j − invoke_i < W`) cost ≤ L.
+/// decisions surely lie within less than W on the decider's clock (`complete_j −
+/// invoke_i < W` when the clock-offset nemesis left it alone) cost ≤ L.
 pub fn sliding_log(ctx: &Context, report: &mut Report) {
     let Some(r) = ctx.sliding_log else { return };
     for ((d, g, key), list) in admissions(ctx, r) {
@@ -57,7 +58,9 @@ pub fn sliding_log(ctx: &Context, report: &mut Report) {
             let mut sum = 0u64;
             for j in i..list.len() {
                 sum += list[j].cost;
-                let span = list[j].complete.saturating_sub(list[i].invoke);
+                let span =
+                    ctx.clocks
+                        .elapsed(&d, list[i].invoke, list[i].complete, list[j].complete);
                 if span + 1 < r.window_ms && sum > r.limit {
                     report.violate(
                         "S1-log",
@@ -74,7 +77,7 @@ pub fn sliding_log(ctx: &Context, report: &mut Report) {
 }
 
 /// S1-tb: per non-degraded decider and key of the token bucket, admitted cost over any
-/// run of decisions ≤ burst + L × (elapsed upper bound) / W.
+/// run of decisions ≤ burst + L × (elapsed upper bound, on the decider's clock) / W.
 pub fn token_bucket(ctx: &Context, report: &mut Report) {
     let Some(r) = ctx.token_bucket else { return };
     for ((d, g, key), list) in admissions(ctx, r) {
@@ -82,7 +85,9 @@ pub fn token_bucket(ctx: &Context, report: &mut Report) {
             let mut sum = 0u64;
             for j in i..list.len() {
                 sum += list[j].cost;
-                let span = list[j].complete.saturating_sub(list[i].invoke);
+                let span =
+                    ctx.clocks
+                        .elapsed(&d, list[i].invoke, list[i].complete, list[j].complete);
                 let refill = (r.limit * span).div_ceil(r.window_ms);
                 if sum > r.burst + refill {
                     report.violate(
@@ -123,6 +128,7 @@ fn admissions<'a>(
 mod tests {
     use super::super::testkit::*;
     use super::*;
+    use crate::history::Entry;
 
     #[test]
     fn one_decider_admitting_exactly_the_limit_passes() {
@@ -288,6 +294,40 @@ mod tests {
             );
         }
         assert_eq!(run(&h, sliding_log).count("S1-log"), 1);
+    }
+
+    #[test]
+    fn a_sliding_log_across_a_forward_clock_step_is_measured_on_the_deciders_clock() {
+        // n1's clock jumps 3 s ahead between two bursts 1 s apart in real time: on its
+        // clock they are 4 s apart, so 16 admissions are within the limit; without the
+        // clock line the same history is a violation.
+        let history = |with_step: bool| {
+            let mut h = Hist::new();
+            log_burst(&mut h, T0, "n1", 8);
+            if with_step {
+                h.push(Entry::Clock {
+                    t: T0 + 200,
+                    node: "n1".into(),
+                    offset_ms: 3_000,
+                });
+            }
+            log_burst(&mut h, T0 + 1_000, "n1", 8);
+            h
+        };
+        assert_eq!(run(&history(true), sliding_log).count("S1-log"), 0);
+        assert!(run(&history(false), sliding_log).count("S1-log") > 0);
+    }
+
+    #[test]
+    fn a_backward_clock_step_gives_a_sliding_log_no_extra_time() {
+        let mut h = Hist::new();
+        h.push(Entry::Clock {
+            t: T0 - 5_000,
+            node: "n1".into(),
+            offset_ms: -3_000,
+        });
+        log_burst(&mut h, T0, "n1", 9);
+        assert!(run(&h, sliding_log).count("S1-log") > 0);
     }
 
     #[test]

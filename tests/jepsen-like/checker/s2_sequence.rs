@@ -34,7 +34,14 @@ fn window_ids(ctx: &Context, report: &mut Report) {
             );
             continue;
         };
-        if !(win * w <= op.complete && (win + 1) * w > op.invoke.saturating_sub(1)) {
+        // On the decider's clock, which the clock-offset nemesis may have moved; a state
+        // handed over from a node whose clock was ahead keeps its window, so any node's
+        // offset bounds it.
+        let (first, last) = (
+            ctx.clocks.earliest(op.invoke, op.complete),
+            ctx.clocks.latest(op.complete),
+        );
+        if !(win * w <= last && (win + 1) * w > first.saturating_sub(1)) {
             report.violate(
                 "S2",
                 format!(
