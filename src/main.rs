@@ -70,7 +70,41 @@ enum ClusterCommand {
         /// The cluster's secret file: the peer service answers only signed calls.
         #[arg(long, env = "RINGLIMIT_CLUSTER_SECRET_FILE")]
         cluster_secret_file: Option<PathBuf>,
+        /// A certificate of the cluster CA, when the peer face uses mutual TLS.
+        #[command(flatten)]
+        tls: PeerTlsArgs,
     },
+}
+
+/// Mutual TLS on the peer face (docs/security.md): all three files, or none.
+#[derive(clap::Args, Clone)]
+struct PeerTlsArgs {
+    /// Certificate (PEM) presented on the peer face and on peer calls, signed by
+    /// --peer-tls-ca and carrying --peer-tls-server-name as a DNS name.
+    #[arg(long, env = "RINGLIMIT_PEER_TLS_CERT", requires_all = ["peer_tls_key", "peer_tls_ca"])]
+    peer_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --peer-tls-cert.
+    #[arg(long, env = "RINGLIMIT_PEER_TLS_KEY", requires_all = ["peer_tls_cert", "peer_tls_ca"])]
+    peer_tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM): peers must present a certificate it signed.
+    #[arg(long, env = "RINGLIMIT_PEER_TLS_CA", requires_all = ["peer_tls_cert", "peer_tls_key"])]
+    peer_tls_ca: Option<PathBuf>,
+    /// The name every member's certificate carries (peers are dialled by IP address).
+    #[arg(long, default_value = ringlimit::node::config::PeerTls::DEFAULT_SERVER_NAME)]
+    peer_tls_server_name: String,
+}
+
+impl PeerTlsArgs {
+    fn load(&self) -> anyhow::Result<Option<ringlimit::node::config::PeerTls>> {
+        let (Some(cert), Some(key), Some(ca)) =
+            (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca)
+        else {
+            return Ok(None);
+        };
+        ringlimit::node::config::PeerTls::from_files(cert, key, ca, &self.peer_tls_server_name)
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 #[derive(clap::Args)]
@@ -169,6 +203,8 @@ struct ServeArgs {
     /// loopback, or to join (--seed).
     #[arg(long, env = "RINGLIMIT_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    peer_tls: PeerTlsArgs,
     /// Run a cluster without a key: anyone who reaches the peer port can then speak for
     /// the cluster. Logged as a warning on every start.
     #[arg(long)]
@@ -233,8 +269,10 @@ fn main() -> ExitCode {
                     addr,
                     json,
                     cluster_secret_file,
+                    tls,
                 },
-        } => runtime().and_then(|rt| rt.block_on(cluster_status(addr, json, cluster_secret_file))),
+        } => runtime()
+            .and_then(|rt| rt.block_on(cluster_status(addr, json, cluster_secret_file, tls))),
         Command::DevCluster(args) => dev_cluster(args),
         Command::Bench(args) => runtime()
             .and_then(|rt| rt.block_on(bench::run(args)))
@@ -293,6 +331,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(ringlimit::keyring::Keyring::from_file)
         .transpose()?;
+    config.peer_tls = args.peer_tls.load()?;
     runtime()?.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
@@ -403,17 +442,24 @@ async fn cluster_status(
     addr: String,
     json: bool,
     secret: Option<PathBuf>,
+    tls: PeerTlsArgs,
 ) -> anyhow::Result<ExitCode> {
+    let tls = tls.load()?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let addr = if addr.contains("://") {
         addr
     } else {
-        format!("http://{addr}")
+        format!("{scheme}://{addr}")
     };
     let keyring = secret
         .as_deref()
         .map(ringlimit::keyring::Keyring::from_file)
         .transpose()?;
-    let channel = tonic::transport::Endpoint::from_shared(addr.clone())?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone())?;
+    if let Some(tls) = &tls {
+        endpoint = endpoint.tls_config(ringlimit::node::grpc::client_tls(tls))?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;

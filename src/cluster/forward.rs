@@ -60,6 +60,9 @@ pub struct ForwardConfig {
     /// The cluster key every peer call is signed with; `None` sends unsigned calls
     /// (a node whose peers accept them: `--insecure-cluster`, or a lone loopback node).
     pub keyring: Option<Keyring>,
+    /// Mutual TLS to peers (`https`, this node's certificate, the cluster CA);
+    /// `None`: plain HTTP/2.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Default for ForwardConfig {
@@ -72,6 +75,7 @@ impl Default for ForwardConfig {
             queue: 16_384,
             local_ip: None,
             keyring: None,
+            tls: None,
         }
     }
 }
@@ -258,7 +262,12 @@ impl PeerPool {
                 return link.clone();
             }
         }
-        let mut endpoint = Endpoint::from_shared(format!("http://{}", owner.peer_addr))
+        let scheme = if self.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", owner.peer_addr))
             .expect("a socket address is a valid URI")
             .connect_timeout(self.config.timeout)
             .tcp_nodelay(true)
@@ -266,6 +275,17 @@ impl PeerPool {
             .keep_alive_while_idle(true);
         if let Some(ip) = self.config.local_ip {
             endpoint = endpoint.local_address(Some(ip));
+        }
+        if let Some(tls) = &self.config.tls {
+            // Checked once at start (`node::grpc::client_tls`), so this cannot fail here;
+            // if it ever did, the link stays plain and the peer refuses it: loud, not open.
+            endpoint = match endpoint.clone().tls_config(tls.clone()) {
+                Ok(with_tls) => with_tls,
+                Err(error) => {
+                    tracing::error!(%error, "peer TLS configuration refused; peer calls will fail");
+                    endpoint
+                }
+            };
         }
         let client = PeerClient::new(Signed::new(
             endpoint.connect_lazy(),

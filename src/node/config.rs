@@ -65,6 +65,10 @@ pub struct NodeConfig {
     /// Required for a node whose peer or gossip listener is beyond loopback or that has
     /// seeds, unless `insecure_cluster`.
     pub cluster_key: Option<crate::keyring::Keyring>,
+    /// Mutual TLS on the peer face: the peer listener asks every client for a
+    /// certificate signed by the cluster CA, and this node's peer calls present its own.
+    /// On top of the cluster key, which gossip needs in any case.
+    pub peer_tls: Option<PeerTls>,
     /// Run a cluster without a key (logged as a warning on every start): any process
     /// that reaches the peer port can then speak for the cluster.
     pub insecure_cluster: bool,
@@ -102,8 +106,68 @@ impl Default for NodeConfig {
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,
             cluster_key: None,
+            peer_tls: None,
             insecure_cluster: false,
         }
+    }
+}
+
+/// Mutual TLS material of the peer face, PEM-encoded, read once at start.
+///
+/// Peers are dialled by the IP address gossip publishes, so the certificate a client
+/// checks is not for a host name: every member's certificate carries the cluster's
+/// peer name ([`PeerTls::DEFAULT_SERVER_NAME`] unless `--peer-tls-server-name`) as a
+/// DNS subject alternative name, and is signed by the cluster CA. What it proves is
+/// "a member of this cluster", the same claim the cluster key's proof makes.
+#[derive(Clone)]
+pub struct PeerTls {
+    /// This node's certificate chain (leaf first).
+    pub cert_pem: Vec<u8>,
+    /// Its private key.
+    pub key_pem: Vec<u8>,
+    /// The CA that signs every member's certificate (server and client side).
+    pub ca_pem: Vec<u8>,
+    /// The name checked in a peer's certificate.
+    pub server_name: String,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("PeerTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerTls {
+    /// The peer name member certificates carry by default.
+    pub const DEFAULT_SERVER_NAME: &'static str = "ringlimit-peer";
+
+    /// Read the three PEM files; an error names the file and what is wrong with it.
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+        server_name: &str,
+    ) -> Result<Self, String> {
+        let read = |path: &std::path::Path, what: &str| -> Result<Vec<u8>, String> {
+            let bytes =
+                std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+            if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+                return Err(format!("{what} {}: not a PEM file", path.display()));
+            }
+            Ok(bytes)
+        };
+        if server_name.is_empty() {
+            return Err("--peer-tls-server-name must not be empty".into());
+        }
+        Ok(Self {
+            cert_pem: read(cert, "--peer-tls-cert")?,
+            key_pem: read(key, "--peer-tls-key")?,
+            ca_pem: read(ca, "--peer-tls-ca")?,
+            server_name: server_name.to_string(),
+        })
     }
 }
 
@@ -126,6 +190,7 @@ impl NodeConfig {
             },
             gossip_listen: "127.0.0.1:0".parse().expect("valid address"),
             peer_listen: "127.0.0.1:0".parse().expect("valid address"),
+            peer_tls: None,
             cluster_key: Some(
                 crate::keyring::Keyring::from_text(TEST_CLUSTER_SECRET).expect("a valid secret"),
             ),

@@ -347,6 +347,37 @@ pub fn map_status(code: Code, message: &str) -> Option<Status> {
     }
 }
 
+/// The peer listener's TLS: this node's certificate, and a client certificate signed by
+/// the cluster CA required of every connection (no certificate, no handshake).
+pub fn server_tls(tls: &crate::node::config::PeerTls) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity};
+    tonic::transport::ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .client_ca_root(Certificate::from_pem(&tls.ca_pem))
+}
+
+/// The peer client's TLS: trust only the cluster CA, expect the cluster's peer name,
+/// present this node's certificate.
+pub fn client_tls(tls: &crate::node::config::PeerTls) -> tonic::transport::ClientTlsConfig {
+    use tonic::transport::{Certificate, Identity};
+    tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .domain_name(tls.server_name.clone())
+}
+
+/// Build both sides once, so a bad certificate, key or CA stops the node at start with
+/// a message instead of failing every peer call later.
+pub fn check_tls(tls: &crate::node::config::PeerTls) -> Result<(), String> {
+    tonic::transport::Server::builder()
+        .tls_config(server_tls(tls))
+        .map_err(|e| format!("peer TLS (server side): {e}"))?;
+    tonic::transport::Endpoint::from_static("https://127.0.0.1:1")
+        .tls_config(client_tls(tls))
+        .map_err(|e| format!("peer TLS (client side): {e}"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

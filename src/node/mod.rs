@@ -276,6 +276,14 @@ pub async fn start_with_clock(
     }
     let mut forward = config.forward.clone();
     forward.keyring = config.cluster_key.clone();
+    let peer_tls = match &config.peer_tls {
+        Some(tls) => {
+            grpc::check_tls(tls).map_err(NodeError::Config)?;
+            forward.tls = Some(grpc::client_tls(tls));
+            Some(grpc::server_tls(tls))
+        }
+        None => None,
+    };
     if forward.local_ip.is_none() && !peer_addr.ip().is_unspecified() {
         // Outbound peer traffic leaves from this node's own peer address, so
         // partition rules written against a node's address hold in both directions.
@@ -338,6 +346,7 @@ pub async fn start_with_clock(
         peer,
         peer_service,
         PeerAuthLayer::new(config.cluster_key.clone()),
+        peer_tls,
         config.grpc.clone(),
         cancel.clone(),
     ));
@@ -399,15 +408,29 @@ async fn serve_public(
 }
 
 /// The cluster face: the peer service alone, on its own listener, with the same
-/// limits, every call checked for the cluster key's proof before it is served.
+/// limits, every call checked for the cluster key's proof before it is served, and
+/// with `tls` every connection for a certificate of the cluster CA before that.
 async fn serve_peer(
     listener: TcpListener,
     peer: PeerService,
     auth: PeerAuthLayer,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     limits: GrpcLimits,
     cancel: CancellationToken,
 ) {
-    let server = limited(&limits)
+    let mut builder = limited(&limits);
+    if let Some(tls) = tls {
+        builder = match builder.tls_config(tls) {
+            Ok(builder) => builder,
+            Err(error) => {
+                // Checked at start (`grpc::check_tls`); never serve the face in the clear.
+                tracing::error!(%error, "peer TLS configuration refused; stopping");
+                cancel.cancel();
+                return;
+            }
+        };
+    }
+    let server = builder
         .layer(auth)
         .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(
