@@ -55,6 +55,8 @@ pub mod keyring;
 pub mod membership;
 pub mod node;
 pub mod proto;
-pub mod ring;
+/// The consistent-hash ring, a crate of its own so the ring-aware client computes the
+/// same owners (`ring/`).
+pub use ringlimit_ring as ring;
 pub mod server;
 pub mod shard;

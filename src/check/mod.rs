@@ -95,6 +95,17 @@ impl Checker {
         Self { router, rules }
     }
 
+    /// The cluster as this node sees it (members, ring), for the read-only topology
+    /// answer a ring-aware client places keys with.
+    pub fn view(&self) -> Arc<crate::membership::ClusterView> {
+        self.router.view()
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> &str {
+        &self.router.me().node_id
+    }
+
     /// Decide one check.
     pub async fn check(
         &self,

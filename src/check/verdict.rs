@@ -41,32 +41,24 @@ pub struct Verdict {
     pub degraded: bool,
     /// The longest shaper delay of any descriptor when allowed; 0 when denied.
     pub delay_ms: u64,
+    /// The window (buckets: the refill period) of the rule whose numbers these are.
+    pub window_ms: u64,
     /// Every descriptor, in request order.
     pub descriptors: Vec<DescriptorVerdict>,
 }
 
-/// What a caller needs for the 429 contract (headers), from a verdict or from any
-/// wire answer that carries the same numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Quota {
-    /// The check was allowed.
-    pub allowed: bool,
-    /// The limit.
-    pub limit: u64,
-    /// Units left.
-    pub remaining: u64,
-    /// The exact wait on a denial.
-    pub retry_after_ms: u64,
-    /// When the full limit is back (Unix ms).
-    pub reset_at_ms: Millis,
-}
+/// What a caller needs for the 429 contract (headers): the client crate's type, so a
+/// verdict and a wire answer render the same way.
+pub use ringlimit_client::Quota;
 
 impl Verdict {
     /// Combine one check's descriptor answers.
     pub fn combine(decided: Decided) -> Verdict {
         let descriptors = decided.descriptors;
         let allowed = descriptors.iter().all(|d| d.answer.decision.allowed);
-        let top = &descriptors[chosen(&descriptors)].answer;
+        let top_item = &descriptors[chosen(&descriptors)];
+        let top = &top_item.answer;
+        let window_ms = top_item.item.rule.spec.window().as_millis() as u64;
         Verdict {
             allowed,
             limit: top.decision.limit,
@@ -78,6 +70,7 @@ impl Verdict {
             window_id: top.decision.window_id,
             sequence: top.sequence,
             degraded: descriptors.iter().any(|d| d.answer.degraded),
+            window_ms,
             delay_ms: if allowed {
                 descriptors
                     .iter()

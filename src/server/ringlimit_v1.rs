@@ -105,6 +105,7 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
         sequence: verdict.sequence,
         degraded: verdict.degraded,
         delay_ms: verdict.delay_ms,
+        window_ms: verdict.window_ms,
         descriptors: verdict
             .descriptors
             .iter()
@@ -157,6 +158,30 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
         self.latency.record(started.elapsed().as_secs_f64());
         Ok(Response::new(proto::CheckBatchResponse {
             results: verdicts.into_iter().map(response).collect(),
+        }))
+    }
+
+    async fn topology(
+        &self,
+        _request: Request<proto::TopologyRequest>,
+    ) -> Result<Response<proto::TopologyResponse>, Status> {
+        let view = self.checker.view();
+        let members = view
+            .members
+            .iter()
+            .filter(|m| !m.leaving)
+            .map(|m| proto::TopologyMember {
+                node_id: m.node_id.clone(),
+                grpc_addr: m.grpc_addr.to_string(),
+                generation: m.generation,
+            })
+            .collect();
+        Ok(Response::new(proto::TopologyResponse {
+            members,
+            vnodes: view.ring.vnodes(),
+            placement_version: crate::ring::PLACEMENT,
+            ring_digest: view.ring.digest(),
+            node_id: self.checker.me().to_string(),
         }))
     }
 }

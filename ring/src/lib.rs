@@ -59,6 +59,10 @@ use hash::VNode;
 /// of rings built by incompatible code never compares equal.
 const PLACEMENT_VERSION: &[u8] = b"ringlimit.ring.v1\0";
 
+/// The placement algorithm's number, published to clients (the `Topology` call): a
+/// client that places keys itself must know this version, else it sends anywhere.
+pub const PLACEMENT: u32 = 1;
+
 /// Consistent-hash ring over a set of cluster members, identified by stable
 /// string ids.
 ///
@@ -148,7 +152,7 @@ impl Ring {
     /// not allocate.
     ///
     /// ```
-    /// use ringlimit::ring::Ring;
+    /// use ringlimit_ring::Ring;
     ///
     /// let ring = Ring::new(["node-a", "node-b", "node-c"], Ring::DEFAULT_VNODES);
     /// let owner = ring.owner(b"cust_42").unwrap();

@@ -1,0 +1,186 @@
+//! The 429 contract as a domain type: the numbers of an answer, and the HTTP a caller
+//! should see for them.
+//!
+//! The design reference's rules: `Retry-After` in whole seconds, rounded **up**
+//! (rounding down guarantees the first retry is also rejected); the IETF `RateLimit-*`
+//! family whose `Reset` is seconds remaining; the older `X-RateLimit-*` family whose
+//! `Reset` is a Unix timestamp. Both families are sent, on allowed answers too, so a
+//! client can pace itself before it is blocked. A denial's body is
+//! `application/problem+json` (RFC 9457) naming the limit, the window and the wait.
+
+/// What a caller needs for the 429 contract, from any answer that carries the numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The check was allowed.
+    pub allowed: bool,
+    /// The limit.
+    pub limit: u64,
+    /// Units left.
+    pub remaining: u64,
+    /// The exact wait on a denial, in ms.
+    pub retry_after_ms: u64,
+    /// When the full limit is back (Unix ms).
+    pub reset_at_ms: u64,
+}
+
+/// `ceil(ms / 1000)`: a wait in whole seconds that is never shorter than the real one.
+pub fn ceil_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// The response headers for `quota` at `now_ms` (Unix ms). `Retry-After` only on a
+/// denial; `RateLimit-Policy` when the window is known (`window_ms > 0`).
+pub fn headers(quota: &Quota, window_ms: u64, now_ms: u64) -> Vec<(&'static str, String)> {
+    let reset_at = quota.reset_at_ms;
+    let reset_in = ceil_secs(reset_at.saturating_sub(now_ms));
+    let mut out = Vec::with_capacity(8);
+    if !quota.allowed {
+        out.push(("Retry-After", ceil_secs(quota.retry_after_ms).to_string()));
+    }
+    out.extend([
+        ("RateLimit-Limit", quota.limit.to_string()),
+        ("RateLimit-Remaining", quota.remaining.to_string()),
+        ("RateLimit-Reset", reset_in.to_string()),
+    ]);
+    if window_ms > 0 {
+        out.push(("RateLimit-Policy", policy(quota.limit, window_ms)));
+    }
+    out.extend([
+        ("X-RateLimit-Limit", quota.limit.to_string()),
+        ("X-RateLimit-Remaining", quota.remaining.to_string()),
+        ("X-RateLimit-Reset", reset_at.div_ceil(1000).to_string()),
+    ]);
+    out
+}
+
+/// The IETF `RateLimit-Policy` field in the draft form that goes with the
+/// `RateLimit-Limit/Remaining/Reset` fields: `100;w=60` (limit; window in seconds,
+/// rounded up so a client never paces faster than allowed).
+pub fn policy(limit: u64, window_ms: u64) -> String {
+    format!("{limit};w={}", ceil_secs(window_ms))
+}
+
+/// A window as a short human string: `60s`, or `1500ms` when not whole seconds.
+pub fn window_text(window_ms: u64) -> String {
+    if window_ms.is_multiple_of(1000) {
+        format!("{}s", window_ms / 1000)
+    } else {
+        format!("{window_ms}ms")
+    }
+}
+
+/// The media type of [`problem_body`].
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The body of a 429 (RFC 9457 problem details), as in the design reference:
+/// `{"type":…,"title":"Too Many Requests","limit":100,"window":"60s","retry_after":6}`.
+/// `window` is left out when unknown (`window_ms == 0`).
+pub fn problem_body(quota: &Quota, window_ms: u64, type_uri: &str) -> String {
+    // Written in the design reference's field order (a JSON map would sort them).
+    let window = if window_ms > 0 {
+        format!(",\"window\":\"{}\"", window_text(window_ms))
+    } else {
+        String::new()
+    };
+    format!(
+        "{{\"type\":{},\"title\":\"Too Many Requests\",\"limit\":{}{window},\"retry_after\":{}}}",
+        serde_json::Value::from(type_uri),
+        quota.limit,
+        ceil_secs(quota.retry_after_ms)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The design reference's 429: limit 100 per 60 s, the worked sliding-counter
+    /// rejection (5.67 s to wait), answered at 1738368054 with the window resetting
+    /// at 1738368060.
+    fn reference_denial() -> Quota {
+        Quota {
+            allowed: false,
+            limit: 100,
+            remaining: 0,
+            retry_after_ms: 5_667,
+            reset_at_ms: 1_738_368_060_000,
+        }
+    }
+
+    fn get<'a>(headers: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
+        headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(ceil_secs(0), 0);
+        assert_eq!(ceil_secs(1), 1);
+        assert_eq!(
+            ceil_secs(5_667),
+            6,
+            "the design reference's worked rejection"
+        );
+        assert_eq!(ceil_secs(6_000), 6);
+        assert_eq!(ceil_secs(6_001), 7);
+    }
+
+    #[test]
+    fn a_denial_renders_the_design_reference_example() {
+        let headers = headers(&reference_denial(), 60_000, 1_738_368_054_000);
+        assert_eq!(get(&headers, "Retry-After"), Some("6"));
+        assert_eq!(get(&headers, "RateLimit-Limit"), Some("100"));
+        assert_eq!(get(&headers, "RateLimit-Remaining"), Some("0"));
+        assert_eq!(
+            get(&headers, "RateLimit-Reset"),
+            Some("6"),
+            "seconds remaining"
+        );
+        assert_eq!(get(&headers, "RateLimit-Policy"), Some("100;w=60"));
+        assert_eq!(get(&headers, "X-RateLimit-Limit"), Some("100"));
+        assert_eq!(get(&headers, "X-RateLimit-Remaining"), Some("0"));
+        assert_eq!(
+            get(&headers, "X-RateLimit-Reset"),
+            Some("1738368060"),
+            "unix timestamp"
+        );
+    }
+
+    #[test]
+    fn the_problem_body_is_the_design_reference_example() {
+        let body = problem_body(
+            &reference_denial(),
+            60_000,
+            "https://api.example.com/errors/rate-limit",
+        );
+        assert!(body.starts_with(r#"{"type":"https://api.example.com/errors/rate-limit","title""#));
+        let got: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let want: serde_json::Value = serde_json::from_str(
+            r#"{"type":"https://api.example.com/errors/rate-limit",
+                "title":"Too Many Requests","limit":100,"window":"60s","retry_after":6}"#,
+        )
+        .unwrap();
+        assert_eq!(got, want);
+        assert!(!problem_body(&reference_denial(), 0, "about:blank").contains("window"));
+        assert_eq!(window_text(1_500), "1500ms");
+    }
+
+    #[test]
+    fn allowed_answers_carry_both_families_without_retry_after() {
+        let allowed = Quota {
+            allowed: true,
+            limit: 100,
+            remaining: 41,
+            retry_after_ms: 0,
+            reset_at_ms: 1_738_368_060_000,
+        };
+        let headers = headers(&allowed, 0, 1_738_368_000_001);
+        assert_eq!(get(&headers, "Retry-After"), None);
+        assert_eq!(get(&headers, "RateLimit-Remaining"), Some("41"));
+        assert_eq!(get(&headers, "RateLimit-Reset"), Some("60"));
+        assert_eq!(get(&headers, "RateLimit-Policy"), None, "window unknown");
+        assert_eq!(get(&headers, "X-RateLimit-Reset"), Some("1738368060"));
+    }
+}
