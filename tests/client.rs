@@ -131,3 +131,48 @@ async fn a_malformed_check_is_an_error_and_never_fails_open() {
         .is_err());
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_checks_share_batch_calls_and_a_bad_one_fails_alone() {
+    let node = start(member_config("solo", &[], None)).await;
+    let mut config = config(node.grpc_addr);
+    config.coalesce = Some(ringlimit_client::Coalesce {
+        max_batch: 64,
+        max_in_flight: 1,
+    });
+    let client = Client::connect(config).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = if i == 77 {
+                "x".repeat(300)
+            } else {
+                format!("c{i}")
+            };
+            client.check(&Check::new(key, "GET /x")).await
+        }));
+    }
+    let mut allowed = 0;
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await.unwrap() {
+            Ok(answer) => {
+                assert!(
+                    answer.allowed() && answer.source == Source::Owner,
+                    "{answer:?}"
+                );
+                allowed += 1;
+            }
+            Err(error) => assert_eq!(i, 77, "only the over-long key fails: {error:?}"),
+        }
+    }
+    assert_eq!(allowed, 399);
+    let stats = client.coalesce_stats();
+    eprintln!(
+        "400 concurrent checks: {} calls, {} checks",
+        stats.calls, stats.checks
+    );
+    assert_eq!(stats.checks, 400);
+    assert!(stats.calls < 400, "some checks shared a call: {stats:?}");
+    node.shutdown().await;
+}

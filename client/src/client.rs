@@ -17,6 +17,7 @@
 //! cluster one call per window, not one per request.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +41,32 @@ pub struct ClientConfig {
     pub refresh: Duration,
     /// Most denials cached.
     pub deny_cache: usize,
+    /// Send concurrent checks to one node together as `CheckBatch` calls (`None`: one
+    /// `Check` call each).
+    pub coalesce: Option<Coalesce>,
+}
+
+/// Coalescing of concurrent checks into `CheckBatch` calls, per node.
+///
+/// It never waits for company: a check is sent at once when fewer than `max_in_flight`
+/// calls to its node are out; while that many are out, new checks queue and leave
+/// together (up to `max_batch`) when one returns. So at low load every check is a batch
+/// of one with no added latency, and under load batches grow with the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalesce {
+    /// Most checks in one batch (the server takes at most 1,000).
+    pub max_batch: usize,
+    /// Most calls out to one node at a time.
+    pub max_in_flight: usize,
+}
+
+impl Default for Coalesce {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            max_in_flight: 2,
+        }
+    }
 }
 
 impl ClientConfig {
@@ -51,6 +78,7 @@ impl ClientConfig {
             deadline: Duration::from_millis(50),
             refresh: Duration::from_secs(2),
             deny_cache: 100_000,
+            coalesce: None,
         }
     }
 }
@@ -216,6 +244,8 @@ struct Inner {
     config: ClientConfig,
     topology: Mutex<Arc<Topology>>,
     channels: Mutex<HashMap<String, RateLimiterClient<Channel>>>,
+    batchers: Mutex<HashMap<String, tokio::sync::mpsc::Sender<Pending>>>,
+    stats: Arc<Counters>,
     deny: Mutex<HashMap<CacheKey, Denial>>,
     fallback: Mutex<HashMap<CacheKey, (u64, u64)>>,
     stale: Arc<Notify>,
@@ -256,6 +286,8 @@ impl Client {
             config,
             topology: Mutex::new(Arc::new(Topology::default())),
             channels: Mutex::new(HashMap::new()),
+            batchers: Mutex::new(HashMap::new()),
+            stats: Arc::default(),
             deny: Mutex::new(HashMap::new()),
             fallback: Mutex::new(HashMap::new()),
             stale: Arc::new(Notify::new()),
@@ -279,6 +311,14 @@ impl Client {
             .as_ref()
             .and_then(|ring| ring.owner(key.as_bytes()))
             .map(str::to_string)
+    }
+
+    /// How coalescing went so far (all zero without [`ClientConfig::coalesce`]).
+    pub fn coalesce_stats(&self) -> CoalesceStats {
+        CoalesceStats {
+            calls: self.inner.stats.calls.load(Ordering::Relaxed),
+            checks: self.inner.stats.batched.load(Ordering::Relaxed),
+        }
     }
 
     /// Re-read the topology now.
@@ -439,11 +479,17 @@ impl Inner {
             let Some(mut client) = self.channel(addr) else {
                 continue;
             };
-            let mut call = tonic::Request::new(request.clone());
-            call.set_timeout(left);
-            match tokio::time::timeout(left, client.check(call)).await {
+            let sent = match self.config.coalesce {
+                Some(coalesce) => self.batched(addr, client, coalesce, request.clone()),
+                None => {
+                    let mut call = tonic::Request::new(request.clone());
+                    call.set_timeout(left);
+                    Box::pin(async move { client.check(call).await.map(|r| r.into_inner()) })
+                }
+            };
+            match tokio::time::timeout(left, sent).await {
                 Ok(Ok(response)) => {
-                    let answer = answer_of(response.into_inner(), attempt);
+                    let answer = answer_of(response, attempt);
                     self.remember(cache_key, check.cost, &answer);
                     return Ok(answer);
                 }
@@ -460,6 +506,36 @@ impl Inner {
             }
         }
         Ok(self.unavailable(check, &cache_key))
+    }
+
+    /// Send `request` through `addr`'s batcher (started on first use).
+    fn batched(
+        &self,
+        addr: &str,
+        client: RateLimiterClient<Channel>,
+        coalesce: Coalesce,
+        request: proto::CheckRequest,
+    ) -> CallFuture {
+        let tx = {
+            let mut batchers = self.batchers.lock().unwrap_or_else(|e| e.into_inner());
+            batchers
+                .entry(addr.to_string())
+                .or_insert_with(|| {
+                    let (tx, rx) = tokio::sync::mpsc::channel(coalesce.max_batch.max(1) * 64);
+                    tokio::spawn(batcher(client, rx, coalesce, self.stats.clone()));
+                    tx
+                })
+                .clone()
+        };
+        Box::pin(async move {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            tx.send(Pending { request, reply })
+                .await
+                .map_err(|_| tonic::Status::unavailable("batcher gone"))?;
+            answer
+                .await
+                .map_err(|_| tonic::Status::unavailable("batch dropped"))?
+        })
     }
 
     fn cached(&self, key: &CacheKey, cost: u64) -> Option<Answer> {
@@ -555,6 +631,106 @@ impl Inner {
                     node: None,
                     rule: String::new(),
                 }
+            }
+        }
+    }
+}
+
+/// How coalescing went, for measuring it.
+#[derive(Debug, Default)]
+struct Counters {
+    calls: AtomicU64,
+    batched: AtomicU64,
+}
+
+/// Coalescing figures since the client started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CoalesceStats {
+    /// Calls the batchers made (`Check` for a batch of one, else `CheckBatch`).
+    pub calls: u64,
+    /// Checks those calls carried.
+    pub checks: u64,
+}
+
+type CallFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<proto::CheckResponse, tonic::Status>> + Send>,
+>;
+
+/// A check waiting in a batcher, and where its answer goes.
+struct Pending {
+    request: proto::CheckRequest,
+    reply: tokio::sync::oneshot::Sender<Result<proto::CheckResponse, tonic::Status>>,
+}
+
+/// One node's batcher (see [`Coalesce`]): ends when the client drops its sender.
+async fn batcher(
+    client: RateLimiterClient<Channel>,
+    mut rx: tokio::sync::mpsc::Receiver<Pending>,
+    coalesce: Coalesce,
+    stats: Arc<Counters>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(coalesce.max_in_flight.max(1)));
+    let max = coalesce.max_batch.clamp(1, 1000);
+    while let Some(first) = rx.recv().await {
+        // Wait for a free call slot; what arrives meanwhile joins this batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        stats.calls.fetch_add(1, Ordering::Relaxed);
+        stats
+            .batched
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            send_batch(&mut client, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One `CheckBatch` call for `batch`. The server refuses a whole batch if any item is
+/// invalid; then each item is sent alone, so one bad check fails only itself.
+async fn send_batch(client: &mut RateLimiterClient<Channel>, batch: Vec<Pending>) {
+    if let [_] = batch.as_slice() {
+        let one = batch.into_iter().next().expect("one");
+        let result = client.check(one.request).await.map(|r| r.into_inner());
+        let _ = one.reply.send(result);
+        return;
+    }
+    let checks: Vec<proto::CheckRequest> = batch.iter().map(|p| p.request.clone()).collect();
+    match client
+        .check_batch(proto::CheckBatchRequest { checks })
+        .await
+        .map(|r| r.into_inner().results)
+    {
+        Ok(results) if results.len() == batch.len() => {
+            for (pending, result) in batch.into_iter().zip(results) {
+                let _ = pending.reply.send(Ok(result));
+            }
+        }
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            for pending in batch {
+                let result = client.check(pending.request).await.map(|r| r.into_inner());
+                let _ = pending.reply.send(result);
+            }
+        }
+        Ok(_) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(tonic::Status::internal(
+                    "batch answer of the wrong length",
+                )));
+            }
+        }
+        Err(status) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(status.clone()));
             }
         }
     }

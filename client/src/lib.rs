@@ -35,7 +35,9 @@ pub mod proto {
     tonic::include_proto!("ringlimit.v1");
 }
 
-pub use client::{Answer, Check, Client, ClientConfig, ClientError, Source, Unavailable};
+pub use client::{
+    Answer, Check, Client, ClientConfig, ClientError, Coalesce, CoalesceStats, Source, Unavailable,
+};
 pub use contract::Quota;
 pub use layer::{RateLimitLayer, Target};
 pub use retry::{Jitter, RetryBudget};
