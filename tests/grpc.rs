@@ -400,6 +400,7 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
             tier: None,
             cost: 100,
             at: 0,
+            named: None,
         }],
     };
     let refused = public.refund(refund.clone()).await.unwrap_err();
@@ -804,6 +805,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
             tier: None,
             cost: 100,
             at: 0,
+            named: None,
         }],
     };
     fn unauthenticated<T>(result: Result<T, tonic::Status>) {

@@ -238,10 +238,13 @@ pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis)
 
 /// Mark the descriptors of one check to give back: admitted while another denied.
 /// Only what was charged somewhere is given back (not cached or fail-closed answers).
+/// A shadow rule's denial denies nothing, so it refunds nothing. A probe is always
+/// given back.
 pub fn mark_refunds(descriptors: &mut [DescriptorOutcome]) {
-    let any_denied = descriptors.iter().any(|d| !d.answer.decision.allowed);
+    let any_denied = descriptors.iter().any(|d| !d.enforced_allowed());
     for d in descriptors {
-        d.refunded = any_denied
+        // A probe (report, do not count) gives its unit back whatever the others say.
+        d.refunded = (any_denied || d.item.probe)
             && d.answer.decision.allowed
             && !matches!(d.answer.charged, Charged::Nothing);
     }

@@ -105,6 +105,7 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
         sequence: verdict.sequence,
         degraded: verdict.degraded,
         delay_ms: verdict.delay_ms,
+        shadow_denied: verdict.shadow_denied,
         descriptors: verdict
             .descriptors
             .iter()
@@ -127,6 +128,7 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
                     delay_ms: decision.delay_ms,
                     refunded: d.refunded,
                     hops: a.hops,
+                    shadow_denied: d.shadow_denied(),
                 }
             })
             .collect(),
