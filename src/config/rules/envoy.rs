@@ -14,8 +14,8 @@
 //!   its own counter; `share_threshold: true` on a wildcard node makes every value it
 //!   matches share one counter;
 //! - `replaces: [{name}]` drops, for one request, the limits of other descriptors whose
-//!   `rate_limit.name` is listed ([`EnvoyConfig::check`] leaves that to the caller via
-//!   [`EnvoyMatch::replaces`]).
+//!   `rate_limit.name` is listed: a question about the whole request, so the check layer
+//!   answers it from each match's [`EnvoyLimit::replaces`].
 //!
 //! Each `rate_limit` may choose ringlimit's algorithm with an extra key `algorithm`; the
 //! default is `fixed_window`, the reference server's own, so a migrated file decides exactly
