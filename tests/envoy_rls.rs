@@ -498,11 +498,10 @@ async fn a_node_refuses_to_start_with_a_bad_envoy_config_naming_key_and_line() {
         envoy_path: Some(path),
         ..NodeConfig::for_test()
     };
-    let error = ringlimit::node::start(config)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
+    let error = match ringlimit::node::start(config).await {
+        Ok(_) => panic!("a bad envoy config must refuse the start"),
+        Err(error) => error.to_string(),
+    };
     assert!(
         error.contains("unknown field `valu`") && error.contains("line 4"),
         "{error}"
