@@ -551,3 +551,78 @@ async fn envoy_descriptors_owned_by_another_node_are_forwarded_and_decided_there
         "some were forwarded"
     );
 }
+
+#[tokio::test]
+async fn reflection_v1_and_v1alpha_list_the_public_services_only() {
+    let n = node_with(&[SEMANTICS]).await;
+    let channel = Channel::from_shared(format!("http://{}", n.node.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let v1 = {
+        use tonic_reflection::pb::v1::{
+            server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+            ServerReflectionRequest,
+        };
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = ServerReflectionClient::new(channel.clone())
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("v1: expected a service list, got {answer:?}");
+        };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        names
+    };
+    let v1alpha = {
+        use tonic_reflection::pb::v1alpha::{
+            server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+            ServerReflectionRequest,
+        };
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = ServerReflectionClient::new(channel)
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("v1alpha: expected a service list, got {answer:?}");
+        };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        names
+    };
+    let public = [
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "grpc.health.v1.Health",
+        "ringlimit.v1.RateLimiter",
+    ];
+    let without = |names: &[String], reflection: &str| {
+        assert!(names.iter().any(|n| n == reflection), "{names:?}");
+        names
+            .iter()
+            .filter(|n| !n.starts_with("grpc.reflection."))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(without(&v1, "grpc.reflection.v1.ServerReflection"), public);
+    assert_eq!(
+        without(&v1alpha, "grpc.reflection.v1alpha.ServerReflection"),
+        public,
+        "both versions list the same public services, never the peer API"
+    );
+}
