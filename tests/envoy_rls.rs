@@ -626,3 +626,82 @@ async fn reflection_v1_and_v1alpha_list_the_public_services_only() {
         "both versions list the same public services, never the peer API"
     );
 }
+
+/// The counter key of a one-entry descriptor (`check::domain`'s length-prefixed
+/// encoding of domain, key, value): what the ring places.
+fn counter_key(domain: &str, key: &str, value: &str) -> String {
+    [domain, key, value]
+        .iter()
+        .map(|p| format!("{}:{p}", p.len()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_owner_fails_open_degraded_or_answers_unavailable_per_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.yaml");
+    std::fs::write(&path, "domain: f\ndescriptors:\n  - key: open\n    rate_limit: {unit: hour, requests_per_unit: 30}\n  - key: closed\n    rate_limit: {unit: hour, requests_per_unit: 30, on_unavailable: closed}\n  - key: local\n    rate_limit: {unit: hour, requests_per_unit: 30}\n").unwrap();
+    let ids = ["a", "b", "c"];
+    let mut nodes = Vec::new();
+    let mut seeds: Vec<String> = Vec::new();
+    for id in ids {
+        let config = NodeConfig {
+            envoy_path: Some(path.clone()),
+            ..common::member_config(id, &seeds, None)
+        };
+        let node = common::start(config).await;
+        seeds = vec![node.gossip_addr.to_string()];
+        nodes.push(node);
+    }
+    common::wait_converged(&nodes, 3).await;
+    let ring =
+        ringlimit::ring::Ring::new(ids.iter().copied(), ringlimit::ring::Ring::DEFAULT_VNODES);
+    let on = |owner: &str, key: &str| {
+        (0..)
+            .map(|i| format!("v{i}"))
+            .find(|v| ring.owner(counter_key("f", key, v).as_bytes()) == Some(owner))
+            .unwrap()
+    };
+    let (open_v, closed_v, local_v) = (on("c", "open"), on("c", "closed"), on("a", "local"));
+    // Crash c: a still has it on its ring until failure detection.
+    nodes.pop().unwrap().shutdown().await;
+    let mut via_a = RateLimitServiceClient::connect(format!("http://{}", nodes[0].grpc_addr))
+        .await
+        .unwrap();
+    let open = via_a
+        .should_rate_limit(request("f", &[&[("open", open_v.as_str())]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(open.overall_code, OK, "fail-open: decided on a, degraded");
+    assert_eq!(
+        open.statuses[0].limit_remaining,
+        30 / 3 - 1,
+        "on the per-node share"
+    );
+    let status = via_a
+        .should_rate_limit(request(
+            "f",
+            &[
+                &[("local", local_v.as_str())],
+                &[("closed", closed_v.as_str())],
+            ],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().starts_with("descriptors[1]: "),
+        "{}",
+        status.message()
+    );
+    let local = via_a
+        .should_rate_limit(request("f", &[&[("local", local_v.as_str())]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        local.statuses[0].limit_remaining, 29,
+        "the sibling was refunded"
+    );
+}

@@ -101,6 +101,16 @@ pub struct DomainPlan {
     pub items: Vec<CheckItem>,
 }
 
+impl DomainPlan {
+    /// The request descriptor the planned item `item` stands for.
+    pub fn request_index(&self, item: usize) -> usize {
+        self.descriptors
+            .iter()
+            .position(|p| matches!(p, Planned::Counted { item: i, .. } if *i == item))
+            .unwrap_or(item)
+    }
+}
+
 /// The status of one descriptor, wire-independent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainStatus {
@@ -192,7 +202,9 @@ fn override_rule(base: &Rule, requests: u32, unit: EnvoyUnit) -> Option<Arc<Rule
     let limit = NonZeroU64::new(u64::from(requests))?;
     let spec = envoy_spec(base.spec.kind(), limit, unit.window());
     let name = override_rule_name(&base.name, requests, unit);
-    envoy_rule(&name, spec, base.shadow).ok().map(Arc::new)
+    envoy_rule(&name, spec, base.shadow, base.on_unavailable)
+        .ok()
+        .map(Arc::new)
 }
 
 /// Validate a domain request and plan it. Nothing is charged for an invalid one.

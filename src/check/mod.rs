@@ -72,6 +72,16 @@ pub enum CheckError {
     /// The deciding shard could not answer.
     #[error(transparent)]
     Shard(#[from] ShardError),
+    /// A descriptor's owner could not be reached and its rule fails closed; said as
+    /// such (gRPC `UNAVAILABLE`) by front ends whose callers have their own failure mode
+    /// (Envoy's `failure_mode_deny`). Nothing stays charged: the others were refunded.
+    #[error("descriptors[{descriptor}]: the owner of its counter is unreachable and rule \"{rule}\" fails closed")]
+    Unavailable {
+        /// Index of the descriptor in the request.
+        descriptor: usize,
+        /// Its rule.
+        rule: String,
+    },
 }
 
 impl CheckError {
@@ -132,6 +142,17 @@ impl Checker {
         let items = plan.items.clone();
         let mut verdicts = self.decide(vec![items]).await?;
         let verdict = verdicts.pop().expect("one verdict per check");
+        let me = self.router.me();
+        if let Some(i) = verdict
+            .descriptors
+            .iter()
+            .position(|d| crate::cluster::policy::is_fail_closed(&d.answer, me))
+        {
+            return Err(CheckError::Unavailable {
+                descriptor: plan.request_index(i),
+                rule: verdict.descriptors[i].item.rule.name.to_string(),
+            });
+        }
         Ok(domain::domain_verdict(plan, &verdict.descriptors))
     }
 

@@ -208,6 +208,18 @@ pub fn fallback_rule(rule: &Rule, nodes: u64) -> Rule {
     rule.fallback(nodes.max(1))
 }
 
+/// Whether `answer` is a fail-closed denial made by `me` because the key's owner could
+/// not be reached (and not a denial of the owner's, nor one from the deny cache, which
+/// always names the owner that denied). A front end that must tell "unreachable" apart
+/// (Envoy's `failure_mode_deny` wants `UNAVAILABLE`) asks this.
+pub fn is_fail_closed(answer: &Answer, me: &Decider) -> bool {
+    answer.degraded
+        && !answer.decision.allowed
+        && answer.sequence == 0
+        && matches!(answer.charged, Charged::Nothing)
+        && answer.decider == *me
+}
+
 /// The fallback for `item` when its owner is unreachable, on a ring of `nodes`.
 pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis) -> Fallback {
     match item.rule.on_unavailable {

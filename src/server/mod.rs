@@ -36,6 +36,7 @@ impl From<CheckError> for tonic::Status {
             CheckError::Shard(ShardError::Overloaded(_)) => {
                 tonic::Status::resource_exhausted(error.to_string())
             }
+            CheckError::Unavailable { .. } => tonic::Status::unavailable(error.to_string()),
             CheckError::Shard(ShardError::Stopped(_)) => {
                 tonic::Status::unavailable(error.to_string())
             }

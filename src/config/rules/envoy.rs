@@ -203,6 +203,7 @@ struct RawRateLimit {
     #[serde(default)]
     replaces: Vec<RawReplace>,
     algorithm: Option<String>,
+    on_unavailable: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -232,14 +233,19 @@ pub fn envoy_spec(kind: AlgorithmKind, limit: NonZeroU64, window: Duration) -> A
     }
 }
 
-/// A rule for `spec`, named `name`; None if the algorithm refuses the numbers.
-pub fn envoy_rule(name: &str, spec: AlgorithmSpec, shadow: bool) -> Result<Rule, String> {
+/// A rule for `spec`, named `name`; an error if the algorithm refuses the numbers.
+pub fn envoy_rule(
+    name: &str,
+    spec: AlgorithmSpec,
+    shadow: bool,
+    on_unavailable: FailMode,
+) -> Result<Rule, String> {
     spec.limiter().map_err(|e| e.to_string())?;
     Ok(Rule::new(
         name,
         Selector::default(),
         spec,
-        FailMode::Open,
+        on_unavailable,
         CountPer::Client,
     )
     .shadowed(shadow))
@@ -542,12 +548,32 @@ impl Builder<'_> {
                 format!("{at}.algorithm: {a:?} is not an algorithm (use token_bucket, leaky_bucket, fixed_window, sliding_window_log or sliding_window_counter)")
             })?,
         };
+        let on_unavailable = match raw.on_unavailable.as_deref() {
+            None | Some("open") => FailMode::Open,
+            Some("closed") => FailMode::Closed,
+            Some(other) => {
+                return Err(format!(
+                    "{at}.on_unavailable: {other:?} is not a fail mode (use open: decide on this node, degraded; or closed: answer UNAVAILABLE)"
+                ))
+            }
+        };
+        if u64::from(requests) > super::MAX_LIMIT {
+            return Err(format!(
+                "{at}.requests_per_unit: {requests} is over the limit of {}",
+                super::MAX_LIMIT
+            ));
+        }
         let name: Arc<str> = Arc::from(path);
         let rule = match NonZeroU64::new(u64::from(requests)) {
             None => None,
             Some(n) => {
-                let rule = envoy_rule(path, envoy_spec(kind, n, unit.window()), shadow)
-                    .map_err(|e| format!("{at}: {e}"))?;
+                let rule = envoy_rule(
+                    path,
+                    envoy_spec(kind, n, unit.window()),
+                    shadow,
+                    on_unavailable,
+                )
+                .map_err(|e| format!("{at}: {e}"))?;
                 let rule = Arc::new(rule);
                 self.rules.insert(name.clone(), rule.clone());
                 Some(rule)
