@@ -705,3 +705,57 @@ async fn an_unreachable_owner_fails_open_degraded_or_answers_unavailable_per_rul
         "the sibling was refunded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_leave_hands_envoy_counters_to_their_new_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.yaml");
+    // An Envoy rule whose numbers no TOML rule shares: found by the Envoy configuration.
+    std::fs::write(&path, "domain: h\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window_log}\n").unwrap();
+    let ids = ["a", "b", "c"];
+    let mut nodes = Vec::new();
+    let mut seeds: Vec<String> = Vec::new();
+    for id in ids {
+        let config = NodeConfig {
+            envoy_path: Some(path.clone()),
+            ..common::member_config(id, &seeds, None)
+        };
+        let node = common::start(config).await;
+        seeds = vec![node.gossip_addr.to_string()];
+        nodes.push(node);
+    }
+    common::wait_converged(&nodes, 3).await;
+    let ring =
+        ringlimit::ring::Ring::new(ids.iter().copied(), ringlimit::ring::Ring::DEFAULT_VNODES);
+    let values: Vec<String> = (0..)
+        .map(|i| format!("u{i}"))
+        .filter(|v| ring.owner(counter_key("h", "user", v).as_bytes()) == Some("c"))
+        .take(4)
+        .collect();
+    let mut via_a = RateLimitServiceClient::connect(format!("http://{}", nodes[0].grpc_addr))
+        .await
+        .unwrap();
+    for v in &values {
+        for _ in 0..3 {
+            let r = via_a
+                .should_rate_limit(request("h", &[&[("user", v.as_str())]]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.overall_code, OK);
+        }
+    }
+    nodes.pop().unwrap().leave().await;
+    common::wait_converged(&nodes, 2).await;
+    for v in &values {
+        let r = via_a
+            .should_rate_limit(request("h", &[&[("user", v.as_str())]]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.overall_code, OVER,
+            "{v} stays exhausted after its owner left"
+        );
+    }
+}

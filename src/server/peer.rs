@@ -273,7 +273,14 @@ impl Peer for PeerService {
         let request = request.into_inner();
         let total = request.states.len() as u64;
         let states = decode_install(request.states)?;
-        let vetted = handoff::with_rules(states, &self.rules.load(), self.router.now_ms());
+        // Counters of Envoy descriptors are handed over too: their rules are found among
+        // the Envoy configuration's (a request's limit override is not: it restarts).
+        let (rules, envoy) = (self.rules.load(), self.envoy.load());
+        let vetted = handoff::with_rule_list(
+            states,
+            rules.rules().iter().chain(envoy.rules()),
+            self.router.now_ms(),
+        );
         for (counter, &n) in self.refused.iter().zip(&vetted.refused) {
             counter.increment(n);
         }

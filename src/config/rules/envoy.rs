@@ -384,6 +384,11 @@ impl EnvoyConfig {
         self.rules.get(name)
     }
 
+    /// Every configured rule (for handed-over state).
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.values()
+    }
+
     /// What the descriptor `entries` of `domain` matches (see the module docs).
     pub fn matching(&self, domain: &str, entries: &[(&str, &str)]) -> EnvoyMatch {
         let Some(mut level) = self.domains.get(domain).map(Vec::as_slice) else {
