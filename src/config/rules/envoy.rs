@@ -453,9 +453,21 @@ impl Builder<'_> {
         if depth > MAX_ENVOY_DEPTH && !raw.is_empty() {
             return Err(format!("{at}: nested deeper than {MAX_ENVOY_DEPTH} levels"));
         }
+        let mut seen = std::collections::HashSet::new();
         raw.iter()
             .enumerate()
-            .map(|(i, d)| self.node(d, parent, &format!("{at}[{i}]"), depth))
+            .map(|(i, d)| {
+                let at = format!("{at}[{i}]");
+                // As the reference server: one node per (key, value) and level.
+                if !seen.insert((d.key.as_str(), d.value.as_deref())) {
+                    return Err(format!(
+                        "{at}: duplicate descriptor (key {:?}, value {:?}) at this level",
+                        d.key,
+                        d.value.as_deref().unwrap_or("")
+                    ));
+                }
+                self.node(d, parent, &at, depth)
+            })
             .collect()
     }
 
@@ -695,6 +707,7 @@ mod tests {
             ("  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: magic}\n", "algorithm"),
             ("  - key: \"\"\n", "descriptors[0].key"),
             ("  - key: k\n    value: v\n    share_threshold: true\n", "share_threshold"),
+            ("  - key: k\n  - key: j\n  - key: k\n", "descriptors[2]: duplicate descriptor"),
         ] {
             let e = EnvoyConfig::from_yaml_str(&format!("domain: d\ndescriptors:\n{yaml}"), AlgorithmKind::FixedWindow)
                 .unwrap_err()
