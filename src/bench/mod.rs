@@ -137,6 +137,12 @@ pub struct BenchArgs {
     /// RLS descriptor key of `--protocol envoy-rls` (the value is the client key).
     #[arg(long, default_value = "client_id")]
     pub descriptor_key: String,
+    /// Owner kill: `kill -9` the last local node this many seconds into the first
+    /// measured run. The load goes to the other nodes only (as a gateway's would), so
+    /// what is measured is the answer for keys the dead node owned: fail-open until the
+    /// ring drops it. Later rounds run on the survivors.
+    #[arg(long)]
+    pub kill_node_after: Option<u64>,
 }
 
 /// The outcome of one measured run.
@@ -241,7 +247,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             &rule_toml("sliding_window_counter", args.limit),
             &extra,
         )?;
-        let targets = nodes.iter().map(|n| n.grpc.clone()).collect();
+        let mut targets: Vec<String> = nodes.iter().map(|n| n.grpc.clone()).collect();
+        if args.kill_node_after.is_some() {
+            anyhow::ensure!(
+                nodes.len() >= 2,
+                "--kill-node-after needs --nodes 2 or more"
+            );
+            targets.pop();
+        }
         (nodes, targets)
     } else {
         (Vec::new(), args.targets.clone())
@@ -274,14 +287,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     );
     let keys = Keys::new(&args);
-    let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let mut pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let mut kill = match args.kill_node_after {
+        Some(after) => {
+            anyhow::ensure!(
+                !nodes.is_empty(),
+                "--kill-node-after needs local nodes (no --addr)"
+            );
+            let victim = pids.pop().expect("at least two nodes");
+            Some((victim, Duration::from_secs(after)))
+        }
+        None => None,
+    };
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     let mut envoy = Vec::new();
     for round in 0..args.rounds.max(1) {
         if args.protocol != Protocol::Ringlimit {
             println!("round {}: ringlimit via envoy-rls", round + 1);
-            let result = drive(&args, &keys, Target::Envoy(&targets), &pids).await?;
+            let result = drive(&args, &keys, Target::Envoy(&targets), &pids, kill.take()).await?;
             result.print();
             envoy.push(result);
             if args.protocol == Protocol::EnvoyRls {
@@ -289,12 +313,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
         println!("round {}: ringlimit", round + 1);
-        let result = drive(&args, &keys, Target::Ringlimit(&targets), &pids).await?;
+        let result = drive(
+            &args,
+            &keys,
+            Target::Ringlimit(&targets),
+            &pids,
+            kill.take(),
+        )
+        .await?;
         result.print();
         ours.push(result);
         if let Some((server, sha)) = &redis {
             println!("round {}: redis", round + 1);
-            let result = drive(&args, &keys, Target::Redis(&server.addr, sha), &[]).await?;
+            let result = drive(&args, &keys, Target::Redis(&server.addr, sha), &[], None).await?;
             result.print();
             theirs.push(result);
         }
@@ -355,6 +386,7 @@ async fn drive(
     keys: &Keys,
     target: Target<'_>,
     pids: &[u32],
+    kill: Option<(u32, Duration)>,
 ) -> anyhow::Result<RunResult> {
     let checks = Arc::new(AtomicU64::new(0));
     let allowed = Arc::new(AtomicU64::new(0));
@@ -402,6 +434,16 @@ async fn drive(
     measuring.store(true, Ordering::SeqCst);
     let cpu_before = cpu_seconds(pids);
     let started = Instant::now();
+    if let Some((pid, after)) = kill {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let killed = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            eprintln!(
+                "  killed node pid {pid} at {} s: {killed:?}",
+                after.as_secs()
+            );
+        });
+    }
     for second in 1..=args.duration {
         tokio::time::sleep_until((started + Duration::from_secs(second)).into()).await;
         eprintln!(
