@@ -332,15 +332,16 @@ pub fn plan_domain(
             };
             named.override_limit = Some((requests_per_unit, unit.window().as_secs()));
         }
+        // A shadow limit that could never admit denies nothing: the others still count.
         let Some(rule) = limit.rule.clone() else {
-            refused_any = true;
+            refused_any |= !limit.shadow;
             planned.push(Planned::Refused(limit));
             continue;
         };
         let probe = hits == 0;
         let cost = NonZeroU64::new(hits.max(1)).expect("at least 1");
         if cost.get() > rule.limiter.max_cost() {
-            refused_any = true;
+            refused_any |= !limit.shadow;
             planned.push(Planned::Refused(limit));
             continue;
         }
@@ -408,8 +409,8 @@ pub fn domain_verdict(plan: DomainPlan, outcomes: &[DescriptorOutcome]) -> Domai
             },
             Planned::Refused(limit) => {
                 let window = limit.unit.window().as_millis() as u64;
-                // A shadow rule refuses nothing either.
-                let shadow = limit.rule.as_ref().is_some_and(|r| r.shadow);
+                // A shadow limit refuses nothing either.
+                let shadow = limit.shadow;
                 DomainStatus {
                     ok: shadow,
                     limit: Some(limit),
@@ -575,5 +576,19 @@ mod tests {
         assert!(matches!(p.descriptors[0], Planned::Refused(_)));
         let v = domain_verdict(p, &[]);
         assert!(!v.ok);
+    }
+
+    #[test]
+    fn a_shadow_limit_that_cannot_admit_denies_nothing_and_the_others_still_count() {
+        let c = EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: s\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+            AlgorithmKind::FixedWindow,
+        )
+        .unwrap();
+        let p = plan_domain(&request(vec![one(&[("k", "a")]), one(&[("s", "x")])]), &c).unwrap();
+        assert!(!p.items[0].probe, "still counted");
+        let p = plan_domain(&request(vec![one(&[("s", "x")])]), &c).unwrap();
+        let v = domain_verdict(p, &[]);
+        assert!(v.ok && v.statuses[0].shadow_denied);
     }
 }

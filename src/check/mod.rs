@@ -136,6 +136,15 @@ impl Checker {
     /// so the ones that allowed are refunded when another denies.
     pub async fn check_domain(&self, input: &DomainInput<'_>) -> Result<DomainVerdict, CheckError> {
         let plan = domain::plan_domain(input, &self.envoy.load())?;
+        // Shadow limits that could never admit are never asked: counted here.
+        for p in &plan.descriptors {
+            if let domain::Planned::Refused(limit) = p {
+                if limit.shadow {
+                    metrics::counter!("ringlimit_shadow_denials_total", "rule" => limit.name.to_string())
+                        .increment(1);
+                }
+            }
+        }
         if plan.items.is_empty() {
             return Ok(domain::domain_verdict(plan, &[]));
         }

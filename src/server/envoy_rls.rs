@@ -273,6 +273,7 @@ mod tests {
             name: "per_ip".into(),
             configured_name: None,
             replaces: vec![],
+            shadow: false,
         };
         let open = DomainStatus {
             ok: true,

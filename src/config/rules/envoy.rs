@@ -117,6 +117,8 @@ pub struct EnvoyLimit {
     pub configured_name: Option<Arc<str>>,
     /// Names this limit replaces.
     pub replaces: Vec<Arc<str>>,
+    /// `shadow_mode: true`: reported, never enforced (also when nothing is counted).
+    pub shadow: bool,
 }
 
 /// What a request descriptor matched.
@@ -615,6 +617,7 @@ impl Builder<'_> {
             name: configured_name.clone().unwrap_or(name),
             configured_name,
             replaces,
+            shadow,
         }))
     }
 }
