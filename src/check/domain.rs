@@ -293,6 +293,25 @@ pub fn plan_domain(
     let mut refused_any = false;
     for ((m, hits), d) in matched.into_iter().zip(&input.descriptors) {
         let (mut limit, counter) = match m {
+            // As the reference: an override limits a descriptor of a known domain even
+            // when no configured limit matches it.
+            EnvoyMatch::NoLimit if d.limit.is_some() => {
+                let Some(base) = config.override_base(input.domain) else {
+                    planned.push(Planned::NoLimit);
+                    continue;
+                };
+                let o = d.limit.expect("checked");
+                let limit = EnvoyLimit {
+                    rule: Some(base.clone()),
+                    requests_per_unit: o.requests_per_unit,
+                    unit: o.unit.expect("validated above"),
+                    name: Arc::from(format!("{}.override", input.domain)),
+                    configured_name: None,
+                    replaces: Vec::new(),
+                    shadow: false,
+                };
+                (limit, EnvoyConfig::counter_key(input.domain, &d.entries))
+            }
             EnvoyMatch::NoLimit => {
                 planned.push(Planned::NoLimit);
                 continue;
@@ -590,5 +609,33 @@ mod tests {
         let p = plan_domain(&request(vec![one(&[("s", "x")])]), &c).unwrap();
         let v = domain_verdict(p, &[]);
         assert!(v.ok && v.statuses[0].shadow_denied);
+    }
+
+    #[test]
+    fn an_override_limits_an_unmatched_descriptor_of_a_known_domain_only() {
+        let c = config();
+        let mut d = one(&[("nothing", "configured")]);
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 3,
+            unit: Some(EnvoyUnit::Hour),
+        });
+        let p = plan_domain(&request(vec![d.clone()]), &c).unwrap();
+        let item = &p.items[0];
+        assert_eq!(item.rule.spec.limit().get(), 3);
+        assert_eq!(
+            item.rule.spec.window(),
+            std::time::Duration::from_secs(3600)
+        );
+        assert_eq!(
+            item.rule.spec.kind(),
+            AlgorithmKind::FixedWindow,
+            "the node default"
+        );
+        let owner = named_rule(&c, item.named.as_ref().unwrap()).unwrap();
+        assert_eq!(owner, item.rule, "the owner builds the same rule");
+        let mut r = request(vec![d]);
+        r.domain = "unknown";
+        let p = plan_domain(&r, &c).unwrap();
+        assert!(matches!(p.descriptors[0], Planned::NoLimit));
     }
 }

@@ -230,6 +230,10 @@ class RateLimitServiceTest(unittest.TestCase):
         self.assertEqual(s.current_limit.unit, rls_pb2.RateLimitResponse.RateLimit.HOUR)
         self.assertEqual(self.node.ask(descriptor(("remote_address", "10.9.9.9"))).statuses[0].limit_remaining, 2,
                          "the configured limit's counter is a different one")
+        # As the reference: an override limits a descriptor no configured limit matches.
+        free = descriptor(("unconfigured", "x"), limit=override)
+        self.assertEqual([self.node.ask(free).overall_code for _ in range(2)], [OK, OVER])
+        self.assertFalse(self.node.ask(descriptor(("unconfigured", "x"))).statuses[0].HasField("current_limit"))
 
     def test_all_must_allow_and_the_ones_that_allowed_are_refunded(self):
         ip = descriptor(("remote_address", "10.1.1.1"))

@@ -166,7 +166,14 @@ struct Node {
 pub struct EnvoyConfig {
     domains: HashMap<String, Vec<Node>>,
     rules: HashMap<Arc<str>, Arc<Rule>>,
+    /// Per domain, the base of a limit override on a descriptor no configured limit
+    /// matches (the reference applies an override whenever the domain exists): only its
+    /// algorithm is used. Not in [`EnvoyConfig::rules`]: no state is ever kept under it.
+    override_bases: HashMap<Arc<str>, Arc<Rule>>,
 }
+
+/// Suffix of the name of a domain's override base ([`EnvoyConfig::override_base`]).
+pub const OVERRIDE_BASE_SUFFIX: &str = "~override-base";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -365,6 +372,10 @@ impl EnvoyConfig {
             let nodes = builder
                 .nodes(&raw.descriptors, &raw.domain, "descriptors", 1)
                 .map_err(err)?;
+            let base: Arc<str> = Arc::from(format!("{}{OVERRIDE_BASE_SUFFIX}", raw.domain));
+            let spec = envoy_spec(default, NonZeroU64::MIN, Duration::from_secs(1));
+            let rule = envoy_rule(&base, spec, false, FailMode::Open).map_err(err)?;
+            config.override_bases.insert(base, Arc::new(rule));
             config.domains.insert(raw.domain, nodes);
         }
         Ok(config)
@@ -383,7 +394,28 @@ impl EnvoyConfig {
     /// A rule by name: how the owner of a forwarded Envoy descriptor finds the rule its
     /// sender matched.
     pub fn rule(&self, name: &str) -> Option<&Arc<Rule>> {
-        self.rules.get(name)
+        self.rules
+            .get(name)
+            .or_else(|| self.override_bases.get(name))
+    }
+
+    /// The base rule of a limit override on an unmatched descriptor of `domain` (`None`
+    /// for an unknown domain): the node default algorithm, named `<domain>~override-base`.
+    pub fn override_base(&self, domain: &str) -> Option<&Arc<Rule>> {
+        self.override_bases
+            .get(format!("{domain}{OVERRIDE_BASE_SUFFIX}").as_str())
+    }
+
+    /// The counter key of `entries` of `domain` with every value as sent (what a
+    /// value-less or exact match counts under).
+    pub fn counter_key(domain: &str, entries: &[(&str, &str)]) -> String {
+        let mut counter = String::new();
+        push_part(&mut counter, domain);
+        for (key, value) in entries {
+            push_part(&mut counter, key);
+            push_part(&mut counter, value);
+        }
+        counter
     }
 
     /// Every configured rule (for handed-over state).
