@@ -5,15 +5,28 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/ringlimit.proto", "proto/peer.proto"];
-    for p in &protos {
+    // The public protos: ringlimit's own and Envoy's rate limit service (trimmed copies of
+    // the upstream files under proto/envoy/, same packages and field numbers).
+    let public_protos = [
+        "proto/ringlimit.proto",
+        "proto/envoy/service/ratelimit/v3/rls.proto",
+    ];
+    let imported = [
+        "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
+        "proto/envoy/type/v3/ratelimit_unit.proto",
+        "proto/envoy/config/core/v3/base.proto",
+    ];
+    let protos = [public_protos[0], public_protos[1], "proto/peer.proto"];
+    for p in protos.iter().chain(&imported) {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // Reflection on the public listener describes the public services only: the peer
     // API is the cluster face and is not advertised to gateways.
-    let public = protox::compile(["proto/ringlimit.proto"], ["proto"])?;
+    // The set includes the files they import (Envoy's, and google/protobuf's
+    // duration and wrappers), so reflection clients can resolve every type.
+    let public = protox::compile(public_protos, ["proto"])?;
     std::fs::write(
         out.join("public_descriptor.bin"),
         prost::Message::encode_to_vec(&public),

@@ -135,6 +135,18 @@ struct ServeArgs {
     /// Rule file (TOML); re-read when it changes. Without it, the built-in default.
     #[arg(long, env = "RINGLIMIT_RULES")]
     rules: Option<PathBuf>,
+    /// envoyproxy/ratelimit YAML configuration for Envoy RLS checks: one file, or a
+    /// directory of *.yaml / *.yml files (one domain each); re-read when it changes.
+    #[arg(long, env = "RINGLIMIT_ENVOY_CONFIG")]
+    envoy_config: Option<PathBuf>,
+    /// Algorithm of an Envoy rate_limit without an `algorithm` key (default fixed_window,
+    /// the reference server's, so a migrated file decides as before).
+    #[arg(long, default_value = "fixed_window", value_parser = parse_algorithm)]
+    envoy_algorithm: ringlimit::algorithms::AlgorithmKind,
+    /// Envoy RLS answers ask Envoy to add Retry-After and the IETF RateLimit and
+    /// RateLimit-Policy headers (docs/envoy.md).
+    #[arg(long)]
+    envoy_headers: bool,
     /// This node's id in answers (default: ringlimit-<hostname or pid>).
     #[arg(long, env = "RINGLIMIT_NODE_ID")]
     node_id: Option<String>,
@@ -287,6 +299,12 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_algorithm(text: &str) -> Result<ringlimit::algorithms::AlgorithmKind, String> {
+    ringlimit::algorithms::AlgorithmKind::parse(text).ok_or_else(|| {
+        format!("{text:?} is not an algorithm (token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter)")
+    })
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -300,6 +318,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         listen: args.listen,
         metrics_listen: (!args.no_metrics).then_some(args.metrics_listen),
         rules_path: args.rules,
+        envoy_path: args.envoy_config,
+        envoy_algorithm: args.envoy_algorithm,
+        envoy_headers: args.envoy_headers,
         ..NodeConfig::default()
     };
     if let Some(id) = args.node_id {

@@ -11,6 +11,52 @@ pub mod peer {
     tonic::include_proto!("ringlimit.peer.v1");
 }
 
+/// Envoy's rate limit service and the types it uses: trimmed copies of the upstream
+/// protos (`proto/envoy/`), same package names and field numbers, so every Envoy-based
+/// gateway talks to a node unchanged. Only `server::envoy_rls` uses them.
+pub mod envoy {
+    /// `envoy.service.ratelimit.v3`.
+    pub mod service {
+        /// `envoy.service.ratelimit.v3`.
+        pub mod ratelimit {
+            /// `envoy.service.ratelimit.v3`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    /// `envoy.extensions.common.ratelimit.v3`.
+    pub mod extensions {
+        /// `envoy.extensions.common.ratelimit.v3`.
+        pub mod common {
+            /// `envoy.extensions.common.ratelimit.v3`.
+            pub mod ratelimit {
+                /// `envoy.extensions.common.ratelimit.v3`.
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    /// `envoy.type.v3`.
+    pub mod r#type {
+        /// `envoy.type.v3`.
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+    /// `envoy.config.core.v3`.
+    pub mod config {
+        /// `envoy.config.core.v3`.
+        pub mod core {
+            /// `envoy.config.core.v3`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
 /// Encoded `FileDescriptorSet` of the public protos (not the peer API), for gRPC
 /// server reflection on the public listener.
 pub const PUBLIC_FILE_DESCRIPTOR_SET: &[u8] =

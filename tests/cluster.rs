@@ -257,6 +257,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
             tier: None,
             cost: 1,
             hops: 1,
+            named: None,
         }],
         deadline_ms,
     };
@@ -531,6 +532,7 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
         tier,
         cost: 1,
         hops: 1,
+        named: None,
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),

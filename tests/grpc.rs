@@ -400,6 +400,7 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
             tier: None,
             cost: 100,
             at: 0,
+            named: None,
         }],
     };
     let refused = public.refund(refund.clone()).await.unwrap_err();
@@ -804,6 +805,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
             tier: None,
             cost: 100,
             at: 0,
+            named: None,
         }],
     };
     fn unauthenticated<T>(result: Result<T, tonic::Status>) {
@@ -866,5 +868,41 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "member".into(),
     ));
     assert!(member.status(StatusRequest {}).await.is_ok());
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_shadow_rule_counts_and_reports_its_denials_but_allows_and_refunds_nothing() {
+    let (_dir, path) = rules_file(
+        "[[rule]]\nname = \"dark-launch\"\ntier = \"shadow\"\nlimit = 2\nwindow = \"1m\"\nmode = \"shadow\"\n\n[[rule]]\nname = \"ip-enforced\"\nclient = \"ip:1\"\nlimit = 10\nwindow = \"1m\"\n",
+    );
+    let config = NodeConfig {
+        rules_path: Some(path),
+        ..NodeConfig::for_test()
+    };
+    let (node, _clock) = start_manual(config, T0).await;
+    let mut c = client(&node).await;
+    let before = counter_value("ringlimit_shadow_denials_total", "rule=\"dark-launch\"");
+    let mut req = check("cust_7", "/x", None);
+    req.tier = Some("shadow".into());
+    req.descriptors = vec![descriptor("ip:1")];
+    for i in 1..=4u64 {
+        let a = c.check(req.clone()).await.unwrap().into_inner();
+        assert!(a.allowed, "check {i}: shadow mode never denies");
+        assert_eq!(a.retry_after_ms, 0);
+        let shadow = &a.descriptors[0];
+        assert_eq!(shadow.rule, "dark-launch");
+        assert_eq!(a.shadow_denied, i > 2, "check {i}");
+        assert_eq!(shadow.shadow_denied, i > 2);
+        assert_eq!(shadow.allowed, i <= 2, "the would-be answer is reported");
+        let ip = &a.descriptors[1];
+        assert!(
+            ip.allowed && !ip.refunded,
+            "a shadow denial refunds no sibling"
+        );
+        assert_eq!(ip.remaining, 10 - i);
+    }
+    let after = counter_value("ringlimit_shadow_denials_total", "rule=\"dark-launch\"");
+    assert_eq!(after - before, 2);
     node.shutdown().await;
 }

@@ -161,4 +161,52 @@ mod tests {
         assert!(refused.contains("grpc-status"), "{refused}");
         node.shutdown().await;
     }
+
+    #[tokio::test]
+    async fn speaks_envoy_rls_to_a_real_node() {
+        use ringlimit::proto::envoy::extensions::common::ratelimit::v3::{
+            rate_limit_descriptor::Entry, RateLimitDescriptor,
+        };
+        use ringlimit::proto::envoy::service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bench.yaml");
+        std::fs::write(
+            &path,
+            "domain: bench\ndescriptors:\n  - key: client_id\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        )
+        .unwrap();
+        let config = NodeConfig {
+            envoy_path: Some(path),
+            ..NodeConfig::for_test()
+        };
+        let clock = Arc::new(ManualClock::new(T0));
+        let node = ringlimit::node::start_with_clock(config, clock, CancellationToken::new())
+            .await
+            .expect("node starts");
+        let (mut c, connection) = LeanClient::connect(&node.grpc_addr.to_string())
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "client_id".into(),
+                    value: "k".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        };
+        let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let a: RateLimitResponse = c.unary(path, &request).await.unwrap();
+            codes.push(a.overall_code);
+        }
+        assert_eq!(codes, [1, 1, 2], "OK, OK, OVER_LIMIT");
+        node.shutdown().await;
+    }
 }

@@ -19,6 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 
+use ringlimit::proto::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use ringlimit::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ringlimit::proto::peer::peer_client::PeerClient;
 use ringlimit::proto::peer::StatusRequest;
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
@@ -40,6 +44,19 @@ pub enum ClientKind {
     Lean,
     /// tonic's generated client over a `Channel` (a tower Buffer task per connection).
     Tonic,
+}
+
+/// Which API the load is sent through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// `ringlimit.v1.RateLimiter/Check` (or `CheckBatch`).
+    Ringlimit,
+    /// Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`, one
+    /// descriptor `(--descriptor-key, <key>)` in `--domain`: any RLS server will do.
+    EnvoyRls,
+    /// Both against the same nodes, alternating rounds, with the ratio of server CPU per
+    /// check (local nodes only).
+    Both,
 }
 
 /// `ringlimit bench` arguments.
@@ -110,6 +127,22 @@ pub struct BenchArgs {
     /// Algorithm for --memory.
     #[arg(long, default_value = "sliding_window_counter")]
     pub algorithm: String,
+    /// API the load goes through. Local nodes get the same limit both ways (an Envoy
+    /// config whose one descriptor has the benchmark rule's algorithm and numbers).
+    #[arg(long, value_enum, default_value_t = Protocol::Ringlimit)]
+    pub protocol: Protocol,
+    /// RLS domain of `--protocol envoy-rls`.
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+    /// RLS descriptor key of `--protocol envoy-rls` (the value is the client key).
+    #[arg(long, default_value = "client_id")]
+    pub descriptor_key: String,
+    /// Owner kill: `kill -9` the last local node this many seconds into the first
+    /// measured run. The load goes to the other nodes only (as a gateway's would), so
+    /// what is measured is the answer for keys the dead node owned: fail-open until the
+    /// ring drops it. Later rounds run on the survivors.
+    #[arg(long)]
+    pub kill_node_after: Option<u64>,
 }
 
 /// The outcome of one measured run.
@@ -126,6 +159,8 @@ pub struct RunResult {
     pub elapsed: Duration,
     /// Per-call latency, µs.
     pub latency: Histogram<u64>,
+    /// CPU seconds (user + system) the local node processes spent in the measured time.
+    pub server_cpu_s: Option<f64>,
 }
 
 impl RunResult {
@@ -139,7 +174,17 @@ impl RunResult {
         self.latency.value_at_quantile(q) as f64 / 1000.0
     }
 
+    /// Server CPU per check, µs (local nodes only).
+    pub fn cpu_us_per_check(&self) -> Option<f64> {
+        self.server_cpu_s
+            .filter(|_| self.checks > 0)
+            .map(|s| s * 1e6 / self.checks as f64)
+    }
+
     fn print(&self) {
+        if let Some(us) = self.cpu_us_per_check() {
+            println!("{:<10} server CPU {us:.1} µs/check", self.system);
+        }
         println!(
             "{:<10} checks/s {:>10.0}  p50 {:>7.3} ms  p90 {:>7.3} ms  p99 {:>7.3} ms  p99.9 {:>7.3} ms  allowed {:>9}  denied {:>9}  errors {}",
             self.system,
@@ -165,6 +210,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!((1..=1000).contains(&args.batch), "--batch must be 1..=1000");
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    anyhow::ensure!(
+        args.protocol == Protocol::Ringlimit
+            || (args.batch == 1 && args.client == ClientKind::Lean),
+        "--protocol envoy-rls / both: one descriptor per call (--batch 1) over the lean client"
+    );
+    anyhow::ensure!(
+        !(args.protocol != Protocol::Ringlimit && args.compare_redis),
+        "--compare-redis compares the native path; use --protocol ringlimit"
+    );
     if args.memory {
         return memory(&args).await;
     }
@@ -175,13 +229,32 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         } else {
             &[]
         };
+        // The same limit through Envoy RLS: one descriptor per client key.
+        let envoy = rules_dir.join("envoy.yaml");
+        std::fs::write(
+            &envoy,
+            format!(
+                "domain: {}\ndescriptors:\n  - key: {}\n    rate_limit: {{unit: minute, requests_per_unit: {}, algorithm: sliding_window_counter}}\n",
+                args.domain, args.descriptor_key, args.limit
+            ),
+        )?;
+        let envoy = envoy.to_string_lossy().into_owned();
+        let mut extra: Vec<&str> = insecure.to_vec();
+        extra.extend(["--envoy-config", envoy.as_str()]);
         let nodes = start_nodes(
             args.nodes,
             &rules_dir,
             &rule_toml("sliding_window_counter", args.limit),
-            insecure,
+            &extra,
         )?;
-        let targets = nodes.iter().map(|n| n.grpc.clone()).collect();
+        let mut targets: Vec<String> = nodes.iter().map(|n| n.grpc.clone()).collect();
+        if args.kill_node_after.is_some() {
+            anyhow::ensure!(
+                nodes.len() >= 2,
+                "--kill-node-after needs --nodes 2 or more"
+            );
+            targets.pop();
+        }
         (nodes, targets)
     } else {
         (Vec::new(), args.targets.clone())
@@ -214,18 +287,69 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     );
     let keys = Keys::new(&args);
+    let mut pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let mut kill = match args.kill_node_after {
+        Some(after) => {
+            anyhow::ensure!(
+                !nodes.is_empty(),
+                "--kill-node-after needs local nodes (no --addr)"
+            );
+            let victim = pids.pop().expect("at least two nodes");
+            Some((victim, Duration::from_secs(after)))
+        }
+        None => None,
+    };
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
+    let mut envoy = Vec::new();
     for round in 0..args.rounds.max(1) {
+        if args.protocol != Protocol::Ringlimit {
+            println!("round {}: ringlimit via envoy-rls", round + 1);
+            let result = drive(&args, &keys, Target::Envoy(&targets), &pids, kill.take()).await?;
+            result.print();
+            envoy.push(result);
+            if args.protocol == Protocol::EnvoyRls {
+                continue;
+            }
+        }
         println!("round {}: ringlimit", round + 1);
-        let result = drive(&args, &keys, Target::Ringlimit(&targets)).await?;
+        let result = drive(
+            &args,
+            &keys,
+            Target::Ringlimit(&targets),
+            &pids,
+            kill.take(),
+        )
+        .await?;
         result.print();
         ours.push(result);
         if let Some((server, sha)) = &redis {
             println!("round {}: redis", round + 1);
-            let result = drive(&args, &keys, Target::Redis(&server.addr, sha)).await?;
+            let result = drive(&args, &keys, Target::Redis(&server.addr, sha), &[], None).await?;
             result.print();
             theirs.push(result);
+        }
+    }
+    if !envoy.is_empty() && !ours.is_empty() {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let rate_envoy = median(envoy.iter().map(RunResult::rate).collect());
+        let rate_native = median(ours.iter().map(RunResult::rate).collect());
+        println!(
+            "median envoy-rls checks/s {rate_envoy:.0}, native Check checks/s {rate_native:.0}, ratio {:.2}",
+            rate_envoy / rate_native
+        );
+        let cpu = |v: &[RunResult]| {
+            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
+            (!c.is_empty()).then(|| median(c))
+        };
+        if let (Some(e), Some(n)) = (cpu(&envoy), cpu(&ours)) {
+            println!(
+                "median server CPU per check: envoy-rls {e:.1} µs, native {n:.1} µs, ratio envoy-rls/native {:.2}",
+                e / n
+            );
         }
     }
     if !theirs.is_empty() {
@@ -252,11 +376,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 enum Target<'a> {
     Ringlimit(&'a [String]),
+    Envoy(&'a [String]),
     Redis(&'a str, &'a str),
 }
 
 /// Drive one system for warmup + duration with the configured load.
-async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Result<RunResult> {
+async fn drive(
+    args: &BenchArgs,
+    keys: &Keys,
+    target: Target<'_>,
+    pids: &[u32],
+    kill: Option<(u32, Duration)>,
+) -> anyhow::Result<RunResult> {
     let checks = Arc::new(AtomicU64::new(0));
     let allowed = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -280,6 +411,8 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
             client: args.client,
             cost: args.cost,
             limit: args.limit,
+            envoy: matches!(target, Target::Envoy(_))
+                .then(|| (args.domain.clone(), args.descriptor_key.clone())),
             checks: checks.clone(),
             allowed: allowed.clone(),
             errors: errors.clone(),
@@ -287,7 +420,7 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
             stop: stop.clone(),
         };
         workers.push(match &target {
-            Target::Ringlimit(targets) => {
+            Target::Ringlimit(targets) | Target::Envoy(targets) => {
                 let addr = format!("http://{}", targets[worker % targets.len()]);
                 tokio::spawn(ctx.ringlimit(addr))
             }
@@ -299,7 +432,18 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
     allowed.store(0, Ordering::SeqCst);
     errors.store(0, Ordering::SeqCst);
     measuring.store(true, Ordering::SeqCst);
+    let cpu_before = cpu_seconds(pids);
     let started = Instant::now();
+    if let Some((pid, after)) = kill {
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let killed = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            eprintln!(
+                "  killed node pid {pid} at {} s: {killed:?}",
+                after.as_secs()
+            );
+        });
+    }
     for second in 1..=args.duration {
         tokio::time::sleep_until((started + Duration::from_secs(second)).into()).await;
         eprintln!(
@@ -309,6 +453,7 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
         );
     }
     measuring.store(false, Ordering::SeqCst);
+    let cpu_after = cpu_seconds(pids);
     let elapsed = started.elapsed();
     let total = checks.load(Ordering::SeqCst);
     stop.store(true, Ordering::SeqCst);
@@ -319,7 +464,12 @@ async fn drive(args: &BenchArgs, keys: &Keys, target: Target<'_>) -> anyhow::Res
     Ok(RunResult {
         system: match target {
             Target::Ringlimit(_) => "ringlimit",
+            Target::Envoy(_) => "envoy-rls",
             Target::Redis(..) => "redis",
+        },
+        server_cpu_s: match (cpu_before, cpu_after) {
+            (Some(b), Some(a)) if !pids.is_empty() => Some(a - b),
+            _ => None,
         },
         checks: total,
         allowed: allowed.load(Ordering::SeqCst),
@@ -343,6 +493,8 @@ struct Worker {
     client: ClientKind,
     cost: i64,
     limit: u64,
+    /// Send `ShouldRateLimit` in (domain, descriptor key) instead of `Check`.
+    envoy: Option<(String, String)>,
     checks: Arc<AtomicU64>,
     allowed: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
@@ -406,9 +558,17 @@ impl Worker {
     async fn ringlimit_lean(&mut self, mut client: lean::LeanClient, latency: &mut Histogram<u64>) {
         const CHECK: &str = "/ringlimit.v1.RateLimiter/Check";
         const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
+        const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
         while !self.stop.load(Ordering::Relaxed) {
             let started = self.pace().await;
-            if self.batch == 1 {
+            if let Some(request) = self.envoy_request() {
+                match client.unary::<_, RateLimitResponse>(RLS, &request).await {
+                    Ok(a) => self.record(latency, started, 1, u64::from(a.overall_code == 1)),
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            } else if self.batch == 1 {
                 let key = self.keys.next(&mut self.rng);
                 let request = self.request(key);
                 match client.unary::<_, CheckResponse>(CHECK, &request).await {
@@ -480,6 +640,23 @@ impl Worker {
     ) {
         let allowed = results.iter().filter(|r| r.allowed).count() as u64;
         self.record(latency, started, results.len() as u64, allowed);
+    }
+
+    /// The next key as one RLS descriptor, when the load goes through Envoy's API.
+    fn envoy_request(&mut self) -> Option<RateLimitRequest> {
+        let (domain, descriptor_key) = self.envoy.clone()?;
+        let key = self.keys.next(&mut self.rng).to_string();
+        Some(RateLimitRequest {
+            domain,
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: descriptor_key,
+                    value: key,
+                }],
+                ..Default::default()
+            }],
+            hits_addend: u32::try_from(self.cost).unwrap_or(1),
+        })
     }
 
     fn request(&self, key: &str) -> CheckRequest {
@@ -687,6 +864,27 @@ fn start_nodes(
         std::thread::sleep(Duration::from_secs(3));
     }
     Ok(nodes)
+}
+
+/// User + system CPU seconds of the processes `pids` (Linux `/proc`); `None` elsewhere.
+fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    let ticks_per_s = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    let mut total = 0.0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesised command name: utime and stime are 14 and 15.
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: f64 = fields.get(11)?.parse().ok()?;
+        let stime: f64 = fields.get(12)?.parse().ok()?;
+        total += (utime + stime) / ticks_per_s;
+    }
+    Some(total)
 }
 
 fn rss_bytes(pid: u32) -> anyhow::Result<u64> {

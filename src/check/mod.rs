@@ -17,14 +17,16 @@
 //! [`DescriptorInput`] when those front ends arrive; the planned item already carries
 //! its rule, so an inline rule needs no new path below planning.
 
+pub mod domain;
 pub mod plan;
 pub mod verdict;
 
 use std::sync::Arc;
 
 use crate::cluster::Router;
-use crate::config::SharedRules;
+use crate::config::{SharedEnvoy, SharedRules};
 use crate::shard::ShardError;
+pub use domain::{DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride};
 pub use plan::{At, FieldNames, Leaf};
 pub use verdict::{DescriptorVerdict, Verdict};
 
@@ -70,6 +72,16 @@ pub enum CheckError {
     /// The deciding shard could not answer.
     #[error(transparent)]
     Shard(#[from] ShardError),
+    /// A descriptor's owner could not be reached and its rule fails closed; said as
+    /// such (gRPC `UNAVAILABLE`) by front ends whose callers have their own failure mode
+    /// (Envoy's `failure_mode_deny`). Nothing stays charged: the others were refunded.
+    #[error("descriptors[{descriptor}]: the owner of its counter is unreachable and rule \"{rule}\" fails closed")]
+    Unavailable {
+        /// Index of the descriptor in the request.
+        descriptor: usize,
+        /// Its rule.
+        rule: String,
+    },
 }
 
 impl CheckError {
@@ -82,17 +94,75 @@ impl CheckError {
     }
 }
 
+/// `ringlimit_shadow_denials_total{rule}`: what a rule in shadow mode would have denied.
+/// The label is bounded by the rule set (fail-open stand-ins count under their rule).
+fn count_shadow_denials(verdict: &Verdict) {
+    for d in verdict.descriptors.iter().filter(|d| d.shadow_denied()) {
+        let name = d.item.rule.name.as_ref();
+        let rule = name
+            .split_once(crate::config::rules::FALLBACK_SUFFIX)
+            .map_or(name, |(base, _)| base);
+        metrics::counter!("ringlimit_shadow_denials_total", "rule" => rule.to_string())
+            .increment(1);
+    }
+}
+
 /// Decides checks for every front end: the seam under all of them.
 #[derive(Debug, Clone)]
 pub struct Checker {
     router: Arc<Router>,
     rules: SharedRules,
+    envoy: SharedEnvoy,
 }
 
 impl Checker {
     /// A checker matching against `rules` and deciding through `router`.
     pub fn new(router: Arc<Router>, rules: SharedRules) -> Self {
-        Self { router, rules }
+        Self {
+            router,
+            rules,
+            envoy: SharedEnvoy::default(),
+        }
+    }
+
+    /// This checker matching domain checks against `envoy`.
+    pub fn with_envoy(mut self, envoy: SharedEnvoy) -> Self {
+        self.envoy = envoy;
+        self
+    }
+
+    /// Decide one request by domain and descriptor entries (Envoy's rate limit
+    /// service): see [`domain`]. Its counted descriptors are one check for the router,
+    /// so the ones that allowed are refunded when another denies.
+    pub async fn check_domain(&self, input: &DomainInput<'_>) -> Result<DomainVerdict, CheckError> {
+        let plan = domain::plan_domain(input, &self.envoy.load())?;
+        // Shadow limits that could never admit are never asked: counted here.
+        for p in &plan.descriptors {
+            if let domain::Planned::Refused(limit) = p {
+                if limit.shadow {
+                    metrics::counter!("ringlimit_shadow_denials_total", "rule" => limit.name.to_string())
+                        .increment(1);
+                }
+            }
+        }
+        if plan.items.is_empty() {
+            return Ok(domain::domain_verdict(plan, &[]));
+        }
+        let items = plan.items.clone();
+        let mut verdicts = self.decide(vec![items]).await?;
+        let verdict = verdicts.pop().expect("one verdict per check");
+        let me = self.router.me();
+        if let Some(i) = verdict
+            .descriptors
+            .iter()
+            .position(|d| crate::cluster::policy::is_fail_closed(&d.answer, me))
+        {
+            return Err(CheckError::Unavailable {
+                descriptor: plan.request_index(i),
+                rule: verdict.descriptors[i].item.rule.name.to_string(),
+            });
+        }
+        Ok(domain::domain_verdict(plan, &verdict.descriptors))
     }
 
     /// The cluster as this node sees it (members, ring), for the read-only topology
@@ -134,6 +204,15 @@ impl Checker {
         planned: Vec<Vec<crate::cluster::CheckItem>>,
     ) -> Result<Vec<Verdict>, CheckError> {
         let decided = self.router.decide(planned).await?;
-        Ok(decided.into_iter().map(Verdict::combine).collect())
+        Ok(decided
+            .into_iter()
+            .map(|d| {
+                let verdict = Verdict::combine(d);
+                if verdict.shadow_denied {
+                    count_shadow_denials(&verdict);
+                }
+                verdict
+            })
+            .collect())
     }
 }

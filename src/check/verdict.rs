@@ -43,6 +43,9 @@ pub struct Verdict {
     pub delay_ms: u64,
     /// The window (buckets: the refill period) of the rule whose numbers these are.
     pub window_ms: u64,
+    /// A rule in shadow mode would have denied a descriptor (the check is not denied for
+    /// it): see [`Rule::shadow`](crate::config::rules::Rule::shadow).
+    pub shadow_denied: bool,
     /// Every descriptor, in request order.
     pub descriptors: Vec<DescriptorVerdict>,
 }
@@ -55,7 +58,7 @@ impl Verdict {
     /// Combine one check's descriptor answers.
     pub fn combine(decided: Decided) -> Verdict {
         let descriptors = decided.descriptors;
-        let allowed = descriptors.iter().all(|d| d.answer.decision.allowed);
+        let allowed = descriptors.iter().all(|d| d.enforced_allowed());
         let top_item = &descriptors[chosen(&descriptors)];
         let top = &top_item.answer;
         let window_ms = top_item.item.rule.spec.window().as_millis() as u64;
@@ -63,7 +66,12 @@ impl Verdict {
             allowed,
             limit: top.decision.limit,
             remaining: if allowed { top.decision.remaining } else { 0 },
-            retry_after_ms: top.decision.retry_after_ms,
+            // A shadow denial (allowed, least remaining) must not ask the caller to wait.
+            retry_after_ms: if allowed {
+                0
+            } else {
+                top.decision.retry_after_ms
+            },
             reset_at_ms: top.decision.reset_at_ms,
             rule: top.rule.clone(),
             decider: top.decider.clone(),
@@ -71,6 +79,7 @@ impl Verdict {
             sequence: top.sequence,
             degraded: descriptors.iter().any(|d| d.answer.degraded),
             window_ms,
+            shadow_denied: descriptors.iter().any(|d| d.shadow_denied()),
             delay_ms: if allowed {
                 descriptors
                     .iter()
@@ -97,14 +106,14 @@ impl Verdict {
 }
 
 /// The most restrictive answer: the longest wait among denials, else the least
-/// remaining (the first such, for ties).
+/// remaining (the first such, for ties). A shadow denial is not a denial here.
 fn chosen(descriptors: &[DescriptorOutcome]) -> usize {
     let decision = |i: usize| &descriptors[i].answer.decision;
-    if descriptors.iter().all(|d| d.answer.decision.allowed) {
+    if descriptors.iter().all(|d| d.enforced_allowed()) {
         (0..descriptors.len()).min_by_key(|&i| decision(i).remaining)
     } else {
         (0..descriptors.len())
-            .filter(|&i| !decision(i).allowed)
+            .filter(|&i| !descriptors[i].enforced_allowed())
             .max_by_key(|&i| decision(i).retry_after_ms)
     }
     .unwrap_or(0)

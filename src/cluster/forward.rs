@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
-use crate::cluster::{CheckItem, Decider, Remote};
+use crate::cluster::{CheckItem, Decider, NamedRule, Remote};
 use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
@@ -37,6 +37,16 @@ use crate::proto::peer::{
     RefundItem as WireRefund, RefundRequest,
 };
 use crate::shard::Exported;
+
+/// How a rule found by name travels to the owner.
+fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
+    let (override_limit, override_unit_seconds) = named.override_limit.unwrap_or((0, 0));
+    crate::proto::peer::NamedRule {
+        name: named.name.to_string(),
+        override_limit,
+        override_unit_seconds,
+    }
+}
 
 /// Forwarding settings.
 #[derive(Debug, Clone)]
@@ -168,6 +178,7 @@ impl PeerPool {
             tier: item.tier.as_deref().map(str::to_string),
             cost: item.cost.get(),
             hops: 1,
+            named: item.named.as_ref().map(wire_named),
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;
@@ -213,6 +224,7 @@ impl PeerPool {
                 tier: item.tier.as_deref().map(str::to_string),
                 cost: item.cost.get(),
                 at: *at,
+                named: item.named.as_ref().map(wire_named),
             })
             .collect();
         match tokio::time::timeout(self.config.timeout, client.refund(RefundRequest { items }))

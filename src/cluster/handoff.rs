@@ -289,11 +289,17 @@ impl Vetted {
 /// limit) are refused and counted per reason, never merged. Fallback counters never
 /// travel.
 pub fn with_rules(states: Vec<Exported>, rules: &RuleSet, now: Millis) -> Vetted {
-    let by_fingerprint: HashMap<u64, &Arc<Rule>> = rules
-        .rules()
-        .iter()
-        .map(|rule| (rule.fingerprint, rule))
-        .collect();
+    with_rule_list(states, rules.rules().iter(), now)
+}
+
+/// [`with_rules`] over any rules: the rule set's and the Envoy configuration's.
+pub fn with_rule_list<'a>(
+    states: Vec<Exported>,
+    rules: impl Iterator<Item = &'a Arc<Rule>>,
+    now: Millis,
+) -> Vetted {
+    let by_fingerprint: HashMap<u64, &Arc<Rule>> =
+        rules.map(|rule| (rule.fingerprint, rule)).collect();
     let mut vetted = Vetted::default();
     for state in states {
         let Some(rule) = by_fingerprint.get(&state.fingerprint) else {

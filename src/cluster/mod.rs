@@ -64,6 +64,23 @@ pub struct CheckItem {
     pub tier: Option<Arc<str>>,
     /// Units to consume.
     pub cost: NonZeroU64,
+    /// Report, do not count (Envoy's `hits_addend = 0`): decided with a cost of 1 and
+    /// that unit given back at once, like a sibling's refund.
+    pub probe: bool,
+    /// How the owner finds this item's rule when it is not matched by (key, route,
+    /// tier): set for Envoy descriptors, whose rule comes from the Envoy configuration.
+    pub named: Option<NamedRule>,
+}
+
+/// A rule found by name (in the Envoy configuration), possibly with a request's
+/// override of its numbers: what a forwarded Envoy descriptor carries so its owner
+/// decides under the same rule as its sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedRule {
+    /// The configured rule's name.
+    pub name: Arc<str>,
+    /// A request's limit override (requests per unit, unit in seconds), if any.
+    pub override_limit: Option<(u32, u64)>,
 }
 
 impl CheckItem {
@@ -88,7 +105,21 @@ impl CheckItem {
             normalised_len: normalised.len(),
             tier: tier.map(Arc::from),
             cost,
+            probe: false,
+            named: None,
         }
+    }
+
+    /// This item as a probe: see [`CheckItem::probe`].
+    pub fn probing(mut self, probe: bool) -> Self {
+        self.probe = probe;
+        self
+    }
+
+    /// This item with its rule found by name: see [`CheckItem::named`].
+    pub fn named(mut self, named: NamedRule) -> Self {
+        self.named = Some(named);
+        self
     }
 
     /// The route as counted by a `per = "route"` rule: method + path, without the query
@@ -161,6 +192,18 @@ pub struct DescriptorOutcome {
     pub answer: Answer,
     /// Admitted, then given back because another descriptor of the check denied.
     pub refunded: bool,
+}
+
+impl DescriptorOutcome {
+    /// Denied by a rule in shadow mode: reported, but the check is not denied for it.
+    pub fn shadow_denied(&self) -> bool {
+        !self.answer.decision.allowed && self.item.rule.shadow
+    }
+
+    /// Allowed as far as the check is concerned: admitted, or denied only in shadow mode.
+    pub fn enforced_allowed(&self) -> bool {
+        self.answer.decision.allowed || self.item.rule.shadow
+    }
 }
 
 /// One check's descriptors with their answers after refunds (one vector per check:

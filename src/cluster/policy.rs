@@ -229,6 +229,18 @@ pub fn fallback_rule(rule: &Rule, nodes: u64) -> Rule {
     rule.fallback(nodes.max(1))
 }
 
+/// Whether `answer` is a fail-closed denial made by `me` because the key's owner could
+/// not be reached (and not a denial of the owner's, nor one from the deny cache, which
+/// always names the owner that denied). A front end that must tell "unreachable" apart
+/// (Envoy's `failure_mode_deny` wants `UNAVAILABLE`) asks this.
+pub fn is_fail_closed(answer: &Answer, me: &Decider) -> bool {
+    answer.degraded
+        && !answer.decision.allowed
+        && answer.sequence == 0
+        && matches!(answer.charged, Charged::Nothing)
+        && answer.decider == *me
+}
+
 /// The fallback for `item` when its owner is unreachable, on a ring of `nodes`.
 pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis) -> Fallback {
     match item.rule.on_unavailable {
@@ -259,10 +271,13 @@ pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis)
 
 /// Mark the descriptors of one check to give back: admitted while another denied.
 /// Only what was charged somewhere is given back (not cached or fail-closed answers).
+/// A shadow rule's denial denies nothing, so it refunds nothing. A probe is always
+/// given back.
 pub fn mark_refunds(descriptors: &mut [DescriptorOutcome]) {
-    let any_denied = descriptors.iter().any(|d| !d.answer.decision.allowed);
+    let any_denied = descriptors.iter().any(|d| !d.enforced_allowed());
     for d in descriptors {
-        d.refunded = any_denied
+        // A probe (report, do not count) gives its unit back whatever the others say.
+        d.refunded = (any_denied || d.item.probe)
             && d.answer.decision.allowed
             && !matches!(d.answer.charged, Charged::Nothing);
     }

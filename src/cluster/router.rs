@@ -219,7 +219,11 @@ impl Router {
             match result {
                 Ok(remote) => {
                     let answer = policy::remote_answer(item, remote, owner);
-                    if let Some(denial) = policy::denial(item, &answer, now.mono) {
+                    // A shadow rule's denial is not cached: its checks are allowed, and
+                    // each must still reach the owner to be counted there.
+                    if let Some(denial) =
+                        policy::denial(item, &answer, now.mono).filter(|_| !item.rule.shadow)
+                    {
                         self.deny.insert(item.id, denial, now.mono);
                     }
                     answers[*i] = Some(answer);

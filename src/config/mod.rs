@@ -18,3 +18,7 @@ pub use rules::{
 /// The rules every check is matched against; swapped whole on reload, so a check sees
 /// one rule set from start to end.
 pub type SharedRules = Arc<ArcSwap<RuleSet>>;
+
+/// The Envoy (envoyproxy/ratelimit YAML) configuration Envoy RLS checks are matched
+/// against; empty unless the node was started with one. Swapped whole on reload.
+pub type SharedEnvoy = Arc<ArcSwap<rules::envoy::EnvoyConfig>>;

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::algorithms::AlgorithmKind;
 use crate::cluster::forward::ForwardConfig;
 use crate::membership::MembershipConfig;
 use crate::shard::ShardConfig;
@@ -32,6 +33,14 @@ pub struct NodeConfig {
     pub rules_path: Option<PathBuf>,
     /// How often the rule file is re-read to pick up changes.
     pub rules_poll: Duration,
+    /// envoyproxy/ratelimit YAML configuration (a file, or a directory of `*.yaml`) for
+    /// Envoy RLS checks; re-read every `rules_poll`. `None`: every Envoy descriptor is
+    /// unmatched (OK, no limit).
+    pub envoy_path: Option<PathBuf>,
+    /// The algorithm of an Envoy `rate_limit` without an `algorithm` key.
+    pub envoy_algorithm: AlgorithmKind,
+    /// Envoy RLS answers carry `Retry-After` and IETF `RateLimit` headers to add.
+    pub envoy_headers: bool,
     /// Shard actors and key cap.
     pub shards: ShardConfig,
     /// gRPC address other nodes use to reach this one; default: the bound `listen`
@@ -90,6 +99,9 @@ impl Default for NodeConfig {
             ),
             rules_path: None,
             rules_poll: Duration::from_secs(1),
+            envoy_path: None,
+            envoy_algorithm: AlgorithmKind::FixedWindow,
+            envoy_headers: false,
             shards: ShardConfig::default(),
             advertise: None,
             gossip_listen: DEFAULT_GOSSIP_LISTEN
@@ -184,6 +196,9 @@ impl NodeConfig {
             metrics_listen: Some("127.0.0.1:0".parse().expect("valid address")),
             rules_path: None,
             rules_poll: Duration::from_millis(50),
+            envoy_path: None,
+            envoy_algorithm: AlgorithmKind::FixedWindow,
+            envoy_headers: false,
             shards: ShardConfig {
                 shards: 2,
                 ..ShardConfig::default()

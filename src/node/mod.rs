@@ -25,13 +25,15 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::handoff::Handoff;
 use crate::cluster::{Decider, Inherited, Router};
+use crate::config::rules::envoy::{EnvoyConfig, EnvoyConfigError};
 use crate::config::rules::{read_rules_file, RuleFile, RuleSet, RulesError};
-use crate::config::SharedRules;
+use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
 use crate::server::peer_auth::PeerAuthLayer;
-use crate::server::{PeerService, RateLimitService};
+use crate::server::{EnvoyRlsService, PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 
@@ -53,6 +55,9 @@ pub enum NodeError {
     /// on a bad reload instead).
     #[error("rules: {0}")]
     Rules(RulesError),
+    /// The Envoy configuration is missing or invalid at start.
+    #[error("{0}")]
+    Envoy(EnvoyConfigError),
     /// gRPC reflection could not read our descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
@@ -214,6 +219,16 @@ pub async fn start_with_clock(
     };
     tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
+    let (envoy, envoy_digest) = match &config.envoy_path {
+        Some(path) => {
+            let (envoy, digest) =
+                EnvoyConfig::load(path, config.envoy_algorithm).map_err(NodeError::Envoy)?;
+            tracing::info!(path = %path.display(), domains = envoy.domains().count(), "envoy config loaded");
+            (envoy, digest)
+        }
+        None => (EnvoyConfig::default(), 0),
+    };
+    let envoy: SharedEnvoy = Arc::new(ArcSwap::from_pointee(envoy));
 
     let grpc_listener = bind(config.listen).await?;
     let grpc_addr = grpc_listener
@@ -331,6 +346,16 @@ pub async fn start_with_clock(
             cancel.clone(),
         ));
     }
+    if let Some(path) = &config.envoy_path {
+        tracker.spawn(watch_envoy(
+            path.clone(),
+            config.envoy_algorithm,
+            envoy_digest,
+            config.rules_poll,
+            envoy.clone(),
+            cancel.clone(),
+        ));
+    }
     if let Some(listener) = metrics {
         tracker.spawn(serve_metrics(listener, cancel.clone()));
     }
@@ -339,9 +364,20 @@ pub async fn start_with_clock(
     // services, health and reflection of those services only. The cluster face is the
     // peer service (forwarded checks, refunds, handoff, status) on a listener of its
     // own, so it can be bound to a private network and never answers on the public port.
-    let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
-    tracker.spawn(serve_public(grpc_listener, public, &config.grpc, cancel.clone()).await?);
-    let peer_service = PeerService::new(router.clone(), rules.clone());
+    let checker = Checker::new(router.clone(), rules.clone()).with_envoy(envoy.clone());
+    let public = RateLimitService::new(checker.clone());
+    let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
+    tracker.spawn(
+        serve_public(
+            grpc_listener,
+            public,
+            envoy_rls,
+            &config.grpc,
+            cancel.clone(),
+        )
+        .await?,
+    );
+    let peer_service = PeerService::new(router.clone(), rules.clone()).with_envoy(envoy);
     tracker.spawn(serve_peer(
         peer,
         peer_service,
@@ -368,8 +404,8 @@ pub async fn start_with_clock(
     })
 }
 
-/// The public face: `ringlimit.v1`, health, and reflection of the public protos.
-/// Returns the server task for the caller's tracker.
+/// The public face: `ringlimit.v1`, Envoy's RLS v3, health, and reflection (v1 and
+/// v1alpha) of those services only. Returns the server task for the caller's tracker.
 ///
 /// Every bound on what one client can make this server hold is set here (README
 /// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
@@ -377,6 +413,7 @@ pub async fn start_with_clock(
 async fn serve_public(
     listener: TcpListener,
     public: RateLimitService,
+    envoy_rls: EnvoyRlsService,
     limits: &GrpcLimits,
     cancel: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, NodeError> {
@@ -384,17 +421,30 @@ async fn serve_public(
     health
         .set_serving::<RateLimiterServer<RateLimitService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    health
+        .set_serving::<RateLimitServiceServer<EnvoyRlsService>>()
+        .await;
+    // Both reflection versions: grpcurl and newer tools speak v1; the stock Python
+    // client (grpcio-reflection), older grpcurl, Postman and grpcui only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
         .build_v1()
+        .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let max = MAX_MESSAGE_BYTES;
     let server = limited(limits)
         .layer(grpc::StatusMappingLayer)
         .add_service(health_service.max_decoding_message_size(max))
-        .add_service(reflection.max_decoding_message_size(max))
+        .add_service(reflection_v1.max_decoding_message_size(max))
+        .add_service(reflection_v1alpha.max_decoding_message_size(max))
         .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
+        .add_service(RateLimitServiceServer::new(envoy_rls).max_decoding_message_size(max))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, limits),
             cancel.clone().cancelled_owned(),
@@ -511,6 +561,56 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
     let (result, ()) = tokio::join!(server, upkeep);
     if let Err(error) = result {
         tracing::error!(%error, "metrics server failed");
+    }
+}
+
+/// Re-read the Envoy configuration every `every`; swap it in when what was read changed
+/// and parses cleanly. A broken edit is logged and counted once per distinct problem and
+/// the node keeps its previous configuration (as for the rule file).
+async fn watch_envoy(
+    path: std::path::PathBuf,
+    algorithm: crate::algorithms::AlgorithmKind,
+    mut applied: u64,
+    every: Duration,
+    envoy: SharedEnvoy,
+    cancel: CancellationToken,
+) {
+    let reloads = metrics::counter!("ringlimit_envoy_config_reloads_total", "result" => "ok");
+    let failures = metrics::counter!("ringlimit_envoy_config_reloads_total", "result" => "error");
+    let mut last_error = None;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let read_path = path.clone();
+        let read = tokio::task::spawn_blocking(move || EnvoyConfig::load(&read_path, algorithm));
+        let read = tokio::select! {
+            _ = cancel.cancelled() => return,
+            read = read => read,
+        };
+        match read {
+            Ok(Ok((config, digest))) => {
+                last_error = None;
+                if digest != applied {
+                    applied = digest;
+                    tracing::info!(path = %path.display(), domains = config.domains().count(), "envoy config reloaded");
+                    envoy.store(Arc::new(config));
+                    reloads.increment(1);
+                }
+            }
+            Ok(Err(error)) => {
+                let message = error.to_string();
+                if last_error.as_ref() != Some(&message) {
+                    tracing::error!(%error, "envoy config refused; keeping the current one");
+                    failures.increment(1);
+                    last_error = Some(message);
+                }
+            }
+            Err(error) => tracing::error!(%error, "envoy config read task failed"),
+        }
     }
 }
 

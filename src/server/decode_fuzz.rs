@@ -157,11 +157,14 @@ fn exercise(bytes: &[u8], rules: &RuleSet) -> Result<(), TestCaseError> {
     }
     if let Ok(request) = peer::ForwardRequest::decode(bytes) {
         note(|r| r.decoded[2] += 1);
-        clear("Forward", plan_forward(&request, rules))?;
+        clear(
+            "Forward",
+            plan_forward(&request, rules, &Default::default()),
+        )?;
     }
     if let Ok(request) = peer::RefundRequest::decode(bytes) {
         note(|r| r.decoded[3] += 1);
-        clear("Refund", plan_refund(&request, rules))?;
+        clear("Refund", plan_refund(&request, rules, &Default::default()))?;
     }
     if let Ok(request) = peer::InstallRequest::decode(bytes) {
         note(|r| r.decoded[4] += 1);
@@ -286,6 +289,7 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
             tier,
             cost,
             hops,
+            named: None,
         },
     );
     (text(), prop::collection::vec(item, 0..12), any::<u64>()).prop_map(
@@ -305,6 +309,7 @@ fn refund_request() -> impl Strategy<Value = peer::RefundRequest> {
             tier,
             cost,
             at,
+            named: None,
         },
     );
     prop::collection::vec(item, 0..12).prop_map(|items| peer::RefundRequest { items })

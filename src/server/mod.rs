@@ -3,6 +3,8 @@
 //!
 //! - [`ringlimit_v1`]: the public `ringlimit.v1.RateLimiter` (`Check`, `CheckBatch`),
 //!   over the wire-independent [`crate::check::Checker`].
+//! - [`envoy_rls`]: Envoy's `envoy.service.ratelimit.v3.RateLimitService`
+//!   (`ShouldRateLimit`), over the same checker's domain checks.
 //! - [`peer`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks, refunds,
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
@@ -14,12 +16,14 @@
 pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
+pub mod envoy_rls;
 pub mod peer;
 pub mod peer_auth;
 pub mod ringlimit_v1;
 
 use crate::check::CheckError;
 use crate::shard::ShardError;
+pub use envoy_rls::EnvoyRlsService;
 pub use peer::PeerService;
 pub use ringlimit_v1::RateLimitService;
 
@@ -32,6 +36,7 @@ impl From<CheckError> for tonic::Status {
             CheckError::Shard(ShardError::Overloaded(_)) => {
                 tonic::Status::resource_exhausted(error.to_string())
             }
+            CheckError::Unavailable { .. } => tonic::Status::unavailable(error.to_string()),
             CheckError::Shard(ShardError::Stopped(_)) => {
                 tonic::Status::unavailable(error.to_string())
             }

@@ -10,29 +10,62 @@ use tonic::{Request, Response, Status};
 
 use crate::algorithms::Implausible;
 use crate::algorithms::{AlgorithmKind, KeyState};
+use crate::check::domain::{entries_item, named_rule, MAX_COUNTER_KEY};
+use crate::check::plan::MAX_COST;
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
+use crate::cluster::NamedRule;
 use crate::cluster::{policy, CheckItem, Router};
+use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
-use crate::config::SharedRules;
+use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
+use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
     KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, StatusRequest,
     StatusResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
+use std::num::NonZeroU64;
 
-/// Plan one forwarded (or refunded) item, named `items[i]` in errors.
+/// Plan one forwarded (or refunded) item, named `items[i]` in errors. An item with a
+/// named rule (an Envoy descriptor) takes that rule from the Envoy configuration, and its
+/// key is the counter key its sender computed.
+#[allow(clippy::too_many_arguments)]
 fn plan_item(
     key: &str,
     route: &str,
     tier: Option<&str>,
     cost: u64,
+    named: Option<&WireNamed>,
     rules: &RuleSet,
+    envoy: &EnvoyConfig,
     index: usize,
 ) -> Result<CheckItem, CheckError> {
+    if let Some(wire) = named {
+        let named = NamedRule {
+            name: Arc::from(wire.name.as_str()),
+            override_limit: (wire.override_limit != 0 || wire.override_unit_seconds != 0)
+                .then_some((wire.override_limit, wire.override_unit_seconds)),
+        };
+        let rule = named_rule(envoy, &named).ok_or_else(|| {
+            CheckError::invalid(
+                format!("items[{index}].named.name"),
+                format!("no Envoy rule {:?} (with this override) here", wire.name),
+            )
+        })?;
+        if key.is_empty() || key.len() > MAX_COUNTER_KEY {
+            return Err(CheckError::invalid(
+                format!("items[{index}].key"),
+                format!("must be 1..={MAX_COUNTER_KEY} bytes"),
+            ));
+        }
+        let cost = NonZeroU64::new(cost.min(MAX_COST as u64))
+            .ok_or_else(|| CheckError::invalid(format!("items[{index}].cost"), "must be >= 1"))?;
+        return Ok(entries_item(rule, key, cost, named));
+    }
     let input = DescriptorInput {
         key,
         route,
@@ -63,6 +96,7 @@ fn at_most(field: &str, given: usize, max: usize) -> Result<(), CheckError> {
 pub(crate) fn plan_forward(
     request: &ForwardRequest,
     rules: &RuleSet,
+    envoy: &EnvoyConfig,
 ) -> Result<Vec<CheckItem>, CheckError> {
     at_most("items", request.items.len(), MAX_BATCH)?;
     request
@@ -75,7 +109,9 @@ pub(crate) fn plan_forward(
                 &item.route,
                 item.tier.as_deref(),
                 item.cost,
+                item.named.as_ref(),
                 rules,
+                envoy,
                 i,
             )
         })
@@ -86,6 +122,7 @@ pub(crate) fn plan_forward(
 pub(crate) fn plan_refund(
     request: &RefundRequest,
     rules: &RuleSet,
+    envoy: &EnvoyConfig,
 ) -> Result<Vec<Refund>, CheckError> {
     at_most("items", request.items.len(), MAX_BATCH)?;
     request
@@ -98,7 +135,9 @@ pub(crate) fn plan_refund(
                 &item.route,
                 item.tier.as_deref(),
                 item.cost,
+                item.named.as_ref(),
                 rules,
+                envoy,
                 i,
             )?;
             Ok(Refund {
@@ -136,6 +175,7 @@ pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, Ch
 pub struct PeerService {
     router: Arc<Router>,
     rules: SharedRules,
+    envoy: SharedEnvoy,
     installed: metrics::Counter,
     /// Per [`Implausible`] reason: handed-over states refused, never merged.
     refused: [metrics::Counter; Implausible::ALL.len()],
@@ -148,12 +188,19 @@ impl PeerService {
         Self {
             router,
             rules,
+            envoy: SharedEnvoy::default(),
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
             refused: Implausible::ALL.map(|reason| {
                 metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
             }),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
         }
+    }
+
+    /// This service taking the named rules of forwarded Envoy descriptors from `envoy`.
+    pub fn with_envoy(mut self, envoy: SharedEnvoy) -> Self {
+        self.envoy = envoy;
+        self
     }
 }
 
@@ -172,7 +219,7 @@ impl Peer for PeerService {
                 "forwarded batch arrived after its deadline",
             ));
         }
-        let items = plan_forward(&request, &self.rules.load())?;
+        let items = plan_forward(&request, &self.rules.load(), &self.envoy.load())?;
         let answers = self
             .router
             .decide_forwarded(&items)
@@ -206,7 +253,11 @@ impl Peer for PeerService {
         &self,
         request: Request<RefundRequest>,
     ) -> Result<Response<RefundResponse>, Status> {
-        let refunds = plan_refund(&request.into_inner(), &self.rules.load())?;
+        let refunds = plan_refund(
+            &request.into_inner(),
+            &self.rules.load(),
+            &self.envoy.load(),
+        )?;
         self.router
             .shards()
             .refund(refunds)
@@ -222,7 +273,14 @@ impl Peer for PeerService {
         let request = request.into_inner();
         let total = request.states.len() as u64;
         let states = decode_install(request.states)?;
-        let vetted = handoff::with_rules(states, &self.rules.load(), self.router.now_ms());
+        // Counters of Envoy descriptors are handed over too: their rules are found among
+        // the Envoy configuration's (a request's limit override is not: it restarts).
+        let (rules, envoy) = (self.rules.load(), self.envoy.load());
+        let vetted = handoff::with_rule_list(
+            states,
+            rules.rules().iter().chain(envoy.rules()),
+            self.router.now_ms(),
+        );
         for (counter, &n) in self.refused.iter().zip(&vetted.refused) {
             counter.increment(n);
         }
@@ -309,6 +367,7 @@ mod tests {
             tier: tier.map(Into::into),
             cost: 1,
             hops: 1,
+            named: None,
         }
     }
 
@@ -331,9 +390,14 @@ mod tests {
     fn a_forward_of_more_than_the_batch_maximum_is_refused_naming_items_and_the_limit() {
         let rules = RuleSet::builtin();
         let full = forward(vec![item("k", None); MAX_BATCH]);
-        assert_eq!(plan_forward(&full, &rules).unwrap().len(), MAX_BATCH);
+        assert_eq!(
+            plan_forward(&full, &rules, &EnvoyConfig::default())
+                .unwrap()
+                .len(),
+            MAX_BATCH
+        );
         let over = forward(vec![item("k", None); MAX_BATCH + 1]);
-        let (field, reason) = field(plan_forward(&over, &rules));
+        let (field, reason) = field(plan_forward(&over, &rules, &EnvoyConfig::default()));
         assert_eq!(field, "items");
         assert!(reason.contains("at most 1000"), "{reason}");
     }
@@ -372,7 +436,11 @@ mod tests {
         ];
         for (bad, want) in cases {
             let request = forward(vec![item("ok", None), bad.clone()]);
-            assert_eq!(field(plan_forward(&request, &rules)).0, want, "{bad:?}");
+            assert_eq!(
+                field(plan_forward(&request, &rules, &EnvoyConfig::default())).0,
+                want,
+                "{bad:?}"
+            );
         }
     }
 
@@ -385,20 +453,32 @@ mod tests {
             tier: tier.map(Into::into),
             cost: 1,
             at: 0,
+            named: None,
         };
         let over = RefundRequest {
             items: vec![refund("k", None); MAX_BATCH + 1],
         };
-        assert_eq!(field(plan_refund(&over, &rules)).0, "items");
+        assert_eq!(
+            field(plan_refund(&over, &rules, &EnvoyConfig::default())).0,
+            "items"
+        );
         let long_tier = "t".repeat(MAX_TIER_BYTES + 1);
         let bad = RefundRequest {
             items: vec![refund("k", None), refund("k", Some(&long_tier))],
         };
-        assert_eq!(field(plan_refund(&bad, &rules)).0, "items[1].tier");
+        assert_eq!(
+            field(plan_refund(&bad, &rules, &EnvoyConfig::default())).0,
+            "items[1].tier"
+        );
         let ok = RefundRequest {
             items: vec![refund("k", None); MAX_BATCH],
         };
-        assert_eq!(plan_refund(&ok, &rules).unwrap().len(), MAX_BATCH);
+        assert_eq!(
+            plan_refund(&ok, &rules, &EnvoyConfig::default())
+                .unwrap()
+                .len(),
+            MAX_BATCH
+        );
     }
 
     #[test]

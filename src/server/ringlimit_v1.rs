@@ -106,6 +106,7 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
         degraded: verdict.degraded,
         delay_ms: verdict.delay_ms,
         window_ms: verdict.window_ms,
+        shadow_denied: verdict.shadow_denied,
         descriptors: verdict
             .descriptors
             .iter()
@@ -128,6 +129,7 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
                     delay_ms: decision.delay_ms,
                     refunded: d.refunded,
                     hops: a.hops,
+                    shadow_denied: d.shadow_denied(),
                 }
             })
             .collect(),

@@ -25,6 +25,7 @@
 //! window = "1m"                   # required
 //! burst = 20                      # token bucket capacity (default = limit)
 //! on_unavailable = "closed"       # optional: "open" (default) or "closed"
+//! # mode = "shadow"               # optional: count and report denials, but allow
 //!
 //! [[rule]]
 //! name = "vip-customer"
@@ -61,7 +62,7 @@
 //! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
 //! | `window`         | both          | Required. An integer and a unit: `500ms`, `10s`, `1m`, `1h`, `1d`; between 1 ms and 7 days. |
 //! | `burst`          | both          | Token bucket: capacity (default = `limit`). Leaky bucket meter: requests that may arrive at once (default 1). 1..=1,000,000,000. Not allowed with other algorithms. |
-//! | `mode`           | both          | Leaky bucket only: `meter` (default; rejects early arrivals) or `shaper` (admits them with a delay). |
+//! | `mode`           | both          | Leaky bucket: `meter` (default; rejects early arrivals) or `shaper` (admits them with a delay). Any algorithm: `shadow` (dark launch: counted as usual, a would-be denial is reported in the answer's `shadow_denied` flag and `ringlimit_shadow_denials_total{rule}`, but the check is allowed and no sibling is refunded for it; a leaky bucket in shadow mode is a meter). |
 //! | `queue_depth`    | both          | Leaky bucket shaper only: how many requests may wait for their delay, 0..=1,000,000 (default 0). |
 //! | `on_unavailable` | both          | What a node does when the key's owner is unreachable: `open` (default; decide locally, flagged as degraded) or `closed` (deny). |
 //! | `per`            | both          | What one counter is: `client` (default; one budget per client key, shared by every route the rule matches) or `route` (one budget per client key and normalised route, i.e. method + path without query string or fragment). |
@@ -150,6 +151,7 @@ use crate::algorithms::{
     TokenBucket,
 };
 
+pub mod envoy;
 mod file;
 mod index;
 mod parse;
@@ -195,6 +197,12 @@ pub struct Rule {
     /// The algorithm built from `spec`, ready for the shard: built once at load, so an
     /// invalid combination of numbers is a load error, never a hot-path surprise.
     pub limiter: Limiter,
+    /// Shadow mode (`mode = "shadow"`, envoyproxy/ratelimit's `shadow_mode`): the rule is
+    /// counted as usual, but a denial is reported (answer flag, the
+    /// `ringlimit_shadow_denials_total{rule}` metric) and the check is allowed; a shadow
+    /// denial never makes sibling descriptors refunded. Not part of the fingerprint:
+    /// turning shadow mode off keeps the counters.
+    pub shadow: bool,
 }
 
 impl Rule {
@@ -215,6 +223,7 @@ impl Rule {
             self.on_unavailable,
             self.per,
         )
+        .shadowed(self.shadow)
     }
 
     /// True for a [`Rule::fallback`]: its counters belong to this node alone and are never
@@ -263,7 +272,14 @@ impl Rule {
             spec,
             on_unavailable,
             per,
+            shadow: false,
         }
+    }
+
+    /// This rule in shadow mode (or not): see [`Rule::shadow`].
+    pub fn shadowed(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
     }
 }
 

@@ -494,6 +494,7 @@ struct Built {
     spec: AlgorithmSpec,
     on_unavailable: FailMode,
     per: CountPer,
+    shadow: bool,
 }
 
 /// Validates the limit fields; `None` if any issue was recorded.
@@ -557,15 +558,18 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
         },
     };
 
+    // `shadow` is not a leaky-bucket mode but the rule's: any algorithm may be shadowed.
+    let shadow = raw.mode == Some("shadow");
     let mode = match raw.mode {
-        None => None,
+        None | Some("shadow") => None,
         Some("meter") => Some(false),
         Some("shaper") => Some(true),
         Some(other) => {
             issues.field(
                 "mode",
                 format!(
-                    "{} is not a mode (use \"meter\" or \"shaper\")",
+                    "{} is not a mode (use \"meter\" or \"shaper\" for a leaky bucket, \
+                     \"shadow\" for any rule)",
                     quote(other)
                 ),
             );
@@ -573,7 +577,7 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
         }
     };
     let shaper = mode == Some(true);
-    if raw.mode.is_some() {
+    if raw.mode.is_some() && !shadow {
         if let Some(a) = algo.filter(|a| *a != AlgorithmKind::LeakyBucket) {
             issues.field("mode", format!("not used by algorithm {a}"));
         }
@@ -685,6 +689,7 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
         spec,
         on_unavailable,
         per,
+        shadow,
     })
 }
 
@@ -773,6 +778,7 @@ impl RuleSet {
                         b.on_unavailable,
                         b.per,
                     )
+                    .shadowed(b.shadow)
                 })
             }
         };
@@ -859,7 +865,9 @@ impl RuleSet {
 
             let built = build_spec(&mut issues, &r.spec());
             if let (Some(name), Some(b), true) = (name, built, selector_ok) {
-                rules.push(Rule::new(name, selector, b.spec, b.on_unavailable, b.per));
+                rules.push(
+                    Rule::new(name, selector, b.spec, b.on_unavailable, b.per).shadowed(b.shadow),
+                );
             }
         }
 

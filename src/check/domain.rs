@@ -1,0 +1,641 @@
+//! Checks by domain and descriptor entries (Envoy's rate limit service): validate, match
+//! against the Envoy configuration, plan the counted descriptors as [`CheckItem`]s for the
+//! same router as every other check, and turn their answers into one status each.
+//!
+//! What is specific to this kind of check, decided here once for any front end that
+//! speaks it:
+//!
+//! - hits: the request's `hits_addend` (0 or unset means 1), overridden by a descriptor's
+//!   own; a descriptor's 0 means "report, do not count": it is decided as a probe (a cost
+//!   of 1, given back at once), and reports OVER_LIMIT once the budget is spent;
+//! - a limit override (requests per unit, unit) decides under a rule of its own;
+//! - `replaces` drops the named limits matched by other descriptors of the request;
+//! - `unlimited` and unmatched descriptors are never counted;
+//! - a descriptor that can never be admitted (`requests_per_unit: 0`, or more hits than its
+//!   limit holds) denies the request without asking a shard, and the request's counted
+//!   descriptors are then decided as probes, so a denied request charges nothing (the
+//!   same promise as the refund of siblings);
+//! - all descriptors must allow for the request to be OK; the ones that allowed are
+//!   refunded when another denies (the router's refunds).
+//!
+//! Field paths in errors are the request's own (`domain`,
+//! `descriptors[1].entries[0].value`, `descriptors[0].limit.unit`).
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use crate::check::plan::MAX_DESCRIPTORS;
+use crate::check::CheckError;
+use crate::cluster::{CheckItem, DescriptorOutcome, NamedRule};
+use crate::config::route::Route;
+use crate::config::rules::envoy::{
+    envoy_rule, envoy_spec, override_rule_name, EnvoyConfig, EnvoyLimit, EnvoyMatch, EnvoyUnit,
+    MAX_ENVOY_TEXT,
+};
+use crate::config::rules::Rule;
+
+/// Longest domain, entry key or entry value accepted in a request, in bytes.
+pub const MAX_ENTRY_BYTES: usize = 4096;
+/// Most entries in one descriptor (deeper than any configuration can nest).
+pub const MAX_ENTRIES: usize = 16;
+/// Counter keys longer than this are replaced by a 128-bit hash of themselves.
+pub const MAX_COUNTER_KEY: usize = 1024;
+
+/// A request's override of one descriptor's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit; `None` when the wire value is not a unit ringlimit knows (refused).
+    pub unit: Option<EnvoyUnit>,
+}
+
+/// One descriptor: ordered entries, and what the request says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntriesInput<'a> {
+    /// (key, value) pairs, in order: at least one, each key and value non-empty.
+    pub entries: smallvec::SmallVec<[(&'a str, &'a str); 4]>,
+    /// The descriptor's own hits (overrides the request's; 0: report, do not count).
+    pub hits: Option<u64>,
+    /// A replacement for the configured limit.
+    pub limit: Option<LimitOverride>,
+}
+
+/// One request by domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainInput<'a> {
+    /// Selects the configuration: non-empty.
+    pub domain: &'a str,
+    /// The request's hits per descriptor; 0 means 1.
+    pub hits: u32,
+    /// 1..=[`MAX_DESCRIPTORS`] descriptors.
+    pub descriptors: Vec<EntriesInput<'a>>,
+}
+
+/// What became of one descriptor.
+#[derive(Debug, Clone)]
+pub enum Planned {
+    /// No limit applies (unmatched, or replaced by another descriptor's limit).
+    NoLimit,
+    /// `unlimited: true`.
+    Unlimited,
+    /// Denied without a shard: `requests_per_unit: 0`, or more hits than the limit holds.
+    Refused(EnvoyLimit),
+    /// Decided by the router: `item` is the index into the planned items.
+    Counted {
+        /// The limit it is counted under.
+        limit: EnvoyLimit,
+        /// Index into [`DomainPlan::items`].
+        item: usize,
+        /// Decided as a probe: report, do not count.
+        probe: bool,
+    },
+}
+
+/// A planned domain request: what each descriptor became, and the items to decide.
+#[derive(Debug)]
+pub struct DomainPlan {
+    /// One per request descriptor, in order.
+    pub descriptors: Vec<Planned>,
+    /// The counted descriptors, for the router (one check: siblings refunded together).
+    pub items: Vec<CheckItem>,
+}
+
+impl DomainPlan {
+    /// The request descriptor the planned item `item` stands for.
+    pub fn request_index(&self, item: usize) -> usize {
+        self.descriptors
+            .iter()
+            .position(|p| matches!(p, Planned::Counted { item: i, .. } if *i == item))
+            .unwrap_or(item)
+    }
+}
+
+/// The status of one descriptor, wire-independent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainStatus {
+    /// Under the limit (or no limit, or only a shadow rule would deny).
+    pub ok: bool,
+    /// The limit that applied; `None` when none did.
+    pub limit: Option<EnvoyLimit>,
+    /// Units left (for a probe: not counting the probe itself).
+    pub remaining: u64,
+    /// Until the full limit is back, in ms (0 without a limit).
+    pub reset_after_ms: u64,
+    /// On a denial, how long to wait before the same hits can be admitted, in ms.
+    pub retry_after_ms: u64,
+    /// A rule in shadow mode would have denied.
+    pub shadow_denied: bool,
+    /// `unlimited: true`.
+    pub unlimited: bool,
+    /// Answered without the key's owner (fail-open, deny cache).
+    pub degraded: bool,
+}
+
+/// The answer to a domain request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainVerdict {
+    /// Every descriptor is OK.
+    pub ok: bool,
+    /// One per request descriptor, in order.
+    pub statuses: Vec<DomainStatus>,
+}
+
+fn text(field: impl FnOnce() -> String, value: &str) -> Result<(), CheckError> {
+    if value.is_empty() {
+        return Err(CheckError::invalid(field(), "must not be empty"));
+    }
+    if value.len() > MAX_ENTRY_BYTES {
+        return Err(CheckError::invalid(
+            field(),
+            format!(
+                "{} bytes is over the limit of {MAX_ENTRY_BYTES}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Bounded counter keys: a long one is replaced by its 128-bit hash (marked so it can
+/// never equal a key that was not hashed).
+fn bounded_key(counter: String) -> String {
+    if counter.len() <= MAX_COUNTER_KEY {
+        return counter;
+    }
+    format!("#{:032x}", xxhash_rust::xxh3::xxh3_128(counter.as_bytes()))
+}
+
+/// The item for a counter key under `rule` (the client key of a planned item is the
+/// counter key; Envoy descriptors have no route).
+pub fn entries_item(
+    rule: Arc<Rule>,
+    counter: &str,
+    cost: NonZeroU64,
+    named: NamedRule,
+) -> CheckItem {
+    let route = Route::parse("/").expect("\"/\" is a route");
+    CheckItem::new(rule, counter, route, None, cost).named(named)
+}
+
+/// The rule `named` designates in `config`: the configured one, or its override.
+pub fn named_rule(config: &EnvoyConfig, named: &NamedRule) -> Option<Arc<Rule>> {
+    let base = config.rule(&named.name)?;
+    match named.override_limit {
+        None => Some(base.clone()),
+        Some((requests, unit_seconds)) => {
+            let unit = [
+                EnvoyUnit::Second,
+                EnvoyUnit::Minute,
+                EnvoyUnit::Hour,
+                EnvoyUnit::Day,
+                EnvoyUnit::Week,
+            ]
+            .into_iter()
+            .find(|u| u.window().as_secs() == unit_seconds)?;
+            override_rule(base, requests, unit)
+        }
+    }
+}
+
+fn override_rule(base: &Rule, requests: u32, unit: EnvoyUnit) -> Option<Arc<Rule>> {
+    let limit = NonZeroU64::new(u64::from(requests))?;
+    let spec = envoy_spec(base.spec.kind(), limit, unit.window());
+    let name = override_rule_name(&base.name, requests, unit);
+    envoy_rule(&name, spec, base.shadow, base.on_unavailable)
+        .ok()
+        .map(Arc::new)
+}
+
+/// Validate a domain request and plan it. Nothing is charged for an invalid one.
+pub fn plan_domain(
+    input: &DomainInput<'_>,
+    config: &EnvoyConfig,
+) -> Result<DomainPlan, CheckError> {
+    if input.domain.is_empty() {
+        return Err(CheckError::invalid("domain", "must not be empty"));
+    }
+    if input.domain.len() > MAX_ENVOY_TEXT {
+        return Err(CheckError::invalid(
+            "domain",
+            format!(
+                "{} bytes is over the limit of {MAX_ENVOY_TEXT}",
+                input.domain.len()
+            ),
+        ));
+    }
+    if input.descriptors.is_empty() {
+        return Err(CheckError::invalid(
+            "descriptors",
+            "at least one descriptor is required",
+        ));
+    }
+    if input.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(CheckError::invalid(
+            "descriptors",
+            format!(
+                "{} descriptors given; at most {MAX_DESCRIPTORS} are allowed per request",
+                input.descriptors.len()
+            ),
+        ));
+    }
+    let request_hits = if input.hits == 0 {
+        1
+    } else {
+        u64::from(input.hits)
+    };
+    let mut matched = Vec::with_capacity(input.descriptors.len());
+    for (i, d) in input.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(CheckError::invalid(
+                format!("descriptors[{i}].entries"),
+                "at least one entry is required",
+            ));
+        }
+        if d.entries.len() > MAX_ENTRIES {
+            return Err(CheckError::invalid(
+                format!("descriptors[{i}].entries"),
+                format!(
+                    "{} entries given; at most {MAX_ENTRIES} are allowed",
+                    d.entries.len()
+                ),
+            ));
+        }
+        for (j, (key, value)) in d.entries.iter().enumerate() {
+            text(|| format!("descriptors[{i}].entries[{j}].key"), key)?;
+            text(|| format!("descriptors[{i}].entries[{j}].value"), value)?;
+        }
+        if let Some(o) = d.limit {
+            if o.unit.is_none() {
+                return Err(CheckError::invalid(
+                    format!("descriptors[{i}].limit.unit"),
+                    "must be SECOND, MINUTE, HOUR or DAY (UNKNOWN, MONTH and YEAR are not \
+                     supported: ringlimit windows are at most 7 days)",
+                ));
+            }
+        }
+        let hits = d.hits.unwrap_or(request_hits);
+        matched.push((config.matching(input.domain, &d.entries), hits));
+    }
+
+    // `replaces`: a limit named by another matched limit's `replaces` is dropped.
+    let replaced: Vec<Arc<str>> = matched
+        .iter()
+        .filter_map(|(m, _)| match m {
+            EnvoyMatch::Limited { limit, .. } => Some(limit.replaces.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+
+    let mut planned = Vec::with_capacity(matched.len());
+    let mut pending = Vec::new();
+    let mut refused_any = false;
+    for ((m, hits), d) in matched.into_iter().zip(&input.descriptors) {
+        let (mut limit, counter) = match m {
+            // As the reference: an override limits a descriptor of a known domain even
+            // when no configured limit matches it.
+            EnvoyMatch::NoLimit if d.limit.is_some() => {
+                let Some(base) = config.override_base(input.domain) else {
+                    planned.push(Planned::NoLimit);
+                    continue;
+                };
+                let o = d.limit.expect("checked");
+                let limit = EnvoyLimit {
+                    rule: Some(base.clone()),
+                    requests_per_unit: o.requests_per_unit,
+                    unit: o.unit.expect("validated above"),
+                    name: Arc::from(format!("{}.override", input.domain)),
+                    configured_name: None,
+                    replaces: Vec::new(),
+                    shadow: false,
+                };
+                (limit, EnvoyConfig::counter_key(input.domain, &d.entries))
+            }
+            EnvoyMatch::NoLimit => {
+                planned.push(Planned::NoLimit);
+                continue;
+            }
+            EnvoyMatch::Unlimited => {
+                planned.push(Planned::Unlimited);
+                continue;
+            }
+            EnvoyMatch::Limited { limit, counter } => (limit, counter),
+        };
+        if limit
+            .configured_name
+            .as_ref()
+            .is_some_and(|n| replaced.contains(n))
+        {
+            planned.push(Planned::NoLimit);
+            continue;
+        }
+        let mut named = NamedRule {
+            name: limit.name.clone(),
+            override_limit: None,
+        };
+        if let Some(rule) = &limit.rule {
+            named.name = rule.name.clone();
+        }
+        if let Some(LimitOverride {
+            requests_per_unit,
+            unit: Some(unit),
+        }) = d.limit
+        {
+            let base = limit.rule.clone();
+            limit.requests_per_unit = requests_per_unit;
+            limit.unit = unit;
+            limit.rule = match &base {
+                Some(base) => override_rule(base, requests_per_unit, unit),
+                None => None,
+            };
+            named.override_limit = Some((requests_per_unit, unit.window().as_secs()));
+        }
+        // A shadow limit that could never admit denies nothing: the others still count.
+        let Some(rule) = limit.rule.clone() else {
+            refused_any |= !limit.shadow;
+            planned.push(Planned::Refused(limit));
+            continue;
+        };
+        let probe = hits == 0;
+        let cost = NonZeroU64::new(hits.max(1)).expect("at least 1");
+        if cost.get() > rule.limiter.max_cost() {
+            refused_any |= !limit.shadow;
+            planned.push(Planned::Refused(limit));
+            continue;
+        }
+        let item = entries_item(rule, &bounded_key(counter), cost, named);
+        planned.push(Planned::Counted {
+            limit,
+            item: pending.len(),
+            probe,
+        });
+        pending.push(item);
+    }
+    // A request that is denied already charges nothing: its counted descriptors only
+    // report (and are decided at a cost of 1, given back, to report their numbers).
+    if refused_any {
+        for p in &mut planned {
+            if let Planned::Counted { probe, .. } = p {
+                *probe = true;
+            }
+        }
+        for item in &mut pending {
+            item.cost = NonZeroU64::MIN;
+            item.probe = true;
+        }
+    } else {
+        for p in &planned {
+            if let Planned::Counted {
+                item, probe: true, ..
+            } = p
+            {
+                pending[*item].probe = true;
+            }
+        }
+    }
+    Ok(DomainPlan {
+        descriptors: planned,
+        items: pending,
+    })
+}
+
+/// The statuses of a planned request from the router's answers to its items.
+pub fn domain_verdict(plan: DomainPlan, outcomes: &[DescriptorOutcome]) -> DomainVerdict {
+    let statuses: Vec<DomainStatus> = plan
+        .descriptors
+        .into_iter()
+        .map(|p| match p {
+            Planned::NoLimit => DomainStatus {
+                ok: true,
+                limit: None,
+                remaining: 0,
+                reset_after_ms: 0,
+                retry_after_ms: 0,
+                shadow_denied: false,
+                unlimited: false,
+                degraded: false,
+            },
+            Planned::Unlimited => DomainStatus {
+                ok: true,
+                limit: None,
+                remaining: u64::from(u32::MAX),
+                reset_after_ms: 0,
+                retry_after_ms: 0,
+                shadow_denied: false,
+                unlimited: true,
+                degraded: false,
+            },
+            Planned::Refused(limit) => {
+                let window = limit.unit.window().as_millis() as u64;
+                // A shadow limit refuses nothing either.
+                let shadow = limit.shadow;
+                DomainStatus {
+                    ok: shadow,
+                    limit: Some(limit),
+                    remaining: 0,
+                    reset_after_ms: window,
+                    retry_after_ms: window,
+                    shadow_denied: shadow,
+                    unlimited: false,
+                    degraded: false,
+                }
+            }
+            Planned::Counted { limit, item, probe } => {
+                let o = &outcomes[item];
+                let d = &o.answer.decision;
+                // A probe's own unit was given back: it is still there.
+                let remaining = if probe && d.allowed {
+                    d.remaining.saturating_add(1).min(d.limit)
+                } else {
+                    d.remaining
+                };
+                DomainStatus {
+                    ok: o.enforced_allowed(),
+                    limit: Some(limit),
+                    remaining,
+                    reset_after_ms: d.reset_at_ms.saturating_sub(o.answer.at),
+                    retry_after_ms: if d.allowed { 0 } else { d.retry_after_ms },
+                    shadow_denied: o.shadow_denied(),
+                    unlimited: false,
+                    degraded: o.answer.degraded,
+                }
+            }
+        })
+        .collect();
+    DomainVerdict {
+        ok: statuses.iter().all(|s| s.ok),
+        statuses,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::AlgorithmKind;
+
+    const CONFIG: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, name: five}\n  - key: z\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: u\n    rate_limit: {unlimited: true}\n  - key: r\n    rate_limit:\n      unit: second\n      requests_per_unit: 9\n      replaces: [{name: five}]\n";
+
+    fn config() -> EnvoyConfig {
+        EnvoyConfig::from_yaml_str(CONFIG, AlgorithmKind::FixedWindow).unwrap()
+    }
+
+    fn one<'a>(entries: &[(&'a str, &'a str)]) -> EntriesInput<'a> {
+        EntriesInput {
+            entries: entries.iter().copied().collect(),
+            hits: None,
+            limit: None,
+        }
+    }
+
+    fn request<'a>(descriptors: Vec<EntriesInput<'a>>) -> DomainInput<'a> {
+        DomainInput {
+            domain: "d",
+            hits: 0,
+            descriptors,
+        }
+    }
+
+    fn field(r: Result<DomainPlan, CheckError>) -> String {
+        match r {
+            Err(CheckError::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_refused_naming_the_field() {
+        let c = config();
+        let mut r = request(vec![one(&[("k", "a")])]);
+        r.domain = "";
+        assert_eq!(field(plan_domain(&r, &c)), "domain");
+        assert_eq!(field(plan_domain(&request(vec![]), &c)), "descriptors");
+        assert_eq!(
+            field(plan_domain(&request(vec![one(&[])]), &c)),
+            "descriptors[0].entries"
+        );
+        let r = request(vec![one(&[("k", "a")]), one(&[("k", "a"), ("", "b")])]);
+        assert_eq!(field(plan_domain(&r, &c)), "descriptors[1].entries[1].key");
+        let r = request(vec![one(&[("k", "")])]);
+        assert_eq!(
+            field(plan_domain(&r, &c)),
+            "descriptors[0].entries[0].value"
+        );
+        let mut d = one(&[("k", "a")]);
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: None,
+        });
+        assert_eq!(
+            field(plan_domain(&request(vec![d]), &c)),
+            "descriptors[0].limit.unit"
+        );
+    }
+
+    #[test]
+    fn hits_default_to_one_a_descriptor_overrides_and_zero_probes() {
+        let c = config();
+        let mut r = request(vec![one(&[("k", "a")]), one(&[("k", "b")])]);
+        r.hits = 3;
+        r.descriptors[1].hits = Some(0);
+        let p = plan_domain(&r, &c).unwrap();
+        assert_eq!(p.items[0].cost.get(), 3);
+        assert!(!p.items[0].probe);
+        assert!(p.items[1].probe && p.items[1].cost.get() == 1);
+        r.hits = 0;
+        r.descriptors[1].hits = None;
+        let p = plan_domain(&r, &c).unwrap();
+        assert!(p.items.iter().all(|i| i.cost.get() == 1 && !i.probe));
+    }
+
+    #[test]
+    fn a_refused_descriptor_makes_the_others_probes_and_replaced_limits_vanish() {
+        let c = config();
+        let p = plan_domain(&request(vec![one(&[("k", "a")]), one(&[("z", "x")])]), &c).unwrap();
+        assert!(matches!(p.descriptors[1], Planned::Refused(_)));
+        assert!(
+            p.items[0].probe,
+            "nothing is charged for a request denied at planning"
+        );
+        let p = plan_domain(&request(vec![one(&[("k", "a")]), one(&[("r", "x")])]), &c).unwrap();
+        assert!(matches!(p.descriptors[0], Planned::NoLimit), "replaced");
+        assert_eq!(p.items.len(), 1);
+        let p = plan_domain(
+            &request(vec![one(&[("u", "x")]), one(&[("nope", "x")])]),
+            &c,
+        )
+        .unwrap();
+        assert!(matches!(p.descriptors[0], Planned::Unlimited));
+        assert!(matches!(p.descriptors[1], Planned::NoLimit));
+        assert!(p.items.is_empty());
+    }
+
+    #[test]
+    fn an_override_decides_under_its_own_rule_which_the_owner_rebuilds() {
+        let c = config();
+        let mut d = one(&[("k", "a")]);
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 42,
+            unit: Some(EnvoyUnit::Minute),
+        });
+        let p = plan_domain(&request(vec![d]), &c).unwrap();
+        let item = &p.items[0];
+        assert_eq!(item.rule.spec.limit().get(), 42);
+        assert_ne!(item.rule.name, c.rule("d.k").unwrap().name);
+        let owner = named_rule(&c, item.named.as_ref().unwrap()).unwrap();
+        assert_eq!(owner, item.rule, "the owner builds the same rule");
+    }
+
+    #[test]
+    fn more_hits_than_the_limit_holds_are_denied_without_counting() {
+        let c = config();
+        let mut d = one(&[("k", "a")]);
+        d.hits = Some(6);
+        let p = plan_domain(&request(vec![d]), &c).unwrap();
+        assert!(matches!(p.descriptors[0], Planned::Refused(_)));
+        let v = domain_verdict(p, &[]);
+        assert!(!v.ok);
+    }
+
+    #[test]
+    fn a_shadow_limit_that_cannot_admit_denies_nothing_and_the_others_still_count() {
+        let c = EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: s\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
+            AlgorithmKind::FixedWindow,
+        )
+        .unwrap();
+        let p = plan_domain(&request(vec![one(&[("k", "a")]), one(&[("s", "x")])]), &c).unwrap();
+        assert!(!p.items[0].probe, "still counted");
+        let p = plan_domain(&request(vec![one(&[("s", "x")])]), &c).unwrap();
+        let v = domain_verdict(p, &[]);
+        assert!(v.ok && v.statuses[0].shadow_denied);
+    }
+
+    #[test]
+    fn an_override_limits_an_unmatched_descriptor_of_a_known_domain_only() {
+        let c = config();
+        let mut d = one(&[("nothing", "configured")]);
+        d.limit = Some(LimitOverride {
+            requests_per_unit: 3,
+            unit: Some(EnvoyUnit::Hour),
+        });
+        let p = plan_domain(&request(vec![d.clone()]), &c).unwrap();
+        let item = &p.items[0];
+        assert_eq!(item.rule.spec.limit().get(), 3);
+        assert_eq!(
+            item.rule.spec.window(),
+            std::time::Duration::from_secs(3600)
+        );
+        assert_eq!(
+            item.rule.spec.kind(),
+            AlgorithmKind::FixedWindow,
+            "the node default"
+        );
+        let owner = named_rule(&c, item.named.as_ref().unwrap()).unwrap();
+        assert_eq!(owner, item.rule, "the owner builds the same rule");
+        let mut r = request(vec![d]);
+        r.domain = "unknown";
+        let p = plan_domain(&r, &c).unwrap();
+        assert!(matches!(p.descriptors[0], Planned::NoLimit));
+    }
+}
