@@ -288,6 +288,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     let keys = Keys::new(&args);
     let mut pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    if nodes.is_empty() {
+        // Servers at --addr: their CPU is measured when they listen on this machine.
+        pids = targets
+            .iter()
+            .filter_map(|t| t.rsplit_once(':')?.1.parse::<u16>().ok())
+            .filter_map(pid_listening_on)
+            .collect();
+        if pids.len() != targets.len() {
+            println!(
+                "bench: server CPU per check not measured: {} of {} targets' processes found on this machine",
+                pids.len(),
+                targets.len()
+            );
+            pids.clear();
+        }
+    }
     let mut kill = match args.kill_node_after {
         Some(after) => {
             anyhow::ensure!(
@@ -325,7 +341,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ours.push(result);
         if let Some((server, sha)) = &redis {
             println!("round {}: redis", round + 1);
-            let result = drive(&args, &keys, Target::Redis(&server.addr, sha), &[], None).await?;
+            let redis_pid = [server.pid()];
+            let result = drive(
+                &args,
+                &keys,
+                Target::Redis(&server.addr, sha),
+                &redis_pid,
+                None,
+            )
+            .await?;
             result.print();
             theirs.push(result);
         }
@@ -367,6 +391,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             rate_ours / rate_theirs
         );
         println!("ratio ringlimit/redis p99: {:.2}", p99_ours / p99_theirs);
+        let cpu = |v: &[RunResult]| {
+            let mut c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
+            (!c.is_empty()).then(|| median(&mut c))
+        };
+        if let (Some(o), Some(t)) = (cpu(&ours), cpu(&theirs)) {
+            println!("median server CPU per check: ringlimit {o:.1} µs, redis {t:.1} µs");
+            println!("ratio ringlimit/redis cpu_per_check: {:.2}", o / t);
+        }
     }
     for node in &mut nodes {
         node.stop();
@@ -864,6 +896,37 @@ fn start_nodes(
         std::thread::sleep(Duration::from_secs(3));
     }
     Ok(nodes)
+}
+
+/// The process listening on TCP `port` on this machine (Linux `/proc`: the socket's
+/// inode in `/proc/net/tcp{,6}`, then the process holding it), if it can be found.
+fn pid_listening_on(port: u16) -> Option<u32> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .find_map(|table| {
+            let text = std::fs::read_to_string(table).ok()?;
+            text.lines().skip(1).find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let local_port = fields.get(1)?.rsplit_once(':')?.1;
+                let listening = fields.get(3)? == &"0A";
+                (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+                    .then(|| fields.get(9).map(|i| i.to_string()))
+                    .flatten()
+            })
+        })?;
+    let wanted = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+            fds.flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == wanted)
+                })
+                .then_some(pid)
+        })
 }
 
 /// User + system CPU seconds of the processes `pids` (Linux `/proc`); `None` elsewhere.

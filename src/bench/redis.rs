@@ -123,6 +123,13 @@ pub struct Server {
     pub addr: String,
 }
 
+impl Server {
+    /// The server's process id (its CPU time is measured like a node's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
