@@ -1,6 +1,7 @@
 //! The `ringlimit` binary: clap → config → `node::run(config, shutdown)`.
 
 mod bench;
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use ringlimit::config::rules::RuleSet;
 use ringlimit::node::config::{
-    GrpcLimits, NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
+    GrpcLimits, NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_LISTEN,
     DEFAULT_PEER_LISTEN,
 };
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
@@ -33,13 +34,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a node (defaults: gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421, gossip
+    /// Run a node (defaults: gRPC on 127.0.0.1:7420, ops HTTP on 127.0.0.1:7421, gossip
     /// on 127.0.0.1:7422, peer service on 127.0.0.1:7423; built-in rule: sliding window
     /// counter, 100 per 60 s).
     Serve(Box<ServeArgs>),
-    /// Ask a node whether one request may proceed.
+    /// Ask a node whether one request may proceed. Exits 0 when allowed, 1 when denied,
+    /// 2 when refused (bad input) or the node is unreachable.
     Check(CheckArgs),
-    /// Rule file tools.
+    /// Which member owns a client key (asks a node's ops port; charges nothing).
+    Owner {
+        /// The client key.
+        #[arg(long)]
+        key: String,
+        /// The node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+    },
+    /// Rule tools: validate a file; read, replace or compare a cluster's rules.
     Rules {
         #[command(subcommand)]
         command: RulesCommand,
@@ -64,7 +75,7 @@ enum ClusterCommand {
         /// cluster face, not the public gRPC port.
         #[arg(long, default_value = DEFAULT_PEER_LISTEN)]
         addr: String,
-        /// Print JSON.
+        /// Print JSON (64-bit numbers as strings).
         #[arg(long)]
         json: bool,
         /// The cluster's secret file: the peer service answers only signed calls.
@@ -78,13 +89,19 @@ struct DevClusterArgs {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// First port: node i listens on base+4i (gRPC), base+4i+1 (metrics), base+4i+2
+    /// First port: node i listens on base+4i (gRPC), base+4i+1 (ops HTTP), base+4i+2
     /// (gossip), base+4i+3 (peer service).
     #[arg(long, default_value_t = 7420)]
     base_port: u16,
-    /// Rule file for every node.
-    #[arg(long)]
+    /// Rule file for every node (file mode: the API is read-only).
+    #[arg(long, conflicts_with = "rules_seed")]
     rules: Option<PathBuf>,
+    /// Cluster mode: seed the cluster rule set with this file.
+    #[arg(long)]
+    rules_seed: Option<PathBuf>,
+    /// Admin token file for the rules API of every node (without it, writes are refused).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -92,16 +109,30 @@ struct ServeArgs {
     /// gRPC address to listen on.
     #[arg(long, default_value = DEFAULT_LISTEN, env = "RINGLIMIT_LISTEN")]
     listen: SocketAddr,
-    /// Address of the Prometheus /metrics port.
-    #[arg(long, default_value = DEFAULT_METRICS_LISTEN, env = "RINGLIMIT_METRICS_LISTEN")]
-    metrics_listen: SocketAddr,
-    /// Do not serve /metrics.
-    #[arg(long)]
-    no_metrics: bool,
-    /// Rule file (TOML); re-read when it changes. Without it, the built-in default.
-    #[arg(long, env = "RINGLIMIT_RULES")]
+    /// Address of the ops HTTP port: /metrics, /healthz, /readyz, /v1/cluster,
+    /// /v1/owner, /v1/limits, /v1/rules (--metrics-listen is the old name).
+    #[arg(long, alias = "metrics-listen", default_value = DEFAULT_HTTP_LISTEN, env = "RINGLIMIT_HTTP_LISTEN")]
+    http_listen: SocketAddr,
+    /// Do not serve the ops HTTP port (--no-metrics is the old name).
+    #[arg(long, alias = "no-metrics")]
+    no_http: bool,
+    /// File mode: this rule file (TOML) is the truth on every node, re-read when it
+    /// changes; the rules API is read-only and nodes whose files differ are reported.
+    /// Without it: cluster mode, rules changed through the API.
+    #[arg(long, env = "RINGLIMIT_RULES", conflicts_with = "rules_seed")]
     rules: Option<PathBuf>,
-    /// This node's id in answers (default: ringlimit-<hostname or pid>).
+    /// Cluster mode: the rules of an empty cluster (used when --data-dir holds no copy).
+    #[arg(long, env = "RINGLIMIT_RULES_SEED")]
+    rules_seed: Option<PathBuf>,
+    /// Where the cluster rule set is persisted (rules.json, written atomically); a
+    /// restarted node starts from it. Without it the rules live in memory only.
+    #[arg(long, env = "RINGLIMIT_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// File holding the admin token the rules API's writes must present
+    /// (Authorization: Bearer); without it every write is refused.
+    #[arg(long, env = "RINGLIMIT_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// This node's id in answers and on the ring (default: the machine's hostname).
     #[arg(long, env = "RINGLIMIT_NODE_ID")]
     node_id: Option<String>,
     /// Number of shard actors (default: number of cores).
@@ -212,6 +243,37 @@ enum RulesCommand {
         /// The file.
         file: PathBuf,
     },
+    /// Print a cluster's rules (TOML, or JSON with --json) with their version.
+    Get {
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+        /// Print the JSON form.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a cluster's rules with a file (TOML, or JSON if it ends in .json).
+    Put {
+        /// The file.
+        file: PathBuf,
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+        /// The admin token file.
+        #[arg(long, env = "RINGLIMIT_ADMIN_TOKEN_FILE")]
+        admin_token_file: Option<PathBuf>,
+        /// Only if the cluster's version is still this one (412 otherwise).
+        #[arg(long)]
+        if_match: Option<u64>,
+    },
+    /// Compare a file with a cluster's rules, rule by rule; exits 1 when they differ.
+    Diff {
+        /// The file.
+        file: PathBuf,
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -222,6 +284,31 @@ fn main() -> ExitCode {
         Command::Rules {
             command: RulesCommand::Check { file },
         } => rules_check(&file),
+        Command::Rules {
+            command: RulesCommand::Get { addr, json },
+        } => runtime().and_then(|rt| rt.block_on(cli::rules_get(&addr, json))),
+        Command::Rules {
+            command:
+                RulesCommand::Put {
+                    file,
+                    addr,
+                    admin_token_file,
+                    if_match,
+                },
+        } => runtime().and_then(|rt| {
+            rt.block_on(cli::rules_put(
+                &file,
+                &addr,
+                admin_token_file.as_deref(),
+                if_match,
+            ))
+        }),
+        Command::Rules {
+            command: RulesCommand::Diff { file, addr },
+        } => runtime().and_then(|rt| rt.block_on(cli::rules_diff(&file, &addr))),
+        Command::Owner { key, addr } => {
+            runtime().and_then(|rt| rt.block_on(cli::owner(&key, &addr)))
+        }
         Command::Cluster {
             command:
                 ClusterCommand::Status {
@@ -255,10 +342,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     let mut config = NodeConfig {
         listen: args.listen,
-        metrics_listen: (!args.no_metrics).then_some(args.metrics_listen),
+        http_listen: (!args.no_http).then_some(args.http_listen),
         rules_path: args.rules,
+        rules_seed: args.rules_seed,
+        data_dir: args.data_dir,
         ..NodeConfig::default()
     };
+    config.admin_token = args
+        .admin_token_file
+        .as_deref()
+        .map(ringlimit::server::ops::AdminToken::from_file)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
     if let Some(id) = args.node_id {
         config.node_id = id;
     }
@@ -299,13 +394,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             // One machine-readable line on stdout: scripts and tests that start nodes
             // on port 0 learn the bound addresses from it.
             println!(
-                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={}",
+                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={}",
                 node.decider.node_id,
                 node.decider.generation,
                 node.grpc_addr,
                 node.gossip_addr,
-                node.metrics_addr.map_or("-".to_string(), |a| a.to_string()),
-                node.peer_addr
+                node.http_addr.map_or("-".to_string(), |a| a.to_string()),
+                node.peer_addr,
+                node.http_addr.map_or("-".to_string(), |a| a.to_string()),
             );
         })
         .await
@@ -328,6 +424,12 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
         ));
         write_private(&secret_path, &secret)?;
         let key = ringlimit::keyring::Keyring::from_text(&secret)?;
+        let admin_token = args
+            .admin_token_file
+            .as_deref()
+            .map(ringlimit::server::ops::AdminToken::from_file)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!(e))?;
         for i in 0..args.nodes {
             let port = |offset: usize| -> anyhow::Result<SocketAddr> {
                 let port = usize::from(args.base_port) + 4 * i + offset;
@@ -337,21 +439,23 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
             let config = NodeConfig {
                 node_id: format!("node-{}", i + 1),
                 listen: port(0)?,
-                metrics_listen: Some(port(1)?),
+                http_listen: Some(port(1)?),
                 gossip_listen: port(2)?,
                 peer_listen: port(3)?,
                 cluster_key: Some(key.clone()),
                 rules_path: args.rules.clone(),
+                rules_seed: args.rules_seed.clone(),
+                admin_token: admin_token.clone(),
                 seeds: seed.iter().cloned().collect(),
                 ..NodeConfig::default()
             };
             let node = ringlimit::node::start(config).await?;
             seed.get_or_insert_with(|| node.gossip_addr.to_string());
             println!(
-                "node-{}  grpc={}  metrics=http://{}/metrics  gossip={}  peer={}",
+                "node-{}  grpc={}  ops=http://{}/  gossip={}  peer={}",
                 i + 1,
                 node.grpc_addr,
-                node.metrics_addr.map_or("-".into(), |a| a.to_string()),
+                node.http_addr.map_or("-".into(), |a| a.to_string()),
                 node.gossip_addr,
                 node.peer_addr
             );
@@ -425,38 +529,56 @@ async fn cluster_status(
             .iter()
             .map(|m| {
                 serde_json::json!({
-                    "node_id": m.node_id, "generation": m.generation, "grpc_addr": m.grpc_addr,
+                    "node_id": m.node_id, "generation": m.generation.to_string(), "grpc_addr": m.grpc_addr,
                     "peer_addr": m.peer_addr, "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
+                    "rules": m.rules, "rules_drift": m.rules_drift,
                 })
             })
             .collect();
         println!(
             "{}",
             serde_json::json!({
-                "node_id": status.node_id, "generation": status.generation,
+                "node_id": status.node_id, "generation": status.generation.to_string(),
                 "ring_digest": format!("{:016x}", status.ring_digest), "keys": status.keys,
+                "rules": status.rules,
+                "rules_drift": status.members.iter().any(|m| m.rules_drift),
                 "members": members,
             })
         );
     } else {
         println!(
-            "asked {} ({}@{}): ring digest {:016x}, {} keys held",
-            addr, status.node_id, status.generation, status.ring_digest, status.keys
+            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}",
+            addr, status.node_id, status.generation, status.ring_digest, status.keys, status.rules
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} state",
-            "node", "generation", "grpc", "peer", "gossip", "share"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<8} {:<30} drift",
+            "node", "generation", "grpc", "peer", "gossip", "share", "state", "rules"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<8} {:<30} {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
                 m.peer_addr,
                 m.gossip_addr,
                 m.ring_share * 100.0,
-                if m.leaving { "leaving" } else { "live" }
+                if m.leaving { "leaving" } else { "live" },
+                if m.rules.is_empty() { "-" } else { &m.rules },
+                if m.rules_drift { "DRIFT" } else { "-" }
+            );
+        }
+        let drifting: Vec<&str> = status
+            .members
+            .iter()
+            .filter(|m| m.rules_drift)
+            .map(|m| m.node_id.as_str())
+            .collect();
+        if !drifting.is_empty() {
+            println!(
+                "rules drift: {} enforce different rules than {} (different --rules files, or file and cluster sources mixed)",
+                drifting.join(", "),
+                status.node_id
             );
         }
     }
@@ -523,6 +645,11 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let now_ms = ringlimit::clock::Clock::now_ms(&ringlimit::clock::SystemClock);
+    let code = if answer.allowed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
     if args.json {
         println!(
             "{}",
@@ -536,7 +663,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 /// The numbers of a wire answer that the 429 contract is rendered from.

@@ -311,7 +311,7 @@ async fn a_flood_of_unique_keys_does_not_free_an_exhausted_key() {
     assert!(!after.allowed, "still denied after the flood: {after:?}");
     assert_eq!(after.remaining, 0);
 
-    let body = http_get(node.metrics_addr.unwrap(), "/metrics").await;
+    let body = http_get(node.http_addr.unwrap(), "/metrics").await;
     let evictions = |kind: &str| -> f64 {
         body.lines()
             .filter(|l| l.starts_with("ringlimit_evictions_total{"))
@@ -329,7 +329,7 @@ async fn metrics_port_serves_prometheus_text() {
     let node = start(NodeConfig::for_test()).await;
     let mut c = client(&node).await;
     c.check(check("m", "/x", None)).await.unwrap();
-    let addr = node.metrics_addr.unwrap();
+    let addr = node.http_addr.unwrap();
     let body = http_get(addr, "/metrics").await;
     assert!(body.contains("ringlimit_checks_total"), "{body}");
     assert!(body.contains("algorithm=\"sliding_window_counter\""));

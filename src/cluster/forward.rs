@@ -29,12 +29,13 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::cluster::{CheckItem, Decider, Remote};
+use crate::config::rules::{RulesSource, Stamp};
 use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
     ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState,
-    RefundItem as WireRefund, RefundRequest,
+    RefundItem as WireRefund, RefundRequest, RulesRequest,
 };
 use crate::shard::Exported;
 
@@ -88,6 +89,17 @@ pub enum ForwardError {
     /// The peer's queue is full.
     #[error("forward queue to {0} is full")]
     Overloaded(String),
+}
+
+/// A peer's rule set as it sent it, not yet checked.
+#[derive(Debug, Clone)]
+pub struct PulledRules {
+    /// Where the peer's rules come from (`None`: a source this node does not know).
+    pub source: Option<RulesSource>,
+    /// The stamp it claims.
+    pub stamp: Stamp,
+    /// The document, canonical JSON.
+    pub document: String,
 }
 
 struct Pending {
@@ -248,6 +260,35 @@ impl PeerPool {
                 status.message().to_string(),
             )),
             Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
+        }
+    }
+
+    /// Fetch `peer`'s rule set (its document as canonical JSON and the stamp it claims),
+    /// for a node that saw a newer stamp in gossip. Checking the document is the caller's
+    /// job: nothing a peer sends is enforced unvalidated.
+    pub async fn pull_rules(&self, peer: &Member) -> Result<PulledRules, ForwardError> {
+        let mut client = self.link(peer).client.clone();
+        let request = RulesRequest {
+            from_node: self.me.to_string(),
+        };
+        let deadline = self.config.timeout.max(Duration::from_secs(2));
+        match tokio::time::timeout(deadline, client.rules(request)).await {
+            Ok(Ok(response)) => {
+                let r = response.into_inner();
+                Ok(PulledRules {
+                    source: RulesSource::parse(&r.source),
+                    stamp: Stamp {
+                        version: r.version,
+                        digest: r.digest,
+                    },
+                    document: r.document,
+                })
+            }
+            Ok(Err(status)) => Err(ForwardError::Unreachable(
+                peer.node_id.clone(),
+                status.message().to_string(),
+            )),
+            Err(_) => Err(ForwardError::Timeout(peer.node_id.clone())),
         }
     }
 

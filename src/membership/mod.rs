@@ -242,6 +242,7 @@ pub fn generation_now() -> u64 {
 /// gossip in the background; [`Membership::shutdown`] does the same and waits.
 pub struct Membership {
     view: watch::Receiver<Arc<ClusterView>>,
+    values: watch::Receiver<Arc<MemberValues>>,
     gossip_addr: SocketAddr,
     commands: mpsc::Sender<Command>,
     stop: DropGuard,
@@ -249,10 +250,40 @@ pub struct Membership {
 }
 
 /// Requests to the driver task, which owns all writes to chitchat state.
+#[derive(Debug)]
 enum Command {
     /// Set `leaving = "true"`, publish the local view, then acknowledge.
     AnnounceLeaving(oneshot::Sender<()>),
+    /// Set one of this node's key-values (not an address or `leaving`).
+    Set(String, String),
 }
+
+/// Publishes key-values of this node ([`Membership::publisher`]).
+#[derive(Clone, Debug)]
+pub struct ValuePublisher(mpsc::Sender<Command>);
+
+impl ValuePublisher {
+    /// Publishes `key = value` for this node (gossiped from the next round on).
+    /// Reserved keys (addresses, `leaving`) are refused: they are membership's own.
+    pub async fn set(&self, key: &str, value: String) {
+        if [KEY_GRPC_ADDR, KEY_PEER_ADDR, KEY_LEAVING].contains(&key) {
+            warn!(key, "refusing to overwrite a membership key-value");
+            return;
+        }
+        if self
+            .0
+            .send(Command::Set(key.to_string(), value))
+            .await
+            .is_err()
+        {
+            debug!(key, "publishing a key-value after membership stopped");
+        }
+    }
+}
+
+/// Each view member's gossiped key-values, by node id: what other subsystems publish
+/// beside the addresses (the rules advert). Only the incarnation the view chose counts.
+pub type MemberValues = BTreeMap<String, BTreeMap<String, String>>;
 
 impl Membership {
     /// Starts gossiping over `transport` and returns once its socket is bound.
@@ -331,6 +362,7 @@ impl Membership {
         let chitchat = handle.chitchat();
         let live = chitchat.lock().await.live_nodes_watcher();
         let (view_tx, view_rx) = watch::channel(Arc::new(ClusterView::single(self_member.clone())));
+        let (values_tx, values_rx) = watch::channel(Arc::new(MemberValues::new()));
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let stop = cancel.child_token();
         let driver = Driver {
@@ -340,12 +372,14 @@ impl Membership {
             leaving: false,
             live,
             view_tx,
+            values_tx,
             last_run: std::time::Instant::now(),
             hold_removals_until: None,
         };
         let driver = tokio::spawn(driver.run(handle, commands_rx, stop.clone()));
         Ok(Membership {
             view: view_rx,
+            values: values_rx,
             gossip_addr,
             commands: commands_tx,
             stop: stop.drop_guard(),
@@ -357,6 +391,17 @@ impl Membership {
     /// member's address, generation or `leaving` flag changes.
     pub fn view(&self) -> watch::Receiver<Arc<ClusterView>> {
         self.view.clone()
+    }
+
+    /// Every view member's key-values, updated whenever one changes.
+    pub fn values(&self) -> watch::Receiver<Arc<MemberValues>> {
+        self.values.clone()
+    }
+
+    /// A handle that publishes this node's own key-values (the rules advert), for a task
+    /// that outlives a borrow of the membership.
+    pub fn publisher(&self) -> ValuePublisher {
+        ValuePublisher(self.commands.clone())
     }
 
     /// The advertised gossip address: give it to other nodes as a seed.
@@ -428,6 +473,7 @@ struct Driver {
     leaving: bool,
     live: watch::Receiver<BTreeMap<ChitchatId, NodeState>>,
     view_tx: watch::Sender<Arc<ClusterView>>,
+    values_tx: watch::Sender<Arc<MemberValues>>,
     /// When this task last ran (a tick every gossip interval keeps it fresh).
     last_run: std::time::Instant,
     /// After this process was stalled (SIGSTOP, a starved machine), removals are held
@@ -509,6 +555,12 @@ impl Driver {
                         }
                         let _ = ack.send(());
                     }
+                    Command::Set(key, value) => {
+                        self.chitchat.lock().await.self_node_state().set(key, value);
+                        // Our own change shows in the live set after the next round;
+                        // publishing now keeps local readers current.
+                        self.publish();
+                    }
                 },
             }
         }
@@ -568,7 +620,25 @@ impl Driver {
                     }
                 }
             }
-            build_view_after(Some(&self.view_tx.borrow()), nodes)
+            let view = build_view_after(Some(&self.view_tx.borrow()), nodes.iter().cloned());
+            let values: MemberValues = view
+                .members
+                .iter()
+                .filter_map(|m| {
+                    let node = nodes
+                        .iter()
+                        .find(|n| n.node_id == m.node_id && n.generation == m.generation)?;
+                    Some((m.node_id.clone(), node.kvs.clone()))
+                })
+                .collect();
+            self.values_tx.send_if_modified(|current| {
+                if **current == values {
+                    return false;
+                }
+                *current = Arc::new(values);
+                true
+            });
+            view
         };
         let view = match self.hold_removals_until {
             Some(until) if std::time::Instant::now() < until => {

@@ -24,12 +24,16 @@ use crate::clock::{Clock, SystemClock};
 use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::handoff::Handoff;
+use crate::cluster::rules::{ClusterRules, KEY_RULES};
 use crate::cluster::{Decider, Inherited, Router};
-use crate::config::rules::{read_rules_file, RuleFile, RuleSet, RulesError};
+use crate::config::rules::{
+    load_stored, read_rules_file, store, RuleFile, RuleSet, RulesError, RulesSource, StoreError,
+};
 use crate::config::SharedRules;
 use crate::membership::{ClusterView, Membership};
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::server::ops::OpsState;
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
@@ -53,6 +57,9 @@ pub enum NodeError {
     /// on a bad reload instead).
     #[error("rules: {0}")]
     Rules(RulesError),
+    /// The stored cluster rule set in `--data-dir` is unreadable or invalid.
+    #[error("stored rules: {0}")]
+    StoredRules(StoreError),
     /// gRPC reflection could not read our descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
@@ -67,8 +74,8 @@ pub struct RunningNode {
     pub grpc_addr: SocketAddr,
     /// The bound peer service address (the cluster face).
     pub peer_addr: SocketAddr,
-    /// The bound metrics address, if any.
-    pub metrics_addr: Option<SocketAddr>,
+    /// The bound ops HTTP address (`/metrics`, health, the rules API), if any.
+    pub http_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
     pub gossip_addr: SocketAddr,
     /// Who this node says decided.
@@ -77,6 +84,8 @@ pub struct RunningNode {
     pub shards: Shards,
     /// The live rule set.
     pub rules: SharedRules,
+    /// The rules authority: version, source, adverts, writes.
+    pub cluster_rules: Arc<ClusterRules>,
     /// The routing layer (cluster view, forwarding).
     pub router: Arc<Router>,
     membership: Membership,
@@ -179,7 +188,7 @@ pub async fn run(
         grpc = %node.grpc_addr,
         peer = %node.peer_addr,
         gossip = %node.gossip_addr,
-        metrics = ?node.metrics_addr,
+        http = %node.http_addr.map_or("-".to_string(), |a| a.to_string()),
         "ringlimit node serving"
     );
     node.serve_until(shutdown).await;
@@ -202,18 +211,32 @@ pub async fn start_with_clock(
     // Install the recorder before any metric handle is created: handles made
     // earlier would be bound to the no-op recorder for good.
     metrics_handle();
-    // The bytes parsed at start are the watcher's baseline: reading them again inside
-    // the watcher task would miss an edit made between start and the task's first run.
-    // Read once, never blocking (a FIFO or device is refused) and at most 1 MiB.
-    let (rules, rule_file) = match &config.rules_path {
-        Some(path) => {
-            let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
-            (rules, Some(file))
-        }
-        None => (RuleSet::builtin(), None),
+    // File mode: the bytes parsed at start are the watcher's baseline (reading them
+    // again inside the watcher task would miss an edit made between start and the
+    // task's first run). Read once, never blocking (a FIFO or device is refused) and at
+    // most 1 MiB. Cluster mode: the stored copy, else the seed, else the built-in default.
+    let (source, version, loaded, rule_file) = initial_rules(&config)?;
+    tracing::info!(
+        rules = loaded.len(),
+        source = source.as_str(),
+        version,
+        digest = %crate::cluster::rules::hex(loaded.digest()),
+        path = %config.rules_path.as_deref().or(config.rules_seed.as_deref()).map_or("-".into(), |p| p.display().to_string()),
+        "rules loaded"
+    );
+    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+    let data_dir = match source {
+        RulesSource::Cluster => config.data_dir.clone(),
+        RulesSource::File => None,
     };
-    tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
-    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
+    let cluster_rules = ClusterRules::new(
+        Arc::from(config.node_id.as_str()),
+        source,
+        data_dir,
+        version,
+        loaded,
+        rules.clone(),
+    );
 
     let grpc_listener = bind(config.listen).await?;
     let grpc_addr = grpc_listener
@@ -241,11 +264,11 @@ pub async fn start_with_clock(
         }
         None => peer_addr,
     };
-    let metrics = match config.metrics_listen {
+    let http = match config.http_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
     };
-    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+    let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
 
     let tracker = TaskTracker::new();
     let generation = crate::membership::generation_now();
@@ -287,6 +310,19 @@ pub async fn start_with_clock(
         tracker.clone(),
         cancel.clone(),
     );
+    // Rules are cluster state: this node's advert (source, version, digest) rides in
+    // gossip, and a newer advert on a peer is pulled over the peer face.
+    tracker.spawn(advertise_rules(
+        cluster_rules.adverts(),
+        membership.publisher(),
+        cancel.clone(),
+    ));
+    tracker.spawn(cluster_rules.clone().sync(
+        membership.values(),
+        membership.view(),
+        peers.clone(),
+        cancel.clone(),
+    ));
     let inherited = Arc::new(Inherited::default());
     let mut router = Router::new(
         decider.clone(),
@@ -319,12 +355,21 @@ pub async fn start_with_clock(
         tracker.spawn(watch_rules(
             rule_file,
             config.rules_poll,
-            rules.clone(),
+            cluster_rules.clone(),
             cancel.clone(),
         ));
     }
-    if let Some(listener) = metrics {
-        tracker.spawn(serve_metrics(listener, cancel.clone()));
+    // The ops face: HTTP for operators and orchestrators; rules writes need the admin
+    // token (none configured: refused).
+    if let Some(listener) = http {
+        let ops = OpsState {
+            rules: cluster_rules.clone(),
+            router: router.clone(),
+            admin: config.admin_token.clone(),
+            metrics: Arc::new(|| metrics_handle().render()),
+            expects_peers: !config.seeds.is_empty(),
+        };
+        tracker.spawn(serve_ops(listener, ops, cancel.clone()));
     }
 
     // Two faces, two listeners. The public face is what gateways reach: the check
@@ -333,7 +378,7 @@ pub async fn start_with_clock(
     // own, so it can be bound to a private network and never answers on the public port.
     let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
     tracker.spawn(serve_public(grpc_listener, public, &config.grpc, cancel.clone()).await?);
-    let peer_service = PeerService::new(router.clone(), rules.clone());
+    let peer_service = PeerService::new(router.clone(), rules.clone(), cluster_rules.clone());
     tracker.spawn(serve_peer(
         peer,
         peer_service,
@@ -345,11 +390,12 @@ pub async fn start_with_clock(
     Ok(RunningNode {
         grpc_addr,
         peer_addr,
-        metrics_addr,
+        http_addr,
         gossip_addr,
         decider,
         shards,
         rules,
+        cluster_rules,
         router,
         membership,
         handoff,
@@ -464,12 +510,9 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
     })
 }
 
-async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
+async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationToken) {
     let handle = metrics_handle();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || async move { handle.render() }),
-    );
+    let app = crate::server::ops::routes(state);
     let upkeep = {
         let cancel = cancel.clone();
         async move {
@@ -487,7 +530,53 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
         axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
     let (result, ()) = tokio::join!(server, upkeep);
     if let Err(error) = result {
-        tracing::error!(%error, "metrics server failed");
+        tracing::error!(%error, "ops HTTP server failed");
+    }
+}
+
+/// Mirrors this node's rules advert into its gossip key-values.
+async fn advertise_rules(
+    mut adverts: tokio::sync::watch::Receiver<crate::config::rules::Advert>,
+    gossip: crate::membership::ValuePublisher,
+    cancel: CancellationToken,
+) {
+    loop {
+        let advert = *adverts.borrow_and_update();
+        gossip.set(KEY_RULES, advert.encode()).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = adverts.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// The rules a node starts with: (source, version, rules, the file to follow).
+///
+/// File mode (`--rules`): the file, version 1, followed for changes. Cluster mode: the
+/// copy stored in `--data-dir` (the rules this node last enforced, at their version),
+/// else `--rules-seed` at version 1 (stored at once, so a restart keeps it), else the
+/// built-in default at version 0; gossip then brings any newer version.
+fn initial_rules(
+    config: &NodeConfig,
+) -> Result<(RulesSource, u64, RuleSet, Option<RuleFile>), NodeError> {
+    if let Some(path) = &config.rules_path {
+        let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
+        return Ok((RulesSource::File, 1, rules, Some(file)));
+    }
+    if let Some(dir) = &config.data_dir {
+        if let Some((stamp, rules)) = load_stored(dir).map_err(NodeError::StoredRules)? {
+            return Ok((RulesSource::Cluster, stamp.version, rules, None));
+        }
+    }
+    match &config.rules_seed {
+        Some(seed) => {
+            let rules = RuleSet::load(seed).map_err(NodeError::Rules)?;
+            if let Some(dir) = &config.data_dir {
+                store(dir, 1, &rules).map_err(NodeError::StoredRules)?;
+            }
+            Ok((RulesSource::Cluster, 1, rules, None))
+        }
+        None => Ok((RulesSource::Cluster, 0, RuleSet::builtin(), None)),
     }
 }
 
@@ -501,7 +590,7 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
 async fn watch_rules(
     mut file: RuleFile,
     every: Duration,
-    rules: SharedRules,
+    rules: Arc<ClusterRules>,
     cancel: CancellationToken,
 ) {
     let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
@@ -531,7 +620,7 @@ async fn watch_rules(
             None => {}
             Some(Ok(new)) => {
                 tracing::info!(path = %path.display(), rules = new.len(), "rules reloaded");
-                rules.store(Arc::new(new));
+                rules.reload_file(new).await;
                 reloads.increment(1);
             }
             Some(Err(error)) => {

@@ -5,6 +5,8 @@
 //!   over the wire-independent [`crate::check::Checker`].
 //! - [`peer`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks, refunds,
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
+//! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
+//!   owners and the rules API (admin token for writes).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
 //!   body `INVALID_ARGUMENT` rather than tonic-prost's `INTERNAL`.
 //!
@@ -14,6 +16,7 @@
 pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
+pub mod ops;
 pub mod peer;
 pub mod peer_auth;
 pub mod ringlimit_v1;

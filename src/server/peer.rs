@@ -13,14 +13,15 @@ use crate::algorithms::{AlgorithmKind, KeyState};
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
+use crate::cluster::rules::ClusterRules;
 use crate::cluster::{policy, CheckItem, Router};
 use crate::config::rules::RuleSet;
 use crate::config::SharedRules;
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
-    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, StatusRequest,
-    StatusResponse,
+    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, RulesRequest,
+    RulesResponse, StatusRequest, StatusResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
 
@@ -136,6 +137,7 @@ pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, Ch
 pub struct PeerService {
     router: Arc<Router>,
     rules: SharedRules,
+    cluster_rules: Arc<ClusterRules>,
     installed: metrics::Counter,
     /// Per [`Implausible`] reason: handed-over states refused, never merged.
     refused: [metrics::Counter; Implausible::ALL.len()],
@@ -143,11 +145,13 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    /// A peer service deciding on `router`'s shards.
-    pub fn new(router: Arc<Router>, rules: SharedRules) -> Self {
+    /// A peer service deciding on `router`'s shards, serving `cluster_rules` to peers
+    /// that pull them.
+    pub fn new(router: Arc<Router>, rules: SharedRules, cluster_rules: Arc<ClusterRules>) -> Self {
         Self {
             router,
             rules,
+            cluster_rules,
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
             refused: Implausible::ALL.map(|reason| {
                 metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
@@ -263,10 +267,22 @@ impl Peer for PeerService {
     ) -> Result<Response<StatusResponse>, Status> {
         let view = self.router.view();
         let shares = view.ring.shares();
+        let mine = self.cluster_rules.advert();
+        let adverts = self.cluster_rules.peer_adverts();
         let members = view
             .members
             .iter()
-            .map(|m| MemberStatus {
+            .map(|m| {
+                let advert = if m.node_id == *self.router.me().node_id {
+                    Some(mine)
+                } else {
+                    adverts.get(&m.node_id).copied()
+                };
+                (m, advert)
+            })
+            .map(|(m, advert)| MemberStatus {
+                rules: advert.map(|a| a.encode()).unwrap_or_default(),
+                rules_drift: advert.is_some_and(|a| mine.drifts_from(&a)),
                 node_id: m.node_id.clone(),
                 generation: m.generation,
                 grpc_addr: m.grpc_addr.to_string(),
@@ -292,6 +308,21 @@ impl Peer for PeerService {
             ring_digest: view.ring.digest(),
             members,
             keys,
+            rules: mine.encode(),
+        }))
+    }
+
+    async fn rules(
+        &self,
+        request: Request<RulesRequest>,
+    ) -> Result<Response<RulesResponse>, Status> {
+        let current = self.cluster_rules.current();
+        tracing::debug!(from = %request.get_ref().from_node, version = current.version, "rules pulled");
+        Ok(Response::new(RulesResponse {
+            source: self.cluster_rules.source().as_str().to_string(),
+            version: current.version,
+            digest: current.rules.digest(),
+            document: current.rules.doc().to_json(),
         }))
     }
 }

@@ -98,7 +98,7 @@ impl Process {
         cmd.arg("serve")
             .args(["--node-id", id])
             .args(["--listen", &SocketAddr::new(ip, 0).to_string()])
-            .args(["--metrics-listen", &SocketAddr::new(ip, 0).to_string()])
+            .args(["--http-listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--gossip-listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--peer-listen", &SocketAddr::new(ip, 0).to_string()])
             .arg("--rules")

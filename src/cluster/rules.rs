@@ -1,0 +1,483 @@
+//! The rule set as cluster state: one versioned document, written on any node, copied
+//! to every node, persisted on each (docs/rules.md, "Rules are cluster state").
+//!
+//! [`ClusterRules`] is a node's authority over the rules it enforces. It holds the
+//! current (version, rule set), swaps the hot path's [`SharedRules`] when they change, and
+//! publishes this node's [`Advert`] (source, version, digest) for gossip. Three things
+//! change it:
+//!
+//! - a write through the API ([`ClusterRules::write`], cluster mode only): validated,
+//!   given the next version, persisted, then swapped in; `If-Match` makes it conditional
+//!   on the version the writer read;
+//! - a newer copy on a peer ([`ClusterRules::sync`]): every member gossips its advert; a
+//!   node that sees a greater stamp pulls the document over the authenticated peer face,
+//!   validates it, checks its digest, persists it and swaps it in;
+//! - a file reload ([`ClusterRules::reload_file`], file mode only).
+//!
+//! Swapping a rule set keeps the counters of every rule whose fingerprint is unchanged
+//! (counters are keyed by rule name and checked against the fingerprint when used), as a
+//! file reload always has.
+//!
+//! # Races
+//!
+//! Stamps are ordered by version, then digest ([`Stamp`]). Two writes accepted on two
+//! nodes from the same version both become version N+1; the one with the greater digest
+//! wins on every node, and the other is overwritten where it was accepted, within the
+//! time gossip takes to carry the adverts (well under 2 s on loopback). `If-Match` is
+//! checked against the receiving node's copy: it catches a writer that read an old
+//! version, not two writers that sent the same version to two nodes within that time.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{watch, Mutex};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::forward::{PeerPool, PulledRules};
+use crate::config::rules::{
+    best_source, store, Advert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp, StoreError,
+};
+use crate::config::SharedRules;
+use crate::membership::{ClusterView, MemberValues};
+
+/// The gossip key-value carrying a node's [`Advert`].
+pub const KEY_RULES: &str = "rules";
+
+/// How often the sync loop looks again without a gossip change (a failed pull is
+/// retried then).
+const RESYNC: Duration = Duration::from_millis(500);
+
+/// The rules a node enforces now, with their version.
+#[derive(Debug)]
+pub struct Current {
+    /// Cluster mode: the cluster's version. File mode: reloads since start (from 1).
+    pub version: u64,
+    /// The rule set (and its document and digest).
+    pub rules: Arc<RuleSet>,
+}
+
+impl Current {
+    /// Version and digest.
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            version: self.version,
+            digest: self.rules.digest(),
+        }
+    }
+}
+
+/// Why a write was refused. Nothing changed in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesWriteError {
+    /// File mode: the files are the truth.
+    #[error("rules come from the --rules file on every node: the API is read-only (change the file instead)")]
+    ReadOnly,
+    /// `If-Match` named another version than the current one.
+    #[error("If-Match names version {given}, but the current version is {current}: read the rules again and retry")]
+    Stale {
+        /// The version the writer read.
+        given: u64,
+        /// The version in force.
+        current: u64,
+    },
+    /// The document that would result is invalid; the message names rule and field.
+    #[error("{0}")]
+    Invalid(#[from] RulesError),
+    /// The edit names a rule that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The new rule set could not be persisted, so it was not applied.
+    #[error("persisting the new rules failed, nothing changed: {0}")]
+    Store(StoreError),
+}
+
+/// A node's authority over the rules it enforces (module doc).
+pub struct ClusterRules {
+    me: Arc<str>,
+    source: RulesSource,
+    data_dir: Option<PathBuf>,
+    shared: SharedRules,
+    current: ArcSwap<Current>,
+    /// Serializes changes, so a version is given out once and persisted in order.
+    changes: Mutex<()>,
+    advert: watch::Sender<Advert>,
+    peers: ArcSwap<BTreeMap<String, Advert>>,
+    drift: ArcSwap<Vec<(String, Advert)>>,
+    version_gauge: metrics::Gauge,
+    drift_gauge: metrics::Gauge,
+}
+
+impl std::fmt::Debug for ClusterRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRules")
+            .field("source", &self.source)
+            .field("stamp", &self.current().stamp())
+            .finish()
+    }
+}
+
+impl ClusterRules {
+    /// Starts enforcing `rules` at `version`: stores them in `shared` (the hot path's
+    /// rules) and advertises them. In cluster mode, `data_dir` is where every accepted
+    /// rule set is persisted (none: only in memory; a restart then begins from the seed
+    /// or the built-in default and catches up from peers).
+    pub fn new(
+        me: Arc<str>,
+        source: RulesSource,
+        data_dir: Option<PathBuf>,
+        version: u64,
+        rules: RuleSet,
+        shared: SharedRules,
+    ) -> Arc<Self> {
+        let rules = Arc::new(rules);
+        shared.store(rules.clone());
+        let current = Current { version, rules };
+        let advert = Advert {
+            source,
+            stamp: current.stamp(),
+        };
+        let this = ClusterRules {
+            me,
+            source,
+            data_dir,
+            shared,
+            current: ArcSwap::from_pointee(current),
+            changes: Mutex::new(()),
+            advert: watch::channel(advert).0,
+            peers: ArcSwap::default(),
+            drift: ArcSwap::default(),
+            version_gauge: metrics::gauge!("ringlimit_rules_version"),
+            drift_gauge: metrics::gauge!("ringlimit_rules_drift_nodes"),
+        };
+        this.version_gauge.set(version as f64);
+        Arc::new(this)
+    }
+
+    /// The rules in force and their version.
+    pub fn current(&self) -> Arc<Current> {
+        self.current.load_full()
+    }
+
+    /// Where this node's rules come from.
+    pub fn source(&self) -> RulesSource {
+        self.source
+    }
+
+    /// This node's advert, as gossiped.
+    pub fn advert(&self) -> Advert {
+        *self.advert.borrow()
+    }
+
+    /// Watch of this node's advert: the node mirrors it into gossip.
+    pub fn adverts(&self) -> watch::Receiver<Advert> {
+        self.advert.subscribe()
+    }
+
+    /// The other members' adverts as last seen in gossip, by node id.
+    pub fn peer_adverts(&self) -> Arc<BTreeMap<String, Advert>> {
+        self.peers.load_full()
+    }
+
+    /// Members whose rules drift from this node's ([`Advert::drifts_from`]).
+    pub fn drift(&self) -> Arc<Vec<(String, Advert)>> {
+        self.drift.load_full()
+    }
+
+    /// Changes the cluster's rules: `edit` turns the current document into the new one,
+    /// which is validated, given the next version, persisted and swapped in. With
+    /// `if_match`, only if the current version is that one. A document equal to the
+    /// current one changes nothing and keeps its version (`false`).
+    pub async fn write(
+        &self,
+        if_match: Option<u64>,
+        edit: impl FnOnce(&RulesDoc) -> Result<RulesDoc, RulesWriteError>,
+    ) -> Result<(Arc<Current>, bool), RulesWriteError> {
+        if self.source == RulesSource::File {
+            return Err(RulesWriteError::ReadOnly);
+        }
+        let _change = self.changes.lock().await;
+        let current = self.current();
+        if let Some(given) = if_match {
+            if given != current.version {
+                return Err(RulesWriteError::Stale {
+                    given,
+                    current: current.version,
+                });
+            }
+        }
+        let rules = RuleSet::from_doc(edit(current.rules.doc())?)?;
+        if rules.digest() == current.rules.digest() {
+            return Ok((current, false));
+        }
+        let version = current.version + 1;
+        let rules = Arc::new(rules);
+        self.persist(version, &rules)
+            .await
+            .map_err(RulesWriteError::Store)?;
+        let new = self.apply(version, rules);
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "api").increment(1);
+        tracing::info!(node_id = %self.me, version, digest = %hex(new.rules.digest()), rules = new.rules.len(), "rules changed through the API");
+        Ok((new, true))
+    }
+
+    /// A peer's copy, pulled because its advert was newer: checked (source, validation,
+    /// digest), then persisted and swapped in if it is still newer than ours. Returns
+    /// whether it was applied; an error says why it was refused.
+    pub async fn offer(&self, from: &str, pulled: PulledRules) -> Result<bool, String> {
+        if self.source == RulesSource::File {
+            return Ok(false);
+        }
+        if pulled.source != Some(RulesSource::Cluster) {
+            return Err("the peer does not follow the cluster rule set".into());
+        }
+        let doc = RulesDoc::from_json_str(&pulled.document).map_err(|e| e.to_string())?;
+        let rules = RuleSet::from_doc(doc).map_err(|e| e.to_string())?;
+        if rules.digest() != pulled.stamp.digest {
+            return Err(format!(
+                "the document's digest is {}, not the {} it was sent as",
+                hex(rules.digest()),
+                hex(pulled.stamp.digest)
+            ));
+        }
+        let _change = self.changes.lock().await;
+        if pulled.stamp <= self.current().stamp() {
+            return Ok(false);
+        }
+        let rules = Arc::new(rules);
+        if let Err(error) = self.persist(pulled.stamp.version, &rules).await {
+            // Enforcing the cluster's rules matters more than the local copy: apply
+            // anyway, and say loudly that a restart would start from an older one.
+            metrics::counter!("ringlimit_rules_persist_failures_total").increment(1);
+            tracing::error!(%error, "could not persist the rules copied from a peer; enforcing them anyway");
+        }
+        self.apply(pulled.stamp.version, rules);
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "peer").increment(1);
+        tracing::info!(node_id = %self.me, from, version = pulled.stamp.version, digest = %hex(pulled.stamp.digest), "rules copied from a peer");
+        Ok(true)
+    }
+
+    /// File mode: the file changed and parsed; enforce it as the next local version.
+    pub async fn reload_file(&self, rules: RuleSet) {
+        let _change = self.changes.lock().await;
+        let version = self.current().version + 1;
+        self.apply(version, Arc::new(rules));
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "file").increment(1);
+    }
+
+    async fn persist(&self, version: u64, rules: &Arc<RuleSet>) -> Result<(), StoreError> {
+        let Some(dir) = self.data_dir.clone() else {
+            return Ok(());
+        };
+        let rules = rules.clone();
+        match tokio::task::spawn_blocking(move || store(&dir, version, &rules)).await {
+            Ok(result) => result,
+            Err(error) => Err(StoreError::Io {
+                path: self.data_dir.clone().unwrap_or_default(),
+                error: std::io::Error::other(error.to_string()),
+            }),
+        }
+    }
+
+    fn apply(&self, version: u64, rules: Arc<RuleSet>) -> Arc<Current> {
+        self.shared.store(rules.clone());
+        let current = Arc::new(Current { version, rules });
+        self.current.store(current.clone());
+        self.version_gauge.set(version as f64);
+        self.advert.send_replace(Advert {
+            source: self.source,
+            stamp: current.stamp(),
+        });
+        current
+    }
+
+    /// Follows the other members' adverts: records them, reports drift, and in cluster
+    /// mode pulls a newer rule set from the member that has the greatest one. Runs until
+    /// `cancel`; reacts to every gossip change and looks again every 500 ms (a failed
+    /// pull is retried then).
+    pub async fn sync(
+        self: Arc<Self>,
+        mut values: watch::Receiver<Arc<MemberValues>>,
+        view: watch::Receiver<Arc<ClusterView>>,
+        peers: PeerPool,
+        cancel: CancellationToken,
+    ) {
+        let pull_failures = metrics::counter!("ringlimit_rules_pull_failures_total");
+        let mut tick = tokio::time::interval(RESYNC);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_failure: Option<(String, Stamp)> = None;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = values.changed() => if changed.is_err() { return },
+                _ = tick.tick() => {}
+            }
+            let adverts: BTreeMap<String, Advert> = values
+                .borrow_and_update()
+                .iter()
+                .filter(|(id, _)| **id != *self.me)
+                .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
+                .collect();
+            self.note_drift(&adverts);
+            let mine = self.advert();
+            let best = best_source(&mine, adverts.iter().map(|(id, a)| (id.as_str(), *a)))
+                .map(|(id, a)| (id.to_string(), a));
+            self.peers.store(Arc::new(adverts));
+            let Some((id, advert)) = best else { continue };
+            let Some(member) = view.borrow().member(&id).cloned() else {
+                continue;
+            };
+            let outcome = match peers.pull_rules(&member).await {
+                Ok(pulled) => self.offer(&id, pulled).await,
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = outcome {
+                pull_failures.increment(1);
+                // Once per (peer, stamp): a peer that stays unreachable is retried
+                // every 500 ms without a log line each time.
+                let failure = (id.clone(), advert.stamp);
+                if last_failure.as_ref() != Some(&failure) {
+                    tracing::warn!(from = %id, wanted = %advert.stamp, %error, "could not copy newer rules from a peer; will retry");
+                    last_failure = Some(failure);
+                }
+            }
+        }
+    }
+
+    /// Records the drifting members; logs when the set changes.
+    fn note_drift(&self, adverts: &BTreeMap<String, Advert>) {
+        let mine = self.advert();
+        let drift: Vec<(String, Advert)> = adverts
+            .iter()
+            .filter(|(_, a)| mine.drifts_from(a))
+            .map(|(id, a)| (id.clone(), *a))
+            .collect();
+        if **self.drift.load() == drift {
+            return;
+        }
+        self.drift_gauge.set(drift.len() as f64);
+        if drift.is_empty() {
+            tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
+        } else {
+            let nodes: Vec<String> = drift
+                .iter()
+                .map(|(id, a)| format!("{id}={}", a.encode()))
+                .collect();
+            tracing::warn!(
+                node_id = %self.me,
+                rules = %mine.encode(),
+                drifting = %nodes.join(", "),
+                "rules drift: these members enforce different rules than this node (different --rules files, or file and cluster sources mixed)"
+            );
+        }
+        self.drift.store(Arc::new(drift));
+    }
+}
+
+/// A digest as 16 hex digits, the form every message and API uses.
+pub fn hex(digest: u64) -> String {
+    format!("{digest:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "[[rule]]\nname = \"a\"\ntier = \"free\"\nlimit = 5\nwindow = \"1m\"\n";
+
+    fn node(source: RulesSource, dir: Option<PathBuf>) -> (Arc<ClusterRules>, SharedRules) {
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            source,
+            dir,
+            0,
+            RuleSet::builtin(),
+            shared.clone(),
+        );
+        (rules, shared)
+    }
+
+    fn replace_with(
+        text: &'static str,
+    ) -> impl FnOnce(&RulesDoc) -> Result<RulesDoc, RulesWriteError> {
+        move |_| Ok(RulesDoc::from_toml_str(text)?)
+    }
+
+    #[tokio::test]
+    async fn a_write_gets_the_next_version_is_persisted_and_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rules, shared) = node(RulesSource::Cluster, Some(dir.path().to_owned()));
+        let (new, changed) = rules.write(Some(0), replace_with(A)).await.unwrap();
+        assert!(changed);
+        assert_eq!(new.version, 1);
+        assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
+        assert_eq!(rules.advert().stamp, new.stamp());
+        let (stamp, _) = crate::config::rules::load_stored(dir.path())
+            .unwrap()
+            .unwrap();
+        assert_eq!(stamp, new.stamp());
+        // The same document again changes nothing.
+        let (same, changed) = rules.write(None, replace_with(A)).await.unwrap();
+        assert!(!changed);
+        assert_eq!(same.version, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_if_match_or_an_invalid_document_changes_nothing() {
+        let (rules, shared) = node(RulesSource::Cluster, None);
+        rules.write(None, replace_with(A)).await.unwrap();
+        let e = rules.write(Some(0), replace_with(A)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RulesWriteError::Stale {
+                    given: 0,
+                    current: 1
+                }
+            ),
+            "{e}"
+        );
+        let bad = "[[rule]]\nname = \"a\"\ntier = \"free\"\nlimit = 0\nwindow = \"1m\"\n";
+        let e = rules.write(Some(1), replace_with(bad)).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rule \"a\": field \"limit\": must be an integer >= 1 (got 0)"
+        );
+        assert_eq!(rules.current().version, 1);
+        assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
+    }
+
+    #[tokio::test]
+    async fn file_mode_refuses_writes() {
+        let (rules, _) = node(RulesSource::File, None);
+        let e = rules.write(None, replace_with(A)).await.unwrap_err();
+        assert!(matches!(e, RulesWriteError::ReadOnly));
+    }
+
+    #[tokio::test]
+    async fn a_peer_copy_is_applied_only_when_newer_and_genuine() {
+        let (rules, shared) = node(RulesSource::Cluster, None);
+        let doc = RulesDoc::from_toml_str(A).unwrap();
+        let pulled = |version, digest| PulledRules {
+            source: Some(RulesSource::Cluster),
+            stamp: Stamp { version, digest },
+            document: doc.to_json(),
+        };
+        let e = rules.offer("n2", pulled(3, 42)).await.unwrap_err();
+        assert!(e.contains("digest"), "{e}");
+        assert!(rules.offer("n2", pulled(3, doc.digest())).await.unwrap());
+        assert_eq!(rules.current().version, 3);
+        assert_eq!(shared.load().digest(), doc.digest());
+        assert!(
+            !rules.offer("n2", pulled(2, doc.digest())).await.unwrap(),
+            "older"
+        );
+        let mut bad = pulled(9, 0);
+        bad.document = "{\"rule\": [{\"name\": \"x\"}]}".into();
+        assert!(rules.offer("n2", bad).await.is_err());
+        assert_eq!(rules.current().version, 3);
+    }
+}
