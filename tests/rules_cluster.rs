@@ -1,0 +1,534 @@
+//! Rules as cluster state (issue 11): a change made through one node's ops port is
+//! enforced by every node within 2 s, survives a restart from the data dir, is
+//! conditional with `If-Match`, refuses bad bodies without changing anything, and two
+//! nodes following different rule files report drift.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{client, eventually, http, key_owned_by, member_config, rules_file, start};
+use ringlimit::config::rules::RulesSource;
+use ringlimit::node::{NodeConfig, RunningNode};
+use ringlimit::proto::CheckRequest;
+use ringlimit::server::ops::AdminToken;
+
+const TOKEN: &str = "test-admin-token-0123456789";
+const ROUTE: &str = "POST /v1/charges";
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+fn cluster_config(id: &str, seeds: &[String], data_dir: &Path) -> NodeConfig {
+    NodeConfig {
+        data_dir: Some(data_dir.to_path_buf()),
+        admin_token: Some(AdminToken::new(TOKEN).unwrap()),
+        ..member_config(id, seeds, None)
+    }
+}
+
+async fn three_nodes(dirs: &[tempfile::TempDir; 3]) -> Vec<RunningNode> {
+    let mut nodes: Vec<RunningNode> = Vec::new();
+    for (i, id) in ["n1", "n2", "n3"].iter().enumerate() {
+        let seeds: Vec<String> = nodes
+            .first()
+            .map(|n| n.gossip_addr.to_string())
+            .into_iter()
+            .collect();
+        nodes.push(start(cluster_config(id, &seeds, dirs[i].path())).await);
+    }
+    common::wait_converged(&nodes, 3).await;
+    nodes
+}
+
+fn ops(node: &RunningNode) -> SocketAddr {
+    node.http_addr.expect("ops port")
+}
+
+/// The limit `node` answers for a free-tier charge by `key`.
+async fn limit_on(node: &RunningNode, key: &str) -> (u64, String) {
+    let answer = client(node)
+        .await
+        .check(CheckRequest {
+            key: key.into(),
+            route: ROUTE.into(),
+            cost: Some(1),
+            tier: Some("free".into()),
+            descriptors: Vec::new(),
+        })
+        .await
+        .expect("check answers")
+        .into_inner();
+    let decider = answer.decider.map(|d| d.node_id).unwrap_or_default();
+    assert_eq!(decider, "n3", "the key was chosen to be decided by n3");
+    (answer.limit, answer.rule)
+}
+
+#[tokio::test]
+async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_its_restart() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let mut nodes = three_nodes(&dirs).await;
+    let key = key_owned_by("n3", &["n1", "n2", "n3"], "cust_");
+    assert_eq!(
+        limit_on(&nodes[2], &key).await,
+        (100, "default".to_string())
+    );
+    assert_eq!(
+        nodes[2].cluster_rules.current().version,
+        0,
+        "built-in rules"
+    );
+
+    let body = r#"{"route_pattern": "POST /v1/charges", "algorithm": "sliding_window_counter", "limit": 7, "window_s": 60, "burst": null}"#;
+    let started = Instant::now();
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &bearer())],
+        body,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let answer = put.json();
+    assert_eq!(answer["version"], 1);
+    assert_eq!(answer["rule"], "free-POST-v1-charges");
+    assert_eq!(put.header("etag"), Some("\"1\""));
+
+    // Node 3 decides with the new limit within 2 s.
+    let deadline = started + Duration::from_secs(2);
+    let elapsed = loop {
+        if limit_on(&nodes[2], &key).await.0 == 7 {
+            break started.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 still decides with the old limit after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!(
+        "PUT on n1 → n3 decides with limit 7 after {} ms",
+        elapsed.as_millis()
+    );
+    let digest = nodes[0].cluster_rules.current().rules.digest();
+    assert!(
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
+            .cluster_rules
+            .current()
+            .stamp()
+            == nodes[0].cluster_rules.current().stamp()))
+        .await,
+        "every node holds version 1"
+    );
+    let via_api = http(ops(&nodes[2]), "GET", "/v1/limits/free", &[], "")
+        .await
+        .json();
+    assert_eq!(via_api["version"], 1);
+    assert_eq!(via_api["rules"][0]["limit"], 7);
+    assert_eq!(via_api["rules"][0]["route_pattern"], ROUTE);
+
+    // Node 3 restarted alone (no seeds: it cannot copy from anyone) starts from its copy.
+    let n3 = nodes.pop().unwrap();
+    n3.shutdown().await;
+    let restarted = start(cluster_config("n3", &[], dirs[2].path())).await;
+    let current = restarted.cluster_rules.current();
+    assert_eq!(current.version, 1);
+    assert_eq!(current.rules.digest(), digest);
+    assert_eq!(limit_on(&restarted, &key).await.0, 7);
+    restarted.shutdown().await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_stale_if_match_gets_412_and_a_bad_body_gets_400_naming_the_field_and_nothing_changes() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let nodes = three_nodes(&dirs).await;
+    let addr = ops(&nodes[0]);
+    let auth = bearer();
+    let good = r#"{"route_pattern": "POST /v1/charges", "limit": 5, "window_s": 60}"#;
+    let put = http(
+        addr,
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &auth), ("If-Match", "\"0\"")],
+        good,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert!(
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
+            .cluster_rules
+            .current()
+            .version
+            == 1))
+        .await
+    );
+    let before: Vec<_> = nodes
+        .iter()
+        .map(|n| n.cluster_rules.current().stamp())
+        .collect();
+
+    // A writer that read version 0 and writes after version 1 exists: refused.
+    let stale = http(
+        addr,
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &auth), ("If-Match", "\"0\"")],
+        good,
+    )
+    .await;
+    assert_eq!(stale.status, 412, "{}", stale.body);
+    assert!(
+        stale.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("current version is 1"),
+        "{}",
+        stale.body
+    );
+    let stale_doc = http(
+        ops(&nodes[1]),
+        "PUT",
+        "/v1/rules",
+        &[("Authorization", &auth), ("If-Match", "0")],
+        "[default]\nlimit = 1\nwindow = \"1s\"\n",
+    )
+    .await;
+    assert_eq!(stale_doc.status, 412, "{}", stale_doc.body);
+
+    // Bad bodies: the messages of `ringlimit rules check`, naming rule and field.
+    for (path, body, content_type, names) in [
+        (
+            "/v1/limits/free",
+            r#"{"route_pattern": "POST /v1/charges", "limit": 0, "window_s": 60}"#,
+            "application/json",
+            "field \"limit\": must be an integer >= 1 (got 0)",
+        ),
+        (
+            "/v1/limits/free",
+            r#"{"route_pattern": "POST /v1/charges", "limit": 5, "window_s": 0}"#,
+            "application/json",
+            "field \"window_s\"",
+        ),
+        (
+            "/v1/limits/free",
+            r#"{"route_pattern": "POST /v1/charges", "limit": 5, "window_s": 60, "algorithm": "magic"}"#,
+            "application/json",
+            "field \"algorithm\"",
+        ),
+        (
+            "/v1/limits/free",
+            r#"{"route_pattern": "POST /v1/charges", "limt": 5}"#,
+            "application/json",
+            "unknown field `limt`",
+        ),
+        (
+            "/v1/rules",
+            "[[rule]]\nname = \"x\"\ntier = \"free\"\nlimit = 5\nwindow = \"10q\"\n",
+            "application/toml",
+            "rule \"x\": field \"window\"",
+        ),
+        ("/v1/rules", "", "application/toml", "defines no rules"),
+        (
+            "/v1/rules",
+            r#"{"rule": [{"name": "x", "tier": "free", "limit": -1, "window": "1s"}]}"#,
+            "application/json",
+            "rule \"x\": field \"limit\"",
+        ),
+    ] {
+        let answer = http(
+            addr,
+            "PUT",
+            path,
+            &[("Authorization", &auth), ("Content-Type", content_type)],
+            body,
+        )
+        .await;
+        assert_eq!(answer.status, 400, "{path} {body}: {}", answer.body);
+        let message = answer.json()["error"].as_str().unwrap().to_string();
+        assert!(message.contains(names), "{path} {body}: {message}");
+    }
+    // Without the token, with a wrong one: refused before anything is read.
+    let anonymous = http(addr, "PUT", "/v1/limits/free", &[], good).await;
+    assert_eq!(anonymous.status, 401);
+    let wrong = http(
+        addr,
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", "Bearer not-the-token-at-all")],
+        good,
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+
+    // Nothing changed anywhere, even after gossip had time to carry a change.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after: Vec<_> = nodes
+        .iter()
+        .map(|n| n.cluster_rules.current().stamp())
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(
+        nodes[2]
+            .rules
+            .load()
+            .get("free-POST-v1-charges")
+            .unwrap()
+            .spec
+            .limit()
+            .get(),
+        5
+    );
+
+    // DELETE removes the rule (and a second DELETE finds nothing).
+    let path = "/v1/limits/free?route_pattern=POST+%2Fv1%2Fcharges";
+    let deleted = http(addr, "DELETE", path, &[("Authorization", &auth)], "").await;
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert_eq!(deleted.json()["version"], 2);
+    let again = http(addr, "DELETE", path, &[("Authorization", &auth)], "").await;
+    assert_eq!(again.status, 404, "{}", again.body);
+    assert!(
+        eventually(Duration::from_secs(2), || nodes[2]
+            .rules
+            .load()
+            .get("free-POST-v1-charges")
+            .is_none())
+        .await
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_without_an_admin_token_refuses_every_write() {
+    let node = start(NodeConfig::for_test()).await;
+    let answer = http(
+        ops(&node),
+        "PUT",
+        "/v1/rules",
+        &[("Authorization", "Bearer anything-at-all-here")],
+        "[default]\nlimit = 1\nwindow = \"1s\"\n",
+    )
+    .await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert_eq!(node.cluster_rules.current().version, 0);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_writers_racing_without_if_match_converge_on_one_winner() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let nodes = three_nodes(&dirs).await;
+    let auth = bearer();
+    let doc = |limit: u32| {
+        format!("[[rule]]\nname = \"race\"\ntier = \"free\"\nlimit = {limit}\nwindow = \"1m\"\n")
+    };
+    let (a, b) = (doc(11), doc(22));
+    let headers = [("Authorization", auth.as_str())];
+    let (ra, rb) = tokio::join!(
+        http(ops(&nodes[0]), "PUT", "/v1/rules", &headers, &a),
+        http(ops(&nodes[1]), "PUT", "/v1/rules", &headers, &b),
+    );
+    assert_eq!(
+        (ra.status, rb.status),
+        (200, 200),
+        "{} / {}",
+        ra.body,
+        rb.body
+    );
+    let converged = eventually(Duration::from_secs(3), || {
+        let first = nodes[0].cluster_rules.current().stamp();
+        nodes
+            .iter()
+            .all(|n| n.cluster_rules.current().stamp() == first)
+    })
+    .await;
+    assert!(
+        converged,
+        "{:?}",
+        nodes
+            .iter()
+            .map(|n| n.cluster_rules.current().stamp())
+            .collect::<Vec<_>>()
+    );
+    let winner = nodes[0].cluster_rules.current();
+    let limit = winner.rules.get("race").unwrap().spec.limit().get();
+    assert!(limit == 11 || limit == 22);
+    // Whichever it was, it is the greatest (version, digest) either writer produced.
+    let va = ra.json()["version"].as_u64().unwrap();
+    let vb = rb.json()["version"].as_u64().unwrap();
+    assert_eq!(winner.version, va.max(vb));
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
+    let (_da, file_a) = rules_file("[default]\nlimit = 5\nwindow = \"1m\"\n");
+    let (_db, file_b) = rules_file("[default]\nlimit = 100\nwindow = \"1m\"\n");
+    let mut config_a = member_config("fa", &[], Some(&file_a));
+    config_a.admin_token = Some(AdminToken::new(TOKEN).unwrap());
+    let a = start(config_a).await;
+    let started = Instant::now();
+    let b = start(member_config(
+        "fb",
+        &[a.gossip_addr.to_string()],
+        Some(&file_b),
+    ))
+    .await;
+    let nodes = vec![a, b];
+    common::wait_converged(&nodes, 2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    assert_eq!(a.cluster_rules.source(), RulesSource::File);
+    assert!(
+        eventually(Duration::from_secs(3), || !a
+            .cluster_rules
+            .drift()
+            .is_empty()
+            && !b.cluster_rules.drift().is_empty())
+        .await,
+        "drift not reported"
+    );
+    eprintln!(
+        "drift reported {} ms after the second node started",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(a.cluster_rules.drift()[0].0, "fb");
+    let status = http(ops(a), "GET", "/v1/cluster", &[], "").await.json();
+    assert_eq!(status["rules_drift"], true);
+    let fb = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node_id"] == "fb")
+        .unwrap()
+        .clone();
+    assert_eq!(fb["rules_drift"], true);
+    assert_eq!(fb["rules_source"], "file");
+    assert!(common::metric_sum("ringlimit_rules_drift_nodes") >= 1.0);
+    // The peer face's status (what `ringlimit cluster status` prints) flags it too.
+    let mut peer = ringlimit::proto::peer::peer_client::PeerClient::new(
+        ringlimit::cluster::forward::Signed::new(
+            tonic::transport::Endpoint::from_shared(format!("http://{}", a.peer_addr))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+            NodeConfig::for_test().cluster_key,
+            "test".into(),
+        ),
+    );
+    let peer_status = peer
+        .status(ringlimit::proto::peer::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        peer_status.rules.starts_with("file 1 "),
+        "{}",
+        peer_status.rules
+    );
+    assert!(peer_status
+        .members
+        .iter()
+        .any(|m| m.node_id == "fb" && m.rules_drift));
+    // File mode: the API is read-only, even with the token.
+    let put = http(
+        ops(a),
+        "PUT",
+        "/v1/rules",
+        &[("Authorization", &bearer())],
+        "[default]\nlimit = 1\nwindow = \"1s\"\n",
+    )
+    .await;
+    assert_eq!(put.status, 409, "{}", put.body);
+
+    // The same file on both: drift resolved.
+    std::fs::write(&file_b, "[default]\nlimit = 5\nwindow = \"1m\"\n").unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || a
+            .cluster_rules
+            .drift()
+            .is_empty()
+            && b.cluster_rules.drift().is_empty())
+        .await,
+        "drift not resolved"
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let nodes = three_nodes(&dirs).await;
+    let addr = ops(&nodes[1]);
+    assert_eq!(http(addr, "GET", "/healthz", &[], "").await.status, 200);
+    let ready = http(addr, "GET", "/readyz", &[], "").await;
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    let key = key_owned_by("n3", &["n1", "n2", "n3"], "who_");
+    let owner = http(addr, "GET", &format!("/v1/owner?key={key}"), &[], "").await;
+    assert_eq!(owner.status, 200, "{}", owner.body);
+    assert_eq!(owner.json()["owner"]["node_id"], "n3");
+    let keys_before = nodes[2].shards.keys().await.unwrap();
+    assert_eq!(keys_before, 0, "asking charges nothing");
+    assert_eq!(http(addr, "GET", "/v1/owner", &[], "").await.status, 400);
+    let cluster = http(addr, "GET", "/v1/cluster", &[], "").await.json();
+    assert_eq!(cluster["members"].as_array().unwrap().len(), 3);
+    assert_eq!(cluster["rules"]["source"], "cluster");
+    assert_eq!(cluster["rules_drift"], false);
+    let rules = http(addr, "GET", "/v1/rules", &[], "").await;
+    assert_eq!(rules.status, 200);
+    assert_eq!(rules.header("etag"), Some("\"0\""));
+    assert!(rules.body.contains("[default]"), "{}", rules.body);
+    let metrics = http(addr, "GET", "/metrics", &[], "").await;
+    assert!(
+        metrics.body.contains("ringlimit_rules_version"),
+        "{}",
+        metrics.body
+    );
+
+    // A node with seeds that sees no one is alive but not ready.
+    let lonely = start(member_config("alone", &["127.0.0.1:9".to_string()], None)).await;
+    assert_eq!(
+        http(ops(&lonely), "GET", "/readyz", &[], "").await.status,
+        503
+    );
+    assert_eq!(
+        http(ops(&lonely), "GET", "/healthz", &[], "").await.status,
+        200
+    );
+    lonely.shutdown().await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_seed_file_seeds_an_empty_cluster_at_version_1() {
+    let (_d, seed) = rules_file("[default]\nlimit = 9\nwindow = \"1m\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let config = NodeConfig {
+        rules_seed: Some(seed.clone()),
+        data_dir: Some(dir.path().to_path_buf()),
+        ..NodeConfig::for_test()
+    };
+    let node = start(config.clone()).await;
+    assert_eq!(node.cluster_rules.current().version, 1);
+    assert_eq!(node.rules.load().default_rule().spec.limit().get(), 9);
+    node.shutdown().await;
+    // Restarted with another seed: the stored copy wins (the seed is for an empty cluster).
+    std::fs::write(&seed, "[default]\nlimit = 1\nwindow = \"1m\"\n").unwrap();
+    let node = start(config).await;
+    assert_eq!(node.rules.load().default_rule().spec.limit().get(), 9);
+    node.shutdown().await;
+}
