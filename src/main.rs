@@ -551,21 +551,21 @@ async fn cluster_status(
             addr, status.node_id, status.generation, status.ring_digest, status.keys, status.rules
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<8} {:<30} drift",
-            "node", "generation", "grpc", "peer", "gossip", "share", "state", "rules"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<5} state",
+            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "drift"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<8} {:<30} {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<5} {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
                 m.peer_addr,
                 m.gossip_addr,
                 m.ring_share * 100.0,
-                if m.leaving { "leaving" } else { "live" },
                 if m.rules.is_empty() { "-" } else { &m.rules },
-                if m.rules_drift { "DRIFT" } else { "-" }
+                if m.rules_drift { "DRIFT" } else { "-" },
+                if m.leaving { "leaving" } else { "live" }
             );
         }
         let drifting: Vec<&str> = status
