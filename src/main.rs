@@ -102,6 +102,9 @@ struct DevClusterArgs {
     /// Admin token file for the rules API of every node (without it, writes are refused).
     #[arg(long)]
     admin_token_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(clap::Args)]
@@ -410,7 +413,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
-    init_logging(LogFormat::Text);
+    init_logging(args.log_format);
     anyhow::ensure!((1..=20).contains(&args.nodes), "--nodes must be 1..=20");
     runtime()?.block_on(async move {
         let mut nodes = Vec::new();
@@ -612,8 +615,12 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Logs go to stderr: stdout carries only the machine-readable ready line (serve)
     // and command output, so scripts can read it.
+    // No ANSI colour codes unless stderr is a terminal: a log file or a collector
+    // (journald, docker logs) should get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

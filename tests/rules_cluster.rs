@@ -490,12 +490,34 @@ async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
     assert_eq!(rules.status, 200);
     assert_eq!(rules.header("etag"), Some("\"0\""));
     assert!(rules.body.contains("[default]"), "{}", rules.body);
+    // A check on every node, so the hot-path metrics exist too.
+    for n in &nodes {
+        let _ = client(n)
+            .await
+            .check(common::check("m", "GET /m", None))
+            .await;
+    }
     let metrics = http(addr, "GET", "/metrics", &[], "").await;
     assert!(
         metrics.body.contains("ringlimit_rules_version"),
         "{}",
         metrics.body
     );
+    assert!(
+        metrics.body.contains("ringlimit_build_info{version=\""),
+        "{}",
+        metrics.body
+    );
+    // Every metric says what it is.
+    for line in metrics.body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().unwrap();
+            assert!(
+                metrics.body.contains(&format!("# HELP {name} ")),
+                "{name} has no # HELP line"
+            );
+        }
+    }
 
     // A node with seeds that sees no one is alive but not ready.
     let lonely = start(member_config("alone", &["127.0.0.1:9".to_string()], None)).await;
