@@ -789,7 +789,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     use ringlimit::keyring::{Keyring, CALL_HEADER};
     use ringlimit::node::config::TEST_CLUSTER_SECRET;
     use ringlimit::proto::peer::peer_client::PeerClient;
-    use ringlimit::proto::peer::{RefundItem, RefundRequest, StatusRequest};
+    use ringlimit::proto::peer::{RefundItem, RefundRequest, RulesRequest, StatusRequest};
 
     let node = start(NodeConfig::for_test()).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.peer_addr))
@@ -817,6 +817,14 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     let mut anonymous = PeerClient::new(channel.clone());
     unauthenticated(anonymous.refund(refund.clone()).await);
     unauthenticated(anonymous.status(StatusRequest {}).await);
+    // The rule document is cluster state: only members may read it.
+    unauthenticated(
+        anonymous
+            .rules(RulesRequest {
+                from_node: "intruder".into(),
+            })
+            .await,
+    );
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
@@ -826,6 +834,13 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "intruder".into(),
     ));
     unauthenticated(outsider.refund(refund.clone()).await);
+    unauthenticated(
+        outsider
+            .rules(RulesRequest {
+                from_node: "intruder".into(),
+            })
+            .await,
+    );
 
     // A member's captured proof, sent again.
     let key = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
@@ -866,5 +881,13 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "member".into(),
     ));
     assert!(member.status(StatusRequest {}).await.is_ok());
+    let rules = member
+        .rules(RulesRequest {
+            from_node: "member".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((rules.source.as_str(), rules.version), ("cluster", 0));
     node.shutdown().await;
 }

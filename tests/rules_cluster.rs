@@ -554,3 +554,130 @@ async fn a_seed_file_seeds_an_empty_cluster_at_version_1() {
     assert_eq!(node.rules.load().default_rule().spec.limit().get(), 9);
     node.shutdown().await;
 }
+
+/// Runs the `ringlimit` binary with `args`; (exit code, stdout, stderr).
+async fn cli(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlimit"))
+            .args(&args)
+            .output()
+            .expect("the binary runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let nodes = three_nodes(&dirs).await;
+    let addr = ops(&nodes[0]).to_string();
+    let token_dir = tempfile::tempdir().unwrap();
+    let token = token_dir.path().join("admin.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let (_d, file) =
+        rules_file("[[rule]]\nname = \"free\"\ntier = \"free\"\nlimit = 4\nwindow = \"1m\"\n");
+    let s = |p: &Path| p.display().to_string();
+
+    let (code, out, err) = cli(vec![
+        "rules".into(),
+        "diff".into(),
+        s(&file),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("+ rule \"free\""), "{out}");
+
+    let put = |if_match: &str| {
+        vec![
+            "rules".into(),
+            "put".into(),
+            s(&file),
+            "--addr".into(),
+            addr.clone(),
+            "--admin-token-file".into(),
+            s(&token),
+            "--if-match".into(),
+            if_match.into(),
+        ]
+    };
+    let (code, out, err) = cli(put("0")).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("accepted: version 1 digest "), "{out}");
+    let (code, _, err) = cli(put("0")).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("412"), "{err}");
+
+    let (code, out, _) = cli(vec![
+        "rules".into(),
+        "diff".into(),
+        s(&file),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("matches the cluster's rules (version 1)"),
+        "{out}"
+    );
+
+    // Another node answers `get` with the copied version.
+    assert!(
+        eventually(Duration::from_secs(2), || nodes[2]
+            .cluster_rules
+            .current()
+            .version
+            == 1)
+        .await
+    );
+    let (code, out, _) = cli(vec![
+        "rules".into(),
+        "get".into(),
+        "--addr".into(),
+        ops(&nodes[2]).to_string(),
+    ])
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("# rules version 1, digest "), "{out}");
+    assert!(out.contains("limit = 4"), "{out}");
+
+    // A bad file is refused locally, with the rule check's message, and nothing is sent.
+    let (_b, bad) =
+        rules_file("[[rule]]\nname = \"free\"\ntier = \"free\"\nlimit = 0\nwindow = \"1m\"\n");
+    let (code, _, err) = cli(vec![
+        "rules".into(),
+        "put".into(),
+        s(&bad),
+        "--addr".into(),
+        addr.clone(),
+        "--admin-token-file".into(),
+        s(&token),
+    ])
+    .await;
+    assert_eq!(code, 1);
+    assert!(err.contains("rule \"free\": field \"limit\""), "{err}");
+    assert_eq!(nodes[0].cluster_rules.current().version, 1);
+
+    let key = key_owned_by("n2", &["n1", "n2", "n3"], "own_");
+    let (code, out, _) = cli(vec![
+        "owner".into(),
+        "--key".into(),
+        key.clone(),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with(&format!("{key} is owned by n2@")), "{out}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

@@ -379,6 +379,61 @@ mod tests {
         assert!(doc.rule.is_empty(), "nothing changed");
     }
 
+    fn text() -> impl proptest::strategy::Strategy<Value = Option<String>> {
+        proptest::option::of(".{0,12}")
+    }
+
+    fn rule() -> impl proptest::strategy::Strategy<Value = DocRule> {
+        use proptest::prelude::*;
+        (
+            (text(), text(), text(), text(), text(), any::<Option<i64>>()),
+            (
+                text(),
+                any::<Option<i64>>(),
+                text(),
+                any::<Option<i64>>(),
+                text(),
+                text(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (name, client, tier, route, algorithm, limit),
+                    (window, burst, mode, queue_depth, on_unavailable, per),
+                )| DocRule {
+                    name,
+                    client,
+                    tier,
+                    route,
+                    algorithm,
+                    limit,
+                    window,
+                    burst,
+                    mode,
+                    queue_depth,
+                    on_unavailable,
+                    per,
+                },
+            )
+    }
+
+    proptest::proptest! {
+        /// Whatever a document holds (quotes, newlines, control characters, any number),
+        /// the TOML and JSON that `GET /v1/rules` and peers send read back as the same
+        /// document with the same digest: no edit is ever changed by being passed on.
+        #[test]
+        fn any_document_survives_toml_and_json(rules in proptest::collection::vec(rule(), 0..4), limit in proptest::option::of(proptest::prelude::any::<i64>())) {
+            let doc = RulesDoc {
+                default: limit.map(|l| DocDefault { limit: Some(l), ..DocDefault::default() }),
+                rule: rules,
+            };
+            let toml_back = RulesDoc::from_toml_str(&doc.to_toml()).unwrap();
+            proptest::prop_assert_eq!(&toml_back, &doc);
+            let json_back = RulesDoc::from_json_str(&doc.to_json()).unwrap();
+            proptest::prop_assert_eq!(json_back.digest(), doc.digest());
+        }
+    }
+
     #[test]
     fn json_errors_carry_line_and_column() {
         let e = RulesDoc::from_json_str("{\"rule\": [{\"limt\": 1}]}").unwrap_err();

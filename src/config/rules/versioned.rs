@@ -152,6 +152,17 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A gossip value is input from any member's build: parsing never panics, and
+        /// what parses encodes back to itself.
+        #[test]
+        fn parsing_any_gossip_value_is_total(text in ".{0,40}") {
+            if let Some(advert) = Advert::parse(&text) {
+                proptest::prop_assert_eq!(Advert::parse(&advert.encode()), Some(advert));
+            }
+        }
+    }
+
     #[test]
     fn a_race_without_if_match_has_one_winner_whoever_looks() {
         // Two nodes at version 4 accepted different writes: both made version 5.
