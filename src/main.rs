@@ -716,7 +716,7 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
                 "key": d.key, "route": d.route, "allowed": d.allowed, "limit": d.limit,
                 "remaining": d.remaining, "retry_after_ms": d.retry_after_ms,
                 "reset_at": d.reset_at, "rule": d.rule, "algorithm": d.algorithm,
-                "window_id": d.window_id, "sequence": d.sequence, "refunded": d.refunded,
+                "window_id": d.window_id.map(|w| w.to_string()), "sequence": d.sequence.to_string(), "refunded": d.refunded,
                 "delay_ms": d.delay_ms,
             })
         })
@@ -729,9 +729,11 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
         "retry_after_s": ringlimit::client::ceil_secs(a.retry_after_ms),
         "reset_at": a.reset_at,
         "rule": a.rule,
-        "decider": a.decider.as_ref().map(|d| serde_json::json!({"node_id": d.node_id, "generation": d.generation})),
-        "window_id": a.window_id,
-        "sequence": a.sequence,
+        // 64-bit ids as strings: jq and JavaScript read JSON numbers as doubles, which
+        // lose precision above 2^53 (a generation is ~1.8e18).
+        "decider": a.decider.as_ref().map(|d| serde_json::json!({"node_id": d.node_id, "generation": d.generation.to_string()})),
+        "window_id": a.window_id.map(|w| w.to_string()),
+        "sequence": a.sequence.to_string(),
         "degraded": a.degraded,
         "delay_ms": a.delay_ms,
         "descriptors": descriptors,

@@ -89,6 +89,10 @@ pub enum RulesWriteError {
     /// The edit names a rule that does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The version cannot grow any more (a member advertised the largest version there
+    /// is): nothing a writer can fix, so it is said plainly rather than wrapped to 0.
+    #[error("the rules version is at its maximum ({0}); no further version can be given out")]
+    Exhausted(u64),
     /// The new rule set could not be persisted, so it was not applied.
     #[error("persisting the new rules failed, nothing changed: {0}")]
     Store(StoreError),
@@ -212,7 +216,10 @@ impl ClusterRules {
         if rules.digest() == current.rules.digest() {
             return Ok((current, false));
         }
-        let version = current.version + 1;
+        let version = current
+            .version
+            .checked_add(1)
+            .ok_or(RulesWriteError::Exhausted(current.version))?;
         let rules = Arc::new(rules);
         self.persist(version, &rules)
             .await
@@ -262,7 +269,7 @@ impl ClusterRules {
     /// File mode: the file changed and parsed; enforce it as the next local version.
     pub async fn reload_file(&self, rules: RuleSet) {
         let _change = self.changes.lock().await;
-        let version = self.current().version + 1;
+        let version = self.current().version.saturating_add(1);
         self.apply(version, Arc::new(rules));
         metrics::counter!("ringlimit_rules_changes_total", "origin" => "file").increment(1);
     }

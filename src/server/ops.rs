@@ -119,7 +119,9 @@ impl From<RulesWriteError> for OpsError {
             RulesWriteError::Stale { .. } => StatusCode::PRECONDITION_FAILED,
             RulesWriteError::Invalid(_) => StatusCode::BAD_REQUEST,
             RulesWriteError::NotFound(_) => StatusCode::NOT_FOUND,
-            RulesWriteError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            RulesWriteError::Store(_) | RulesWriteError::Exhausted(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         OpsError(status, error.to_string())
     }
