@@ -237,6 +237,18 @@ struct CheckArgs {
     /// Also print the HTTP headers a gateway should send.
     #[arg(long)]
     headers: bool,
+    /// Another client key checked in the same request (same route, tier and cost), to
+    /// try composed limits (per-customer AND per-IP); repeat for several. The request is
+    /// allowed only if every descriptor is.
+    #[arg(long = "descriptor")]
+    descriptors: Vec<String>,
+    /// Charge nothing: fetch the cluster's rules and the key's owner from the ops port
+    /// (--ops-addr) and print which rule would apply, with its numbers, and who decides.
+    #[arg(long)]
+    dry_run: bool,
+    /// The ops HTTP address --dry-run asks.
+    #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+    ops_addr: String,
 }
 
 #[derive(Subcommand)]
@@ -629,6 +641,12 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    if args.dry_run {
+        let keys: Vec<&str> = std::iter::once(args.key.as_str())
+            .chain(args.descriptors.iter().map(String::as_str))
+            .collect();
+        return cli::dry_run(&args.ops_addr, &keys, &args.route, args.tier.as_deref()).await;
+    }
     let addr = if args.addr.contains("://") {
         args.addr.clone()
     } else {
@@ -642,7 +660,14 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         route: args.route,
         cost: args.cost,
         tier: args.tier,
-        descriptors: Vec::new(),
+        descriptors: args
+            .descriptors
+            .iter()
+            .map(|key| ringlimit::proto::Descriptor {
+                key: key.clone(),
+                ..Default::default()
+            })
+            .collect(),
     };
     let answer = match client.check(request).await {
         Ok(answer) => answer.into_inner(),

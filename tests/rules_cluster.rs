@@ -666,6 +666,69 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     assert!(err.contains("rule \"free\": field \"limit\""), "{err}");
     assert_eq!(nodes[0].cluster_rules.current().version, 1);
 
+    // --dry-run: which rule and which decider, from the ops port; nothing charged.
+    let dry_key = key_owned_by("n3", &["n1", "n2", "n3"], "dry_");
+    let (code, out, err) = cli(vec![
+        "check".into(),
+        "--dry-run".into(),
+        "--ops-addr".into(),
+        addr.clone(),
+        "--key".into(),
+        dry_key.clone(),
+        "--route".into(),
+        ROUTE.into(),
+        "--tier".into(),
+        "free".into(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("rule=free (matched at level tier)"), "{out}");
+    assert!(out.contains("limit=4"), "{out}");
+    assert!(out.contains("decided by n3"), "{out}");
+    for n in &nodes {
+        assert_eq!(
+            n.shards.keys().await.unwrap(),
+            0,
+            "a dry run charges nothing"
+        );
+    }
+    // Exit codes: 0 allowed, 1 denied (a second descriptor exhausted), 2 refused.
+    let grpc = nodes[0].grpc_addr.to_string();
+    let check_args = |extra: &[&str]| {
+        let mut v: Vec<String> = vec![
+            "check".into(),
+            "--addr".into(),
+            grpc.clone(),
+            "--route".into(),
+            ROUTE.into(),
+            "--tier".into(),
+            "free".into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let (code, _, _) = cli(check_args(&["--key", "ip_1", "--cost", "4"])).await;
+    assert_eq!(code, 0);
+    let (code, out, _) = cli(check_args(&[
+        "--key",
+        "cust_1",
+        "--descriptor",
+        "ip_1",
+        "--json",
+    ]))
+    .await;
+    assert_eq!(code, 1, "ip_1 is exhausted: {out}");
+    let answer: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(answer["allowed"], false);
+    assert_eq!(answer["descriptors"].as_array().unwrap().len(), 2);
+    assert!(
+        answer["sequence"].is_string(),
+        "64-bit ids as strings: {out}"
+    );
+    assert!(answer["decider"]["generation"].is_string(), "{out}");
+    let (code, _, _) = cli(check_args(&["--key", "cust_1", "--cost", "0"])).await;
+    assert_eq!(code, 2);
+
     let key = key_owned_by("n2", &["n1", "n2", "n3"], "own_");
     let (code, out, _) = cli(vec![
         "owner".into(),

@@ -202,6 +202,84 @@ pub async fn owner(key: &str, addr: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ringlimit check --dry-run`: which rule each key's check would match (matched here,
+/// with the cluster's rules as the ops port serves them) and which member would decide it;
+/// nothing is charged. Exits 0, or 2 when the node cannot be asked or the input is bad.
+pub async fn dry_run(
+    addr: &str,
+    keys: &[&str],
+    route: &str,
+    tier: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let parsed = match ringlimit::config::Route::parse(route) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("refused: route: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let answer = http::request(
+        addr,
+        "GET",
+        "/v1/rules",
+        &[("Accept", "application/json".into())],
+        None,
+    )
+    .await?;
+    if answer.status != 200 {
+        eprintln!("error: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(2));
+    }
+    let version = answer
+        .header("etag")
+        .unwrap_or("?")
+        .trim_matches('"')
+        .to_string();
+    let rules = RuleSet::from_doc(RulesDoc::from_json_str(&answer.body)?)?;
+    println!("dry run against rules version {version} (nothing charged):");
+    for key in keys {
+        let rule = rules.matching(key, tier, Some(&parsed));
+        let mut encoded = String::new();
+        for b in key.bytes() {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                encoded.push(b as char);
+            } else {
+                encoded.push_str(&format!("%{b:02X}"));
+            }
+        }
+        let owner =
+            http::request(addr, "GET", &format!("/v1/owner?key={encoded}"), &[], None).await?;
+        let owner = if owner.status == 200 {
+            let v: serde_json::Value = serde_json::from_str(&owner.body)?;
+            v["owner"]["node_id"].as_str().unwrap_or("?").to_string()
+        } else {
+            format!("? ({})", owner.error_message())
+        };
+        println!(
+            "  key={key} rule={} (matched at level {}) algorithm={} limit={} window_ms={} decided by {owner}",
+            rule.name,
+            level_name(rule.level()),
+            rule.spec.algorithm_name(),
+            rule.spec.limit(),
+            rule.spec.window().as_millis(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The precedence levels as docs/rules.md names them.
+fn level_name(level: ringlimit::config::MatchLevel) -> &'static str {
+    use ringlimit::config::MatchLevel as L;
+    match level {
+        L::ClientRoute => "client+route",
+        L::Client => "client",
+        L::TierRoute => "tier+route",
+        L::Tier => "tier",
+        L::Route => "route",
+        L::Default => "default",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

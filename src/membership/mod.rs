@@ -355,7 +355,7 @@ impl Membership {
             %gossip_addr,
             grpc_addr = %config.grpc_advertise,
             peer_addr = %config.peer_advertise,
-            seeds = ?config.seeds,
+            seeds = %if config.seeds.is_empty() { "-".to_string() } else { config.seeds.join(",") },
             "membership started"
         );
 
@@ -665,8 +665,13 @@ impl Driver {
             let view = self.view_tx.borrow();
             info!(
                 node_id = %self.self_id.node_id,
-                members = ?view.members.iter().map(|m| (&m.node_id, m.leaving)).collect::<Vec<_>>(),
-                ring = ?view.ring.members(),
+                members = %view
+                    .members
+                    .iter()
+                    .map(|m| if m.leaving { format!("{} (leaving)", m.node_id) } else { m.node_id.clone() })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                ring = %view.ring.members().join(","),
                 ring_digest = format_args!("{:#018x}", view.ring.digest()),
                 "cluster view changed"
             );

@@ -1,8 +1,10 @@
 //! The composition root: the one place that knows every subsystem.
 //!
-//! [`start`] binds the listeners, loads the rules, spawns the shard actors, the rule
-//! watcher, the gRPC server and the metrics port, and returns a [`RunningNode`] with
-//! the bound addresses (tests start nodes on port 0). [`run`] is what `ringlimit serve`
+//! [`start`] binds the listeners, loads the rules, spawns the shard actors, the rules
+//! authority (adverts in gossip, pulls from peers, the file watcher in file mode), and
+//! three faces on three listeners: the public gRPC server, the peer server (signed
+//! calls only) and the ops HTTP port (admin token for rules writes). It returns a
+//! [`RunningNode`] with the bound addresses (tests start nodes on port 0). [`run`] is what `ringlimit serve`
 //! calls: start, wait for the caller's shutdown token, drain.
 
 use std::net::SocketAddr;
