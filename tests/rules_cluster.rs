@@ -31,8 +31,12 @@ fn cluster_config(id: &str, seeds: &[String], data_dir: &Path) -> NodeConfig {
 }
 
 async fn three_nodes(dirs: &[tempfile::TempDir; 3]) -> Vec<RunningNode> {
+    three_nodes_named(dirs, ["n1", "n2", "n3"]).await
+}
+
+async fn three_nodes_named(dirs: &[tempfile::TempDir; 3], ids: [&str; 3]) -> Vec<RunningNode> {
     let mut nodes: Vec<RunningNode> = Vec::new();
-    for (i, id) in ["n1", "n2", "n3"].iter().enumerate() {
+    for (i, id) in ids.iter().enumerate() {
         let seeds: Vec<String> = nodes
             .first()
             .map(|n| n.gossip_addr.to_string())
@@ -63,15 +67,40 @@ async fn limit_on(node: &RunningNode, key: &str) -> (u64, String) {
         .expect("check answers")
         .into_inner();
     let decider = answer.decider.map(|d| d.node_id).unwrap_or_default();
-    assert_eq!(decider, "n3", "the key was chosen to be decided by n3");
+    assert_eq!(
+        decider, *node.decider.node_id,
+        "the key was chosen to be decided by the node asked"
+    );
     (answer.limit, answer.rule)
 }
 
 #[tokio::test]
 async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_its_restart() {
+    // Ids chosen so that node 2 coordinates rules writes: node 1 forwards the write
+    // to it, and node 3 (neither) learns it only from gossip and a pull.
+    let ids = (0..)
+        .map(|i| [format!("a{i}"), format!("b{i}"), format!("c{i}")])
+        .find(|ids| {
+            let ring = ringlimit::ring::Ring::new(
+                ids.iter().map(String::as_str),
+                ringlimit::ring::Ring::DEFAULT_VNODES,
+            );
+            let coordinator = ring.owner_of_hash(ringlimit::ring::Ring::key_hash(
+                ringlimit::cluster::rules::COORDINATOR_KEY,
+            ));
+            coordinator == Some(ids[1].as_str())
+        })
+        .unwrap();
+    let names = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()];
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
-    let mut nodes = three_nodes(&dirs).await;
-    let key = key_owned_by("n3", &["n1", "n2", "n3"], "cust_");
+    let mut nodes = three_nodes_named(&dirs, names).await;
+    assert_eq!(
+        ringlimit::cluster::rules::coordinator(&nodes[0].view())
+            .unwrap()
+            .node_id,
+        names[1]
+    );
+    let key = key_owned_by(names[2], &names, "cust_");
     assert_eq!(
         limit_on(&nodes[2], &key).await,
         (100, "default".to_string())
@@ -96,7 +125,13 @@ async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_
     let answer = put.json();
     assert_eq!(answer["version"], 1);
     assert_eq!(answer["rule"], "free-POST-v1-charges");
+    assert_eq!(answer["coordinator"], names[1]);
     assert_eq!(put.header("etag"), Some("\"1\""));
+    assert_eq!(
+        nodes[0].cluster_rules.current().version,
+        1,
+        "the receiving node enforces the coordinator's answer at once"
+    );
 
     // Node 3 decides with the new limit within 2 s.
     let deadline = started + Duration::from_secs(2);
@@ -111,7 +146,7 @@ async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     eprintln!(
-        "PUT on n1 → n3 decides with limit 7 after {} ms",
+        "PUT on node 1 (coordinator node 2) → node 3 decides with limit 7 after {} ms",
         elapsed.as_millis()
     );
     let digest = nodes[0].cluster_rules.current().rules.digest();
@@ -134,7 +169,7 @@ async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_
     // Node 3 restarted alone (no seeds: it cannot copy from anyone) starts from its copy.
     let n3 = nodes.pop().unwrap();
     n3.shutdown().await;
-    let restarted = start(cluster_config("n3", &[], dirs[2].path())).await;
+    let restarted = start(cluster_config(names[2], &[], dirs[2].path())).await;
     let current = restarted.cluster_rules.current();
     assert_eq!(current.version, 1);
     assert_eq!(current.rules.digest(), digest);
@@ -322,19 +357,36 @@ async fn a_node_without_an_admin_token_refuses_every_write() {
     node.shutdown().await;
 }
 
+/// Two writers, two nodes, the same moment. Writes are ordered by the rules coordinator
+/// (the ring owner of `ringlimit/rules`), so without `If-Match` both are applied one after
+/// the other and every node ends at the later one; with the same `If-Match` exactly one
+/// wins and the other gets 412 (no lost update).
 #[tokio::test]
-async fn two_writers_racing_without_if_match_converge_on_one_winner() {
+async fn two_writers_racing_on_two_nodes_are_ordered_by_the_coordinator() {
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
     let nodes = three_nodes(&dirs).await;
+    let coordinator = ringlimit::cluster::rules::coordinator(&nodes[0].view())
+        .unwrap()
+        .node_id
+        .clone();
+    // The two writers use the two nodes that are not the coordinator, so both writes
+    // travel over the peer face.
+    let writers: Vec<&RunningNode> = nodes
+        .iter()
+        .filter(|n| *n.decider.node_id != *coordinator)
+        .collect();
+    assert_eq!(writers.len(), 2);
     let auth = bearer();
     let doc = |limit: u32| {
         format!("[[rule]]\nname = \"race\"\ntier = \"free\"\nlimit = {limit}\nwindow = \"1m\"\n")
     };
+
+    // Without If-Match: both applied, in some order.
     let (a, b) = (doc(11), doc(22));
     let headers = [("Authorization", auth.as_str())];
     let (ra, rb) = tokio::join!(
-        http(ops(&nodes[0]), "PUT", "/v1/rules", &headers, &a),
-        http(ops(&nodes[1]), "PUT", "/v1/rules", &headers, &b),
+        http(ops(writers[0]), "PUT", "/v1/rules", &headers, &a),
+        http(ops(writers[1]), "PUT", "/v1/rules", &headers, &b),
     );
     assert_eq!(
         (ra.status, rb.status),
@@ -343,28 +395,49 @@ async fn two_writers_racing_without_if_match_converge_on_one_winner() {
         ra.body,
         rb.body
     );
-    let converged = eventually(Duration::from_secs(3), || {
-        let first = nodes[0].cluster_rules.current().stamp();
-        nodes
-            .iter()
-            .all(|n| n.cluster_rules.current().stamp() == first)
-    })
-    .await;
+    assert_eq!(ra.json()["coordinator"], coordinator.as_str());
+    let mut versions = [
+        ra.json()["version"].as_u64().unwrap(),
+        rb.json()["version"].as_u64().unwrap(),
+    ];
+    versions.sort();
+    assert_eq!(
+        versions,
+        [1, 2],
+        "one after the other, never both version 1"
+    );
+    let last = if ra.json()["version"] == 2 { 11 } else { 22 };
     assert!(
-        converged,
-        "{:?}",
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| {
+            let current = n.cluster_rules.current();
+            current.version == 2 && current.rules.get("race").unwrap().spec.limit().get() == last
+        }))
+        .await,
+        "every node enforces the later write: {:?}",
         nodes
             .iter()
             .map(|n| n.cluster_rules.current().stamp())
             .collect::<Vec<_>>()
     );
-    let winner = nodes[0].cluster_rules.current();
-    let limit = winner.rules.get("race").unwrap().spec.limit().get();
-    assert!(limit == 11 || limit == 22);
-    // Whichever it was, it is the greatest (version, digest) either writer produced.
-    let va = ra.json()["version"].as_u64().unwrap();
-    let vb = rb.json()["version"].as_u64().unwrap();
-    assert_eq!(winner.version, va.max(vb));
+
+    // With the same If-Match: one 200, one 412.
+    let (c, d) = (doc(33), doc(44));
+    let conditional = [("Authorization", auth.as_str()), ("If-Match", "\"2\"")];
+    let (rc, rd) = tokio::join!(
+        http(ops(writers[0]), "PUT", "/v1/rules", &conditional, &c),
+        http(ops(writers[1]), "PUT", "/v1/rules", &conditional, &d),
+    );
+    let mut statuses = [rc.status, rd.status];
+    statuses.sort();
+    assert_eq!(statuses, [200, 412], "{} / {}", rc.body, rd.body);
+    let won = if rc.status == 200 { 33 } else { 44 };
+    assert!(
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| {
+            let current = n.cluster_rules.current();
+            current.version == 3 && current.rules.get("race").unwrap().spec.limit().get() == won
+        }))
+        .await
+    );
     for n in nodes {
         n.shutdown().await;
     }

@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::cluster::rules::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, Decider, Remote};
 use crate::config::rules::{RulesSource, Stamp};
 use crate::keyring::{Keyring, CALL_HEADER};
@@ -35,7 +36,7 @@ use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
     ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState,
-    RefundItem as WireRefund, RefundRequest, RulesRequest,
+    RefundItem as WireRefund, RefundRequest, RulesRequest, WriteRulesRequest,
 };
 use crate::shard::Exported;
 
@@ -89,6 +90,24 @@ pub enum ForwardError {
     /// The peer's queue is full.
     #[error("forward queue to {0} is full")]
     Overloaded(String),
+}
+
+/// The coordinator's answer to a rules write.
+#[derive(Debug, Clone)]
+pub struct WriteOutcome {
+    /// What it wrote.
+    pub written: Written,
+    /// The document it now enforces, canonical JSON.
+    pub document: String,
+}
+
+/// Why a rules write sent to the coordinator did not succeed.
+#[derive(Debug)]
+pub enum RemoteWriteError {
+    /// The coordinator refused it (nothing changed there).
+    Refused(Refusal, String),
+    /// It could not be asked (or did not answer): nothing is known to have changed.
+    Failed(ForwardError),
 }
 
 /// A peer's rule set as it sent it, not yet checked.
@@ -289,6 +308,78 @@ impl PeerPool {
                 status.message().to_string(),
             )),
             Err(_) => Err(ForwardError::Timeout(peer.node_id.clone())),
+        }
+    }
+
+    /// Send a rules write to the coordinator `peer` and wait for its answer: what it
+    /// wrote and the document it now enforces, or its refusal.
+    pub async fn write_rules(
+        &self,
+        peer: &Member,
+        if_match: Option<u64>,
+        edit: &RulesEdit,
+    ) -> Result<WriteOutcome, RemoteWriteError> {
+        let mut client = self.link(peer).client.clone();
+        let (kind, tier, route_pattern, body) = match edit {
+            RulesEdit::Replace(doc) => ("replace", String::new(), None, doc.to_json()),
+            RulesEdit::PutTierLimit { tier, limit } => (
+                "put_tier_limit",
+                tier.clone(),
+                None,
+                serde_json::to_string(limit).expect("a tier limit serializes"),
+            ),
+            RulesEdit::DeleteTierLimit { tier, route } => (
+                "delete_tier_limit",
+                tier.clone(),
+                route.clone(),
+                String::new(),
+            ),
+        };
+        let request = WriteRulesRequest {
+            from_node: self.me.to_string(),
+            if_match,
+            kind: kind.to_string(),
+            tier,
+            route_pattern,
+            body,
+        };
+        let deadline = self.config.timeout.max(Duration::from_secs(5));
+        match tokio::time::timeout(deadline, client.write_rules(request)).await {
+            Ok(Ok(response)) => {
+                let r = response.into_inner();
+                Ok(WriteOutcome {
+                    written: Written {
+                        stamp: Stamp {
+                            version: r.version,
+                            digest: r.digest,
+                        },
+                        changed: r.changed,
+                        rule: (!r.rule.is_empty()).then_some(r.rule),
+                        coordinator: peer.node_id.clone(),
+                    },
+                    document: r.document,
+                })
+            }
+            Ok(Err(status)) => {
+                let kind = match status.code() {
+                    tonic::Code::InvalidArgument => Some(Refusal::Invalid),
+                    tonic::Code::FailedPrecondition => Some(Refusal::Stale),
+                    tonic::Code::NotFound => Some(Refusal::NotFound),
+                    tonic::Code::PermissionDenied => Some(Refusal::ReadOnly),
+                    tonic::Code::Internal => Some(Refusal::Internal),
+                    _ => None,
+                };
+                Err(match kind {
+                    Some(kind) => RemoteWriteError::Refused(kind, status.message().to_string()),
+                    None => RemoteWriteError::Failed(ForwardError::Unreachable(
+                        peer.node_id.clone(),
+                        status.message().to_string(),
+                    )),
+                })
+            }
+            Err(_) => Err(RemoteWriteError::Failed(ForwardError::Timeout(
+                peer.node_id.clone(),
+            ))),
         }
     }
 

@@ -6,9 +6,12 @@
 //! publishes this node's [`Advert`] (source, version, digest) for gossip. Three things
 //! change it:
 //!
-//! - a write through the API ([`ClusterRules::write`], cluster mode only): validated,
-//!   given the next version, persisted, then swapped in; `If-Match` makes it conditional
-//!   on the version the writer read;
+//! - a write through the API ([`ClusterRules::write`], cluster mode only), sent to the
+//!   **rules coordinator** ([`coordinator`]: the ring owner of the fixed key
+//!   `ringlimit/rules`) over the peer face, where it is validated, given the next
+//!   version, persisted and swapped in; `If-Match` makes it conditional on the version
+//!   the writer read, checked against the coordinator's copy. The receiving node then
+//!   enforces the coordinator's answer at once;
 //! - a newer copy on a peer ([`ClusterRules::sync`]): every member gossips its advert; a
 //!   node that sees a greater stamp pulls the document over the authenticated peer face,
 //!   validates it, checks its digest, persists it and swaps it in;
@@ -20,12 +23,15 @@
 //!
 //! # Races
 //!
-//! Stamps are ordered by version, then digest ([`Stamp`]). Two writes accepted on two
-//! nodes from the same version both become version N+1; the one with the greater digest
-//! wins on every node, and the other is overwritten where it was accepted, within the
-//! time gossip takes to carry the adverts (well under 2 s on loopback). `If-Match` is
-//! checked against the receiving node's copy: it catches a writer that read an old
-//! version, not two writers that sent the same version to two nodes within that time.
+//! With one coordinator, writes are ordered in one place: two writers racing without
+//! `If-Match` both succeed, one after the other (versions N+1 and N+2, the later one in
+//! force); two writers racing with the same `If-Match` get one success and one 412.
+//! Only while rings disagree (a member joining or dying, a partition) can two nodes
+//! each believe they coordinate, and each accept a write from the same version. Stamps
+//! are ordered by version, then digest ([`Stamp`]), so of two versions N+1 the one with
+//! the greater digest wins on every node, and the other is overwritten where it was
+//! accepted, within the time gossip takes to carry the adverts (well under 2 s on
+//! loopback).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,12 +42,107 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::forward::{PeerPool, PulledRules};
+use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
 use crate::config::rules::{
     best_source, store, Advert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp, StoreError,
+    TierLimit,
 };
 use crate::config::SharedRules;
-use crate::membership::{ClusterView, MemberValues};
+use crate::membership::{ClusterView, Member, MemberValues};
+use crate::ring::Ring;
+
+/// The key whose ring owner coordinates rules writes.
+pub const COORDINATOR_KEY: &[u8] = b"ringlimit/rules";
+
+/// The member that orders rules writes in `view`: the ring owner of [`COORDINATOR_KEY`],
+/// so every node that agrees on the ring agrees on it, and it moves like any key when
+/// members come and go. `None` with an empty ring.
+pub fn coordinator(view: &ClusterView) -> Option<&Member> {
+    view.owner_of_placement(Ring::key_hash(COORDINATOR_KEY))
+}
+
+/// One change to the rule document, as the API expresses it. It travels to the
+/// coordinator as an edit, not as a finished document, so it applies to the
+/// coordinator's copy: two edits of different tiers made on two nodes both survive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesEdit {
+    /// `PUT /v1/rules`: the whole document.
+    Replace(RulesDoc),
+    /// `PUT /v1/limits/{tier}`: create or replace one tier rule.
+    PutTierLimit {
+        /// The tier.
+        tier: String,
+        /// The rule.
+        limit: TierLimit,
+    },
+    /// `DELETE /v1/limits/{tier}?route_pattern=…`.
+    DeleteTierLimit {
+        /// The tier.
+        tier: String,
+        /// The route pattern; `None`: the tier's rule without a route.
+        route: Option<String>,
+    },
+}
+
+impl RulesEdit {
+    /// The edited document and, for a tier rule written, its name.
+    fn apply(self, doc: &RulesDoc) -> Result<(RulesDoc, Option<String>), RulesWriteError> {
+        match self {
+            RulesEdit::Replace(new) => Ok((new, None)),
+            RulesEdit::PutTierLimit { tier, limit } => {
+                let mut doc = doc.clone();
+                let name = doc.put_tier_limit(&tier, limit)?;
+                Ok((doc, Some(name)))
+            }
+            RulesEdit::DeleteTierLimit { tier, route } => {
+                let mut doc = doc.clone();
+                if doc.delete_tier_limit(&tier, route.as_deref()) {
+                    Ok((doc, None))
+                } else {
+                    Err(RulesWriteError::NotFound(format!(
+                        "no rule for tier {tier:?} with {}",
+                        route
+                            .as_deref()
+                            .map_or("no route_pattern".to_string(), |r| format!(
+                                "route_pattern {r:?}"
+                            ))
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// What an accepted write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The version and digest in force after it (on the coordinator).
+    pub stamp: Stamp,
+    /// False when the document was already the one in force (nothing changed).
+    pub changed: bool,
+    /// For a tier rule written: its name.
+    pub rule: Option<String>,
+    /// The node that ordered the write.
+    pub coordinator: String,
+}
+
+/// The kinds of refusal a write can get, wherever it was decided: what the edges map to
+/// HTTP and gRPC codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The files are the truth.
+    ReadOnly,
+    /// `If-Match` names an old version.
+    Stale,
+    /// The resulting document is invalid.
+    Invalid,
+    /// No such tier rule.
+    NotFound,
+    /// The coordinator could not be reached.
+    Unavailable,
+    /// Persisting failed, or the version cannot grow.
+    Internal,
+}
 
 /// The gossip key-value carrying a node's [`Advert`].
 pub const KEY_RULES: &str = "rules";
@@ -96,6 +197,44 @@ pub enum RulesWriteError {
     /// The new rule set could not be persisted, so it was not applied.
     #[error("persisting the new rules failed, nothing changed: {0}")]
     Store(StoreError),
+    /// The coordinator could not be reached; nothing changed.
+    #[error("the rules coordinator {node} could not be reached, nothing changed: {reason}")]
+    Unavailable {
+        /// The coordinator's node id.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// The coordinator refused the write; its message says why.
+    #[error("{message}")]
+    Remote {
+        /// The kind of refusal.
+        kind: Refusal,
+        /// The coordinator's message.
+        message: String,
+    },
+}
+
+impl RulesWriteError {
+    /// The kind of refusal, for the edges' status codes.
+    pub fn kind(&self) -> Refusal {
+        match self {
+            RulesWriteError::ReadOnly => Refusal::ReadOnly,
+            RulesWriteError::Stale { .. } => Refusal::Stale,
+            RulesWriteError::Invalid(_) => Refusal::Invalid,
+            RulesWriteError::NotFound(_) => Refusal::NotFound,
+            RulesWriteError::Exhausted(_) | RulesWriteError::Store(_) => Refusal::Internal,
+            RulesWriteError::Unavailable { .. } => Refusal::Unavailable,
+            RulesWriteError::Remote { kind, .. } => *kind,
+        }
+    }
+}
+
+/// What the write path needs to reach the coordinator; set when [`ClusterRules::sync`]
+/// starts.
+struct Links {
+    view: watch::Receiver<Arc<ClusterView>>,
+    peers: PeerPool,
 }
 
 /// A node's authority over the rules it enforces (module doc).
@@ -112,6 +251,7 @@ pub struct ClusterRules {
     drift: ArcSwap<Vec<(String, Advert)>>,
     version_gauge: metrics::Gauge,
     drift_gauge: metrics::Gauge,
+    links: std::sync::OnceLock<Links>,
 }
 
 impl std::fmt::Debug for ClusterRules {
@@ -155,6 +295,7 @@ impl ClusterRules {
             drift: ArcSwap::default(),
             version_gauge: metrics::gauge!("ringlimit_rules_version"),
             drift_gauge: metrics::gauge!("ringlimit_rules_drift_nodes"),
+            links: std::sync::OnceLock::new(),
         };
         this.version_gauge.set(version as f64);
         Arc::new(this)
@@ -190,15 +331,67 @@ impl ClusterRules {
         self.drift.load_full()
     }
 
-    /// Changes the cluster's rules: `edit` turns the current document into the new one,
-    /// which is validated, given the next version, persisted and swapped in. With
-    /// `if_match`, only if the current version is that one. A document equal to the
-    /// current one changes nothing and keeps its version (`false`).
+    /// Changes the cluster's rules (module doc): sent to the coordinator unless this node
+    /// is it (or knows no peers yet), applied there, and the coordinator's answer enforced
+    /// here at once. File mode refuses before anything is sent.
     pub async fn write(
         &self,
         if_match: Option<u64>,
-        edit: impl FnOnce(&RulesDoc) -> Result<RulesDoc, RulesWriteError>,
-    ) -> Result<(Arc<Current>, bool), RulesWriteError> {
+        edit: RulesEdit,
+    ) -> Result<Written, RulesWriteError> {
+        if self.source == RulesSource::File {
+            return Err(RulesWriteError::ReadOnly);
+        }
+        if let RulesEdit::Replace(doc) = &edit {
+            // A whole document is valid or not wherever it is applied: say so without
+            // asking the coordinator (and even while it is unreachable).
+            RuleSet::from_doc(doc.clone())?;
+        }
+        let remote = self.links.get().and_then(|links| {
+            let view = links.view.borrow().clone();
+            coordinator(&view)
+                .filter(|m| m.node_id != *self.me)
+                .cloned()
+                .map(|m| (m, links.peers.clone()))
+        });
+        let Some((member, peers)) = remote else {
+            return self.write_local(if_match, edit).await;
+        };
+        let outcome = peers
+            .write_rules(&member, if_match, &edit)
+            .await
+            .map_err(|e| match e {
+                RemoteWriteError::Refused(kind, message) => {
+                    RulesWriteError::Remote { kind, message }
+                }
+                RemoteWriteError::Failed(error) => RulesWriteError::Unavailable {
+                    node: member.node_id.clone(),
+                    reason: error.to_string(),
+                },
+            })?;
+        // Enforce what the coordinator now enforces, without waiting for gossip, so a
+        // read on this node right after the write sees it.
+        let pulled = PulledRules {
+            source: Some(RulesSource::Cluster),
+            stamp: outcome.written.stamp,
+            document: outcome.document,
+        };
+        if let Err(error) = self.offer(&member.node_id, pulled).await {
+            tracing::warn!(coordinator = %member.node_id, %error, "the coordinator's answer to a write could not be applied here; gossip will bring it");
+        }
+        Ok(outcome.written)
+    }
+
+    /// Applies a write here, whoever coordinates: a write that arrives over the peer face
+    /// is never sent on. The edit applies to this node's document, validated, given the
+    /// next version, persisted and swapped in; with `if_match`, only if the current
+    /// version is that one. A document equal to the current one changes nothing and keeps
+    /// its version.
+    pub async fn write_local(
+        &self,
+        if_match: Option<u64>,
+        edit: RulesEdit,
+    ) -> Result<Written, RulesWriteError> {
         if self.source == RulesSource::File {
             return Err(RulesWriteError::ReadOnly);
         }
@@ -212,9 +405,16 @@ impl ClusterRules {
                 });
             }
         }
-        let rules = RuleSet::from_doc(edit(current.rules.doc())?)?;
+        let (doc, rule) = edit.apply(current.rules.doc())?;
+        let rules = RuleSet::from_doc(doc)?;
+        let written = |stamp, changed| Written {
+            stamp,
+            changed,
+            rule: rule.clone(),
+            coordinator: self.me.to_string(),
+        };
         if rules.digest() == current.rules.digest() {
-            return Ok((current, false));
+            return Ok(written(current.stamp(), false));
         }
         let version = current
             .version
@@ -227,7 +427,7 @@ impl ClusterRules {
         let new = self.apply(version, rules);
         metrics::counter!("ringlimit_rules_changes_total", "origin" => "api").increment(1);
         tracing::info!(node_id = %self.me, version, digest = %hex(new.rules.digest()), rules = new.rules.len(), "rules changed through the API");
-        Ok((new, true))
+        Ok(written(new.stamp(), true))
     }
 
     /// A peer's copy, pulled because its advert was newer: checked (source, validation,
@@ -311,6 +511,10 @@ impl ClusterRules {
         peers: PeerPool,
         cancel: CancellationToken,
     ) {
+        let _ = self.links.set(Links {
+            view: view.clone(),
+            peers: peers.clone(),
+        });
         let pull_failures = metrics::counter!("ringlimit_rules_pull_failures_total");
         let mut tick = tokio::time::interval(RESYNC);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -407,29 +611,28 @@ mod tests {
         (rules, shared)
     }
 
-    fn replace_with(
-        text: &'static str,
-    ) -> impl FnOnce(&RulesDoc) -> Result<RulesDoc, RulesWriteError> {
-        move |_| Ok(RulesDoc::from_toml_str(text)?)
+    fn replace_with(text: &str) -> RulesEdit {
+        RulesEdit::Replace(RulesDoc::from_toml_str(text).unwrap())
     }
 
     #[tokio::test]
     async fn a_write_gets_the_next_version_is_persisted_and_enforced() {
         let dir = tempfile::tempdir().unwrap();
         let (rules, shared) = node(RulesSource::Cluster, Some(dir.path().to_owned()));
-        let (new, changed) = rules.write(Some(0), replace_with(A)).await.unwrap();
-        assert!(changed);
-        assert_eq!(new.version, 1);
+        let new = rules.write(Some(0), replace_with(A)).await.unwrap();
+        assert!(new.changed);
+        assert_eq!(new.stamp.version, 1);
+        assert_eq!(new.coordinator, "n1", "alone, a node coordinates itself");
         assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
-        assert_eq!(rules.advert().stamp, new.stamp());
+        assert_eq!(rules.advert().stamp, new.stamp);
         let (stamp, _) = crate::config::rules::load_stored(dir.path())
             .unwrap()
             .unwrap();
-        assert_eq!(stamp, new.stamp());
+        assert_eq!(stamp, new.stamp);
         // The same document again changes nothing.
-        let (same, changed) = rules.write(None, replace_with(A)).await.unwrap();
-        assert!(!changed);
-        assert_eq!(same.version, 1);
+        let same = rules.write(None, replace_with(A)).await.unwrap();
+        assert!(!same.changed);
+        assert_eq!(same.stamp.version, 1);
     }
 
     #[tokio::test]
@@ -447,12 +650,27 @@ mod tests {
             ),
             "{e}"
         );
-        let bad = "[[rule]]\nname = \"a\"\ntier = \"free\"\nlimit = 0\nwindow = \"1m\"\n";
-        let e = rules.write(Some(1), replace_with(bad)).await.unwrap_err();
+        let bad = RulesEdit::PutTierLimit {
+            tier: "free".into(),
+            limit: TierLimit {
+                name: Some("a".into()),
+                limit: Some(0),
+                window: Some("1m".into()),
+                ..TierLimit::default()
+            },
+        };
+        let e = rules.write(Some(1), bad).await.unwrap_err();
         assert_eq!(
             e.to_string(),
             "rule \"a\": field \"limit\": must be an integer >= 1 (got 0)"
         );
+        assert_eq!(e.kind(), Refusal::Invalid);
+        let missing = RulesEdit::DeleteTierLimit {
+            tier: "pro".into(),
+            route: None,
+        };
+        let e = rules.write(Some(1), missing).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::NotFound);
         assert_eq!(rules.current().version, 1);
         assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
     }

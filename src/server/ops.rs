@@ -32,8 +32,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::check::plan::MAX_KEY_BYTES;
-use crate::cluster::rules::{hex, ClusterRules, Current, RulesWriteError};
+use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
 use crate::cluster::Router;
+use crate::config::rules::Stamp;
 use crate::config::rules::{RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
 use crate::ring::Ring;
 
@@ -114,14 +115,13 @@ impl IntoResponse for OpsError {
 
 impl From<RulesWriteError> for OpsError {
     fn from(error: RulesWriteError) -> Self {
-        let status = match &error {
-            RulesWriteError::ReadOnly => StatusCode::CONFLICT,
-            RulesWriteError::Stale { .. } => StatusCode::PRECONDITION_FAILED,
-            RulesWriteError::Invalid(_) => StatusCode::BAD_REQUEST,
-            RulesWriteError::NotFound(_) => StatusCode::NOT_FOUND,
-            RulesWriteError::Store(_) | RulesWriteError::Exhausted(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+        let status = match error.kind() {
+            Refusal::ReadOnly => StatusCode::CONFLICT,
+            Refusal::Stale => StatusCode::PRECONDITION_FAILED,
+            Refusal::Invalid => StatusCode::BAD_REQUEST,
+            Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         OpsError(status, error.to_string())
     }
@@ -270,12 +270,12 @@ fn bad(message: String) -> OpsError {
 
 /// The headers every rules answer carries: the version as the entity tag (what
 /// `If-Match` names), the digest and the source.
-fn with_rules_headers(mut response: Response, current: &Current, rules: &ClusterRules) -> Response {
+fn with_rules_headers(mut response: Response, stamp: Stamp, rules: &ClusterRules) -> Response {
     let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", current.version)) {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", stamp.version)) {
         h.insert(header::ETAG, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&hex(current.rules.digest())) {
+    if let Ok(v) = HeaderValue::from_str(&hex(stamp.digest)) {
         h.insert("x-ringlimit-rules-digest", v);
     }
     h.insert(
@@ -304,7 +304,7 @@ async fn get_limits(State(s): State<OpsState>, Path(tier): Path<String>) -> Resp
         "digest": hex(current.rules.digest()),
         "rules": rules,
     });
-    with_rules_headers(json(StatusCode::OK, body), &current, &s.rules)
+    with_rules_headers(json(StatusCode::OK, body), current.stamp(), &s.rules)
 }
 
 async fn put_limit(
@@ -322,16 +322,11 @@ async fn put_limit(
             e.column()
         ))
     })?;
-    let mut name = String::new();
-    let (current, changed) = s
+    let written = s
         .rules
-        .write(if_match, |doc| {
-            let mut doc = doc.clone();
-            name = doc.put_tier_limit(&tier, limit)?;
-            Ok(doc)
-        })
+        .write(if_match, RulesEdit::PutTierLimit { tier, limit })
         .await?;
-    Ok(written(&s, &current, changed, Some(&name)))
+    Ok(answer_written(&s, &written))
 }
 
 async fn delete_limit(
@@ -343,25 +338,11 @@ async fn delete_limit(
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
     let route = query_param(&uri, "route_pattern")?;
-    let (current, changed) = s
+    let written = s
         .rules
-        .write(if_match, |doc| {
-            let mut doc = doc.clone();
-            if doc.delete_tier_limit(&tier, route.as_deref()) {
-                Ok(doc)
-            } else {
-                Err(RulesWriteError::NotFound(format!(
-                    "no rule for tier {tier:?} with {}",
-                    route
-                        .as_deref()
-                        .map_or("no route_pattern".to_string(), |r| format!(
-                            "route_pattern {r:?}"
-                        ))
-                )))
-            }
-        })
+        .write(if_match, RulesEdit::DeleteTierLimit { tier, route })
         .await?;
-    Ok(written(&s, &current, changed, None))
+    Ok(answer_written(&s, &written))
 }
 
 async fn get_rules(State(s): State<OpsState>, headers: HeaderMap) -> Response {
@@ -379,7 +360,7 @@ async fn get_rules(State(s): State<OpsState>, headers: HeaderMap) -> Response {
         )
             .into_response()
     };
-    with_rules_headers(response, &current, &s.rules)
+    with_rules_headers(response, current.stamp(), &s.rules)
 }
 
 async fn put_rules(
@@ -402,20 +383,21 @@ async fn put_rules(
         RulesDoc::from_toml_str(text)
     }
     .map_err(|e| bad(e.to_string()))?;
-    let (current, changed) = s.rules.write(if_match, move |_| Ok(doc)).await?;
-    Ok(written(&s, &current, changed, None))
+    let written = s.rules.write(if_match, RulesEdit::Replace(doc)).await?;
+    Ok(answer_written(&s, &written))
 }
 
-fn written(s: &OpsState, current: &Current, changed: bool, rule: Option<&str>) -> Response {
+fn answer_written(s: &OpsState, written: &Written) -> Response {
     let mut body = serde_json::json!({
-        "version": current.version,
-        "digest": hex(current.rules.digest()),
-        "changed": changed,
+        "version": written.stamp.version,
+        "digest": hex(written.stamp.digest),
+        "changed": written.changed,
+        "coordinator": written.coordinator,
     });
-    if let Some(rule) = rule {
+    if let Some(rule) = &written.rule {
         body["rule"] = serde_json::json!(rule);
     }
-    with_rules_headers(json(StatusCode::OK, body), current, &s.rules)
+    with_rules_headers(json(StatusCode::OK, body), written.stamp, &s.rules)
 }
 
 fn authorize(s: &OpsState, headers: &HeaderMap) -> Result<(), OpsError> {

@@ -13,15 +13,16 @@ use crate::algorithms::{AlgorithmKind, KeyState};
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
-use crate::cluster::rules::ClusterRules;
+use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
 use crate::cluster::{policy, CheckItem, Router};
 use crate::config::rules::RuleSet;
+use crate::config::rules::{RulesDoc, TierLimit};
 use crate::config::SharedRules;
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
     KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, RulesRequest,
-    RulesResponse, StatusRequest, StatusResponse,
+    RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest, WriteRulesResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
 
@@ -130,6 +131,43 @@ pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, Ch
             })
         })
         .collect())
+}
+
+/// A rules write as the domain edit it carries; a body that does not decode is
+/// `INVALID_ARGUMENT` naming the field.
+fn decode_edit(request: &WriteRulesRequest) -> Result<RulesEdit, Status> {
+    let invalid = |e: String| Status::invalid_argument(format!("body: {e}"));
+    match request.kind.as_str() {
+        "replace" => RulesDoc::from_json_str(&request.body)
+            .map(RulesEdit::Replace)
+            .map_err(|e| invalid(e.to_string())),
+        "put_tier_limit" => serde_json::from_str::<TierLimit>(&request.body)
+            .map(|limit| RulesEdit::PutTierLimit {
+                tier: request.tier.clone(),
+                limit,
+            })
+            .map_err(|e| invalid(e.to_string())),
+        "delete_tier_limit" => Ok(RulesEdit::DeleteTierLimit {
+            tier: request.tier.clone(),
+            route: request.route_pattern.clone(),
+        }),
+        other => Err(Status::invalid_argument(format!(
+            "kind: {other:?} is not a rules edit (replace, put_tier_limit, delete_tier_limit)"
+        ))),
+    }
+}
+
+/// A refused rules write as the status the sending node maps back (peer.proto).
+fn write_status(error: RulesWriteError) -> Status {
+    let message = error.to_string();
+    match error.kind() {
+        Refusal::Invalid => Status::invalid_argument(message),
+        Refusal::Stale => Status::failed_precondition(message),
+        Refusal::NotFound => Status::not_found(message),
+        Refusal::ReadOnly => Status::permission_denied(message),
+        Refusal::Unavailable => Status::unavailable(message),
+        Refusal::Internal => Status::internal(message),
+    }
 }
 
 /// Serves forwarded checks, refunds, handed-over state and status to peers.
@@ -309,6 +347,29 @@ impl Peer for PeerService {
             members,
             keys,
             rules: mine.encode(),
+        }))
+    }
+
+    async fn write_rules(
+        &self,
+        request: Request<WriteRulesRequest>,
+    ) -> Result<Response<WriteRulesResponse>, Status> {
+        let request = request.into_inner();
+        let edit = decode_edit(&request)?;
+        // Applied here, whoever this node thinks coordinates: never sent on.
+        let written = self
+            .cluster_rules
+            .write_local(request.if_match, edit)
+            .await
+            .map_err(write_status)?;
+        tracing::info!(from = %request.from_node, version = written.stamp.version, changed = written.changed, "rules write coordinated for a peer");
+        let current = self.cluster_rules.current();
+        Ok(Response::new(WriteRulesResponse {
+            version: written.stamp.version,
+            digest: written.stamp.digest,
+            changed: written.changed,
+            rule: written.rule.unwrap_or_default(),
+            document: current.rules.doc().to_json(),
         }))
     }
 

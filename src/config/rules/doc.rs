@@ -87,7 +87,7 @@ pub struct DocRule {
 
 /// The body of `PUT /v1/limits/{tier}`: one tier rule in the design reference's shape
 /// (`route_pattern`, `window_s`), every other rule field accepted by its rule-file name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)] // the fields are the rule file's, documented in docs/rules.md
 pub struct TierLimit {
