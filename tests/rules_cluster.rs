@@ -817,3 +817,108 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
         n.shutdown().await;
     }
 }
+
+/// A real `ringlimit serve` process with the cluster-mode flags (and the old name of
+/// the ops flag); killed and reaped on drop.
+struct ServeProcess(std::process::Child);
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `serve` with `args` and returns it with the ops address from its ready line.
+async fn serve_process(args: Vec<String>) -> (ServeProcess, SocketAddr) {
+    tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringlimit"))
+            .arg("serve")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("ringlimit ready ") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let process = ServeProcess(child);
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a ready line within 20 s");
+        let http = line
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("http="))
+            .expect("the ready line names the ops port")
+            .parse()
+            .unwrap();
+        (process, http)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_killed_node_process_restarts_from_the_rules_in_its_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let seed = dir.path().join("seed.toml");
+    std::fs::write(&seed, "[default]\nlimit = 9\nwindow = \"1m\"\n").unwrap();
+    let s = |p: &Path| p.display().to_string();
+    let args: Vec<String> = [
+        "--node-id",
+        "proc-1",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--gossip-listen",
+        "127.0.0.1:0",
+        "--peer-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([
+        "--rules-seed".into(),
+        s(&seed),
+        "--data-dir".into(),
+        s(&data),
+        "--admin-token-file".into(),
+        s(&token),
+    ])
+    .collect();
+
+    let (node, addr) = serve_process(args.clone()).await;
+    assert_eq!(http(addr, "GET", "/readyz", &[], "").await.status, 200);
+    let rules = http(addr, "GET", "/v1/rules", &[], "").await;
+    assert_eq!(rules.header("etag"), Some("\"1\""), "the seed is version 1");
+    let put = http(
+        addr,
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &bearer())],
+        r#"{"route_pattern": "POST /v1/charges", "limit": 3, "window_s": 60}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["version"], 2);
+    drop(node); // SIGKILL: nothing is flushed on the way out
+
+    let (_node, addr) = serve_process(args).await;
+    let rules = http(addr, "GET", "/v1/rules", &[], "").await;
+    assert_eq!(rules.header("etag"), Some("\"2\""), "{}", rules.body);
+    let free = http(addr, "GET", "/v1/limits/free", &[], "").await.json();
+    assert_eq!(free["rules"][0]["limit"], 3);
+}

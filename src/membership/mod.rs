@@ -13,7 +13,9 @@
 //! in ns, so it grows on every restart. It publishes two key-values:
 //! `grpc_addr` (its public gRPC advertise address), `peer_addr` (its peer
 //! service, on a listener of its own) and, once it starts a graceful leave,
-//! `leaving = "true"`.
+//! `leaving = "true"`. Other subsystems publish values of their own through a
+//! [`ValuePublisher`] (the rules advert, `rules`), pushed to every live peer at
+//! once, and read every member's values from [`Membership::values`].
 //!
 //! * **Source of truth: chitchat's live-nodes watch**
 //!   (`Chitchat::live_nodes_watcher`), never `node_states()`, which also holds
@@ -541,18 +543,7 @@ impl Driver {
                         self.publish();
                         // Push the news now rather than at the next gossip
                         // round: saves up to one interval on every peer.
-                        let peers: Vec<SocketAddr> = self
-                            .live
-                            .borrow()
-                            .keys()
-                            .filter(|id| **id != self.self_id)
-                            .map(|id| id.gossip_advertise_addr)
-                            .collect();
-                        for peer in peers {
-                            if let Err(error) = handle.gossip(peer) {
-                                debug!(%peer, %error, "immediate gossip failed");
-                            }
-                        }
+                        self.gossip_now(&handle);
                         let _ = ack.send(());
                     }
                     Command::Set(key, value) => {
@@ -560,6 +551,10 @@ impl Driver {
                         // Our own change shows in the live set after the next round;
                         // publishing now keeps local readers current.
                         self.publish();
+                        // Push it now rather than at the next round (up to 200 ms, and
+                        // more for peers a round does not pick): these values (the
+                        // rules advert) are rare and others act on them.
+                        self.gossip_now(&handle);
                     }
                 },
             }
@@ -568,6 +563,22 @@ impl Driver {
             warn!(%error, "chitchat shutdown reported an error");
         }
         info!(node_id = %self.self_id.node_id, "membership stopped");
+    }
+
+    /// Gossips with every live peer at once instead of waiting for the next round.
+    fn gossip_now(&self, handle: &ChitchatHandle) {
+        let peers: Vec<SocketAddr> = self
+            .live
+            .borrow()
+            .keys()
+            .filter(|id| **id != self.self_id)
+            .map(|id| id.gossip_advertise_addr)
+            .collect();
+        for peer in peers {
+            if let Err(error) = handle.gossip(peer) {
+                debug!(%peer, %error, "immediate gossip failed");
+            }
+        }
     }
 
     /// Notice whether this task was frozen since it last ran; if so, hold removals.
