@@ -72,6 +72,13 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_charges_nothing() {
         (check("k", "/x", Some(101)), "cost"),
         (check("k", "no-slash", None), "route"),
     ];
+    let refused = |field: &str| {
+        common::counter_value(
+            "ringlimit_refused_total",
+            &format!("reason=\"invalid_argument\",field=\"{field}\""),
+        )
+    };
+    let (cost_before, key_before) = (refused("cost"), refused("key"));
     for (request, field) in cases {
         let status = c.check(request).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);
@@ -86,6 +93,10 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_charges_nothing() {
     let status = c.check(too_many).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().starts_with("descriptors"));
+    // Each refusal is counted by reason and field (other tests in this process may add
+    // to the same series, never take from it).
+    assert!(refused("cost") >= cost_before + 3, "cost refusals counted");
+    assert!(refused("key") >= key_before + 2, "key refusals counted");
 
     // None of the refused requests charged anything: the key still has its full 100.
     let a = c.check(check("k", "/x", None)).await.unwrap().into_inner();
