@@ -197,8 +197,9 @@ pub enum RulesWriteError {
     /// The new rule set could not be persisted, so it was not applied.
     #[error("persisting the new rules failed, nothing changed: {0}")]
     Store(StoreError),
-    /// The coordinator could not be reached; nothing changed.
-    #[error("the rules coordinator {node} could not be reached, nothing changed: {reason}")]
+    /// The coordinator could not be reached, or is still copying a newer version;
+    /// nothing changed.
+    #[error("the rules coordinator {node} cannot take writes now, nothing changed: {reason}")]
     Unavailable {
         /// The coordinator's node id.
         node: String,
@@ -397,6 +398,27 @@ impl ClusterRules {
         }
         let _change = self.changes.lock().await;
         let current = self.current();
+        // Never give out version N+1 while a member is known to hold more than N (this
+        // node restarted without its data dir, or a pull is in flight): the write would
+        // lose to that version on every node. The sync loop copies it within a gossip
+        // round; the writer retries.
+        let mine = Advert {
+            source: self.source,
+            stamp: current.stamp(),
+        };
+        let peers = self.peer_adverts();
+        if let Some((newer, advert)) =
+            best_source(&mine, peers.iter().map(|(id, a)| (id.as_str(), *a)))
+        {
+            return Err(RulesWriteError::Unavailable {
+                node: self.me.to_string(),
+                reason: format!(
+                    "catching up: {newer} holds {}, this node {}; retry in a moment",
+                    advert.stamp,
+                    current.stamp()
+                ),
+            });
+        }
         if let Some(given) = if_match {
             if given != current.version {
                 return Err(RulesWriteError::Stale {
@@ -673,6 +695,25 @@ mod tests {
         assert_eq!(e.kind(), Refusal::NotFound);
         assert_eq!(rules.current().version, 1);
         assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_node_that_knows_of_a_newer_version_refuses_to_give_out_an_older_one() {
+        let (rules, _) = node(RulesSource::Cluster, None);
+        let newer = Advert {
+            source: RulesSource::Cluster,
+            stamp: Stamp {
+                version: 5,
+                digest: 1,
+            },
+        };
+        rules
+            .peers
+            .store(Arc::new(BTreeMap::from([("n2".to_string(), newer)])));
+        let e = rules.write(None, replace_with(A)).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::Unavailable);
+        assert!(e.to_string().contains("catching up: n2 holds v5"), "{e}");
+        assert_eq!(rules.current().version, 0, "nothing changed");
     }
 
     #[tokio::test]
