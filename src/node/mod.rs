@@ -622,6 +622,10 @@ fn describe_metrics() {
         "Failed accepts on a gRPC listener (e.g. at the file descriptor limit)."
     );
     describe_counter!(
+        "ringlimit_refused_total",
+        "Requests refused before anything was charged, by reason (invalid_argument, overloaded, unavailable) and field."
+    );
+    describe_counter!(
         "ringlimit_rules_reloads_total",
         "Rule file reloads, by result (ok, error)."
     );
