@@ -148,6 +148,9 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct PeerPool {
     me: Arc<str>,
+    /// The span the pool was made in (the node's): batchers are spawned from request
+    /// contexts, and their logs should still name the node.
+    span: tracing::Span,
     config: ForwardConfig,
     links: Arc<DashMap<String, Arc<Link>>>,
     tracker: TaskTracker,
@@ -173,6 +176,7 @@ impl PeerPool {
     ) -> Self {
         Self {
             me,
+            span: tracing::Span::current(),
             config,
             links: Arc::new(DashMap::new()),
             tracker,
@@ -414,13 +418,16 @@ impl PeerPool {
         });
         // Replacing the link drops the old sender, which ends the old batcher.
         self.links.insert(owner.node_id.clone(), link.clone());
-        self.tracker.spawn(batcher(
-            rx,
-            client,
-            self.me.clone(),
-            owner.node_id.clone(),
-            self.config.clone(),
-            self.cancel.clone(),
+        self.tracker.spawn(tracing::Instrument::instrument(
+            batcher(
+                rx,
+                client,
+                self.me.clone(),
+                owner.node_id.clone(),
+                self.config.clone(),
+                self.cancel.clone(),
+            ),
+            self.span.clone(),
         ));
         link
     }
@@ -476,13 +483,13 @@ async fn batcher(
             continue;
         }
         batches.record(batch.len() as f64);
-        tokio::spawn(send(
+        tokio::spawn(tracing::Instrument::in_current_span(send(
             client.clone(),
             batch,
             me.clone(),
             peer.clone(),
             permit,
-        ));
+        )));
     }
 }
 

@@ -378,7 +378,12 @@ impl Membership {
             last_run: std::time::Instant::now(),
             hold_removals_until: None,
         };
-        let driver = tokio::spawn(driver.run(handle, commands_rx, stop.clone()));
+        // In the caller's span (a node's), so view changes name the node that saw them.
+        let driver = tokio::spawn(tracing::Instrument::in_current_span(driver.run(
+            handle,
+            commands_rx,
+            stop.clone(),
+        )));
         Ok(Membership {
             view: view_rx,
             values: values_rx,

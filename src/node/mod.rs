@@ -17,6 +17,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 pub mod config;
 pub mod grpc;
@@ -93,6 +94,8 @@ pub struct RunningNode {
     membership: Membership,
     handoff: Handoff,
     leave_settle: Duration,
+    /// The node's span: its background tasks run in it, and so does its leave.
+    span: tracing::Span,
     cancel: CancellationToken,
     tracker: TaskTracker,
 }
@@ -138,6 +141,11 @@ impl RunningNode {
     /// keep answering while the cluster converges, push the state of every key it
     /// holds to the key's new owner, then stop. Nothing is lost.
     pub async fn leave(self) {
+        let span = self.span.clone();
+        self.leave_in_span().instrument(span).await
+    }
+
+    async fn leave_in_span(self) {
         tracing::info!(node_id = %self.decider.node_id, "leaving: announcing and handing state over");
         self.membership.announce_leaving().await;
         // The handoff watcher pushes as soon as our own ring drops us; checks that
@@ -149,7 +157,7 @@ impl RunningNode {
         // Checks forwarded here during the settle time were decided on the handed-over
         // counts; their admissions go to the new owners as a last delta.
         let late = self.handoff.flush_once(&view).await;
-        tracing::info!(installed, late, "left the cluster");
+        tracing::info!(node_id = %self.decider.node_id, installed, late, "left the cluster");
         self.shutdown().await;
     }
 
@@ -204,7 +212,21 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
 }
 
 /// Start a node reading time from `clock` (tests pass a `ManualClock`).
+///
+/// Everything the node runs in the background runs inside a `node{id=…}` span, so with
+/// several nodes in one process (`dev-cluster`, tests) each log line says which node
+/// logged it.
 pub async fn start_with_clock(
+    config: NodeConfig,
+    clock: Arc<dyn Clock>,
+    cancel: CancellationToken,
+) -> Result<RunningNode, NodeError> {
+    let span = tracing::info_span!("node", id = %config.node_id);
+    start_in_span(config, clock, cancel).instrument(span).await
+}
+
+/// [`start_with_clock`] inside the node's span.
+async fn start_in_span(
     config: NodeConfig,
     clock: Arc<dyn Clock>,
     cancel: CancellationToken,
@@ -220,7 +242,7 @@ pub async fn start_with_clock(
     let (source, version, loaded, rule_file) = initial_rules(&config)?;
     tracing::info!(
         rules = loaded.len(),
-        source = source.as_str(),
+        source = %source.as_str(),
         version,
         digest = %crate::cluster::rules::hex(loaded.digest()),
         path = %config.rules_path.as_deref().or(config.rules_seed.as_deref()).map_or("-".into(), |p| p.display().to_string()),
@@ -314,17 +336,23 @@ pub async fn start_with_clock(
     );
     // Rules are cluster state: this node's advert (source, version, digest) rides in
     // gossip, and a newer advert on a peer is pulled over the peer face.
-    tracker.spawn(advertise_rules(
-        cluster_rules.adverts(),
-        membership.publisher(),
-        cancel.clone(),
-    ));
-    tracker.spawn(cluster_rules.clone().sync(
-        membership.values(),
-        membership.view(),
-        peers.clone(),
-        cancel.clone(),
-    ));
+    spawn_in_span(
+        &tracker,
+        advertise_rules(
+            cluster_rules.adverts(),
+            membership.publisher(),
+            cancel.clone(),
+        ),
+    );
+    spawn_in_span(
+        &tracker,
+        cluster_rules.clone().sync(
+            membership.values(),
+            membership.view(),
+            peers.clone(),
+            cancel.clone(),
+        ),
+    );
     let inherited = Arc::new(Inherited::default());
     let mut router = Router::new(
         decider.clone(),
@@ -346,20 +374,29 @@ pub async fn start_with_clock(
         inherited,
         clock,
     );
-    tracker.spawn(handoff.clone().watch(membership.view(), cancel.clone()));
-    tracker.spawn(handoff.clone().flush_deltas(
-        membership.view(),
-        Duration::from_millis(100),
-        cancel.clone(),
-    ));
+    spawn_in_span(
+        &tracker,
+        handoff.clone().watch(membership.view(), cancel.clone()),
+    );
+    spawn_in_span(
+        &tracker,
+        handoff.clone().flush_deltas(
+            membership.view(),
+            Duration::from_millis(100),
+            cancel.clone(),
+        ),
+    );
 
     if let Some(rule_file) = rule_file {
-        tracker.spawn(watch_rules(
-            rule_file,
-            config.rules_poll,
-            cluster_rules.clone(),
-            cancel.clone(),
-        ));
+        spawn_in_span(
+            &tracker,
+            watch_rules(
+                rule_file,
+                config.rules_poll,
+                cluster_rules.clone(),
+                cancel.clone(),
+            ),
+        );
     }
     // The ops face: HTTP for operators and orchestrators; rules writes need the admin
     // token (none configured: refused).
@@ -371,7 +408,7 @@ pub async fn start_with_clock(
             metrics: Arc::new(|| metrics_handle().render()),
             expects_peers: !config.seeds.is_empty(),
         };
-        tracker.spawn(serve_ops(listener, ops, cancel.clone()));
+        spawn_in_span(&tracker, serve_ops(listener, ops, cancel.clone()));
     }
 
     // Two faces, two listeners. The public face is what gateways reach: the check
@@ -379,15 +416,21 @@ pub async fn start_with_clock(
     // peer service (forwarded checks, refunds, handoff, status) on a listener of its
     // own, so it can be bound to a private network and never answers on the public port.
     let public = RateLimitService::new(Checker::new(router.clone(), rules.clone()));
-    tracker.spawn(serve_public(grpc_listener, public, &config.grpc, cancel.clone()).await?);
+    spawn_in_span(
+        &tracker,
+        serve_public(grpc_listener, public, &config.grpc, cancel.clone()).await?,
+    );
     let peer_service = PeerService::new(router.clone(), rules.clone(), cluster_rules.clone());
-    tracker.spawn(serve_peer(
-        peer,
-        peer_service,
-        PeerAuthLayer::new(config.cluster_key.clone()),
-        config.grpc.clone(),
-        cancel.clone(),
-    ));
+    spawn_in_span(
+        &tracker,
+        serve_peer(
+            peer,
+            peer_service,
+            PeerAuthLayer::new(config.cluster_key.clone()),
+            config.grpc.clone(),
+            cancel.clone(),
+        ),
+    );
 
     Ok(RunningNode {
         grpc_addr,
@@ -402,6 +445,7 @@ pub async fn start_with_clock(
         membership,
         handoff,
         leave_settle: config.leave_settle,
+        span: tracing::Span::current(),
         cancel,
         tracker,
     })
@@ -481,6 +525,14 @@ fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
         .http2_max_header_list_size(limits.max_header_list_size)
         .initial_stream_window_size(limits.initial_stream_window)
         .initial_connection_window_size(limits.initial_connection_window)
+}
+
+/// Spawns `task` on `tracker` in the current span (the node's: see [`start_with_clock`]).
+fn spawn_in_span<F>(tracker: &TaskTracker, task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tracker.spawn(task.in_current_span());
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {

@@ -271,6 +271,7 @@ impl Peer for PeerService {
         let refused = vetted.refused_total();
         if refused > 0 {
             tracing::warn!(
+                node_id = %self.router.me().node_id,
                 from = %request.from_node,
                 refused,
                 algorithm = vetted.refused[Implausible::Algorithm.index()],
@@ -287,6 +288,7 @@ impl Peer for PeerService {
             .map_err(CheckError::from)? as u64;
         self.installed.increment(installed);
         tracing::info!(
+            node_id = %self.router.me().node_id,
             from = %request.from_node,
             installed,
             skipped = total - installed,
@@ -362,7 +364,7 @@ impl Peer for PeerService {
             .write_local(request.if_match, edit)
             .await
             .map_err(write_status)?;
-        tracing::info!(from = %request.from_node, version = written.stamp.version, changed = written.changed, "rules write coordinated for a peer");
+        tracing::info!(node_id = %self.router.me().node_id, from = %request.from_node, version = written.stamp.version, changed = written.changed, "rules write coordinated for a peer");
         let current = self.cluster_rules.current();
         Ok(Response::new(WriteRulesResponse {
             version: written.stamp.version,

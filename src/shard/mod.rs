@@ -186,7 +186,12 @@ impl Shards {
                     unlogged_denied_evictions: 0,
                     last_eviction_log: 0,
                 };
-                tracker.spawn(actor.run(rx, config.expiry_tick, cancel.clone()));
+                // In the spawning node's span, so eviction logs name the node.
+                tracker.spawn(tracing::Instrument::in_current_span(actor.run(
+                    rx,
+                    config.expiry_tick,
+                    cancel.clone(),
+                )));
                 tx
             })
             .collect();
