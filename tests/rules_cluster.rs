@@ -581,6 +581,14 @@ async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
         "{}",
         metrics.body
     );
+    // Decisions are counted per rule (a bounded label).
+    assert!(
+        metrics.body.contains(
+            "ringlimit_checks_total{verdict=\"allowed\",algorithm=\"sliding_window_counter\",rule=\"default\"}"
+        ),
+        "{}",
+        metrics.body
+    );
     // Every metric says what it is.
     for line in metrics.body.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {

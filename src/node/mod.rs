@@ -580,7 +580,7 @@ fn describe_metrics() {
     );
     describe_counter!(
         "ringlimit_checks_total",
-        "Decisions made here, by verdict and algorithm."
+        "Decisions made here, by verdict, algorithm and rule (at most 256 rule series per shard, then rule=\"other\")."
     );
     describe_histogram!(
         "ringlimit_check_duration_seconds",
