@@ -251,7 +251,12 @@ async fn start_in_span(
     let rules: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
     let data_dir = match source {
         RulesSource::Cluster => config.data_dir.clone(),
-        RulesSource::File => None,
+        RulesSource::File => {
+            if let Some(dir) = &config.data_dir {
+                tracing::info!(data_dir = %dir.display(), "file mode (--rules): the rule file is the truth, --data-dir is not used");
+            }
+            None
+        }
     };
     let cluster_rules = ClusterRules::new(
         Arc::from(config.node_id.as_str()),
