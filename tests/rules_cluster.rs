@@ -175,6 +175,52 @@ async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_
     assert_eq!(current.rules.digest(), digest);
     assert_eq!(limit_on(&restarted, &key).await.0, 7);
     restarted.shutdown().await;
+
+    // While node 3 is down the cluster moves on (other algorithms' fields by name); node 3
+    // restarted with its seed starts from its copy (version 1) and catches up.
+    let shaper = r#"{"route_pattern": "GET /v1/search", "algorithm": "leaky_bucket", "mode": "shaper", "queue_depth": 3, "limit": 20, "window": "1s", "on_unavailable": "closed", "per": "route"}"#;
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &bearer())],
+        shaper,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["version"], 2);
+    let seeds = vec![nodes[0].gossip_addr.to_string()];
+    let back = start(cluster_config(names[2], &seeds, dirs[2].path())).await;
+    assert!(
+        back.cluster_rules.current().version >= 1,
+        "starts from its copy"
+    );
+    assert!(
+        eventually(Duration::from_secs(3), || back
+            .cluster_rules
+            .current()
+            .version
+            == 2)
+        .await,
+        "the restarted node catches up"
+    );
+    let rule = back
+        .rules
+        .load()
+        .get("free-GET-v1-search")
+        .cloned()
+        .expect("the shaper rule");
+    assert_eq!(
+        rule.spec,
+        ringlimit::config::AlgorithmSpec::LeakyBucket {
+            limit: std::num::NonZeroU64::new(20).unwrap(),
+            period: Duration::from_secs(1),
+            mode: ringlimit::config::LeakyMode::Shaper { queue_depth: 3 },
+        }
+    );
+    assert_eq!(rule.on_unavailable, ringlimit::config::FailMode::Closed);
+    assert_eq!(rule.per, ringlimit::config::rules::CountPer::Route);
+    back.shutdown().await;
     for n in nodes {
         n.shutdown().await;
     }
