@@ -828,7 +828,8 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     let mut anonymous = PeerClient::new(channel.clone());
     unauthenticated(anonymous.refund(refund.clone()).await);
     unauthenticated(anonymous.status(StatusRequest {}).await);
-    // The rule document is cluster state: only members may read it.
+    // The rule document is cluster state: only members may read it, or write it (a
+    // write over the peer face needs no admin token, so the cluster key is what guards it).
     unauthenticated(
         anonymous
             .rules(RulesRequest {
@@ -836,6 +837,15 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
             })
             .await,
     );
+    let takeover = ringlimit::proto::peer::WriteRulesRequest {
+        from_node: "intruder".into(),
+        if_match: None,
+        kind: "replace".into(),
+        tier: String::new(),
+        route_pattern: None,
+        body: r#"{"default": {"limit": 1000000000, "window": "1s"}}"#.into(),
+    };
+    unauthenticated(anonymous.write_rules(takeover.clone()).await);
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
@@ -852,6 +862,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
             })
             .await,
     );
+    unauthenticated(outsider.write_rules(takeover.clone()).await);
 
     // A member's captured proof, sent again.
     let key = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
@@ -900,5 +911,10 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         .unwrap()
         .into_inner();
     assert_eq!((rules.source.as_str(), rules.version), ("cluster", 0));
+    assert_eq!(
+        node.cluster_rules.current().version,
+        0,
+        "no unauthenticated write got through"
+    );
     node.shutdown().await;
 }
