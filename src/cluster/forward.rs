@@ -371,6 +371,7 @@ impl PeerPool {
                     tonic::Code::NotFound => Some(Refusal::NotFound),
                     tonic::Code::PermissionDenied => Some(Refusal::ReadOnly),
                     tonic::Code::Internal => Some(Refusal::Internal),
+                    tonic::Code::Aborted => Some(Refusal::Unavailable),
                     _ => None,
                 };
                 Err(match kind {

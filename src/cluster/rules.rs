@@ -138,7 +138,7 @@ pub enum Refusal {
     Invalid,
     /// No such tier rule.
     NotFound,
-    /// The coordinator could not be reached.
+    /// The coordinator cannot take writes now, or did not answer (503).
     Unavailable,
     /// Persisting failed, or the version cannot grow.
     Internal,
@@ -197,13 +197,21 @@ pub enum RulesWriteError {
     /// The new rule set could not be persisted, so it was not applied.
     #[error("persisting the new rules failed, nothing changed: {0}")]
     Store(StoreError),
-    /// The coordinator could not be reached, or is still copying a newer version;
-    /// nothing changed.
+    /// The coordinator is still copying a newer version; nothing changed.
     #[error("the rules coordinator {node} cannot take writes now, nothing changed: {reason}")]
     Unavailable {
         /// The coordinator's node id.
         node: String,
         /// Why.
+        reason: String,
+    },
+    /// The coordinator could not be asked or did not answer: the write may or may not
+    /// have been applied there.
+    #[error("the rules coordinator {node} did not answer ({reason}): the write may or may not have been applied; read GET /v1/rules before retrying (a retry with If-Match is always safe)")]
+    Unknown {
+        /// The coordinator's node id.
+        node: String,
+        /// What failed.
         reason: String,
     },
     /// The coordinator refused the write; its message says why.
@@ -225,7 +233,9 @@ impl RulesWriteError {
             RulesWriteError::Invalid(_) => Refusal::Invalid,
             RulesWriteError::NotFound(_) => Refusal::NotFound,
             RulesWriteError::Exhausted(_) | RulesWriteError::Store(_) => Refusal::Internal,
-            RulesWriteError::Unavailable { .. } => Refusal::Unavailable,
+            RulesWriteError::Unavailable { .. } | RulesWriteError::Unknown { .. } => {
+                Refusal::Unavailable
+            }
             RulesWriteError::Remote { kind, .. } => *kind,
         }
     }
@@ -365,7 +375,7 @@ impl ClusterRules {
                 RemoteWriteError::Refused(kind, message) => {
                     RulesWriteError::Remote { kind, message }
                 }
-                RemoteWriteError::Failed(error) => RulesWriteError::Unavailable {
+                RemoteWriteError::Failed(error) => RulesWriteError::Unknown {
                     node: member.node_id.clone(),
                     reason: error.to_string(),
                 },

@@ -165,7 +165,9 @@ fn write_status(error: RulesWriteError) -> Status {
         Refusal::Stale => Status::failed_precondition(message),
         Refusal::NotFound => Status::not_found(message),
         Refusal::ReadOnly => Status::permission_denied(message),
-        Refusal::Unavailable => Status::unavailable(message),
+        // ABORTED, not UNAVAILABLE: the sender must tell "refused, nothing changed" from a
+        // transport failure (whose outcome is unknown), which tonic reports as UNAVAILABLE.
+        Refusal::Unavailable => Status::aborted(message),
         Refusal::Internal => Status::internal(message),
     }
 }
