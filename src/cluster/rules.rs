@@ -727,6 +727,60 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_write_whose_coordinator_does_not_answer_says_its_outcome_is_unknown() {
+        use crate::cluster::forward::ForwardConfig;
+        use crate::membership::Member;
+        let member = |id: &str, port: u16| Member {
+            node_id: id.to_string(),
+            generation: 1,
+            grpc_addr: ([127, 0, 0, 1], port).into(),
+            // Port 1 on loopback: nothing listens, the call is refused at once.
+            peer_addr: ([127, 0, 0, 1], 1).into(),
+            gossip_addr: ([127, 0, 0, 1], port).into(),
+            leaving: false,
+        };
+        // A peer id the ring makes coordinator (n1 is this node).
+        let peer = (0..)
+            .map(|i| format!("p{i}"))
+            .find(|id| {
+                let view = ClusterView::from_members(vec![member("n1", 2), member(id, 3)]);
+                coordinator(&view).is_some_and(|m| m.node_id == *id)
+            })
+            .unwrap();
+        let view = ClusterView::from_members(vec![member("n1", 2), member(&peer, 3)]);
+        let (_tx, view) = watch::channel(Arc::new(view));
+        let tracker = tokio_util::task::TaskTracker::new();
+        let cancel = CancellationToken::new();
+        let pool = PeerPool::new(
+            "n1".into(),
+            ForwardConfig::default(),
+            tracker,
+            cancel.clone(),
+        );
+        let (rules, _) = node(RulesSource::Cluster, None);
+        assert!(rules.links.set(Links { view, peers: pool }).is_ok());
+
+        let e = rules.write(Some(0), replace_with(A)).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::Unavailable);
+        assert!(
+            matches!(&e, RulesWriteError::Unknown { node, .. } if *node == peer),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("may or may not have been applied"),
+            "{e}"
+        );
+        assert_eq!(rules.current().version, 0, "nothing was applied here");
+        // A bad document is refused before anything is sent, coordinator or not.
+        let e = rules
+            .write(None, RulesEdit::Replace(RulesDoc::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::Invalid);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
     async fn file_mode_refuses_writes() {
         let (rules, _) = node(RulesSource::File, None);
         let e = rules.write(None, replace_with(A)).await.unwrap_err();
