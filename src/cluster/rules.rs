@@ -337,6 +337,15 @@ impl ClusterRules {
         self.peers.load_full()
     }
 
+    /// The member holding the newest version newer than this node's, if any: while there
+    /// is one, this node enforces rules the cluster has replaced (a copy is in flight).
+    pub fn behind(&self) -> Option<(String, Advert)> {
+        let mine = self.advert();
+        let peers = self.peer_adverts();
+        best_source(&mine, peers.iter().map(|(id, a)| (id.as_str(), *a)))
+            .map(|(id, a)| (id.to_string(), a))
+    }
+
     /// Members whose rules drift from this node's ([`Advert::drifts_from`]).
     pub fn drift(&self) -> Arc<Vec<(String, Advert)>> {
         self.drift.load_full()
@@ -412,14 +421,7 @@ impl ClusterRules {
         // node restarted without its data dir, or a pull is in flight): the write would
         // lose to that version on every node. The sync loop copies it within a gossip
         // round; the writer retries.
-        let mine = Advert {
-            source: self.source,
-            stamp: current.stamp(),
-        };
-        let peers = self.peer_adverts();
-        if let Some((newer, advert)) =
-            best_source(&mine, peers.iter().map(|(id, a)| (id.as_str(), *a)))
-        {
+        if let Some((newer, advert)) = self.behind() {
             return Err(RulesWriteError::Unavailable {
                 node: self.me.to_string(),
                 reason: format!(
@@ -720,6 +722,7 @@ mod tests {
         rules
             .peers
             .store(Arc::new(BTreeMap::from([("n2".to_string(), newer)])));
+        assert_eq!(rules.behind().map(|(id, _)| id).as_deref(), Some("n2"));
         let e = rules.write(None, replace_with(A)).await.unwrap_err();
         assert_eq!(e.kind(), Refusal::Unavailable);
         assert!(e.to_string().contains("catching up: n2 holds v5"), "{e}");

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | 200 while the process serves (liveness) |
-//! | `GET /readyz` | 200 once rules are loaded and, with seeds, another member is seen (readiness) |
+//! | `GET /readyz` | 200 once rules are loaded, no member holds newer ones, and, with seeds, another member is seen (readiness) |
 //! | `GET /v1/cluster` | members, ring digest, each member's rules advert, drift, keys held |
 //! | `GET /v1/owner?key=K` | which member owns K, charging nothing |
 //! | `GET /v1/limits/{tier}` | that tier's rules as JSON |
@@ -164,15 +164,28 @@ async fn readyz(State(s): State<OpsState>) -> Response {
     let view = s.router.view();
     let joined = !s.expects_peers || view.members.len() > 1;
     let current = s.rules.current();
+    // A node that knows a member holds newer rules enforces replaced ones: not ready
+    // until its copy arrives (within a gossip round or two).
+    let behind = s.rules.behind();
+    let reason = match (&behind, joined) {
+        (_, false) => Some("no other member seen yet (seeds given)".to_string()),
+        (Some((id, advert)), true) => Some(format!(
+            "catching up: {id} holds rules {}, this node {}",
+            advert.stamp,
+            current.stamp()
+        )),
+        (None, true) => None,
+    };
+    let ready = reason.is_none();
     let body = serde_json::json!({
-        "ready": joined,
+        "ready": ready,
         "members": view.members.len(),
         "rules_version": current.version,
         "rules_digest": hex(current.rules.digest()),
-        "reason": if joined { None } else { Some("no other member seen yet (seeds given)") },
+        "reason": reason,
     });
     json(
-        if joined {
+        if ready {
             StatusCode::OK
         } else {
             StatusCode::SERVICE_UNAVAILABLE
