@@ -113,9 +113,10 @@ struct ServeArgs {
     #[arg(long, default_value = DEFAULT_LISTEN, env = "RINGLIMIT_LISTEN")]
     listen: SocketAddr,
     /// Address of the ops HTTP port: /metrics, /healthz, /readyz, /v1/cluster,
-    /// /v1/owner, /v1/limits, /v1/rules (--metrics-listen is the old name).
-    #[arg(long, alias = "metrics-listen", default_value = DEFAULT_HTTP_LISTEN, env = "RINGLIMIT_HTTP_LISTEN")]
-    http_listen: SocketAddr,
+    /// /v1/owner, /v1/limits, /v1/rules [default: 127.0.0.1:7421]. --metrics-listen and
+    /// RINGLIMIT_METRICS_LISTEN are the old names and still work.
+    #[arg(long, alias = "metrics-listen", env = "RINGLIMIT_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
     /// Do not serve the ops HTTP port (--no-metrics is the old name).
     #[arg(long, alias = "no-metrics")]
     no_http: bool,
@@ -355,9 +356,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    // The flag (or RINGLIMIT_HTTP_LISTEN), else the old variable, else the default.
+    let http_listen = match args.http_listen {
+        Some(addr) => addr,
+        None => match std::env::var("RINGLIMIT_METRICS_LISTEN") {
+            Ok(text) => text
+                .parse()
+                .with_context(|| format!("RINGLIMIT_METRICS_LISTEN={text:?} is not an address"))?,
+            Err(_) => DEFAULT_HTTP_LISTEN
+                .parse()
+                .expect("a valid default address"),
+        },
+    };
     let mut config = NodeConfig {
         listen: args.listen,
-        http_listen: (!args.no_http).then_some(args.http_listen),
+        http_listen: (!args.no_http).then_some(http_listen),
         rules_path: args.rules,
         rules_seed: args.rules_seed,
         data_dir: args.data_dir,
