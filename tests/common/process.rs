@@ -48,7 +48,8 @@ pub struct Serve<'a> {
     pub log_name: &'a str,
 }
 
-/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A`.
+/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A
+/// http=A` (`metrics` and `http` are the same ops port; `http` is not read here).
 #[derive(Clone, Copy, Debug)]
 pub struct Ready {
     pub generation: u64,
