@@ -60,7 +60,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// Start N nodes on loopback in one process, to try a cluster (Ctrl-C stops them).
+    /// Start N nodes on loopback, one `serve` process each, to try a cluster (Ctrl-C
+    /// stops them, each leaving gracefully).
     DevCluster(DevClusterArgs),
     /// Load generator: checks/s and latency percentiles, optionally side by side with
     /// Redis + the design reference's Lua script (--compare-redis).
@@ -437,78 +438,145 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ringlimit dev-cluster`: N `ringlimit serve` processes on loopback, so each node has
+/// its own metrics registry, logs (every line says `node{id=…}`) and failure domain, as in
+/// production. Ctrl-C (or SIGTERM) makes every node leave gracefully.
 fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     anyhow::ensure!((1..=20).contains(&args.nodes), "--nodes must be 1..=20");
-    runtime()?.block_on(async move {
-        let mut nodes = Vec::new();
-        let mut seed: Option<String> = None;
-        // One key for the nodes of this process, written where `cluster status` can
-        // read it (mode 0600) and known to nothing else.
-        let secret = ringlimit::keyring::generate_secret();
-        let secret_path = std::env::temp_dir().join(format!(
-            "ringlimit-dev-cluster-{}.secret",
-            std::process::id()
-        ));
-        write_private(&secret_path, &secret)?;
-        let key = ringlimit::keyring::Keyring::from_text(&secret)?;
-        let admin_token = args
-            .admin_token_file
-            .as_deref()
-            .map(ringlimit::server::ops::AdminToken::from_file)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!(e))?;
-        for i in 0..args.nodes {
-            let port = |offset: usize| -> anyhow::Result<SocketAddr> {
-                let port = usize::from(args.base_port) + 4 * i + offset;
-                let port = u16::try_from(port).context("--base-port too high")?;
-                Ok(SocketAddr::from(([127, 0, 0, 1], port)))
-            };
-            let config = NodeConfig {
-                node_id: format!("node-{}", i + 1),
-                listen: port(0)?,
-                http_listen: Some(port(1)?),
-                gossip_listen: port(2)?,
-                peer_listen: port(3)?,
-                cluster_key: Some(key.clone()),
-                rules_path: args.rules.clone(),
-                rules_seed: args.rules_seed.clone(),
-                admin_token: admin_token.clone(),
-                seeds: seed.iter().cloned().collect(),
-                ..NodeConfig::default()
-            };
-            let node = ringlimit::node::start(config).await?;
-            seed.get_or_insert_with(|| node.gossip_addr.to_string());
-            println!(
-                "node-{}  grpc={}  ops=http://{}/  gossip={}  peer={}",
-                i + 1,
-                node.grpc_addr,
-                node.http_addr.map_or("-".into(), |a| a.to_string()),
-                node.gossip_addr,
-                node.peer_addr
-            );
-            nodes.push(node);
+    // One key for the nodes of this cluster, written where `cluster status` can read it
+    // (mode 0600) and known to nothing else.
+    let secret = ringlimit::keyring::generate_secret();
+    let secret_path = std::env::temp_dir().join(format!(
+        "ringlimit-dev-cluster-{}.secret",
+        std::process::id()
+    ));
+    write_private(&secret_path, &secret)?;
+    // Removed however dev-cluster ends (a node that fails to start included).
+    let _secret_file = RemoveOnDrop(secret_path.clone());
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let log_format = match args.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    let mut nodes = DevNodes(Vec::new());
+    let mut seed: Option<String> = None;
+    for i in 0..args.nodes {
+        let port = |offset: usize| -> anyhow::Result<String> {
+            let port = usize::from(args.base_port) + 4 * i + offset;
+            let port = u16::try_from(port).context("--base-port too high")?;
+            Ok(SocketAddr::from(([127, 0, 0, 1], port)).to_string())
+        };
+        let id = format!("node-{}", i + 1);
+        let mut command = std::process::Command::new(&exe);
+        command
+            .args(["serve", "--node-id", &id])
+            .args(["--listen", &port(0)?, "--http-listen", &port(1)?])
+            .args(["--gossip-listen", &port(2)?, "--peer-listen", &port(3)?])
+            .args(["--log-format", log_format])
+            .arg("--cluster-secret-file")
+            .arg(&secret_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        if let Some(rules) = &args.rules {
+            command.arg("--rules").arg(rules);
         }
-        println!(
-            "{} nodes running. Try: ringlimit check --addr {} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
-            nodes.len(),
-            nodes[0].grpc_addr
-        );
-        println!(
-            "cluster key: {}   (ringlimit cluster status --addr {} --cluster-secret-file {})",
-            secret_path.display(),
-            nodes[0].peer_addr,
-            secret_path.display()
-        );
-        wait_for_signal().await;
-        println!("stopping: each node leaves gracefully");
-        for node in nodes.into_iter().rev() {
-            node.leave().await;
+        if let Some(seed_file) = &args.rules_seed {
+            command.arg("--rules-seed").arg(seed_file);
         }
-        let _ = std::fs::remove_file(&secret_path);
-        anyhow::Ok(())
-    })?;
+        if let Some(token) = &args.admin_token_file {
+            command.arg("--admin-token-file").arg(token);
+        }
+        if let Some(seed) = &seed {
+            command.args(["--seed", seed]);
+        }
+        let mut child = command.spawn().with_context(|| format!("starting {id}"))?;
+        let stdout = child.stdout.take().context("node stdout")?;
+        nodes.0.push(child);
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let ready = lines
+            .next()
+            .with_context(|| format!("{id} exited before it was ready (its log is above)"))??;
+        // serve prints nothing else on stdout; drain it anyway so a node never blocks.
+        std::thread::spawn(move || lines.for_each(drop));
+        let field = |name: &str| -> anyhow::Result<String> {
+            ready
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .map(str::to_string)
+                .with_context(|| format!("no {name}= in the ready line {ready:?}"))
+        };
+        seed.get_or_insert(field("gossip")?);
+        println!(
+            "{id}  grpc={}  ops=http://{}/  gossip={}  peer={}  pid={}",
+            field("grpc")?,
+            field("http")?,
+            field("gossip")?,
+            field("peer")?,
+            nodes.0.last().map_or(0, std::process::Child::id),
+        );
+    }
+    println!(
+        "{} nodes running. Try: ringlimit check --addr {} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
+        args.nodes,
+        SocketAddr::from(([127, 0, 0, 1], args.base_port))
+    );
+    println!(
+        "cluster key: {}   (ringlimit cluster status --addr 127.0.0.1:{} --cluster-secret-file {})",
+        secret_path.display(),
+        u32::from(args.base_port) + 3,
+        secret_path.display()
+    );
+    runtime()?.block_on(wait_for_signal());
+    println!("stopping: each node leaves gracefully");
+    nodes.leave();
     Ok(ExitCode::SUCCESS)
+}
+
+/// A file removed when this goes out of scope.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The node processes of `dev-cluster`; killed if dev-cluster fails before they leave.
+struct DevNodes(Vec<std::process::Child>);
+
+impl DevNodes {
+    /// SIGTERM every node (a graceful leave; a Ctrl-C in the terminal already reached
+    /// them too), then wait up to 15 s for each before killing it.
+    fn leave(&mut self) {
+        for child in self.0.iter().rev() {
+            // No libc call (unsafe is forbidden): the kill(1) tool sends the signal.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        for mut child in self.0.drain(..).rev() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                eprintln!("node pid {} did not leave within 15 s: killed", child.id());
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for DevNodes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Write `text` to a new file only its owner can read.
