@@ -91,7 +91,7 @@ struct DevClusterArgs {
     #[arg(long, default_value_t = 3)]
     nodes: usize,
     /// First port: node i listens on base+4i (gRPC), base+4i+1 (ops HTTP), base+4i+2
-    /// (gossip), base+4i+3 (peer service).
+    /// (gossip), base+4i+3 (peer service). 0: every listener on a free port.
     #[arg(long, default_value_t = 7420)]
     base_port: u16,
     /// Rule file for every node (file mode: the API is read-only).
@@ -461,8 +461,14 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
     };
     let mut nodes = DevNodes(Vec::new());
     let mut seed: Option<String> = None;
+    // The first node's gRPC and peer addresses, for the hints printed below.
+    let mut first: Option<(String, String)> = None;
     for i in 0..args.nodes {
         let port = |offset: usize| -> anyhow::Result<String> {
+            if args.base_port == 0 {
+                // Every listener on a free port (scripts and tests read the table).
+                return Ok("127.0.0.1:0".to_string());
+            }
             let port = usize::from(args.base_port) + 4 * i + offset;
             let port = u16::try_from(port).context("--base-port too high")?;
             Ok(SocketAddr::from(([127, 0, 0, 1], port)).to_string())
@@ -508,6 +514,9 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("no {name}= in the ready line {ready:?}"))
         };
         seed.get_or_insert(field("gossip")?);
+        if first.is_none() {
+            first = Some((field("grpc")?, field("peer")?));
+        }
         println!(
             "{id}  grpc={}  ops=http://{}/  gossip={}  peer={}  pid={}",
             field("grpc")?,
@@ -517,15 +526,14 @@ fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
             nodes.0.last().map_or(0, std::process::Child::id),
         );
     }
+    let (grpc, peer) = first.unwrap_or_default();
     println!(
-        "{} nodes running. Try: ringlimit check --addr {} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
+        "{} nodes running. Try: ringlimit check --addr {grpc} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
         args.nodes,
-        SocketAddr::from(([127, 0, 0, 1], args.base_port))
     );
     println!(
-        "cluster key: {}   (ringlimit cluster status --addr 127.0.0.1:{} --cluster-secret-file {})",
+        "cluster key: {}   (ringlimit cluster status --addr {peer} --cluster-secret-file {})",
         secret_path.display(),
-        u32::from(args.base_port) + 3,
         secret_path.display()
     );
     runtime()?.block_on(wait_for_signal());

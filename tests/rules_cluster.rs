@@ -976,3 +976,122 @@ async fn a_killed_node_process_restarts_from_the_rules_in_its_data_dir() {
     let free = http(addr, "GET", "/v1/limits/free", &[], "").await.json();
     assert_eq!(free["rules"][0]["limit"], 3);
 }
+
+#[tokio::test]
+async fn dev_cluster_runs_one_process_per_node_each_with_its_own_metrics() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ringlimit"))
+        .args(["dev-cluster", "--nodes", "2", "--base-port", "0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    let process = ServeProcess(child); // killed on drop if the test fails
+    let mut nodes: Vec<(String, SocketAddr, u32)> = Vec::new(); // (grpc, ops, pid)
+    while nodes.len() < 2 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a node line");
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_string)
+        };
+        if let (Some(grpc), Some(ops), Some(pid)) =
+            (field("grpc="), field("ops=http://"), field("pid="))
+        {
+            nodes.push((
+                grpc,
+                ops.trim_end_matches('/').parse().unwrap(),
+                pid.parse().unwrap(),
+            ));
+        }
+    }
+    assert_ne!(nodes[0].2, nodes[1].2, "one process per node");
+    // If the test fails, the node processes must not outlive it (SIGKILLing dev-cluster
+    // leaves its children running).
+    struct KillOnDrop(Vec<u32>);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            for pid in &self.0 {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+        }
+    }
+    let mut children = KillOnDrop(nodes.iter().map(|n| n.2).collect());
+    let mut members = 0;
+    for _ in 0..200 {
+        members = http(nodes[0].1, "GET", "/v1/cluster", &[], "").await.json()["members"]
+            .as_array()
+            .unwrap()
+            .len();
+        if members == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(members, 2, "the two nodes found each other");
+
+    let mut c = ringlimit::proto::rate_limiter_client::RateLimiterClient::connect(format!(
+        "http://{}",
+        nodes[0].0
+    ))
+    .await
+    .unwrap();
+    let answer = c
+        .check(common::check("dev", "GET /x", None))
+        .await
+        .unwrap()
+        .into_inner();
+    let decider = answer.decider.unwrap().node_id;
+    // Only the decider counted the decision: each node's registry is its own.
+    let series = "ringlimit_checks_total{verdict=\"allowed\",algorithm=\"sliding_window_counter\",rule=\"default\"} 1";
+    for (i, (_, ops, _)) in nodes.iter().enumerate() {
+        let body = http(*ops, "GET", "/metrics", &[], "").await.body;
+        assert_eq!(
+            body.contains(series),
+            decider == format!("node-{}", i + 1),
+            "node-{} (decider {decider})",
+            i + 1
+        );
+    }
+
+    // SIGTERM: every node leaves and dev-cluster exits cleanly.
+    let mut process = process;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &process.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = process.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "dev-cluster did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // dev-cluster has reaped its nodes: their pids are no longer ours to signal.
+    children.0.clear();
+    assert!(exit.success(), "{exit:?}");
+    for (_, _, pid) in &nodes {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z ")),
+            "node pid {pid} still running"
+        );
+    }
+}
