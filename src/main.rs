@@ -680,8 +680,9 @@ async fn cluster_status(
             .collect();
         if !drifting.is_empty() {
             println!(
-                "rules drift: {} enforce different rules than {} (different --rules files, or file and cluster sources mixed)",
+                "rules drift: {} {} different rules than {} (different --rules files, or file and cluster sources mixed)",
                 drifting.join(", "),
+                if drifting.len() == 1 { "enforces" } else { "enforce" },
                 status.node_id
             );
         }
