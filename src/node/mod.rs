@@ -718,8 +718,15 @@ async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationT
             }
         }
     };
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let server = axum::serve(
+        crate::server::ops::BoundedListener::new(
+            listener,
+            crate::server::ops::MAX_OPS_CONNECTIONS,
+            crate::server::ops::MAX_OPS_CONNECTION_AGE,
+        ),
+        app,
+    )
+    .with_graceful_shutdown(cancel.clone().cancelled_owned());
     let (result, ()) = tokio::join!(server, upkeep);
     if let Err(error) = result {
         tracing::error!(%error, "ops HTTP server failed");
