@@ -79,6 +79,8 @@ pub struct RunningNode {
     pub peer_addr: SocketAddr,
     /// The bound ops HTTP address (`/metrics`, health, the rules API), if any.
     pub http_addr: Option<SocketAddr>,
+    /// The same address under its old name (the port used to serve only `/metrics`).
+    pub metrics_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
     pub gossip_addr: SocketAddr,
     /// Who this node says decided.
@@ -441,6 +443,7 @@ async fn start_in_span(
         grpc_addr,
         peer_addr,
         http_addr,
+        metrics_addr: http_addr,
         gossip_addr,
         decider,
         shards,
