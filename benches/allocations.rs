@@ -84,7 +84,7 @@ fn main() {
             node_id: id.into(),
             seeds,
             rules_path: Some(rules.clone()),
-            metrics_listen: None,
+            http_listen: None,
             ..NodeConfig::for_test()
         };
         let a = node::start(config("a", Vec::new())).await.expect("a starts");

@@ -8,13 +8,15 @@
 #
 # Environment: RINGLIMIT_BIN (use this binary, skip cargo build), RINGLIMIT_PORT_1/2/3
 # (host ports, default 17420/17423/17426), RINGLIMIT_PEER_PORT_1/2/3 (peer ports on the
-# host, default 18420/18423/18426), RINGLIMIT_NET (subnet prefix, default
-# 172.28.0). The ringlimit:local image is left in place.
+# host, default 18420/18423/18426), RINGLIMIT_OPS_PORT_1/2/3 (ops HTTP ports on the host,
+# default 19421/19424/19427), RINGLIMIT_NET (subnet prefix, default
+# 172.28.0), RINGLIMIT_IMAGE (image tag, default ringlimit:local), RINGLIMIT_SMOKE_PROJECT
+# (compose project name, default ringlimit-smoke). The image is left in place.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
-project=ringlimit-smoke
+project="${RINGLIMIT_SMOKE_PROJECT:-ringlimit-smoke}"
 compose_file="$here/compose.yaml"
 export RINGLIMIT_PORT_1="${RINGLIMIT_PORT_1:-17420}"
 export RINGLIMIT_PORT_2="${RINGLIMIT_PORT_2:-17423}"
@@ -22,6 +24,9 @@ export RINGLIMIT_PORT_3="${RINGLIMIT_PORT_3:-17426}"
 export RINGLIMIT_PEER_PORT_1="${RINGLIMIT_PEER_PORT_1:-18420}"
 export RINGLIMIT_PEER_PORT_2="${RINGLIMIT_PEER_PORT_2:-18423}"
 export RINGLIMIT_PEER_PORT_3="${RINGLIMIT_PEER_PORT_3:-18426}"
+export RINGLIMIT_OPS_PORT_1="${RINGLIMIT_OPS_PORT_1:-19421}"
+export RINGLIMIT_OPS_PORT_2="${RINGLIMIT_OPS_PORT_2:-19424}"
+export RINGLIMIT_OPS_PORT_3="${RINGLIMIT_OPS_PORT_3:-19427}"
 addr1="127.0.0.1:$RINGLIMIT_PORT_1"
 addr2="127.0.0.1:$RINGLIMIT_PORT_2"
 addr3="127.0.0.1:$RINGLIMIT_PORT_3"
@@ -154,6 +159,12 @@ dc up -d 2>&1 | sed 's/^/smoke:   /' || fail "docker compose up failed"
 
 step "wait for 3 live members through node-1 ($addr1, up to 30s)"
 wait_three_live "$addr1" 30
+
+# ---------------------------------------------------------------- rules through node-3's ops port
+step "rules: node-3's ops port serves the seeded cluster rules (127.0.0.1:$RINGLIMIT_OPS_PORT_3)"
+out="$(rl rules get --addr "127.0.0.1:$RINGLIMIT_OPS_PORT_3" 2>&1)" || fail "rules get failed: $out"
+info "$(head -1 <<<"$out")"
+[[ "$(head -1 <<<"$out")" == "# rules version 1, digest "*", source cluster "* ]] || fail "node-3 does not serve the seeded rules at version 1"
 
 # ---------------------------------------------------------------- check through node-1
 step "check through node-1: key=smoke route=\"GET /smoke\""

@@ -11,12 +11,13 @@
 //! main (binary)  CLI → node::run
 //! node           composition root: binds listeners, wires every subsystem, node config
 //!   │
-//! server         wire adapters: ringlimit.v1 (public), peer (cluster); Status at the edge
+//! server         wire adapters: ringlimit.v1 (public), peer (cluster), ops (HTTP); Status at the edge
 //!   │      prost types stop here and in cluster::forward
 //! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict
 //!   │
 //! cluster        router = pure policy + one async step; forward (peer client adapter),
-//!   │            handoff, deny cache; Decider, Answer, CheckItem (identity computed once)
+//!   │            handoff, deny cache, rules (the versioned cluster rule set); Decider,
+//!   │            Answer, CheckItem (identity computed once)
 //! shard          actor handles + tasks; the store; counter identity (KeyId)
 //!   │
 //! config  membership  clock        rules and routes; gossip → ClusterView; time
@@ -28,14 +29,16 @@
 //! - [`algorithms`]: the five limiters as pure state machines (`now` is an argument).
 //! - [`ring`]: the consistent-hash ring that places keys on cluster members.
 //! - [`clock`]: wall-clock milliseconds, clamped so they never run backwards.
-//! - [`config`]: the rule file and route syntax (most specific rule wins).
+//! - [`config`]: the rule document and route syntax (most specific rule wins), version
+//!   stamps and the stored copy.
 //! - [`keyring`]: the cluster key members prove on peer calls and gossip datagrams.
 //! - [`membership`]: chitchat gossip publishing a watch of the cluster view.
 //! - [`shard`]: the per-shard store and the actors that own it.
 //! - [`cluster`]: where each descriptor is decided (here, one hop away, the deny cache,
 //!   fail-open), and state handoff when ownership moves.
 //! - [`check`]: the seam under every front end: [`check::Checker`].
-//! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec.
+//! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec;
+//!   the ops HTTP face.
 //! - [`client`]: what a gateway does with a verdict (429 headers).
 //! - [`node`]: starts and stops a node; `node::grpc` bounds what one client can make
 //!   the gRPC listener hold.

@@ -1,6 +1,7 @@
 //! The `ringlimit` binary: clap → config → `node::run(config, shutdown)`.
 
 mod bench;
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use ringlimit::config::rules::RuleSet;
 use ringlimit::node::config::{
-    GrpcLimits, NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN,
+    GrpcLimits, NodeConfig, DEFAULT_GOSSIP_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_LISTEN,
     DEFAULT_PEER_LISTEN,
 };
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
@@ -33,13 +34,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a node (defaults: gRPC on 127.0.0.1:7420, metrics on 127.0.0.1:7421, gossip
+    /// Run a node (defaults: gRPC on 127.0.0.1:7420, ops HTTP on 127.0.0.1:7421, gossip
     /// on 127.0.0.1:7422, peer service on 127.0.0.1:7423; built-in rule: sliding window
     /// counter, 100 per 60 s).
     Serve(Box<ServeArgs>),
-    /// Ask a node whether one request may proceed.
+    /// Ask a node whether one request may proceed. Exits 0 when allowed, 1 when denied,
+    /// 2 when refused (bad input) or the node is unreachable.
     Check(CheckArgs),
-    /// Rule file tools.
+    /// Which member owns a client key (asks a node's ops port; charges nothing).
+    Owner {
+        /// The client key.
+        #[arg(long)]
+        key: String,
+        /// The node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+    },
+    /// Rule tools: validate a file; read, replace or compare a cluster's rules.
     Rules {
         #[command(subcommand)]
         command: RulesCommand,
@@ -49,7 +60,8 @@ enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// Start N nodes on loopback in one process, to try a cluster (Ctrl-C stops them).
+    /// Start N nodes on loopback, one `serve` process each, to try a cluster (Ctrl-C
+    /// stops them, each leaving gracefully).
     DevCluster(DevClusterArgs),
     /// Load generator: checks/s and latency percentiles, optionally side by side with
     /// Redis + the design reference's Lua script (--compare-redis).
@@ -64,7 +76,7 @@ enum ClusterCommand {
         /// cluster face, not the public gRPC port.
         #[arg(long, default_value = DEFAULT_PEER_LISTEN)]
         addr: String,
-        /// Print JSON.
+        /// Print JSON (64-bit numbers as strings).
         #[arg(long)]
         json: bool,
         /// The cluster's secret file: the peer service answers only signed calls.
@@ -112,13 +124,22 @@ struct DevClusterArgs {
     /// Number of nodes.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// First port: node i listens on base+4i (gRPC), base+4i+1 (metrics), base+4i+2
-    /// (gossip), base+4i+3 (peer service).
+    /// First port: node i listens on base+4i (gRPC), base+4i+1 (ops HTTP), base+4i+2
+    /// (gossip), base+4i+3 (peer service). 0: every listener on a free port.
     #[arg(long, default_value_t = 7420)]
     base_port: u16,
-    /// Rule file for every node.
-    #[arg(long)]
+    /// Rule file for every node (file mode: the API is read-only).
+    #[arg(long, conflicts_with = "rules_seed")]
     rules: Option<PathBuf>,
+    /// Cluster mode: seed the cluster rule set with this file.
+    #[arg(long)]
+    rules_seed: Option<PathBuf>,
+    /// Admin token file for the rules API of every node (without it, writes are refused).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(clap::Args)]
@@ -126,14 +147,18 @@ struct ServeArgs {
     /// gRPC address to listen on.
     #[arg(long, default_value = DEFAULT_LISTEN, env = "RINGLIMIT_LISTEN")]
     listen: SocketAddr,
-    /// Address of the Prometheus /metrics port.
-    #[arg(long, default_value = DEFAULT_METRICS_LISTEN, env = "RINGLIMIT_METRICS_LISTEN")]
-    metrics_listen: SocketAddr,
-    /// Do not serve /metrics.
-    #[arg(long)]
-    no_metrics: bool,
-    /// Rule file (TOML); re-read when it changes. Without it, the built-in default.
-    #[arg(long, env = "RINGLIMIT_RULES")]
+    /// Address of the ops HTTP port: /metrics, /healthz, /readyz, /v1/cluster,
+    /// /v1/owner, /v1/limits, /v1/rules [default: 127.0.0.1:7421]. --metrics-listen and
+    /// RINGLIMIT_METRICS_LISTEN are the old names and still work.
+    #[arg(long, alias = "metrics-listen", env = "RINGLIMIT_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
+    /// Do not serve the ops HTTP port (--no-metrics is the old name).
+    #[arg(long, alias = "no-metrics")]
+    no_http: bool,
+    /// File mode: this rule file (TOML) is the truth on every node, re-read when it
+    /// changes; the rules API is read-only and nodes whose files differ are reported.
+    /// Without it: cluster mode, rules changed through the API.
+    #[arg(long, env = "RINGLIMIT_RULES", conflicts_with = "rules_seed")]
     rules: Option<PathBuf>,
     /// envoyproxy/ratelimit YAML configuration for Envoy RLS checks: one file, or a
     /// directory of *.yaml / *.yml files (one domain each); re-read when it changes.
@@ -147,7 +172,18 @@ struct ServeArgs {
     /// RateLimit-Policy headers (docs/envoy.md).
     #[arg(long)]
     envoy_headers: bool,
-    /// This node's id in answers (default: ringlimit-<hostname or pid>).
+    /// Cluster mode: the rules of an empty cluster (used when --data-dir holds no copy).
+    #[arg(long, env = "RINGLIMIT_RULES_SEED")]
+    rules_seed: Option<PathBuf>,
+    /// Where the cluster rule set is persisted (rules.json, written atomically); a
+    /// restarted node starts from it. Without it the rules live in memory only.
+    #[arg(long, env = "RINGLIMIT_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// File holding the admin token the rules API's writes must present
+    /// (Authorization: Bearer); without it every write is refused.
+    #[arg(long, env = "RINGLIMIT_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// This node's id in answers and on the ring (default: the machine's hostname).
     #[arg(long, env = "RINGLIMIT_NODE_ID")]
     node_id: Option<String>,
     /// Number of shard actors (default: number of cores).
@@ -256,6 +292,18 @@ struct CheckArgs {
     /// Also print the HTTP headers a gateway should send.
     #[arg(long)]
     headers: bool,
+    /// Another client key checked in the same request (same route, tier and cost), to
+    /// try composed limits (per-customer AND per-IP); repeat for several. The request is
+    /// allowed only if every descriptor is.
+    #[arg(long = "descriptor")]
+    descriptors: Vec<String>,
+    /// Charge nothing: fetch the cluster's rules and the key's owner from the ops port
+    /// (--ops-addr) and print which rule would apply, with its numbers, and who decides.
+    #[arg(long)]
+    dry_run: bool,
+    /// The ops HTTP address --dry-run asks.
+    #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+    ops_addr: String,
 }
 
 #[derive(Subcommand)]
@@ -264,6 +312,37 @@ enum RulesCommand {
     Check {
         /// The file.
         file: PathBuf,
+    },
+    /// Print a cluster's rules (TOML, or JSON with --json) with their version.
+    Get {
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+        /// Print the JSON form.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a cluster's rules with a file (TOML, or JSON if it ends in .json).
+    Put {
+        /// The file.
+        file: PathBuf,
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
+        /// The admin token file.
+        #[arg(long, env = "RINGLIMIT_ADMIN_TOKEN_FILE")]
+        admin_token_file: Option<PathBuf>,
+        /// Only if the cluster's version is still this one (412 otherwise).
+        #[arg(long)]
+        if_match: Option<u64>,
+    },
+    /// Compare a file with a cluster's rules, rule by rule; exits 1 when they differ.
+    Diff {
+        /// The file.
+        file: PathBuf,
+        /// A node's ops HTTP address.
+        #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
+        addr: String,
     },
 }
 
@@ -275,6 +354,31 @@ fn main() -> ExitCode {
         Command::Rules {
             command: RulesCommand::Check { file },
         } => rules_check(&file),
+        Command::Rules {
+            command: RulesCommand::Get { addr, json },
+        } => runtime().and_then(|rt| rt.block_on(cli::rules_get(&addr, json))),
+        Command::Rules {
+            command:
+                RulesCommand::Put {
+                    file,
+                    addr,
+                    admin_token_file,
+                    if_match,
+                },
+        } => runtime().and_then(|rt| {
+            rt.block_on(cli::rules_put(
+                &file,
+                &addr,
+                admin_token_file.as_deref(),
+                if_match,
+            ))
+        }),
+        Command::Rules {
+            command: RulesCommand::Diff { file, addr },
+        } => runtime().and_then(|rt| rt.block_on(cli::rules_diff(&file, &addr))),
+        Command::Owner { key, addr } => {
+            runtime().and_then(|rt| rt.block_on(cli::owner(&key, &addr)))
+        }
         Command::Cluster {
             command:
                 ClusterCommand::Status {
@@ -314,15 +418,35 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
+    // The flag (or RINGLIMIT_HTTP_LISTEN), else the old variable, else the default.
+    let http_listen = match args.http_listen {
+        Some(addr) => addr,
+        None => match std::env::var("RINGLIMIT_METRICS_LISTEN") {
+            Ok(text) => text
+                .parse()
+                .with_context(|| format!("RINGLIMIT_METRICS_LISTEN={text:?} is not an address"))?,
+            Err(_) => DEFAULT_HTTP_LISTEN
+                .parse()
+                .expect("a valid default address"),
+        },
+    };
     let mut config = NodeConfig {
         listen: args.listen,
-        metrics_listen: (!args.no_metrics).then_some(args.metrics_listen),
+        http_listen: (!args.no_http).then_some(http_listen),
         rules_path: args.rules,
         envoy_path: args.envoy_config,
         envoy_algorithm: args.envoy_algorithm,
         envoy_headers: args.envoy_headers,
+        rules_seed: args.rules_seed,
+        data_dir: args.data_dir,
         ..NodeConfig::default()
     };
+    config.admin_token = args
+        .admin_token_file
+        .as_deref()
+        .map(ringlimit::server::ops::AdminToken::from_file)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
     if let Some(id) = args.node_id {
         config.node_id = id;
     }
@@ -365,13 +489,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             // One machine-readable line on stdout: scripts and tests that start nodes
             // on port 0 learn the bound addresses from it.
             println!(
-                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={}",
+                "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={}",
                 node.decider.node_id,
                 node.decider.generation,
                 node.grpc_addr,
                 node.gossip_addr,
-                node.metrics_addr.map_or("-".to_string(), |a| a.to_string()),
-                node.peer_addr
+                node.http_addr.map_or("-".to_string(), |a| a.to_string()),
+                node.peer_addr,
+                node.http_addr.map_or("-".to_string(), |a| a.to_string()),
             );
         })
         .await
@@ -379,70 +504,153 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ringlimit dev-cluster`: N `ringlimit serve` processes on loopback, so each node has
+/// its own metrics registry, logs (every line says `node{id=…}`) and failure domain, as in
+/// production. Ctrl-C (or SIGTERM) makes every node leave gracefully.
 fn dev_cluster(args: DevClusterArgs) -> anyhow::Result<ExitCode> {
-    init_logging(LogFormat::Text);
+    init_logging(args.log_format);
     anyhow::ensure!((1..=20).contains(&args.nodes), "--nodes must be 1..=20");
-    runtime()?.block_on(async move {
-        let mut nodes = Vec::new();
-        let mut seed: Option<String> = None;
-        // One key for the nodes of this process, written where `cluster status` can
-        // read it (mode 0600) and known to nothing else.
-        let secret = ringlimit::keyring::generate_secret();
-        let secret_path = std::env::temp_dir().join(format!(
-            "ringlimit-dev-cluster-{}.secret",
-            std::process::id()
-        ));
-        write_private(&secret_path, &secret)?;
-        let key = ringlimit::keyring::Keyring::from_text(&secret)?;
-        for i in 0..args.nodes {
-            let port = |offset: usize| -> anyhow::Result<SocketAddr> {
-                let port = usize::from(args.base_port) + 4 * i + offset;
-                let port = u16::try_from(port).context("--base-port too high")?;
-                Ok(SocketAddr::from(([127, 0, 0, 1], port)))
-            };
-            let config = NodeConfig {
-                node_id: format!("node-{}", i + 1),
-                listen: port(0)?,
-                metrics_listen: Some(port(1)?),
-                gossip_listen: port(2)?,
-                peer_listen: port(3)?,
-                cluster_key: Some(key.clone()),
-                rules_path: args.rules.clone(),
-                seeds: seed.iter().cloned().collect(),
-                ..NodeConfig::default()
-            };
-            let node = ringlimit::node::start(config).await?;
-            seed.get_or_insert_with(|| node.gossip_addr.to_string());
-            println!(
-                "node-{}  grpc={}  metrics=http://{}/metrics  gossip={}  peer={}",
-                i + 1,
-                node.grpc_addr,
-                node.metrics_addr.map_or("-".into(), |a| a.to_string()),
-                node.gossip_addr,
-                node.peer_addr
-            );
-            nodes.push(node);
+    // One key for the nodes of this cluster, written where `cluster status` can read it
+    // (mode 0600) and known to nothing else.
+    let secret = ringlimit::keyring::generate_secret();
+    let secret_path = std::env::temp_dir().join(format!(
+        "ringlimit-dev-cluster-{}.secret",
+        std::process::id()
+    ));
+    write_private(&secret_path, &secret)?;
+    // Removed however dev-cluster ends (a node that fails to start included).
+    let _secret_file = RemoveOnDrop(secret_path.clone());
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let log_format = match args.log_format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    let mut nodes = DevNodes(Vec::new());
+    let mut seed: Option<String> = None;
+    // The first node's gRPC and peer addresses, for the hints printed below.
+    let mut first: Option<(String, String)> = None;
+    for i in 0..args.nodes {
+        let port = |offset: usize| -> anyhow::Result<String> {
+            if args.base_port == 0 {
+                // Every listener on a free port (scripts and tests read the table).
+                return Ok("127.0.0.1:0".to_string());
+            }
+            let port = usize::from(args.base_port) + 4 * i + offset;
+            let port = u16::try_from(port).context("--base-port too high")?;
+            Ok(SocketAddr::from(([127, 0, 0, 1], port)).to_string())
+        };
+        let id = format!("node-{}", i + 1);
+        let mut command = std::process::Command::new(&exe);
+        command
+            .args(["serve", "--node-id", &id])
+            .args(["--listen", &port(0)?, "--http-listen", &port(1)?])
+            .args(["--gossip-listen", &port(2)?, "--peer-listen", &port(3)?])
+            .args(["--log-format", log_format])
+            .arg("--cluster-secret-file")
+            .arg(&secret_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        if let Some(rules) = &args.rules {
+            command.arg("--rules").arg(rules);
+        }
+        if let Some(seed_file) = &args.rules_seed {
+            command.arg("--rules-seed").arg(seed_file);
+        }
+        if let Some(token) = &args.admin_token_file {
+            command.arg("--admin-token-file").arg(token);
+        }
+        if let Some(seed) = &seed {
+            command.args(["--seed", seed]);
+        }
+        let mut child = command.spawn().with_context(|| format!("starting {id}"))?;
+        let stdout = child.stdout.take().context("node stdout")?;
+        nodes.0.push(child);
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let ready = lines
+            .next()
+            .with_context(|| format!("{id} exited before it was ready (its log is above)"))??;
+        // serve prints nothing else on stdout; drain it anyway so a node never blocks.
+        std::thread::spawn(move || lines.for_each(drop));
+        let field = |name: &str| -> anyhow::Result<String> {
+            ready
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .map(str::to_string)
+                .with_context(|| format!("no {name}= in the ready line {ready:?}"))
+        };
+        seed.get_or_insert(field("gossip")?);
+        if first.is_none() {
+            first = Some((field("grpc")?, field("peer")?));
         }
         println!(
-            "{} nodes running. Try: ringlimit check --addr {} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
-            nodes.len(),
-            nodes[0].grpc_addr
+            "{id}  grpc={}  ops=http://{}/  gossip={}  peer={}  pid={}",
+            field("grpc")?,
+            field("http")?,
+            field("gossip")?,
+            field("peer")?,
+            nodes.0.last().map_or(0, std::process::Child::id),
         );
-        println!(
-            "cluster key: {}   (ringlimit cluster status --addr {} --cluster-secret-file {})",
-            secret_path.display(),
-            nodes[0].peer_addr,
-            secret_path.display()
-        );
-        wait_for_signal().await;
-        println!("stopping: each node leaves gracefully");
-        for node in nodes.into_iter().rev() {
-            node.leave().await;
-        }
-        let _ = std::fs::remove_file(&secret_path);
-        anyhow::Ok(())
-    })?;
+    }
+    let (grpc, peer) = first.unwrap_or_default();
+    println!(
+        "{} nodes running. Try: ringlimit check --addr {grpc} --key cust_42 --route \"GET /v1/users\"   (Ctrl-C stops them)",
+        args.nodes,
+    );
+    println!(
+        "cluster key: {}   (ringlimit cluster status --addr {peer} --cluster-secret-file {})",
+        secret_path.display(),
+        secret_path.display()
+    );
+    runtime()?.block_on(wait_for_signal());
+    println!("stopping: each node leaves gracefully");
+    nodes.leave();
     Ok(ExitCode::SUCCESS)
+}
+
+/// A file removed when this goes out of scope.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The node processes of `dev-cluster`; killed if dev-cluster fails before they leave.
+struct DevNodes(Vec<std::process::Child>);
+
+impl DevNodes {
+    /// SIGTERM every node (a graceful leave; a Ctrl-C in the terminal already reached
+    /// them too), then wait up to 15 s for each before killing it.
+    fn leave(&mut self) {
+        for child in self.0.iter().rev() {
+            // No libc call (unsafe is forbidden): the kill(1) tool sends the signal.
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        for mut child in self.0.drain(..).rev() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                eprintln!("node pid {} did not leave within 15 s: killed", child.id());
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for DevNodes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Write `text` to a new file only its owner can read.
@@ -498,38 +706,57 @@ async fn cluster_status(
             .iter()
             .map(|m| {
                 serde_json::json!({
-                    "node_id": m.node_id, "generation": m.generation, "grpc_addr": m.grpc_addr,
+                    "node_id": m.node_id, "generation": m.generation.to_string(), "grpc_addr": m.grpc_addr,
                     "peer_addr": m.peer_addr, "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
+                    "rules": m.rules, "rules_drift": m.rules_drift,
                 })
             })
             .collect();
         println!(
             "{}",
             serde_json::json!({
-                "node_id": status.node_id, "generation": status.generation,
+                "node_id": status.node_id, "generation": status.generation.to_string(),
                 "ring_digest": format!("{:016x}", status.ring_digest), "keys": status.keys,
+                "rules": status.rules,
+                "rules_drift": status.members.iter().any(|m| m.rules_drift),
                 "members": members,
             })
         );
     } else {
         println!(
-            "asked {} ({}@{}): ring digest {:016x}, {} keys held",
-            addr, status.node_id, status.generation, status.ring_digest, status.keys
+            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}",
+            addr, status.node_id, status.generation, status.ring_digest, status.keys, status.rules
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} state",
-            "node", "generation", "grpc", "peer", "gossip", "share"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<5} state",
+            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "drift"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<5} {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
                 m.peer_addr,
                 m.gossip_addr,
                 m.ring_share * 100.0,
+                if m.rules.is_empty() { "-" } else { &m.rules },
+                if m.rules_drift { "DRIFT" } else { "-" },
                 if m.leaving { "leaving" } else { "live" }
+            );
+        }
+        let drifting: Vec<&str> = status
+            .members
+            .iter()
+            .filter(|m| m.rules_drift)
+            .map(|m| m.node_id.as_str())
+            .collect();
+        if !drifting.is_empty() {
+            println!(
+                "rules drift: {} {} different rules than {} (different --rules files, or file and cluster sources mixed)",
+                drifting.join(", "),
+                if drifting.len() == 1 { "enforces" } else { "enforce" },
+                status.node_id
             );
         }
     }
@@ -563,8 +790,12 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Logs go to stderr: stdout carries only the machine-readable ready line (serve)
     // and command output, so scripts can read it.
+    // No ANSI colour codes unless stderr is a terminal: a log file or a collector
+    // (journald, docker logs) should get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -573,6 +804,12 @@ fn init_logging(format: LogFormat) {
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    if args.dry_run {
+        let keys: Vec<&str> = std::iter::once(args.key.as_str())
+            .chain(args.descriptors.iter().map(String::as_str))
+            .collect();
+        return cli::dry_run(&args.ops_addr, &keys, &args.route, args.tier.as_deref()).await;
+    }
     let addr = if args.addr.contains("://") {
         args.addr.clone()
     } else {
@@ -586,7 +823,14 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         route: args.route,
         cost: args.cost,
         tier: args.tier,
-        descriptors: Vec::new(),
+        descriptors: args
+            .descriptors
+            .iter()
+            .map(|key| ringlimit::proto::Descriptor {
+                key: key.clone(),
+                ..Default::default()
+            })
+            .collect(),
     };
     let answer = match client.check(request).await {
         Ok(answer) => answer.into_inner(),
@@ -596,6 +840,11 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let now_ms = ringlimit::clock::Clock::now_ms(&ringlimit::clock::SystemClock);
+    let code = if answer.allowed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
     if args.json {
         println!(
             "{}",
@@ -611,7 +860,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 /// The numbers of a wire answer that the 429 contract is rendered from.
@@ -657,7 +906,7 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
                 "key": d.key, "route": d.route, "allowed": d.allowed, "limit": d.limit,
                 "remaining": d.remaining, "retry_after_ms": d.retry_after_ms,
                 "reset_at": d.reset_at, "rule": d.rule, "algorithm": d.algorithm,
-                "window_id": d.window_id, "sequence": d.sequence, "refunded": d.refunded,
+                "window_id": d.window_id.map(|w| w.to_string()), "sequence": d.sequence.to_string(), "refunded": d.refunded,
                 "delay_ms": d.delay_ms,
             })
         })
@@ -670,9 +919,11 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
         "retry_after_s": ringlimit::client::ceil_secs(a.retry_after_ms),
         "reset_at": a.reset_at,
         "rule": a.rule,
-        "decider": a.decider.as_ref().map(|d| serde_json::json!({"node_id": d.node_id, "generation": d.generation})),
-        "window_id": a.window_id,
-        "sequence": a.sequence,
+        // 64-bit ids as strings: jq and JavaScript read JSON numbers as doubles, which
+        // lose precision above 2^53 (a generation is ~1.8e18).
+        "decider": a.decider.as_ref().map(|d| serde_json::json!({"node_id": d.node_id, "generation": d.generation.to_string()})),
+        "window_id": a.window_id.map(|w| w.to_string()),
+        "sequence": a.sequence.to_string(),
         "degraded": a.degraded,
         "delay_ms": a.delay_ms,
         "descriptors": descriptors,

@@ -72,6 +72,13 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_charges_nothing() {
         (check("k", "/x", Some(101)), "cost"),
         (check("k", "no-slash", None), "route"),
     ];
+    let refused = |field: &str| {
+        common::counter_value(
+            "ringlimit_refused_total",
+            &format!("reason=\"invalid_argument\",field=\"{field}\""),
+        )
+    };
+    let (cost_before, key_before) = (refused("cost"), refused("key"));
     for (request, field) in cases {
         let status = c.check(request).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);
@@ -86,6 +93,10 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_charges_nothing() {
     let status = c.check(too_many).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().starts_with("descriptors"));
+    // Each refusal is counted by reason and field (other tests in this process may add
+    // to the same series, never take from it).
+    assert!(refused("cost") >= cost_before + 3, "cost refusals counted");
+    assert!(refused("key") >= key_before + 2, "key refusals counted");
 
     // None of the refused requests charged anything: the key still has its full 100.
     let a = c.check(check("k", "/x", None)).await.unwrap().into_inner();
@@ -311,7 +322,7 @@ async fn a_flood_of_unique_keys_does_not_free_an_exhausted_key() {
     assert!(!after.allowed, "still denied after the flood: {after:?}");
     assert_eq!(after.remaining, 0);
 
-    let body = http_get(node.metrics_addr.unwrap(), "/metrics").await;
+    let body = http_get(node.http_addr.unwrap(), "/metrics").await;
     let evictions = |kind: &str| -> f64 {
         body.lines()
             .filter(|l| l.starts_with("ringlimit_evictions_total{"))
@@ -329,7 +340,7 @@ async fn metrics_port_serves_prometheus_text() {
     let node = start(NodeConfig::for_test()).await;
     let mut c = client(&node).await;
     c.check(check("m", "/x", None)).await.unwrap();
-    let addr = node.metrics_addr.unwrap();
+    let addr = node.http_addr.unwrap();
     let body = http_get(addr, "/metrics").await;
     assert!(body.contains("ringlimit_checks_total"), "{body}");
     assert!(body.contains("algorithm=\"sliding_window_counter\""));
@@ -790,7 +801,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     use ringlimit::keyring::{Keyring, CALL_HEADER};
     use ringlimit::node::config::TEST_CLUSTER_SECRET;
     use ringlimit::proto::peer::peer_client::PeerClient;
-    use ringlimit::proto::peer::{RefundItem, RefundRequest, StatusRequest};
+    use ringlimit::proto::peer::{RefundItem, RefundRequest, RulesRequest, StatusRequest};
 
     let node = start(NodeConfig::for_test()).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", node.peer_addr))
@@ -819,6 +830,24 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     let mut anonymous = PeerClient::new(channel.clone());
     unauthenticated(anonymous.refund(refund.clone()).await);
     unauthenticated(anonymous.status(StatusRequest {}).await);
+    // The rule document is cluster state: only members may read it, or write it (a
+    // write over the peer face needs no admin token, so the cluster key is what guards it).
+    unauthenticated(
+        anonymous
+            .rules(RulesRequest {
+                from_node: "intruder".into(),
+            })
+            .await,
+    );
+    let takeover = ringlimit::proto::peer::WriteRulesRequest {
+        from_node: "intruder".into(),
+        if_match: None,
+        kind: "replace".into(),
+        tier: String::new(),
+        route_pattern: None,
+        body: r#"{"default": {"limit": 1000000000, "window": "1s"}}"#.into(),
+    };
+    unauthenticated(anonymous.write_rules(takeover.clone()).await);
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
@@ -828,6 +857,14 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "intruder".into(),
     ));
     unauthenticated(outsider.refund(refund.clone()).await);
+    unauthenticated(
+        outsider
+            .rules(RulesRequest {
+                from_node: "intruder".into(),
+            })
+            .await,
+    );
+    unauthenticated(outsider.write_rules(takeover.clone()).await);
 
     // A member's captured proof, sent again.
     let key = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
@@ -868,6 +905,19 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         "member".into(),
     ));
     assert!(member.status(StatusRequest {}).await.is_ok());
+    let rules = member
+        .rules(RulesRequest {
+            from_node: "member".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((rules.source.as_str(), rules.version), ("cluster", 0));
+    assert_eq!(
+        node.cluster_rules.current().version,
+        0,
+        "no unauthenticated write got through"
+    );
     node.shutdown().await;
 }
 

@@ -856,7 +856,7 @@ fn start_nodes(
             .args([
                 "--listen",
                 "127.0.0.1:0",
-                "--metrics-listen",
+                "--http-listen",
                 "127.0.0.1:0",
                 "--gossip-listen",
                 "127.0.0.1:0",

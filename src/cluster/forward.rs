@@ -28,13 +28,15 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
+use crate::cluster::rules::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, Decider, NamedRule, Remote};
+use crate::config::rules::{RulesSource, Stamp};
 use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
     ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState,
-    RefundItem as WireRefund, RefundRequest,
+    RefundItem as WireRefund, RefundRequest, RulesRequest, WriteRulesRequest,
 };
 use crate::shard::Exported;
 
@@ -104,6 +106,35 @@ pub enum ForwardError {
     Overloaded(String),
 }
 
+/// The coordinator's answer to a rules write.
+#[derive(Debug, Clone)]
+pub struct WriteOutcome {
+    /// What it wrote.
+    pub written: Written,
+    /// The document it now enforces, canonical JSON.
+    pub document: String,
+}
+
+/// Why a rules write sent to the coordinator did not succeed.
+#[derive(Debug)]
+pub enum RemoteWriteError {
+    /// The coordinator refused it (nothing changed there).
+    Refused(Refusal, String),
+    /// It could not be asked (or did not answer): nothing is known to have changed.
+    Failed(ForwardError),
+}
+
+/// A peer's rule set as it sent it, not yet checked.
+#[derive(Debug, Clone)]
+pub struct PulledRules {
+    /// Where the peer's rules come from (`None`: a source this node does not know).
+    pub source: Option<RulesSource>,
+    /// The stamp it claims.
+    pub stamp: Stamp,
+    /// The document, canonical JSON.
+    pub document: String,
+}
+
 struct Pending {
     item: ForwardItem,
     /// When the caller stops waiting for this check.
@@ -131,6 +162,9 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct PeerPool {
     me: Arc<str>,
+    /// The span the pool was made in (the node's): batchers are spawned from request
+    /// contexts, and their logs should still name the node.
+    span: tracing::Span,
     config: ForwardConfig,
     links: Arc<DashMap<String, Arc<Link>>>,
     tracker: TaskTracker,
@@ -156,6 +190,7 @@ impl PeerPool {
     ) -> Self {
         Self {
             me,
+            span: tracing::Span::current(),
             config,
             links: Arc::new(DashMap::new()),
             tracker,
@@ -267,6 +302,108 @@ impl PeerPool {
         }
     }
 
+    /// Fetch `peer`'s rule set (its document as canonical JSON and the stamp it claims),
+    /// for a node that saw a newer stamp in gossip. Checking the document is the caller's
+    /// job: nothing a peer sends is enforced unvalidated.
+    pub async fn pull_rules(&self, peer: &Member) -> Result<PulledRules, ForwardError> {
+        let mut client = self.link(peer).client.clone();
+        let request = RulesRequest {
+            from_node: self.me.to_string(),
+        };
+        let deadline = self.config.timeout.max(Duration::from_secs(2));
+        match tokio::time::timeout(deadline, client.rules(request)).await {
+            Ok(Ok(response)) => {
+                let r = response.into_inner();
+                Ok(PulledRules {
+                    source: RulesSource::parse(&r.source),
+                    stamp: Stamp {
+                        version: r.version,
+                        digest: r.digest,
+                    },
+                    document: r.document,
+                })
+            }
+            Ok(Err(status)) => Err(ForwardError::Unreachable(
+                peer.node_id.clone(),
+                status.message().to_string(),
+            )),
+            Err(_) => Err(ForwardError::Timeout(peer.node_id.clone())),
+        }
+    }
+
+    /// Send a rules write to the coordinator `peer` and wait for its answer: what it
+    /// wrote and the document it now enforces, or its refusal.
+    pub async fn write_rules(
+        &self,
+        peer: &Member,
+        if_match: Option<u64>,
+        edit: &RulesEdit,
+    ) -> Result<WriteOutcome, RemoteWriteError> {
+        let mut client = self.link(peer).client.clone();
+        let (kind, tier, route_pattern, body) = match edit {
+            RulesEdit::Replace(doc) => ("replace", String::new(), None, doc.to_json()),
+            RulesEdit::PutTierLimit { tier, limit } => (
+                "put_tier_limit",
+                tier.clone(),
+                None,
+                serde_json::to_string(limit).expect("a tier limit serializes"),
+            ),
+            RulesEdit::DeleteTierLimit { tier, route } => (
+                "delete_tier_limit",
+                tier.clone(),
+                route.clone(),
+                String::new(),
+            ),
+        };
+        let request = WriteRulesRequest {
+            from_node: self.me.to_string(),
+            if_match,
+            kind: kind.to_string(),
+            tier,
+            route_pattern,
+            body,
+        };
+        let deadline = self.config.timeout.max(Duration::from_secs(5));
+        match tokio::time::timeout(deadline, client.write_rules(request)).await {
+            Ok(Ok(response)) => {
+                let r = response.into_inner();
+                Ok(WriteOutcome {
+                    written: Written {
+                        stamp: Stamp {
+                            version: r.version,
+                            digest: r.digest,
+                        },
+                        changed: r.changed,
+                        rule: (!r.rule.is_empty()).then_some(r.rule),
+                        coordinator: peer.node_id.clone(),
+                    },
+                    document: r.document,
+                })
+            }
+            Ok(Err(status)) => {
+                let kind = match status.code() {
+                    tonic::Code::InvalidArgument => Some(Refusal::Invalid),
+                    tonic::Code::FailedPrecondition => Some(Refusal::Stale),
+                    tonic::Code::NotFound => Some(Refusal::NotFound),
+                    tonic::Code::PermissionDenied => Some(Refusal::ReadOnly),
+                    tonic::Code::Internal => Some(Refusal::Internal),
+                    tonic::Code::Aborted => Some(Refusal::Unavailable),
+                    _ => None,
+                };
+                Err(match kind {
+                    Some(kind) => RemoteWriteError::Refused(kind, status.message().to_string()),
+                    None => RemoteWriteError::Failed(ForwardError::Unreachable(
+                        peer.node_id.clone(),
+                        status.message().to_string(),
+                    )),
+                })
+            }
+            Err(_) => Err(RemoteWriteError::Failed(ForwardError::Timeout(
+                peer.node_id.clone(),
+            ))),
+        }
+    }
+
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.
     fn link(&self, owner: &Member) -> Arc<Link> {
         if let Some(link) = self.links.get(&owner.node_id) {
@@ -314,13 +451,16 @@ impl PeerPool {
         });
         // Replacing the link drops the old sender, which ends the old batcher.
         self.links.insert(owner.node_id.clone(), link.clone());
-        self.tracker.spawn(batcher(
-            rx,
-            client,
-            self.me.clone(),
-            owner.node_id.clone(),
-            self.config.clone(),
-            self.cancel.clone(),
+        self.tracker.spawn(tracing::Instrument::instrument(
+            batcher(
+                rx,
+                client,
+                self.me.clone(),
+                owner.node_id.clone(),
+                self.config.clone(),
+                self.cancel.clone(),
+            ),
+            self.span.clone(),
         ));
         link
     }
@@ -376,13 +516,13 @@ async fn batcher(
             continue;
         }
         batches.record(batch.len() as f64);
-        tokio::spawn(send(
+        tokio::spawn(tracing::Instrument::in_current_span(send(
             client.clone(),
             batch,
             me.clone(),
             peer.clone(),
             permit,
-        ));
+        )));
     }
 }
 

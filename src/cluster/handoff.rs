@@ -152,15 +152,15 @@ impl Handoff {
             members_before = old.ring.len(),
             members_after = new.ring.len(),
             digest = format_args!("{:016x}", new.ring.digest()),
-            moved = format_args!("{:.1}%", moves.moved_fraction() * 100.0),
-            to_me = format_args!("{:.1}%", share_to_me * 100.0),
-            from_me = format_args!("{:.1}%", share_from_me * 100.0),
+            moved = %percent(moves.moved_fraction()),
+            to_me = %percent(share_to_me),
+            from_me = %percent(share_from_me),
             "ring changed"
         );
         if !inherited_from_dead.is_empty() {
             tracing::warn!(
-                dead = ?from_dead,
-                share = format_args!("{:.1}%", inherited_from_dead.moved_fraction() * 100.0),
+                dead = %from_dead.join(","),
+                share = %percent(inherited_from_dead.moved_fraction()),
                 "inherited keys of a dead node: their counts restart from empty here (see docs/ownership.md)"
             );
             self.inherited
@@ -315,6 +315,13 @@ pub fn with_rule_list<'a>(
         }
     }
     vetted
+}
+
+/// A fraction as a log-friendly percentage: one decimal, never `-0.0%` (a sum of
+/// shares that cancel can come out as negative zero).
+fn percent(fraction: f64) -> String {
+    let p = fraction * 100.0;
+    format!("{:.1}%", if p <= 0.0 { 0.0 } else { p })
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //!   prost types; everything else speaks the domain types below.
 //! - [`handoff`]: pushes state to new owners on ring changes.
 //! - [`deny_cache`]: "denied until T", answered without a hop.
+//! - [`rules`]: the rule set as cluster state: versioned, written through the API,
+//!   copied between members over the peer face, persisted.
 //!
 //! Dependencies point down: `shard`, `membership`, `ring`, `config`, `clock`,
 //! `algorithms`; nothing here knows a front end.
@@ -19,6 +21,7 @@ pub mod forward;
 pub mod handoff;
 pub mod policy;
 pub mod router;
+pub mod rules;
 
 use std::num::NonZeroU64;
 use std::sync::Arc;

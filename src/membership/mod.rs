@@ -13,7 +13,9 @@
 //! in ns, so it grows on every restart. It publishes two key-values:
 //! `grpc_addr` (its public gRPC advertise address), `peer_addr` (its peer
 //! service, on a listener of its own) and, once it starts a graceful leave,
-//! `leaving = "true"`.
+//! `leaving = "true"`. Other subsystems publish values of their own through a
+//! [`ValuePublisher`] (the rules advert, `rules`), pushed to every live peer at
+//! once, and read every member's values from [`Membership::values`].
 //!
 //! * **Source of truth: chitchat's live-nodes watch**
 //!   (`Chitchat::live_nodes_watcher`), never `node_states()`, which also holds
@@ -242,6 +244,7 @@ pub fn generation_now() -> u64 {
 /// gossip in the background; [`Membership::shutdown`] does the same and waits.
 pub struct Membership {
     view: watch::Receiver<Arc<ClusterView>>,
+    values: watch::Receiver<Arc<MemberValues>>,
     gossip_addr: SocketAddr,
     commands: mpsc::Sender<Command>,
     stop: DropGuard,
@@ -249,10 +252,40 @@ pub struct Membership {
 }
 
 /// Requests to the driver task, which owns all writes to chitchat state.
+#[derive(Debug)]
 enum Command {
     /// Set `leaving = "true"`, publish the local view, then acknowledge.
     AnnounceLeaving(oneshot::Sender<()>),
+    /// Set one of this node's key-values (not an address or `leaving`).
+    Set(String, String),
 }
+
+/// Publishes key-values of this node ([`Membership::publisher`]).
+#[derive(Clone, Debug)]
+pub struct ValuePublisher(mpsc::Sender<Command>);
+
+impl ValuePublisher {
+    /// Publishes `key = value` for this node (gossiped from the next round on).
+    /// Reserved keys (addresses, `leaving`) are refused: they are membership's own.
+    pub async fn set(&self, key: &str, value: String) {
+        if [KEY_GRPC_ADDR, KEY_PEER_ADDR, KEY_LEAVING].contains(&key) {
+            warn!(key, "refusing to overwrite a membership key-value");
+            return;
+        }
+        if self
+            .0
+            .send(Command::Set(key.to_string(), value))
+            .await
+            .is_err()
+        {
+            debug!(key, "publishing a key-value after membership stopped");
+        }
+    }
+}
+
+/// Each view member's gossiped key-values, by node id: what other subsystems publish
+/// beside the addresses (the rules advert). Only the incarnation the view chose counts.
+pub type MemberValues = BTreeMap<String, BTreeMap<String, String>>;
 
 impl Membership {
     /// Starts gossiping over `transport` and returns once its socket is bound.
@@ -324,13 +357,14 @@ impl Membership {
             %gossip_addr,
             grpc_addr = %config.grpc_advertise,
             peer_addr = %config.peer_advertise,
-            seeds = ?config.seeds,
+            seeds = %if config.seeds.is_empty() { "-".to_string() } else { config.seeds.join(",") },
             "membership started"
         );
 
         let chitchat = handle.chitchat();
         let live = chitchat.lock().await.live_nodes_watcher();
         let (view_tx, view_rx) = watch::channel(Arc::new(ClusterView::single(self_member.clone())));
+        let (values_tx, values_rx) = watch::channel(Arc::new(MemberValues::new()));
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let stop = cancel.child_token();
         let driver = Driver {
@@ -340,12 +374,19 @@ impl Membership {
             leaving: false,
             live,
             view_tx,
+            values_tx,
             last_run: std::time::Instant::now(),
             hold_removals_until: None,
         };
-        let driver = tokio::spawn(driver.run(handle, commands_rx, stop.clone()));
+        // In the caller's span (a node's), so view changes name the node that saw them.
+        let driver = tokio::spawn(tracing::Instrument::in_current_span(driver.run(
+            handle,
+            commands_rx,
+            stop.clone(),
+        )));
         Ok(Membership {
             view: view_rx,
+            values: values_rx,
             gossip_addr,
             commands: commands_tx,
             stop: stop.drop_guard(),
@@ -357,6 +398,17 @@ impl Membership {
     /// member's address, generation or `leaving` flag changes.
     pub fn view(&self) -> watch::Receiver<Arc<ClusterView>> {
         self.view.clone()
+    }
+
+    /// Every view member's key-values, updated whenever one changes.
+    pub fn values(&self) -> watch::Receiver<Arc<MemberValues>> {
+        self.values.clone()
+    }
+
+    /// A handle that publishes this node's own key-values (the rules advert), for a task
+    /// that outlives a borrow of the membership.
+    pub fn publisher(&self) -> ValuePublisher {
+        ValuePublisher(self.commands.clone())
     }
 
     /// The advertised gossip address: give it to other nodes as a seed.
@@ -428,6 +480,7 @@ struct Driver {
     leaving: bool,
     live: watch::Receiver<BTreeMap<ChitchatId, NodeState>>,
     view_tx: watch::Sender<Arc<ClusterView>>,
+    values_tx: watch::Sender<Arc<MemberValues>>,
     /// When this task last ran (a tick every gossip interval keeps it fresh).
     last_run: std::time::Instant,
     /// After this process was stalled (SIGSTOP, a starved machine), removals are held
@@ -495,19 +548,18 @@ impl Driver {
                         self.publish();
                         // Push the news now rather than at the next gossip
                         // round: saves up to one interval on every peer.
-                        let peers: Vec<SocketAddr> = self
-                            .live
-                            .borrow()
-                            .keys()
-                            .filter(|id| **id != self.self_id)
-                            .map(|id| id.gossip_advertise_addr)
-                            .collect();
-                        for peer in peers {
-                            if let Err(error) = handle.gossip(peer) {
-                                debug!(%peer, %error, "immediate gossip failed");
-                            }
-                        }
+                        self.gossip_now(&handle);
                         let _ = ack.send(());
+                    }
+                    Command::Set(key, value) => {
+                        self.chitchat.lock().await.self_node_state().set(key, value);
+                        // Our own change shows in the live set after the next round;
+                        // publishing now keeps local readers current.
+                        self.publish();
+                        // Push it now rather than at the next round (up to 200 ms, and
+                        // more for peers a round does not pick): these values (the
+                        // rules advert) are rare and others act on them.
+                        self.gossip_now(&handle);
                     }
                 },
             }
@@ -516,6 +568,22 @@ impl Driver {
             warn!(%error, "chitchat shutdown reported an error");
         }
         info!(node_id = %self.self_id.node_id, "membership stopped");
+    }
+
+    /// Gossips with every live peer at once instead of waiting for the next round.
+    fn gossip_now(&self, handle: &ChitchatHandle) {
+        let peers: Vec<SocketAddr> = self
+            .live
+            .borrow()
+            .keys()
+            .filter(|id| **id != self.self_id)
+            .map(|id| id.gossip_advertise_addr)
+            .collect();
+        for peer in peers {
+            if let Err(error) = handle.gossip(peer) {
+                debug!(%peer, %error, "immediate gossip failed");
+            }
+        }
     }
 
     /// Notice whether this task was frozen since it last ran; if so, hold removals.
@@ -568,7 +636,25 @@ impl Driver {
                     }
                 }
             }
-            build_view_after(Some(&self.view_tx.borrow()), nodes)
+            let view = build_view_after(Some(&self.view_tx.borrow()), nodes.iter().cloned());
+            let values: MemberValues = view
+                .members
+                .iter()
+                .filter_map(|m| {
+                    let node = nodes
+                        .iter()
+                        .find(|n| n.node_id == m.node_id && n.generation == m.generation)?;
+                    Some((m.node_id.clone(), node.kvs.clone()))
+                })
+                .collect();
+            self.values_tx.send_if_modified(|current| {
+                if **current == values {
+                    return false;
+                }
+                *current = Arc::new(values);
+                true
+            });
+            view
         };
         let view = match self.hold_removals_until {
             Some(until) if std::time::Instant::now() < until => {
@@ -595,8 +681,13 @@ impl Driver {
             let view = self.view_tx.borrow();
             info!(
                 node_id = %self.self_id.node_id,
-                members = ?view.members.iter().map(|m| (&m.node_id, m.leaving)).collect::<Vec<_>>(),
-                ring = ?view.ring.members(),
+                members = %view
+                    .members
+                    .iter()
+                    .map(|m| if m.leaving { format!("{} (leaving)", m.node_id) } else { m.node_id.clone() })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                ring = %view.ring.members().join(","),
                 ring_digest = format_args!("{:#018x}", view.ring.digest()),
                 "cluster view changed"
             );

@@ -11,8 +11,8 @@ use crate::shard::ShardConfig;
 
 /// Default gRPC address of `ringlimit serve`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
-/// Default address of the Prometheus `/metrics` side port.
-pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:7421";
+/// Default address of the ops HTTP port: `/metrics`, health, cluster status, the rules API.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7421";
 /// Default UDP gossip address.
 pub const DEFAULT_GOSSIP_LISTEN: &str = "127.0.0.1:7422";
 /// Default address of the peer service (the cluster face: forwarded checks, refunds,
@@ -27,10 +27,19 @@ pub struct NodeConfig {
     pub node_id: String,
     /// gRPC address (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// `/metrics` address; `None` serves no metrics port.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Rule file; `None` runs the built-in default (sliding window counter, 100 per 60 s).
+    /// Ops HTTP address (`/metrics`, `/healthz`, `/readyz`, `/v1/...`); `None` serves none.
+    pub http_listen: Option<SocketAddr>,
+    /// File mode: this rule file is the truth on every node (re-read when it changes) and
+    /// the API is read-only. `None`: cluster mode, the cluster's versioned rule set.
     pub rules_path: Option<PathBuf>,
+    /// Cluster mode: the rules of a node that has no stored copy (a first start), at
+    /// version 1. `None`: the built-in default at version 0.
+    pub rules_seed: Option<PathBuf>,
+    /// Where the cluster rule set is persisted (`<dir>/rules.json`); `None`: in memory
+    /// only, a restart starts over from the seed and catches up from peers.
+    pub data_dir: Option<PathBuf>,
+    /// The token rules writes must present; `None` refuses every write.
+    pub admin_token: Option<crate::server::ops::AdminToken>,
     /// How often the rule file is re-read to pick up changes.
     pub rules_poll: Duration,
     /// envoyproxy/ratelimit YAML configuration (a file, or a directory of `*.yaml`) for
@@ -92,12 +101,11 @@ impl Default for NodeConfig {
         Self {
             node_id: default_node_id(),
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
-            metrics_listen: Some(
-                DEFAULT_METRICS_LISTEN
-                    .parse()
-                    .expect("valid default address"),
-            ),
+            http_listen: Some(DEFAULT_HTTP_LISTEN.parse().expect("valid default address")),
             rules_path: None,
+            rules_seed: None,
+            data_dir: None,
+            admin_token: None,
             rules_poll: Duration::from_secs(1),
             envoy_path: None,
             envoy_algorithm: AlgorithmKind::FixedWindow,
@@ -193,7 +201,7 @@ impl NodeConfig {
         Self {
             node_id: "test-node".into(),
             listen: "127.0.0.1:0".parse().expect("valid address"),
-            metrics_listen: Some("127.0.0.1:0".parse().expect("valid address")),
+            http_listen: Some("127.0.0.1:0".parse().expect("valid address")),
             rules_path: None,
             rules_poll: Duration::from_millis(50),
             envoy_path: None,
@@ -281,6 +289,9 @@ impl NodeConfig {
         }
         if self.forward.timeout.is_zero() {
             return Err("forward timeout must be positive".into());
+        }
+        if self.rules_path.is_some() && self.rules_seed.is_some() {
+            return Err("give --rules FILE (the file is the truth on every node) or --rules-seed FILE (seeds the cluster rule set), not both".into());
         }
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());
@@ -396,16 +407,45 @@ impl GrpcLimits {
 
 /// `ringlimit-<hostname or pid>`: unique enough for a single node; clusters set ids.
 fn default_node_id() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty() && h.len() <= 48)
-        .map(|h| format!("ringlimit-{h}"))
-        .unwrap_or_else(|| format!("ringlimit-{}", std::process::id()))
+    machine_hostname().unwrap_or_else(|| format!("ringlimit-{}", std::process::id()))
+}
+
+/// The machine's hostname, read from the kernel (`/proc/sys/kernel/hostname`, then
+/// `/etc/hostname`), not from `$HOSTNAME`, which shells set but do not export: a node
+/// started from a script then got `ringlimit-<pid>`, a new member on every restart. In a
+/// Kubernetes StatefulSet the hostname is the pod name, stable across restarts.
+pub fn machine_hostname() -> Option<String> {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|text| text.trim().to_string())
+        .find(|h| valid_hostname_id(h))
+}
+
+/// A hostname usable as a node id: 1..=64 bytes of visible ASCII (node ids travel in
+/// peer-call proofs).
+fn valid_hostname_id(h: &str) -> bool {
+    !h.is_empty() && h.len() <= 64 && h.bytes().all(|b| b.is_ascii_graphic())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_node_id_is_the_kernel_hostname_when_it_is_usable() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| valid_hostname_id(h));
+        match kernel {
+            Some(h) => assert_eq!(default_node_id(), h),
+            None => assert!(default_node_id().starts_with("ringlimit-")),
+        }
+        assert!(!valid_hostname_id(""));
+        assert!(!valid_hostname_id("has space"));
+        assert!(!valid_hostname_id(&"h".repeat(65)));
+    }
 
     #[test]
     fn default_grpc_limits_are_valid_and_switching_one_off_is_refused() {

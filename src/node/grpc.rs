@@ -100,7 +100,7 @@ impl Acceptor {
                     self.accept_errors.increment(1);
                     self.backoff = accept_backoff(&error, self.backoff);
                     if let Some(suppressed) = self.errors.due() {
-                        tracing::warn!(%error, suppressed, backoff = ?self.backoff, "gRPC accept failed");
+                        tracing::warn!(%error, suppressed, backoff_ms = self.backoff.map_or(0, |b| b.as_millis() as u64), "gRPC accept failed");
                     }
                     if let Some(pause) = self.backoff {
                         tokio::time::sleep(pause).await;

@@ -1,8 +1,10 @@
 //! The composition root: the one place that knows every subsystem.
 //!
-//! [`start`] binds the listeners, loads the rules, spawns the shard actors, the rule
-//! watcher, the gRPC server and the metrics port, and returns a [`RunningNode`] with
-//! the bound addresses (tests start nodes on port 0). [`run`] is what `ringlimit serve`
+//! [`start`] binds the listeners, loads the rules, spawns the shard actors, the rules
+//! authority (adverts in gossip, pulls from peers, the file watcher in file mode), and
+//! three faces on three listeners: the public gRPC server, the peer server (signed
+//! calls only) and the ops HTTP port (admin token for rules writes). It returns a
+//! [`RunningNode`] with the bound addresses (tests start nodes on port 0). [`run`] is what `ringlimit serve`
 //! calls: start, wait for the caller's shutdown token, drain.
 
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 pub mod config;
 pub mod grpc;
@@ -24,14 +27,18 @@ use crate::clock::{Clock, SystemClock};
 use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::handoff::Handoff;
+use crate::cluster::rules::{ClusterRules, KEY_RULES};
 use crate::cluster::{Decider, Inherited, Router};
 use crate::config::rules::envoy::{EnvoyConfig, EnvoyConfigError};
-use crate::config::rules::{read_rules_file, RuleFile, RuleSet, RulesError};
+use crate::config::rules::{
+    load_stored, read_rules_file, store, RuleFile, RuleSet, RulesError, RulesSource, StoreError,
+};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::server::ops::OpsState;
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{EnvoyRlsService, PeerService, RateLimitService};
 use crate::shard::Shards;
@@ -58,6 +65,9 @@ pub enum NodeError {
     /// The Envoy configuration is missing or invalid at start.
     #[error("{0}")]
     Envoy(EnvoyConfigError),
+    /// The stored cluster rule set in `--data-dir` is unreadable or invalid.
+    #[error("stored rules: {0}")]
+    StoredRules(StoreError),
     /// gRPC reflection could not read our descriptor set.
     #[error("reflection: {0}")]
     Reflection(String),
@@ -72,7 +82,9 @@ pub struct RunningNode {
     pub grpc_addr: SocketAddr,
     /// The bound peer service address (the cluster face).
     pub peer_addr: SocketAddr,
-    /// The bound metrics address, if any.
+    /// The bound ops HTTP address (`/metrics`, health, the rules API), if any.
+    pub http_addr: Option<SocketAddr>,
+    /// The same address under its old name (the port used to serve only `/metrics`).
     pub metrics_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
     pub gossip_addr: SocketAddr,
@@ -82,11 +94,15 @@ pub struct RunningNode {
     pub shards: Shards,
     /// The live rule set.
     pub rules: SharedRules,
+    /// The rules authority: version, source, adverts, writes.
+    pub cluster_rules: Arc<ClusterRules>,
     /// The routing layer (cluster view, forwarding).
     pub router: Arc<Router>,
     membership: Membership,
     handoff: Handoff,
     leave_settle: Duration,
+    /// The node's span: its background tasks run in it, and so does its leave.
+    span: tracing::Span,
     cancel: CancellationToken,
     tracker: TaskTracker,
 }
@@ -132,6 +148,11 @@ impl RunningNode {
     /// keep answering while the cluster converges, push the state of every key it
     /// holds to the key's new owner, then stop. Nothing is lost.
     pub async fn leave(self) {
+        let span = self.span.clone();
+        self.leave_in_span().instrument(span).await
+    }
+
+    async fn leave_in_span(self) {
         tracing::info!(node_id = %self.decider.node_id, "leaving: announcing and handing state over");
         self.membership.announce_leaving().await;
         // The handoff watcher pushes as soon as our own ring drops us; checks that
@@ -143,7 +164,7 @@ impl RunningNode {
         // Checks forwarded here during the settle time were decided on the handed-over
         // counts; their admissions go to the new owners as a last delta.
         let late = self.handoff.flush_once(&view).await;
-        tracing::info!(installed, late, "left the cluster");
+        tracing::info!(node_id = %self.decider.node_id, installed, late, "left the cluster");
         self.shutdown().await;
     }
 
@@ -184,7 +205,7 @@ pub async fn run(
         grpc = %node.grpc_addr,
         peer = %node.peer_addr,
         gossip = %node.gossip_addr,
-        metrics = ?node.metrics_addr,
+        http = %node.http_addr.map_or("-".to_string(), |a| a.to_string()),
         "ringlimit node serving"
     );
     node.serve_until(shutdown).await;
@@ -198,7 +219,21 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode, NodeError> {
 }
 
 /// Start a node reading time from `clock` (tests pass a `ManualClock`).
+///
+/// Everything the node runs in the background runs inside a `node{id=…}` span, so with
+/// several nodes in one process (`dev-cluster`, tests) each log line says which node
+/// logged it.
 pub async fn start_with_clock(
+    config: NodeConfig,
+    clock: Arc<dyn Clock>,
+    cancel: CancellationToken,
+) -> Result<RunningNode, NodeError> {
+    let span = tracing::info_span!("node", id = %config.node_id);
+    start_in_span(config, clock, cancel).instrument(span).await
+}
+
+/// [`start_with_clock`] inside the node's span.
+async fn start_in_span(
     config: NodeConfig,
     clock: Arc<dyn Clock>,
     cancel: CancellationToken,
@@ -207,18 +242,37 @@ pub async fn start_with_clock(
     // Install the recorder before any metric handle is created: handles made
     // earlier would be bound to the no-op recorder for good.
     metrics_handle();
-    // The bytes parsed at start are the watcher's baseline: reading them again inside
-    // the watcher task would miss an edit made between start and the task's first run.
-    // Read once, never blocking (a FIFO or device is refused) and at most 1 MiB.
-    let (rules, rule_file) = match &config.rules_path {
-        Some(path) => {
-            let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
-            (rules, Some(file))
+    // File mode: the bytes parsed at start are the watcher's baseline (reading them
+    // again inside the watcher task would miss an edit made between start and the
+    // task's first run). Read once, never blocking (a FIFO or device is refused) and at
+    // most 1 MiB. Cluster mode: the stored copy, else the seed, else the built-in default.
+    let (source, version, loaded, rule_file) = initial_rules(&config)?;
+    tracing::info!(
+        rules = loaded.len(),
+        source = %source.as_str(),
+        version,
+        digest = %crate::cluster::rules::hex(loaded.digest()),
+        path = %config.rules_path.as_deref().or(config.rules_seed.as_deref()).map_or("-".into(), |p| p.display().to_string()),
+        "rules loaded"
+    );
+    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+    let data_dir = match source {
+        RulesSource::Cluster => config.data_dir.clone(),
+        RulesSource::File => {
+            if let Some(dir) = &config.data_dir {
+                tracing::info!(data_dir = %dir.display(), "file mode (--rules): the rule file is the truth, --data-dir is not used");
+            }
+            None
         }
-        None => (RuleSet::builtin(), None),
     };
-    tracing::info!(rules = rules.len(), path = ?config.rules_path, "rules loaded");
-    let rules: SharedRules = Arc::new(ArcSwap::from_pointee(rules));
+    let cluster_rules = ClusterRules::new(
+        Arc::from(config.node_id.as_str()),
+        source,
+        data_dir,
+        version,
+        loaded,
+        rules.clone(),
+    );
     let (envoy, envoy_digest) = match &config.envoy_path {
         Some(path) => {
             let (envoy, digest) =
@@ -256,11 +310,11 @@ pub async fn start_with_clock(
         }
         None => peer_addr,
     };
-    let metrics = match config.metrics_listen {
+    let http = match config.http_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
     };
-    let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+    let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
 
     let tracker = TaskTracker::new();
     let generation = crate::membership::generation_now();
@@ -310,6 +364,25 @@ pub async fn start_with_clock(
         tracker.clone(),
         cancel.clone(),
     );
+    // Rules are cluster state: this node's advert (source, version, digest) rides in
+    // gossip, and a newer advert on a peer is pulled over the peer face.
+    spawn_in_span(
+        &tracker,
+        advertise_rules(
+            cluster_rules.adverts(),
+            membership.publisher(),
+            cancel.clone(),
+        ),
+    );
+    spawn_in_span(
+        &tracker,
+        cluster_rules.clone().sync(
+            membership.values(),
+            membership.view(),
+            peers.clone(),
+            cancel.clone(),
+        ),
+    );
     let inherited = Arc::new(Inherited::default());
     let mut router = Router::new(
         decider.clone(),
@@ -331,33 +404,54 @@ pub async fn start_with_clock(
         inherited,
         clock,
     );
-    tracker.spawn(handoff.clone().watch(membership.view(), cancel.clone()));
-    tracker.spawn(handoff.clone().flush_deltas(
-        membership.view(),
-        Duration::from_millis(100),
-        cancel.clone(),
-    ));
+    spawn_in_span(
+        &tracker,
+        handoff.clone().watch(membership.view(), cancel.clone()),
+    );
+    spawn_in_span(
+        &tracker,
+        handoff.clone().flush_deltas(
+            membership.view(),
+            Duration::from_millis(100),
+            cancel.clone(),
+        ),
+    );
 
     if let Some(rule_file) = rule_file {
-        tracker.spawn(watch_rules(
-            rule_file,
-            config.rules_poll,
-            rules.clone(),
-            cancel.clone(),
-        ));
+        spawn_in_span(
+            &tracker,
+            watch_rules(
+                rule_file,
+                config.rules_poll,
+                cluster_rules.clone(),
+                cancel.clone(),
+            ),
+        );
     }
     if let Some(path) = &config.envoy_path {
-        tracker.spawn(watch_envoy(
-            path.clone(),
-            config.envoy_algorithm,
-            envoy_digest,
-            config.rules_poll,
-            envoy.clone(),
-            cancel.clone(),
-        ));
+        spawn_in_span(
+            &tracker,
+            watch_envoy(
+                path.clone(),
+                config.envoy_algorithm,
+                envoy_digest,
+                config.rules_poll,
+                envoy.clone(),
+                cancel.clone(),
+            ),
+        );
     }
-    if let Some(listener) = metrics {
-        tracker.spawn(serve_metrics(listener, cancel.clone()));
+    // The ops face: HTTP for operators and orchestrators; rules writes need the admin
+    // token (none configured: refused).
+    if let Some(listener) = http {
+        let ops = OpsState {
+            rules: cluster_rules.clone(),
+            router: router.clone(),
+            admin: config.admin_token.clone(),
+            metrics: Arc::new(|| metrics_handle().render()),
+            expects_peers: !config.seeds.is_empty(),
+        };
+        spawn_in_span(&tracker, serve_ops(listener, ops, cancel.clone()));
     }
 
     // Two faces, two listeners. The public face is what gateways reach: the check
@@ -367,7 +461,8 @@ pub async fn start_with_clock(
     let checker = Checker::new(router.clone(), rules.clone()).with_envoy(envoy.clone());
     let public = RateLimitService::new(checker.clone());
     let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
-    tracker.spawn(
+    spawn_in_span(
+        &tracker,
         serve_public(
             grpc_listener,
             public,
@@ -377,28 +472,35 @@ pub async fn start_with_clock(
         )
         .await?,
     );
-    let peer_service = PeerService::new(router.clone(), rules.clone()).with_envoy(envoy);
-    tracker.spawn(serve_peer(
-        peer,
-        peer_service,
-        PeerAuthLayer::new(config.cluster_key.clone()),
-        peer_tls,
-        config.grpc.clone(),
-        cancel.clone(),
-    ));
+    let peer_service =
+        PeerService::new(router.clone(), rules.clone(), cluster_rules.clone()).with_envoy(envoy);
+    spawn_in_span(
+        &tracker,
+        serve_peer(
+            peer,
+            peer_service,
+            PeerAuthLayer::new(config.cluster_key.clone()),
+            peer_tls,
+            config.grpc.clone(),
+            cancel.clone(),
+        ),
+    );
 
     Ok(RunningNode {
         grpc_addr,
         peer_addr,
-        metrics_addr,
+        http_addr,
+        metrics_addr: http_addr,
         gossip_addr,
         decider,
         shards,
         rules,
+        cluster_rules,
         router,
         membership,
         handoff,
         leave_settle: config.leave_settle,
+        span: tracing::Span::current(),
         cancel,
         tracker,
     })
@@ -508,6 +610,14 @@ fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
         .initial_connection_window_size(limits.initial_connection_window)
 }
 
+/// Spawns `task` on `tracker` in the current span (the node's: see [`start_with_clock`]).
+fn spawn_in_span<F>(tracker: &TaskTracker, task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tracker.spawn(task.in_current_span());
+}
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
     TcpListener::bind(addr)
         .await
@@ -533,16 +643,162 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
         // Fails only if another recorder is installed (an embedding program's): then
         // our handle renders nothing, which is that program's choice.
         let _ = metrics::set_global_recorder(recorder);
+        describe_metrics();
+        metrics::gauge!(
+            "ringlimit_build_info",
+            "version" => env!("CARGO_PKG_VERSION"),
+        )
+        .set(1.0);
         handle
     })
 }
 
-async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
-    let handle = metrics_handle();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || async move { handle.render() }),
+/// A `# HELP` line for every metric (README "Flags and metrics" has the longer story):
+/// a dashboard author should not need the source to read `/metrics`.
+fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "ringlimit_build_info",
+        "Always 1; the version label names the running build."
     );
+    describe_counter!(
+        "ringlimit_checks_total",
+        "Decisions made here, by verdict, algorithm and rule (at most 256 rule series per shard, then rule=\"other\")."
+    );
+    describe_histogram!(
+        "ringlimit_check_duration_seconds",
+        "Time to handle one check request."
+    );
+    describe_counter!(
+        "ringlimit_degraded_total",
+        "Answers given without the owner (fail_open, fail_closed)."
+    );
+    describe_counter!(
+        "ringlimit_deny_cache_hits_total",
+        "Denials answered from the local deny cache, without a hop."
+    );
+    describe_counter!(
+        "ringlimit_forwarded_total",
+        "Checks forwarded to their owner."
+    );
+    describe_counter!(
+        "ringlimit_forward_errors_total",
+        "Forwards that failed or timed out."
+    );
+    describe_histogram!(
+        "ringlimit_forward_batch_size",
+        "Checks per forwarded batch."
+    );
+    describe_counter!(
+        "ringlimit_forwarded_not_owner_total",
+        "Forwarded checks decided here although this node's ring names another owner."
+    );
+    describe_counter!(
+        "ringlimit_forwarded_stale_total",
+        "Forwarded checks refused because their batch arrived after its deadline."
+    );
+    describe_counter!(
+        "ringlimit_envoy_config_reloads_total",
+        "Reloads of the Envoy (envoyproxy/ratelimit YAML) configuration, by result."
+    );
+    describe_histogram!(
+        "ringlimit_envoy_rls_duration_seconds",
+        "Time to answer one Envoy ShouldRateLimit call."
+    );
+    describe_counter!(
+        "ringlimit_shadow_denials_total",
+        "Checks a rule in shadow mode would have denied (they were allowed), by rule."
+    );
+    describe_gauge!("ringlimit_keys", "Keys held, per shard.");
+    describe_gauge!(
+        "ringlimit_state_bytes",
+        "Bytes of per-key state kept beside the key table (sliding logs), per shard; bounded by --max-state-bytes."
+    );
+    describe_gauge!(
+        "ringlimit_shard_queue_depth",
+        "Commands waiting in a shard's inbox."
+    );
+    describe_counter!("ringlimit_evictions_total", "Keys dropped at the key cap (their counts were lost), by shard and kind (live, denied). Alert on any increase.");
+    describe_counter!(
+        "ringlimit_expired_keys_total",
+        "Idle keys dropped because their state was back to fresh (harmless)."
+    );
+    describe_counter!(
+        "ringlimit_ownership_resets_total",
+        "Keys restarted from empty because their owner died or restarted."
+    );
+    describe_counter!(
+        "ringlimit_member_restarts_total",
+        "A peer came back with a new generation under the same id."
+    );
+    describe_counter!(
+        "ringlimit_handoff_pushed_total",
+        "Key states pushed to new owners on ownership moves."
+    );
+    describe_counter!(
+        "ringlimit_handoff_installed_total",
+        "Handed-over key states installed here."
+    );
+    describe_counter!(
+        "ringlimit_handoff_failed_total",
+        "Handoff pushes that failed."
+    );
+    describe_counter!(
+        "ringlimit_handoff_deltas_total",
+        "Admissions on handed-over keys pushed on to their new owners."
+    );
+    describe_counter!(
+        "ringlimit_handoff_refused_total",
+        "Handed-over states refused as implausible, by reason."
+    );
+    describe_counter!(
+        "ringlimit_peer_auth_refused_total",
+        "Peer calls refused UNAUTHENTICATED, by reason. Alert on any increase."
+    );
+    describe_counter!(
+        "ringlimit_gossip_rejected_total",
+        "Gossip datagrams dropped before chitchat saw them, by reason."
+    );
+    describe_counter!(
+        "ringlimit_gossip_oversize_total",
+        "Gossip envelopes too large to tag."
+    );
+    describe_gauge!("ringlimit_grpc_connections", "Open gRPC connections.");
+    describe_counter!(
+        "ringlimit_connections_refused_total",
+        "Connections closed at once because --max-connections were open."
+    );
+    describe_counter!(
+        "ringlimit_accept_errors_total",
+        "Failed accepts on a gRPC listener (e.g. at the file descriptor limit)."
+    );
+    describe_counter!(
+        "ringlimit_refused_total",
+        "Requests refused before anything was charged, by reason (invalid_argument, overloaded, unavailable) and field."
+    );
+    describe_counter!(
+        "ringlimit_rules_reloads_total",
+        "Rule file reloads, by result (ok, error)."
+    );
+    describe_gauge!("ringlimit_rules_version", "Version of the rules this node enforces (cluster mode: the cluster's version; file mode: reloads since start).");
+    describe_gauge!("ringlimit_rules_drift_nodes", "Members whose rules differ from this node's (different files, or mixed file and cluster sources).");
+    describe_counter!(
+        "ringlimit_rules_changes_total",
+        "Rule sets swapped in, by origin (api, peer, file)."
+    );
+    describe_counter!(
+        "ringlimit_rules_pull_failures_total",
+        "Failed attempts to copy newer rules from a peer (retried every 500 ms)."
+    );
+    describe_counter!(
+        "ringlimit_rules_persist_failures_total",
+        "Rule sets copied from a peer that could not be written to --data-dir."
+    );
+}
+
+async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationToken) {
+    let handle = metrics_handle();
+    let app = crate::server::ops::routes(state);
     let upkeep = {
         let cancel = cancel.clone();
         async move {
@@ -556,11 +812,64 @@ async fn serve_metrics(listener: TcpListener, cancel: CancellationToken) {
             }
         }
     };
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let server = axum::serve(
+        crate::server::ops::BoundedListener::new(
+            listener,
+            crate::server::ops::MAX_OPS_CONNECTIONS,
+            crate::server::ops::MAX_OPS_CONNECTION_AGE,
+        ),
+        app,
+    )
+    .with_graceful_shutdown(cancel.clone().cancelled_owned());
     let (result, ()) = tokio::join!(server, upkeep);
     if let Err(error) = result {
-        tracing::error!(%error, "metrics server failed");
+        tracing::error!(%error, "ops HTTP server failed");
+    }
+}
+
+/// Mirrors this node's rules advert into its gossip key-values.
+async fn advertise_rules(
+    mut adverts: tokio::sync::watch::Receiver<crate::config::rules::Advert>,
+    gossip: crate::membership::ValuePublisher,
+    cancel: CancellationToken,
+) {
+    loop {
+        let advert = *adverts.borrow_and_update();
+        gossip.set(KEY_RULES, advert.encode()).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = adverts.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// The rules a node starts with: (source, version, rules, the file to follow).
+///
+/// File mode (`--rules`): the file, version 1, followed for changes. Cluster mode: the
+/// copy stored in `--data-dir` (the rules this node last enforced, at their version),
+/// else `--rules-seed` at version 1 (stored at once, so a restart keeps it), else the
+/// built-in default at version 0; gossip then brings any newer version.
+fn initial_rules(
+    config: &NodeConfig,
+) -> Result<(RulesSource, u64, RuleSet, Option<RuleFile>), NodeError> {
+    if let Some(path) = &config.rules_path {
+        let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
+        return Ok((RulesSource::File, 1, rules, Some(file)));
+    }
+    if let Some(dir) = &config.data_dir {
+        if let Some((stamp, rules)) = load_stored(dir).map_err(NodeError::StoredRules)? {
+            return Ok((RulesSource::Cluster, stamp.version, rules, None));
+        }
+    }
+    match &config.rules_seed {
+        Some(seed) => {
+            let rules = RuleSet::load(seed).map_err(NodeError::Rules)?;
+            if let Some(dir) = &config.data_dir {
+                store(dir, 1, &rules).map_err(NodeError::StoredRules)?;
+            }
+            Ok((RulesSource::Cluster, 1, rules, None))
+        }
+        None => Ok((RulesSource::Cluster, 0, RuleSet::builtin(), None)),
     }
 }
 
@@ -624,7 +933,7 @@ async fn watch_envoy(
 async fn watch_rules(
     mut file: RuleFile,
     every: Duration,
-    rules: SharedRules,
+    rules: Arc<ClusterRules>,
     cancel: CancellationToken,
 ) {
     let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
@@ -654,7 +963,7 @@ async fn watch_rules(
             None => {}
             Some(Ok(new)) => {
                 tracing::info!(path = %path.display(), rules = new.len(), "rules reloaded");
-                rules.store(Arc::new(new));
+                rules.reload_file(new).await;
                 reloads.increment(1);
             }
             Some(Err(error)) => {

@@ -7,6 +7,8 @@
 //!   (`ShouldRateLimit`), over the same checker's domain checks.
 //! - [`peer`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks, refunds,
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
+//! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
+//!   owners and the rules API (admin token for writes).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
 //!   body `INVALID_ARGUMENT` rather than tonic-prost's `INTERNAL`.
 //!
@@ -17,6 +19,7 @@ pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod envoy_rls;
+pub mod ops;
 pub mod peer;
 pub mod peer_auth;
 pub mod ringlimit_v1;
@@ -27,8 +30,32 @@ pub use envoy_rls::EnvoyRlsService;
 pub use peer::PeerService;
 pub use ringlimit_v1::RateLimitService;
 
+/// The last segment of a field path, indices dropped: `checks[3].descriptors[0].key` →
+/// `key`, `items` → `items`.
+fn field_label(path: &str) -> String {
+    let last = path.rsplit('.').next().unwrap_or(path);
+    let name = last.split('[').next().unwrap_or(last);
+    // Front ends build paths from their own field names; anything else is cut short.
+    name.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .take(32)
+        .collect()
+}
+
 impl From<CheckError> for tonic::Status {
+    /// Every refusal of every front end passes here, so this is where refusals are
+    /// counted: `ringlimit_refused_total{reason, field}`, `field` being the name of the
+    /// offending field without its path or indices (`descriptors[2].cost` → `cost`), a
+    /// set fixed by the protos, so the label stays bounded whatever a client sends.
     fn from(error: CheckError) -> Self {
+        let (reason, field) = match &error {
+            CheckError::InvalidArgument { field, .. } => ("invalid_argument", field_label(field)),
+            CheckError::Shard(ShardError::Overloaded(_)) => ("overloaded", String::new()),
+            CheckError::Shard(ShardError::Stopped(_)) => ("unavailable", String::new()),
+            CheckError::Unavailable { .. } => ("owner_unreachable", String::new()),
+        };
+        metrics::counter!("ringlimit_refused_total", "reason" => reason, "field" => field)
+            .increment(1);
         match &error {
             CheckError::InvalidArgument { .. } => {
                 tonic::Status::invalid_argument(error.to_string())
@@ -41,5 +68,16 @@ impl From<CheckError> for tonic::Status {
                 tonic::Status::unavailable(error.to_string())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn refusal_labels_name_the_field_without_path_or_index() {
+        assert_eq!(super::field_label("descriptors[2].cost"), "cost");
+        assert_eq!(super::field_label("checks[3].descriptors[0].key"), "key");
+        assert_eq!(super::field_label("items"), "items");
+        assert_eq!(super::field_label("checks[12]"), "checks");
     }
 }

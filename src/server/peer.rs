@@ -15,17 +15,19 @@ use crate::check::plan::MAX_COST;
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
+use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
 use crate::cluster::NamedRule;
 use crate::cluster::{policy, CheckItem, Router};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
+use crate::config::rules::{RulesDoc, TierLimit};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
-    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, StatusRequest,
-    StatusResponse,
+    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, RulesRequest,
+    RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest, WriteRulesResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
 use std::num::NonZeroU64;
@@ -170,12 +172,52 @@ pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, Ch
         .collect())
 }
 
+/// A rules write as the domain edit it carries; a body that does not decode is
+/// `INVALID_ARGUMENT` naming the field.
+fn decode_edit(request: &WriteRulesRequest) -> Result<RulesEdit, Status> {
+    let invalid = |e: String| Status::invalid_argument(format!("body: {e}"));
+    match request.kind.as_str() {
+        "replace" => RulesDoc::from_json_str(&request.body)
+            .map(RulesEdit::Replace)
+            .map_err(|e| invalid(e.to_string())),
+        "put_tier_limit" => serde_json::from_str::<TierLimit>(&request.body)
+            .map(|limit| RulesEdit::PutTierLimit {
+                tier: request.tier.clone(),
+                limit,
+            })
+            .map_err(|e| invalid(e.to_string())),
+        "delete_tier_limit" => Ok(RulesEdit::DeleteTierLimit {
+            tier: request.tier.clone(),
+            route: request.route_pattern.clone(),
+        }),
+        other => Err(Status::invalid_argument(format!(
+            "kind: {other:?} is not a rules edit (replace, put_tier_limit, delete_tier_limit)"
+        ))),
+    }
+}
+
+/// A refused rules write as the status the sending node maps back (peer.proto).
+fn write_status(error: RulesWriteError) -> Status {
+    let message = error.to_string();
+    match error.kind() {
+        Refusal::Invalid => Status::invalid_argument(message),
+        Refusal::Stale => Status::failed_precondition(message),
+        Refusal::NotFound => Status::not_found(message),
+        Refusal::ReadOnly => Status::permission_denied(message),
+        // ABORTED, not UNAVAILABLE: the sender must tell "refused, nothing changed" from a
+        // transport failure (whose outcome is unknown), which tonic reports as UNAVAILABLE.
+        Refusal::Unavailable => Status::aborted(message),
+        Refusal::Internal => Status::internal(message),
+    }
+}
+
 /// Serves forwarded checks, refunds, handed-over state and status to peers.
 #[derive(Clone)]
 pub struct PeerService {
     router: Arc<Router>,
     rules: SharedRules,
     envoy: SharedEnvoy,
+    cluster_rules: Arc<ClusterRules>,
     installed: metrics::Counter,
     /// Per [`Implausible`] reason: handed-over states refused, never merged.
     refused: [metrics::Counter; Implausible::ALL.len()],
@@ -183,12 +225,14 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    /// A peer service deciding on `router`'s shards.
-    pub fn new(router: Arc<Router>, rules: SharedRules) -> Self {
+    /// A peer service deciding on `router`'s shards, serving `cluster_rules` to peers
+    /// that pull them.
+    pub fn new(router: Arc<Router>, rules: SharedRules, cluster_rules: Arc<ClusterRules>) -> Self {
         Self {
             router,
             rules,
             envoy: SharedEnvoy::default(),
+            cluster_rules,
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
             refused: Implausible::ALL.map(|reason| {
                 metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
@@ -287,6 +331,7 @@ impl Peer for PeerService {
         let refused = vetted.refused_total();
         if refused > 0 {
             tracing::warn!(
+                node_id = %self.router.me().node_id,
                 from = %request.from_node,
                 refused,
                 algorithm = vetted.refused[Implausible::Algorithm.index()],
@@ -303,6 +348,7 @@ impl Peer for PeerService {
             .map_err(CheckError::from)? as u64;
         self.installed.increment(installed);
         tracing::info!(
+            node_id = %self.router.me().node_id,
             from = %request.from_node,
             installed,
             skipped = total - installed,
@@ -321,10 +367,22 @@ impl Peer for PeerService {
     ) -> Result<Response<StatusResponse>, Status> {
         let view = self.router.view();
         let shares = view.ring.shares();
+        let mine = self.cluster_rules.advert();
+        let adverts = self.cluster_rules.peer_adverts();
         let members = view
             .members
             .iter()
-            .map(|m| MemberStatus {
+            .map(|m| {
+                let advert = if m.node_id == *self.router.me().node_id {
+                    Some(mine)
+                } else {
+                    adverts.get(&m.node_id).copied()
+                };
+                (m, advert)
+            })
+            .map(|(m, advert)| MemberStatus {
+                rules: advert.map(|a| a.encode()).unwrap_or_default(),
+                rules_drift: advert.is_some_and(|a| mine.drifts_from(&a)),
                 node_id: m.node_id.clone(),
                 generation: m.generation,
                 grpc_addr: m.grpc_addr.to_string(),
@@ -350,6 +408,44 @@ impl Peer for PeerService {
             ring_digest: view.ring.digest(),
             members,
             keys,
+            rules: mine.encode(),
+        }))
+    }
+
+    async fn write_rules(
+        &self,
+        request: Request<WriteRulesRequest>,
+    ) -> Result<Response<WriteRulesResponse>, Status> {
+        let request = request.into_inner();
+        let edit = decode_edit(&request)?;
+        // Applied here, whoever this node thinks coordinates: never sent on.
+        let written = self
+            .cluster_rules
+            .write_local(request.if_match, edit)
+            .await
+            .map_err(write_status)?;
+        tracing::info!(node_id = %self.router.me().node_id, from = %request.from_node, version = written.stamp.version, changed = written.changed, "rules write coordinated for a peer");
+        let current = self.cluster_rules.current();
+        Ok(Response::new(WriteRulesResponse {
+            version: written.stamp.version,
+            digest: written.stamp.digest,
+            changed: written.changed,
+            rule: written.rule.unwrap_or_default(),
+            document: current.rules.doc().to_json(),
+        }))
+    }
+
+    async fn rules(
+        &self,
+        request: Request<RulesRequest>,
+    ) -> Result<Response<RulesResponse>, Status> {
+        let current = self.cluster_rules.current();
+        tracing::debug!(from = %request.get_ref().from_node, version = current.version, "rules pulled");
+        Ok(Response::new(RulesResponse {
+            source: self.cluster_rules.source().as_str().to_string(),
+            version: current.version,
+            digest: current.rules.digest(),
+            document: current.rules.doc().to_json(),
         }))
     }
 }

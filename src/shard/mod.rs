@@ -207,7 +207,12 @@ impl Shards {
                     unlogged_denied_evictions: 0,
                     last_eviction_log: 0,
                 };
-                tracker.spawn(actor.run(rx, config.expiry_tick, cancel.clone()));
+                // In the spawning node's span, so eviction logs name the node.
+                tracker.spawn(tracing::Instrument::in_current_span(actor.run(
+                    rx,
+                    config.expiry_tick,
+                    cancel.clone(),
+                )));
                 tx
             })
             .collect();
@@ -391,8 +396,8 @@ impl Shards {
 /// Pre-registered metric handles: resolving a labelled metric by name on every check
 /// would cost a registry lookup on the hot path.
 struct ShardMetrics {
-    /// [allowed, denied] per algorithm, indexed by `algorithm_index`.
-    checks: [[metrics::Counter; 2]; 5],
+    /// [allowed, denied] per (rule name, algorithm index), created on first use.
+    checks: RuleCounters,
     keys: Gauge,
     state_bytes: Gauge,
     queue_depth: Gauge,
@@ -406,13 +411,8 @@ struct ShardMetrics {
 impl ShardMetrics {
     fn new(index: usize) -> Self {
         let shard = index.to_string();
-        let checks = AlgorithmKind::ALL.map(|kind| {
-            ["allowed", "denied"].map(|verdict| {
-                metrics::counter!("ringlimit_checks_total", "verdict" => verdict, "algorithm" => kind.as_str())
-            })
-        });
         Self {
-            checks,
+            checks: RuleCounters::default(),
             keys: metrics::gauge!("ringlimit_keys", "shard" => shard.clone()),
             state_bytes: metrics::gauge!("ringlimit_state_bytes", "shard" => shard.clone()),
             queue_depth: metrics::gauge!("ringlimit_shard_queue_depth", "shard" => shard.clone()),
@@ -424,6 +424,57 @@ impl ShardMetrics {
             ),
             expired: metrics::counter!("ringlimit_expired_keys_total", "shard" => shard),
         }
+    }
+}
+
+/// Most distinct (rule, algorithm) label pairs one shard gives a series of its own in
+/// `ringlimit_checks_total`; later ones share `rule="other"`. A label per rule is what a
+/// dashboard wants, and a rule file is operator input: a generated file with a million
+/// rules must not become a million series.
+pub const MAX_RULE_LABELS: usize = 256;
+
+/// The check counters of one shard, by rule: owned by the shard's actor (no lock), so a
+/// decision costs one hash lookup of the rule name.
+#[derive(Default)]
+struct RuleCounters {
+    by_rule:
+        hashbrown::HashMap<(Arc<str>, usize), [metrics::Counter; 2], foldhash::fast::RandomState>,
+    other: hashbrown::HashMap<usize, [metrics::Counter; 2], foldhash::fast::RandomState>,
+}
+
+impl RuleCounters {
+    /// The [allowed, denied] counters of `rule` (fail-open stand-ins count under their
+    /// rule's name: `x~fallback/3` is `x`, and the degraded counter says they were).
+    fn of(&mut self, rule: &Rule) -> &[metrics::Counter; 2] {
+        let kind = rule.limiter.kind();
+        let key = (rule.name.clone(), kind.index());
+        if !self.by_rule.contains_key(&key) {
+            if self.by_rule.len() >= MAX_RULE_LABELS {
+                return self
+                    .other
+                    .entry(kind.index())
+                    .or_insert_with(|| Self::counters("other", kind));
+            }
+            let name = rule
+                .name
+                .split_once(crate::config::rules::FALLBACK_SUFFIX)
+                .map_or(&*rule.name, |(base, _)| base)
+                .to_string();
+            self.by_rule
+                .insert(key.clone(), Self::counters(&name, kind));
+        }
+        &self.by_rule[&key]
+    }
+
+    fn counters(rule: &str, kind: AlgorithmKind) -> [metrics::Counter; 2] {
+        ["allowed", "denied"].map(|verdict| {
+            metrics::counter!(
+                "ringlimit_checks_total",
+                "verdict" => verdict,
+                "algorithm" => kind.as_str(),
+                "rule" => rule.to_string()
+            )
+        })
     }
 }
 
@@ -483,8 +534,8 @@ impl Actor {
                     .map(|item| {
                         let (decision, c, fresh) = self.store.check(item.counter(), now, item.cost);
                         churn += c;
-                        let algorithm = item.rule.limiter.kind().index();
-                        self.metrics.checks[algorithm][usize::from(!decision.allowed)].increment(1);
+                        self.metrics.checks.of(&item.rule)[usize::from(!decision.allowed)]
+                            .increment(1);
                         Outcome {
                             decision,
                             sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
@@ -585,5 +636,29 @@ impl Actor {
         }
         self.metrics.keys.set(self.store.len() as f64);
         self.metrics.state_bytes.set(self.store.side_bytes() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rules::RuleSet;
+
+    #[test]
+    fn check_counters_get_a_rule_label_for_at_most_max_rule_labels_rules() {
+        let text: String = (0..=MAX_RULE_LABELS)
+            .map(|i| {
+                format!("[[rule]]\nname = \"r{i}\"\ntier = \"t{i}\"\nlimit = 1\nwindow = \"1s\"\n")
+            })
+            .collect();
+        let rules = RuleSet::from_toml_str(&text).unwrap();
+        let mut counters = RuleCounters::default();
+        for rule in rules.rules() {
+            counters.of(rule);
+            // The fail-open stand-in shares its rule's series.
+            counters.of(&rule.fallback(3));
+        }
+        assert_eq!(counters.by_rule.len(), MAX_RULE_LABELS);
+        assert_eq!(counters.other.len(), 1, "the rest share rule=\"other\"");
     }
 }

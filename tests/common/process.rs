@@ -50,7 +50,8 @@ pub struct Serve<'a> {
     pub env: &'a [(String, String)],
 }
 
-/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A`.
+/// The fields of `ringlimit ready node_id=ID generation=G grpc=A gossip=A metrics=A peer=A
+/// http=A` (`metrics` and `http` are the same ops port; `http` is not read here).
 #[derive(Clone, Copy, Debug)]
 pub struct Ready {
     pub generation: u64,
@@ -100,7 +101,7 @@ impl Process {
         cmd.arg("serve")
             .args(["--node-id", id])
             .args(["--listen", &SocketAddr::new(ip, 0).to_string()])
-            .args(["--metrics-listen", &SocketAddr::new(ip, 0).to_string()])
+            .args(["--http-listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--gossip-listen", &SocketAddr::new(ip, 0).to_string()])
             .args(["--peer-listen", &SocketAddr::new(ip, 0).to_string()])
             .arg("--rules")

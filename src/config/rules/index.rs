@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{MatchLevel, Rule};
+use super::{MatchLevel, Rule, RulesDoc};
 use crate::config::route::{Route, RoutePattern};
 
 /// Rules of one level (one client, one tier, or the route-only rules), indexed by route.
@@ -80,6 +80,10 @@ pub struct RuleSet {
     by_client: HashMap<Box<str>, RouteTable>,
     by_tier: HashMap<Box<str>, RouteTable>,
     route_only: RouteTable,
+    /// The document the rules were built from, kept so it can be served and copied.
+    doc: Arc<RulesDoc>,
+    /// [`RulesDoc::digest`] of `doc`, computed once.
+    digest: u64,
 }
 
 impl Default for RuleSet {
@@ -93,11 +97,11 @@ impl RuleSet {
     /// The rule set used when no file is given: one default rule, a sliding window counter of
     /// 100 per 60 s (the design reference's default, which most callers never notice).
     pub fn builtin() -> Self {
-        Self::index(vec![Rule::builtin_default()])
+        Self::index(vec![Rule::builtin_default()], RulesDoc::builtin())
     }
 
     /// Builds the lookup index; `rules[0]` is the default rule.
-    pub(super) fn index(rules: Vec<Rule>) -> Self {
+    pub(super) fn index(rules: Vec<Rule>, doc: RulesDoc) -> Self {
         let rules: Vec<Arc<Rule>> = rules.into_iter().map(Arc::new).collect();
         let mut by_client: HashMap<Box<str>, RouteTable> = HashMap::new();
         let mut by_tier: HashMap<Box<str>, RouteTable> = HashMap::new();
@@ -122,7 +126,19 @@ impl RuleSet {
             by_client,
             by_tier,
             route_only,
+            digest: doc.digest(),
+            doc: Arc::new(doc),
         }
+    }
+
+    /// The document these rules were built from.
+    pub fn doc(&self) -> &RulesDoc {
+        &self.doc
+    }
+
+    /// The content digest of [`RuleSet::doc`]: equal on every node holding the same rules.
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// All rules: the default rule first, then the file's rules in file order. A reload

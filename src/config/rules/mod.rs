@@ -151,11 +151,15 @@ use crate::algorithms::{
     TokenBucket,
 };
 
+mod doc;
 pub mod envoy;
 mod file;
 mod index;
 mod parse;
+mod stored;
+mod versioned;
 
+pub use doc::{DocDefault, DocRule, RulesDoc, TierLimit};
 pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
@@ -163,6 +167,8 @@ pub use parse::{
     LOG_BYTES_PER_ENTRY, MAX_ISSUES_SHOWN, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN,
     MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
+pub use stored::{load_stored, store, StoreError, STORED_FILE};
+pub use versioned::{best_source, Advert, RulesSource, Stamp};
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.
 pub const DEFAULT_RULE_NAME: &str = "default";

@@ -12,8 +12,6 @@ use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use super::{
     nonzero, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, RuleSet, Selector,
     DEFAULT_RULE_NAME,
@@ -158,6 +156,16 @@ pub enum RulesError {
         /// The parser's error, bounded.
         error: SyntaxError,
     },
+    /// The text is not JSON or does not have the rule document's shape (an API body).
+    #[error("JSON error at line {line}, column {column}: {message}")]
+    Json {
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The parser's message, bounded.
+        message: String,
+    },
     /// Valid TOML without a `[default]` section or a single `[[rule]]`: an empty or
     /// truncated write, which must not silently replace every rule with the built-in
     /// default.
@@ -228,6 +236,11 @@ fn printable(c: char) -> char {
     }
 }
 
+/// A parser's message cut to 240 characters, control characters replaced.
+pub(super) fn bounded_message(text: &str) -> String {
+    bounded_text(text.trim_end(), MAX_MESSAGE_CHARS)
+}
+
 /// Cuts `text` to `max` characters (plus `…`), control characters replaced.
 fn bounded_text(text: &str, max: usize) -> String {
     let mut out: String = text.chars().take(max).map(printable).collect();
@@ -256,7 +269,7 @@ pub struct SyntaxError {
 }
 
 impl SyntaxError {
-    fn new(text: &str, error: &toml::de::Error) -> Self {
+    pub(super) fn new(text: &str, error: &toml::de::Error) -> Self {
         let message = bounded_text(error.message().trim_end(), MAX_MESSAGE_CHARS);
         let Some(span) = error.span() else {
             return SyntaxError {
@@ -360,43 +373,9 @@ impl fmt::Display for RuleRef {
 // Raw file shape. Numbers are read as i64 and names as strings so that 0, negatives and
 // unknown algorithm names become rule-naming issues (all of them), not one serde error.
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawFile {
-    default: Option<RawDefault>,
-    #[serde(default)]
-    rule: Vec<RawRule>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDefault {
-    algorithm: Option<String>,
-    limit: Option<i64>,
-    window: Option<String>,
-    burst: Option<i64>,
-    mode: Option<String>,
-    queue_depth: Option<i64>,
-    on_unavailable: Option<String>,
-    per: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    name: Option<String>,
-    client: Option<String>,
-    tier: Option<String>,
-    route: Option<String>,
-    algorithm: Option<String>,
-    limit: Option<i64>,
-    window: Option<String>,
-    burst: Option<i64>,
-    mode: Option<String>,
-    queue_depth: Option<i64>,
-    on_unavailable: Option<String>,
-    per: Option<String>,
-}
+// The raw shapes are the public rule document (`doc.rs`): the same loose fields serve
+// the file, the API and what peers exchange.
+use super::doc::{DocDefault as RawDefault, DocRule as RawRule, RulesDoc as RawFile};
 
 /// The limit-related fields, shared by `[default]` and `[[rule]]`.
 struct RawSpec<'a> {
@@ -732,14 +711,19 @@ impl RuleSet {
     /// comments) is refused with [`RulesError::NoRules`]: it is what an empty or truncated
     /// write looks like, and accepting it would replace every rule with the built-in default.
     pub fn from_toml_str(text: &str) -> Result<Self, RulesError> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| RulesError::Toml {
-            path: None,
-            error: SyntaxError::new(text, &e),
-        })?;
-        if raw.default.is_none() && raw.rule.is_empty() {
+        Self::from_doc(RawFile::from_toml_str(text)?)
+    }
+
+    /// Validates a rule document (from a file, an API body or a peer); the rule set keeps
+    /// it, so its [digest](RuleSet::digest) and text can be served back.
+    ///
+    /// A document with neither a `[default]` section nor a `[[rule]]` is refused with
+    /// [`RulesError::NoRules`], as for a file.
+    pub fn from_doc(doc: RawFile) -> Result<Self, RulesError> {
+        if doc.default.is_none() && doc.rule.is_empty() {
             return Err(RulesError::NoRules { path: None });
         }
-        Self::validate(raw)
+        Self::validate(doc)
     }
 
     /// Parses the bytes of the rule file at `path` (read with
@@ -871,10 +855,12 @@ impl RuleSet {
             }
         }
 
+        drop(names);
+        drop(selectors);
         match default {
             Some(default) if out.is_empty() => {
                 rules.insert(0, default);
-                Ok(Self::index(rules))
+                Ok(Self::index(rules, raw))
             }
             _ => Err(RulesError::Invalid(out)),
         }

@@ -1,0 +1,298 @@
+//! The rules and owner commands: clients of a node's ops HTTP port.
+
+mod http;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use ringlimit::config::rules::{read_rules_file, DocRule, RuleSet, RulesDoc};
+
+/// `ringlimit rules get`: the document with its version as a TOML comment (stdout stays a
+/// valid rule file), or the JSON form.
+pub async fn rules_get(addr: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let accept = if json {
+        "application/json"
+    } else {
+        "application/toml"
+    };
+    let answer =
+        http::request(addr, "GET", "/v1/rules", &[("Accept", accept.into())], None).await?;
+    if answer.status != 200 {
+        eprintln!("error: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(2));
+    }
+    let version = answer
+        .header("etag")
+        .unwrap_or("?")
+        .trim_matches('"')
+        .to_string();
+    let digest = answer.header("x-ringlimit-rules-digest").unwrap_or("?");
+    let source = answer.header("x-ringlimit-rules-source").unwrap_or("?");
+    if json {
+        print!("{}", answer.body);
+    } else {
+        println!("# rules version {version}, digest {digest}, source {source} (from {addr})");
+        print!("{}", answer.body);
+    }
+    eprintln!("version {version} digest {digest} source {source}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ringlimit rules put FILE`: checked locally first (same messages as `rules check`),
+/// then sent; exits 0 when accepted, 1 when refused (the node's message is printed).
+pub async fn rules_put(
+    file: &Path,
+    addr: &str,
+    token_file: Option<&Path>,
+    if_match: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    let bytes = read_rules_file(file)?;
+    let is_json = file.extension().is_some_and(|e| e == "json");
+    let text = std::str::from_utf8(&bytes).context("the file is not UTF-8")?;
+    let doc = if is_json {
+        RulesDoc::from_json_str(text)
+    } else {
+        RulesDoc::from_toml_str(text)
+    };
+    if let Err(error) = doc.and_then(RuleSet::from_doc) {
+        eprintln!("{}: invalid\n{error}", file.display());
+        return Ok(ExitCode::from(1));
+    }
+    let mut headers = vec![(
+        "Content-Type",
+        if is_json {
+            "application/json"
+        } else {
+            "application/toml"
+        }
+        .to_string(),
+    )];
+    if let Some(path) = token_file {
+        let token =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let token = token.lines().next().unwrap_or("").trim().to_string();
+        headers.push(("Authorization", format!("Bearer {token}")));
+    }
+    if let Some(v) = if_match {
+        headers.push(("If-Match", format!("\"{v}\"")));
+    }
+    let answer = http::request(addr, "PUT", "/v1/rules", &headers, Some(&bytes)).await?;
+    if answer.status != 200 {
+        eprintln!("refused: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(1));
+    }
+    let body: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+    println!(
+        "{}: version {} digest {}",
+        if body["changed"].as_bool() == Some(true) {
+            "accepted"
+        } else {
+            "unchanged"
+        },
+        body["version"],
+        body["digest"].as_str().unwrap_or("?")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ringlimit rules diff FILE`: rule by rule, what the cluster has that the file has not
+/// (`-`), what the file would add (`+`) and what it would change (`~`); exits 0 when
+/// equal, 1 when they differ.
+pub async fn rules_diff(file: &Path, addr: &str) -> anyhow::Result<ExitCode> {
+    let bytes = read_rules_file(file)?;
+    let text = std::str::from_utf8(&bytes).context("the file is not UTF-8")?;
+    let local = if file.extension().is_some_and(|e| e == "json") {
+        RulesDoc::from_json_str(text)?
+    } else {
+        RulesDoc::from_toml_str(text)?
+    };
+    let answer = http::request(
+        addr,
+        "GET",
+        "/v1/rules",
+        &[("Accept", "application/json".into())],
+        None,
+    )
+    .await?;
+    if answer.status != 200 {
+        eprintln!("error: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(2));
+    }
+    let remote = RulesDoc::from_json_str(&answer.body)?;
+    let lines = diff(&remote, &local);
+    let version = answer
+        .header("etag")
+        .unwrap_or("?")
+        .trim_matches('"')
+        .to_string();
+    if lines.is_empty() {
+        println!(
+            "{} matches the cluster's rules (version {version})",
+            file.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("cluster (version {version}) → {}:", file.display());
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(ExitCode::from(1))
+}
+
+/// The differences between two documents, by rule name and field.
+fn diff(from: &RulesDoc, to: &RulesDoc) -> Vec<String> {
+    let mut out = Vec::new();
+    if from.default != to.default {
+        out.push(format!(
+            "~ [default]: {} → {}",
+            compact(&from.default),
+            compact(&to.default)
+        ));
+    }
+    let name = |r: &DocRule| r.name.clone().unwrap_or_default();
+    for r in &from.rule {
+        match to.rule.iter().find(|t| name(t) == name(r)) {
+            None => out.push(format!("- rule {:?}: {}", name(r), compact(r))),
+            Some(t) if t != r => out.push(format!(
+                "~ rule {:?}: {} → {}",
+                name(r),
+                compact(r),
+                compact(t)
+            )),
+            Some(_) => {}
+        }
+    }
+    for t in &to.rule {
+        if !from.rule.iter().any(|r| name(r) == name(t)) {
+            out.push(format!("+ rule {:?}: {}", name(t), compact(t)));
+        }
+    }
+    out
+}
+
+fn compact(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// `ringlimit owner --key K`.
+pub async fn owner(key: &str, addr: &str) -> anyhow::Result<ExitCode> {
+    let mut encoded = String::new();
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            encoded.push(b as char);
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    let answer = http::request(addr, "GET", &format!("/v1/owner?key={encoded}"), &[], None).await?;
+    if answer.status != 200 {
+        eprintln!("error: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(2));
+    }
+    let v: serde_json::Value = serde_json::from_str(&answer.body)?;
+    println!(
+        "{} is owned by {}@{} (grpc {}), ring digest {}",
+        key,
+        v["owner"]["node_id"].as_str().unwrap_or("?"),
+        v["owner"]["generation"].as_str().unwrap_or("?"),
+        v["owner"]["grpc_addr"].as_str().unwrap_or("?"),
+        v["ring_digest"].as_str().unwrap_or("?"),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ringlimit check --dry-run`: which rule each key's check would match (matched here,
+/// with the cluster's rules as the ops port serves them) and which member would decide it;
+/// nothing is charged. Exits 0, or 2 when the node cannot be asked or the input is bad.
+pub async fn dry_run(
+    addr: &str,
+    keys: &[&str],
+    route: &str,
+    tier: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let parsed = match ringlimit::config::Route::parse(route) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("refused: route: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let answer = http::request(
+        addr,
+        "GET",
+        "/v1/rules",
+        &[("Accept", "application/json".into())],
+        None,
+    )
+    .await?;
+    if answer.status != 200 {
+        eprintln!("error: {} {}", answer.status, answer.error_message());
+        return Ok(ExitCode::from(2));
+    }
+    let version = answer
+        .header("etag")
+        .unwrap_or("?")
+        .trim_matches('"')
+        .to_string();
+    let rules = RuleSet::from_doc(RulesDoc::from_json_str(&answer.body)?)?;
+    println!("dry run against rules version {version} (nothing charged):");
+    for key in keys {
+        let rule = rules.matching(key, tier, Some(&parsed));
+        let mut encoded = String::new();
+        for b in key.bytes() {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                encoded.push(b as char);
+            } else {
+                encoded.push_str(&format!("%{b:02X}"));
+            }
+        }
+        let owner =
+            http::request(addr, "GET", &format!("/v1/owner?key={encoded}"), &[], None).await?;
+        let owner = if owner.status == 200 {
+            let v: serde_json::Value = serde_json::from_str(&owner.body)?;
+            v["owner"]["node_id"].as_str().unwrap_or("?").to_string()
+        } else {
+            format!("? ({})", owner.error_message())
+        };
+        println!(
+            "  key={key} rule={} (matched at level {}) algorithm={} limit={} window_ms={} decided by {owner}",
+            rule.name,
+            level_name(rule.level()),
+            rule.spec.algorithm_name(),
+            rule.spec.limit(),
+            rule.spec.window().as_millis(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The precedence levels as docs/rules.md names them.
+fn level_name(level: ringlimit::config::MatchLevel) -> &'static str {
+    use ringlimit::config::MatchLevel as L;
+    match level {
+        L::ClientRoute => "client+route",
+        L::Client => "client",
+        L::TierRoute => "tier+route",
+        L::Tier => "tier",
+        L::Route => "route",
+        L::Default => "default",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_names_removed_added_and_changed_rules() {
+        let a = RulesDoc::from_toml_str("[[rule]]\nname = \"x\"\ntier = \"t\"\nlimit = 1\nwindow = \"1s\"\n[[rule]]\nname = \"y\"\ntier = \"u\"\nlimit = 1\nwindow = \"1s\"\n").unwrap();
+        let b = RulesDoc::from_toml_str("[[rule]]\nname = \"x\"\ntier = \"t\"\nlimit = 2\nwindow = \"1s\"\n[[rule]]\nname = \"z\"\ntier = \"v\"\nlimit = 1\nwindow = \"1s\"\n").unwrap();
+        let lines = diff(&a, &b);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].starts_with("~ rule \"x\""));
+        assert!(lines[1].starts_with("- rule \"y\""));
+        assert!(lines[2].starts_with("+ rule \"z\""));
+        assert!(diff(&a, &a).is_empty());
+    }
+}

@@ -1,0 +1,816 @@
+//! The rule set as cluster state: one versioned document, written on any node, copied
+//! to every node, persisted on each (docs/rules.md, "Rules are cluster state").
+//!
+//! [`ClusterRules`] is a node's authority over the rules it enforces. It holds the
+//! current (version, rule set), swaps the hot path's [`SharedRules`] when they change, and
+//! publishes this node's [`Advert`] (source, version, digest) for gossip. Three things
+//! change it:
+//!
+//! - a write through the API ([`ClusterRules::write`], cluster mode only), sent to the
+//!   **rules coordinator** ([`coordinator`]: the ring owner of the fixed key
+//!   `ringlimit/rules`) over the peer face, where it is validated, given the next
+//!   version, persisted and swapped in; `If-Match` makes it conditional on the version
+//!   the writer read, checked against the coordinator's copy. The receiving node then
+//!   enforces the coordinator's answer at once;
+//! - a newer copy on a peer ([`ClusterRules::sync`]): every member gossips its advert; a
+//!   node that sees a greater stamp pulls the document over the authenticated peer face,
+//!   validates it, checks its digest, persists it and swaps it in;
+//! - a file reload ([`ClusterRules::reload_file`], file mode only).
+//!
+//! Swapping a rule set keeps the counters of every rule whose fingerprint is unchanged
+//! (counters are keyed by rule name and checked against the fingerprint when used), as a
+//! file reload always has.
+//!
+//! # Races
+//!
+//! With one coordinator, writes are ordered in one place: two writers racing without
+//! `If-Match` both succeed, one after the other (versions N+1 and N+2, the later one in
+//! force); two writers racing with the same `If-Match` get one success and one 412.
+//! Only while rings disagree (a member joining or dying, a partition) can two nodes
+//! each believe they coordinate, and each accept a write from the same version. Stamps
+//! are ordered by version, then digest ([`Stamp`]), so of two versions N+1 the one with
+//! the greater digest wins on every node, and the other is overwritten where it was
+//! accepted, within the time gossip takes to carry the adverts (well under 2 s on
+//! loopback).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{watch, Mutex};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
+use crate::config::rules::{
+    best_source, store, Advert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp, StoreError,
+    TierLimit,
+};
+use crate::config::SharedRules;
+use crate::membership::{ClusterView, Member, MemberValues};
+use crate::ring::Ring;
+
+/// The key whose ring owner coordinates rules writes.
+pub const COORDINATOR_KEY: &[u8] = b"ringlimit/rules";
+
+/// The member that orders rules writes in `view`: the ring owner of [`COORDINATOR_KEY`],
+/// so every node that agrees on the ring agrees on it, and it moves like any key when
+/// members come and go. `None` with an empty ring.
+pub fn coordinator(view: &ClusterView) -> Option<&Member> {
+    view.owner_of_placement(Ring::key_hash(COORDINATOR_KEY))
+}
+
+/// One change to the rule document, as the API expresses it. It travels to the
+/// coordinator as an edit, not as a finished document, so it applies to the
+/// coordinator's copy: two edits of different tiers made on two nodes both survive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RulesEdit {
+    /// `PUT /v1/rules`: the whole document.
+    Replace(RulesDoc),
+    /// `PUT /v1/limits/{tier}`: create or replace one tier rule.
+    PutTierLimit {
+        /// The tier.
+        tier: String,
+        /// The rule.
+        limit: TierLimit,
+    },
+    /// `DELETE /v1/limits/{tier}?route_pattern=…`.
+    DeleteTierLimit {
+        /// The tier.
+        tier: String,
+        /// The route pattern; `None`: the tier's rule without a route.
+        route: Option<String>,
+    },
+}
+
+impl RulesEdit {
+    /// The edited document and, for a tier rule written, its name.
+    fn apply(self, doc: &RulesDoc) -> Result<(RulesDoc, Option<String>), RulesWriteError> {
+        match self {
+            RulesEdit::Replace(new) => Ok((new, None)),
+            RulesEdit::PutTierLimit { tier, limit } => {
+                let mut doc = doc.clone();
+                let name = doc.put_tier_limit(&tier, limit)?;
+                Ok((doc, Some(name)))
+            }
+            RulesEdit::DeleteTierLimit { tier, route } => {
+                let mut doc = doc.clone();
+                if doc.delete_tier_limit(&tier, route.as_deref()) {
+                    Ok((doc, None))
+                } else {
+                    Err(RulesWriteError::NotFound(format!(
+                        "no rule for tier {tier:?} with {}",
+                        route
+                            .as_deref()
+                            .map_or("no route_pattern".to_string(), |r| format!(
+                                "route_pattern {r:?}"
+                            ))
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// What an accepted write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The version and digest in force after it (on the coordinator).
+    pub stamp: Stamp,
+    /// False when the document was already the one in force (nothing changed).
+    pub changed: bool,
+    /// For a tier rule written: its name.
+    pub rule: Option<String>,
+    /// The node that ordered the write.
+    pub coordinator: String,
+}
+
+/// The kinds of refusal a write can get, wherever it was decided: what the edges map to
+/// HTTP and gRPC codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The files are the truth.
+    ReadOnly,
+    /// `If-Match` names an old version.
+    Stale,
+    /// The resulting document is invalid.
+    Invalid,
+    /// No such tier rule.
+    NotFound,
+    /// The coordinator cannot take writes now, or did not answer (503).
+    Unavailable,
+    /// Persisting failed, or the version cannot grow.
+    Internal,
+}
+
+/// The gossip key-value carrying a node's [`Advert`].
+pub const KEY_RULES: &str = "rules";
+
+/// How often the sync loop looks again without a gossip change (a failed pull is
+/// retried then).
+const RESYNC: Duration = Duration::from_millis(500);
+
+/// The rules a node enforces now, with their version.
+#[derive(Debug)]
+pub struct Current {
+    /// Cluster mode: the cluster's version. File mode: reloads since start (from 1).
+    pub version: u64,
+    /// The rule set (and its document and digest).
+    pub rules: Arc<RuleSet>,
+}
+
+impl Current {
+    /// Version and digest.
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            version: self.version,
+            digest: self.rules.digest(),
+        }
+    }
+}
+
+/// Why a write was refused. Nothing changed in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesWriteError {
+    /// File mode: the files are the truth.
+    #[error("rules come from the --rules file on every node: the API is read-only (change the file instead)")]
+    ReadOnly,
+    /// `If-Match` named another version than the current one.
+    #[error("If-Match names version {given}, but the current version is {current}: read the rules again and retry")]
+    Stale {
+        /// The version the writer read.
+        given: u64,
+        /// The version in force.
+        current: u64,
+    },
+    /// The document that would result is invalid; the message names rule and field.
+    #[error("{0}")]
+    Invalid(#[from] RulesError),
+    /// The edit names a rule that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The version cannot grow any more (a member advertised the largest version there
+    /// is): nothing a writer can fix, so it is said plainly rather than wrapped to 0.
+    #[error("the rules version is at its maximum ({0}); no further version can be given out")]
+    Exhausted(u64),
+    /// The new rule set could not be persisted, so it was not applied.
+    #[error("persisting the new rules failed, nothing changed: {0}")]
+    Store(StoreError),
+    /// The coordinator is still copying a newer version; nothing changed.
+    #[error("the rules coordinator {node} cannot take writes now, nothing changed: {reason}")]
+    Unavailable {
+        /// The coordinator's node id.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// The coordinator could not be asked or did not answer: the write may or may not
+    /// have been applied there.
+    #[error("the rules coordinator {node} did not answer ({reason}): the write may or may not have been applied; read GET /v1/rules before retrying (a retry with If-Match is always safe)")]
+    Unknown {
+        /// The coordinator's node id.
+        node: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The coordinator refused the write; its message says why.
+    #[error("{message}")]
+    Remote {
+        /// The kind of refusal.
+        kind: Refusal,
+        /// The coordinator's message.
+        message: String,
+    },
+}
+
+impl RulesWriteError {
+    /// The kind of refusal, for the edges' status codes.
+    pub fn kind(&self) -> Refusal {
+        match self {
+            RulesWriteError::ReadOnly => Refusal::ReadOnly,
+            RulesWriteError::Stale { .. } => Refusal::Stale,
+            RulesWriteError::Invalid(_) => Refusal::Invalid,
+            RulesWriteError::NotFound(_) => Refusal::NotFound,
+            RulesWriteError::Exhausted(_) | RulesWriteError::Store(_) => Refusal::Internal,
+            RulesWriteError::Unavailable { .. } | RulesWriteError::Unknown { .. } => {
+                Refusal::Unavailable
+            }
+            RulesWriteError::Remote { kind, .. } => *kind,
+        }
+    }
+}
+
+/// What the write path needs to reach the coordinator; set when [`ClusterRules::sync`]
+/// starts.
+struct Links {
+    view: watch::Receiver<Arc<ClusterView>>,
+    peers: PeerPool,
+}
+
+/// A node's authority over the rules it enforces (module doc).
+pub struct ClusterRules {
+    me: Arc<str>,
+    source: RulesSource,
+    data_dir: Option<PathBuf>,
+    shared: SharedRules,
+    current: ArcSwap<Current>,
+    /// Serializes changes, so a version is given out once and persisted in order.
+    changes: Mutex<()>,
+    advert: watch::Sender<Advert>,
+    peers: ArcSwap<BTreeMap<String, Advert>>,
+    drift: ArcSwap<Vec<(String, Advert)>>,
+    version_gauge: metrics::Gauge,
+    drift_gauge: metrics::Gauge,
+    links: std::sync::OnceLock<Links>,
+}
+
+impl std::fmt::Debug for ClusterRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRules")
+            .field("source", &self.source)
+            .field("stamp", &self.current().stamp())
+            .finish()
+    }
+}
+
+impl ClusterRules {
+    /// Starts enforcing `rules` at `version`: stores them in `shared` (the hot path's
+    /// rules) and advertises them. In cluster mode, `data_dir` is where every accepted
+    /// rule set is persisted (none: only in memory; a restart then begins from the seed
+    /// or the built-in default and catches up from peers).
+    pub fn new(
+        me: Arc<str>,
+        source: RulesSource,
+        data_dir: Option<PathBuf>,
+        version: u64,
+        rules: RuleSet,
+        shared: SharedRules,
+    ) -> Arc<Self> {
+        let rules = Arc::new(rules);
+        shared.store(rules.clone());
+        let current = Current { version, rules };
+        let advert = Advert {
+            source,
+            stamp: current.stamp(),
+        };
+        let this = ClusterRules {
+            me,
+            source,
+            data_dir,
+            shared,
+            current: ArcSwap::from_pointee(current),
+            changes: Mutex::new(()),
+            advert: watch::channel(advert).0,
+            peers: ArcSwap::default(),
+            drift: ArcSwap::default(),
+            version_gauge: metrics::gauge!("ringlimit_rules_version"),
+            drift_gauge: metrics::gauge!("ringlimit_rules_drift_nodes"),
+            links: std::sync::OnceLock::new(),
+        };
+        this.version_gauge.set(version as f64);
+        Arc::new(this)
+    }
+
+    /// The rules in force and their version.
+    pub fn current(&self) -> Arc<Current> {
+        self.current.load_full()
+    }
+
+    /// Where this node's rules come from.
+    pub fn source(&self) -> RulesSource {
+        self.source
+    }
+
+    /// This node's advert, as gossiped.
+    pub fn advert(&self) -> Advert {
+        *self.advert.borrow()
+    }
+
+    /// Watch of this node's advert: the node mirrors it into gossip.
+    pub fn adverts(&self) -> watch::Receiver<Advert> {
+        self.advert.subscribe()
+    }
+
+    /// The other members' adverts as last seen in gossip, by node id.
+    pub fn peer_adverts(&self) -> Arc<BTreeMap<String, Advert>> {
+        self.peers.load_full()
+    }
+
+    /// The member holding the newest version newer than this node's, if any: while there
+    /// is one, this node enforces rules the cluster has replaced (a copy is in flight).
+    pub fn behind(&self) -> Option<(String, Advert)> {
+        let mine = self.advert();
+        let peers = self.peer_adverts();
+        best_source(&mine, peers.iter().map(|(id, a)| (id.as_str(), *a)))
+            .map(|(id, a)| (id.to_string(), a))
+    }
+
+    /// Members whose rules drift from this node's ([`Advert::drifts_from`]).
+    pub fn drift(&self) -> Arc<Vec<(String, Advert)>> {
+        self.drift.load_full()
+    }
+
+    /// Changes the cluster's rules (module doc): sent to the coordinator unless this node
+    /// is it (or knows no peers yet), applied there, and the coordinator's answer enforced
+    /// here at once. File mode refuses before anything is sent.
+    pub async fn write(
+        &self,
+        if_match: Option<u64>,
+        edit: RulesEdit,
+    ) -> Result<Written, RulesWriteError> {
+        if self.source == RulesSource::File {
+            return Err(RulesWriteError::ReadOnly);
+        }
+        if let RulesEdit::Replace(doc) = &edit {
+            // A whole document is valid or not wherever it is applied: say so without
+            // asking the coordinator (and even while it is unreachable).
+            RuleSet::from_doc(doc.clone())?;
+        }
+        let remote = self.links.get().and_then(|links| {
+            let view = links.view.borrow().clone();
+            coordinator(&view)
+                .filter(|m| m.node_id != *self.me)
+                .cloned()
+                .map(|m| (m, links.peers.clone()))
+        });
+        let Some((member, peers)) = remote else {
+            return self.write_local(if_match, edit).await;
+        };
+        let outcome = peers
+            .write_rules(&member, if_match, &edit)
+            .await
+            .map_err(|e| match e {
+                RemoteWriteError::Refused(kind, message) => {
+                    RulesWriteError::Remote { kind, message }
+                }
+                RemoteWriteError::Failed(error) => RulesWriteError::Unknown {
+                    node: member.node_id.clone(),
+                    reason: error.to_string(),
+                },
+            })?;
+        // Enforce what the coordinator now enforces, without waiting for gossip, so a
+        // read on this node right after the write sees it.
+        let pulled = PulledRules {
+            source: Some(RulesSource::Cluster),
+            stamp: outcome.written.stamp,
+            document: outcome.document,
+        };
+        if let Err(error) = self.offer(&member.node_id, pulled).await {
+            tracing::warn!(coordinator = %member.node_id, %error, "the coordinator's answer to a write could not be applied here; gossip will bring it");
+        }
+        Ok(outcome.written)
+    }
+
+    /// Applies a write here, whoever coordinates: a write that arrives over the peer face
+    /// is never sent on. The edit applies to this node's document, validated, given the
+    /// next version, persisted and swapped in; with `if_match`, only if the current
+    /// version is that one. A document equal to the current one changes nothing and keeps
+    /// its version.
+    pub async fn write_local(
+        &self,
+        if_match: Option<u64>,
+        edit: RulesEdit,
+    ) -> Result<Written, RulesWriteError> {
+        if self.source == RulesSource::File {
+            return Err(RulesWriteError::ReadOnly);
+        }
+        let _change = self.changes.lock().await;
+        let current = self.current();
+        // Never give out version N+1 while a member is known to hold more than N (this
+        // node restarted without its data dir, or a pull is in flight): the write would
+        // lose to that version on every node. The sync loop copies it within a gossip
+        // round; the writer retries.
+        if let Some((newer, advert)) = self.behind() {
+            return Err(RulesWriteError::Unavailable {
+                node: self.me.to_string(),
+                reason: format!(
+                    "catching up: {newer} holds {}, this node {}; retry in a moment",
+                    advert.stamp,
+                    current.stamp()
+                ),
+            });
+        }
+        if let Some(given) = if_match {
+            if given != current.version {
+                return Err(RulesWriteError::Stale {
+                    given,
+                    current: current.version,
+                });
+            }
+        }
+        let (doc, rule) = edit.apply(current.rules.doc())?;
+        let rules = RuleSet::from_doc(doc)?;
+        let written = |stamp, changed| Written {
+            stamp,
+            changed,
+            rule: rule.clone(),
+            coordinator: self.me.to_string(),
+        };
+        if rules.digest() == current.rules.digest() {
+            return Ok(written(current.stamp(), false));
+        }
+        let version = current
+            .version
+            .checked_add(1)
+            .ok_or(RulesWriteError::Exhausted(current.version))?;
+        let rules = Arc::new(rules);
+        self.persist(version, &rules)
+            .await
+            .map_err(RulesWriteError::Store)?;
+        let new = self.apply(version, rules);
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "api").increment(1);
+        tracing::info!(node_id = %self.me, version, digest = %hex(new.rules.digest()), rules = new.rules.len(), "rules changed through the API");
+        Ok(written(new.stamp(), true))
+    }
+
+    /// A peer's copy, pulled because its advert was newer: checked (source, validation,
+    /// digest), then persisted and swapped in if it is still newer than ours. Returns
+    /// whether it was applied; an error says why it was refused.
+    pub async fn offer(&self, from: &str, pulled: PulledRules) -> Result<bool, String> {
+        if self.source == RulesSource::File {
+            return Ok(false);
+        }
+        if pulled.source != Some(RulesSource::Cluster) {
+            return Err("the peer does not follow the cluster rule set".into());
+        }
+        let doc = RulesDoc::from_json_str(&pulled.document).map_err(|e| e.to_string())?;
+        let rules = RuleSet::from_doc(doc).map_err(|e| e.to_string())?;
+        if rules.digest() != pulled.stamp.digest {
+            return Err(format!(
+                "the document's digest is {}, not the {} it was sent as",
+                hex(rules.digest()),
+                hex(pulled.stamp.digest)
+            ));
+        }
+        let _change = self.changes.lock().await;
+        if pulled.stamp <= self.current().stamp() {
+            return Ok(false);
+        }
+        let rules = Arc::new(rules);
+        if let Err(error) = self.persist(pulled.stamp.version, &rules).await {
+            // Enforcing the cluster's rules matters more than the local copy: apply
+            // anyway, and say loudly that a restart would start from an older one.
+            metrics::counter!("ringlimit_rules_persist_failures_total").increment(1);
+            tracing::error!(%error, "could not persist the rules copied from a peer; enforcing them anyway");
+        }
+        self.apply(pulled.stamp.version, rules);
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "peer").increment(1);
+        tracing::info!(node_id = %self.me, from, version = pulled.stamp.version, digest = %hex(pulled.stamp.digest), "rules copied from a peer");
+        Ok(true)
+    }
+
+    /// File mode: the file changed and parsed; enforce it as the next local version.
+    pub async fn reload_file(&self, rules: RuleSet) {
+        let _change = self.changes.lock().await;
+        let version = self.current().version.saturating_add(1);
+        self.apply(version, Arc::new(rules));
+        metrics::counter!("ringlimit_rules_changes_total", "origin" => "file").increment(1);
+    }
+
+    async fn persist(&self, version: u64, rules: &Arc<RuleSet>) -> Result<(), StoreError> {
+        let Some(dir) = self.data_dir.clone() else {
+            return Ok(());
+        };
+        let rules = rules.clone();
+        match tokio::task::spawn_blocking(move || store(&dir, version, &rules)).await {
+            Ok(result) => result,
+            Err(error) => Err(StoreError::Io {
+                path: self.data_dir.clone().unwrap_or_default(),
+                error: std::io::Error::other(error.to_string()),
+            }),
+        }
+    }
+
+    fn apply(&self, version: u64, rules: Arc<RuleSet>) -> Arc<Current> {
+        self.shared.store(rules.clone());
+        let current = Arc::new(Current { version, rules });
+        self.current.store(current.clone());
+        self.version_gauge.set(version as f64);
+        self.advert.send_replace(Advert {
+            source: self.source,
+            stamp: current.stamp(),
+        });
+        current
+    }
+
+    /// Follows the other members' adverts: records them, reports drift, and in cluster
+    /// mode pulls a newer rule set from the member that has the greatest one. Runs until
+    /// `cancel`; reacts to every gossip change and looks again every 500 ms (a failed
+    /// pull is retried then).
+    pub async fn sync(
+        self: Arc<Self>,
+        mut values: watch::Receiver<Arc<MemberValues>>,
+        view: watch::Receiver<Arc<ClusterView>>,
+        peers: PeerPool,
+        cancel: CancellationToken,
+    ) {
+        let _ = self.links.set(Links {
+            view: view.clone(),
+            peers: peers.clone(),
+        });
+        let pull_failures = metrics::counter!("ringlimit_rules_pull_failures_total");
+        let mut tick = tokio::time::interval(RESYNC);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_failure: Option<(String, Stamp)> = None;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = values.changed() => if changed.is_err() { return },
+                _ = tick.tick() => {}
+            }
+            let adverts: BTreeMap<String, Advert> = values
+                .borrow_and_update()
+                .iter()
+                .filter(|(id, _)| **id != *self.me)
+                .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
+                .collect();
+            self.note_drift(&adverts);
+            let mine = self.advert();
+            let best = best_source(&mine, adverts.iter().map(|(id, a)| (id.as_str(), *a)))
+                .map(|(id, a)| (id.to_string(), a));
+            self.peers.store(Arc::new(adverts));
+            let Some((id, advert)) = best else { continue };
+            let Some(member) = view.borrow().member(&id).cloned() else {
+                continue;
+            };
+            let outcome = match peers.pull_rules(&member).await {
+                Ok(pulled) => self.offer(&id, pulled).await,
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = outcome {
+                pull_failures.increment(1);
+                // Once per (peer, stamp): a peer that stays unreachable is retried
+                // every 500 ms without a log line each time.
+                let failure = (id.clone(), advert.stamp);
+                if last_failure.as_ref() != Some(&failure) {
+                    tracing::warn!(from = %id, wanted = %advert.stamp, %error, "could not copy newer rules from a peer; will retry");
+                    last_failure = Some(failure);
+                }
+            }
+        }
+    }
+
+    /// Records the drifting members; logs when the set changes.
+    fn note_drift(&self, adverts: &BTreeMap<String, Advert>) {
+        let mine = self.advert();
+        let drift: Vec<(String, Advert)> = adverts
+            .iter()
+            .filter(|(_, a)| mine.drifts_from(a))
+            .map(|(id, a)| (id.clone(), *a))
+            .collect();
+        if **self.drift.load() == drift {
+            return;
+        }
+        self.drift_gauge.set(drift.len() as f64);
+        if drift.is_empty() {
+            tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
+        } else {
+            let nodes: Vec<String> = drift
+                .iter()
+                .map(|(id, a)| format!("{id}={}", a.encode()))
+                .collect();
+            tracing::warn!(
+                node_id = %self.me,
+                rules = %mine.encode(),
+                drifting = %nodes.join(", "),
+                "rules drift: these members enforce different rules than this node (different --rules files, or file and cluster sources mixed)"
+            );
+        }
+        self.drift.store(Arc::new(drift));
+    }
+}
+
+/// A digest as 16 hex digits, the form every message and API uses.
+pub fn hex(digest: u64) -> String {
+    format!("{digest:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "[[rule]]\nname = \"a\"\ntier = \"free\"\nlimit = 5\nwindow = \"1m\"\n";
+
+    fn node(source: RulesSource, dir: Option<PathBuf>) -> (Arc<ClusterRules>, SharedRules) {
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            source,
+            dir,
+            0,
+            RuleSet::builtin(),
+            shared.clone(),
+        );
+        (rules, shared)
+    }
+
+    fn replace_with(text: &str) -> RulesEdit {
+        RulesEdit::Replace(RulesDoc::from_toml_str(text).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_write_gets_the_next_version_is_persisted_and_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rules, shared) = node(RulesSource::Cluster, Some(dir.path().to_owned()));
+        let new = rules.write(Some(0), replace_with(A)).await.unwrap();
+        assert!(new.changed);
+        assert_eq!(new.stamp.version, 1);
+        assert_eq!(new.coordinator, "n1", "alone, a node coordinates itself");
+        assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
+        assert_eq!(rules.advert().stamp, new.stamp);
+        let (stamp, _) = crate::config::rules::load_stored(dir.path())
+            .unwrap()
+            .unwrap();
+        assert_eq!(stamp, new.stamp);
+        // The same document again changes nothing.
+        let same = rules.write(None, replace_with(A)).await.unwrap();
+        assert!(!same.changed);
+        assert_eq!(same.stamp.version, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_if_match_or_an_invalid_document_changes_nothing() {
+        let (rules, shared) = node(RulesSource::Cluster, None);
+        rules.write(None, replace_with(A)).await.unwrap();
+        let e = rules.write(Some(0), replace_with(A)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RulesWriteError::Stale {
+                    given: 0,
+                    current: 1
+                }
+            ),
+            "{e}"
+        );
+        let bad = RulesEdit::PutTierLimit {
+            tier: "free".into(),
+            limit: TierLimit {
+                name: Some("a".into()),
+                limit: Some(0),
+                window: Some("1m".into()),
+                ..TierLimit::default()
+            },
+        };
+        let e = rules.write(Some(1), bad).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rule \"a\": field \"limit\": must be an integer >= 1 (got 0)"
+        );
+        assert_eq!(e.kind(), Refusal::Invalid);
+        let missing = RulesEdit::DeleteTierLimit {
+            tier: "pro".into(),
+            route: None,
+        };
+        let e = rules.write(Some(1), missing).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::NotFound);
+        assert_eq!(rules.current().version, 1);
+        assert_eq!(shared.load().get("a").unwrap().spec.limit().get(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_node_that_knows_of_a_newer_version_refuses_to_give_out_an_older_one() {
+        let (rules, _) = node(RulesSource::Cluster, None);
+        let newer = Advert {
+            source: RulesSource::Cluster,
+            stamp: Stamp {
+                version: 5,
+                digest: 1,
+            },
+        };
+        rules
+            .peers
+            .store(Arc::new(BTreeMap::from([("n2".to_string(), newer)])));
+        assert_eq!(rules.behind().map(|(id, _)| id).as_deref(), Some("n2"));
+        let e = rules.write(None, replace_with(A)).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::Unavailable);
+        assert!(e.to_string().contains("catching up: n2 holds v5"), "{e}");
+        assert_eq!(rules.current().version, 0, "nothing changed");
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_coordinator_does_not_answer_says_its_outcome_is_unknown() {
+        use crate::cluster::forward::ForwardConfig;
+        use crate::membership::Member;
+        let member = |id: &str, port: u16| Member {
+            node_id: id.to_string(),
+            generation: 1,
+            grpc_addr: ([127, 0, 0, 1], port).into(),
+            // Port 1 on loopback: nothing listens, the call is refused at once.
+            peer_addr: ([127, 0, 0, 1], 1).into(),
+            gossip_addr: ([127, 0, 0, 1], port).into(),
+            leaving: false,
+        };
+        // A peer id the ring makes coordinator (n1 is this node).
+        let peer = (0..)
+            .map(|i| format!("p{i}"))
+            .find(|id| {
+                let view = ClusterView::from_members(vec![member("n1", 2), member(id, 3)]);
+                coordinator(&view).is_some_and(|m| m.node_id == *id)
+            })
+            .unwrap();
+        let view = ClusterView::from_members(vec![member("n1", 2), member(&peer, 3)]);
+        let (_tx, view) = watch::channel(Arc::new(view));
+        let tracker = tokio_util::task::TaskTracker::new();
+        let cancel = CancellationToken::new();
+        let pool = PeerPool::new(
+            "n1".into(),
+            ForwardConfig::default(),
+            tracker,
+            cancel.clone(),
+        );
+        let (rules, _) = node(RulesSource::Cluster, None);
+        assert!(rules.links.set(Links { view, peers: pool }).is_ok());
+
+        let e = rules.write(Some(0), replace_with(A)).await.unwrap_err();
+        assert_eq!(e.kind(), Refusal::Unavailable);
+        assert!(
+            matches!(&e, RulesWriteError::Unknown { node, .. } if *node == peer),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("may or may not have been applied"),
+            "{e}"
+        );
+        assert_eq!(rules.current().version, 0, "nothing was applied here");
+        // A bad document is refused before anything is sent, coordinator or not.
+        let e = rules
+            .write(None, RulesEdit::Replace(RulesDoc::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::Invalid);
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn file_mode_refuses_writes() {
+        let (rules, _) = node(RulesSource::File, None);
+        let e = rules.write(None, replace_with(A)).await.unwrap_err();
+        assert!(matches!(e, RulesWriteError::ReadOnly));
+    }
+
+    #[tokio::test]
+    async fn a_peer_copy_is_applied_only_when_newer_and_genuine() {
+        let (rules, shared) = node(RulesSource::Cluster, None);
+        let doc = RulesDoc::from_toml_str(A).unwrap();
+        let pulled = |version, digest| PulledRules {
+            source: Some(RulesSource::Cluster),
+            stamp: Stamp { version, digest },
+            document: doc.to_json(),
+        };
+        let e = rules.offer("n2", pulled(3, 42)).await.unwrap_err();
+        assert!(e.contains("digest"), "{e}");
+        assert!(rules.offer("n2", pulled(3, doc.digest())).await.unwrap());
+        assert_eq!(rules.current().version, 3);
+        assert_eq!(shared.load().digest(), doc.digest());
+        assert!(
+            !rules.offer("n2", pulled(2, doc.digest())).await.unwrap(),
+            "older"
+        );
+        let mut bad = pulled(9, 0);
+        bad.document = "{\"rule\": [{\"name\": \"x\"}]}".into();
+        assert!(rules.offer("n2", bad).await.is_err());
+        assert_eq!(rules.current().version, 3);
+    }
+}

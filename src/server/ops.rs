@@ -1,0 +1,727 @@
+//! The ops face: HTTP for operators and orchestrators (`--http-listen`, default
+//! `127.0.0.1:7421`).
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | 200 while the process serves (liveness) |
+//! | `GET /readyz` | 200 once rules are loaded, no member holds newer ones, and, with seeds, another member is seen (readiness) |
+//! | `GET /v1/cluster` | members, ring digest, each member's rules advert, drift, keys held |
+//! | `GET /v1/owner?key=K` | which member owns K, charging nothing |
+//! | `GET /v1/limits/{tier}` | that tier's rules as JSON |
+//! | `PUT /v1/limits/{tier}` | create or replace the tier's rule for a route pattern |
+//! | `DELETE /v1/limits/{tier}?route_pattern=P` | remove it |
+//! | `GET /v1/rules` | the whole document, TOML (or JSON with `Accept: application/json`), `ETag` = version |
+//! | `PUT /v1/rules` | replace it (TOML, or JSON with `Content-Type: application/json`), `If-Match` |
+//!
+//! Writes need `Authorization: Bearer <token>` matching `--admin-token-file`; a node
+//! without a token refuses every write (403), so a node started without one can never be
+//! reconfigured by whoever reaches the port. A node following `--rules FILE` refuses
+//! writes too (409): the file is the truth. A bad body is answered 400 with the messages
+//! of `ringlimit rules check`, and nothing changes; a stale `If-Match` is answered 412.
+//!
+//! This adapter maps HTTP onto [`ClusterRules`] and the router's view; it decides nothing
+//! itself.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::check::plan::MAX_KEY_BYTES;
+use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
+use crate::cluster::Router;
+use crate::config::rules::Stamp;
+use crate::config::rules::{RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
+use crate::ring::Ring;
+
+/// The admin token writes must present. Compared through blake3 hashes, so the
+/// comparison takes the same time whatever the guess.
+#[derive(Clone)]
+pub struct AdminToken(blake3::Hash);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+/// Shortest admin token accepted: a token is a password nobody types, so 16 characters
+/// of a generator's output is the least that resists guessing.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+impl AdminToken {
+    /// A token from its text (surrounding whitespace ignored).
+    pub fn new(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.chars().count() < MIN_ADMIN_TOKEN_CHARS {
+            return Err(format!(
+                "admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            ));
+        }
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("admin token must be visible ASCII without spaces".into());
+        }
+        Ok(AdminToken(blake3::hash(text.as_bytes())))
+    }
+
+    /// The token in the first line of `path`.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("admin token file {}: {e}", path.display()))?;
+        let first = text.lines().next().unwrap_or("");
+        Self::new(first).map_err(|e| format!("admin token file {}: {e}", path.display()))
+    }
+
+    fn matches(&self, given: &str) -> bool {
+        // blake3::Hash equality is constant-time.
+        blake3::hash(given.as_bytes()) == self.0
+    }
+}
+
+/// Most connections the ops port holds at once; one more waits in the kernel's accept
+/// queue until one closes. Prometheus, probes and operators need a handful.
+pub const MAX_OPS_CONNECTIONS: usize = 128;
+
+/// Longest life of one ops connection: requests are short, so a connection still open
+/// after this is closed (a client that wants more reconnects). This is what bounds a client
+/// that opens connections and sends nothing, or a byte a minute.
+pub const MAX_OPS_CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The ops listener with [`MAX_OPS_CONNECTIONS`] and [`MAX_OPS_CONNECTION_AGE`]: the HTTP
+/// server axum runs has neither a connection cap nor a header timeout of its own.
+pub struct BoundedListener {
+    inner: tokio::net::TcpListener,
+    slots: Arc<tokio::sync::Semaphore>,
+    max_age: std::time::Duration,
+}
+
+impl BoundedListener {
+    /// Bounds `inner` to `max_connections` open connections of at most `max_age` each.
+    pub fn new(
+        inner: tokio::net::TcpListener,
+        max_connections: usize,
+        max_age: std::time::Duration,
+    ) -> Self {
+        BoundedListener {
+            inner,
+            slots: Arc::new(tokio::sync::Semaphore::new(max_connections.max(1))),
+            max_age,
+        }
+    }
+}
+
+impl axum::serve::Listener for BoundedListener {
+    type Io = BoundedStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        // A free slot first: at the cap, new connections wait in the accept queue.
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        let stream = BoundedStream {
+            stream,
+            deadline: Box::pin(tokio::time::sleep(self.max_age)),
+            _slot: permit,
+        };
+        (stream, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// One ops connection: holds its slot, and fails every read and write once it is older
+/// than the maximum age, which makes the server drop it.
+pub struct BoundedStream {
+    stream: tokio::net::TcpStream,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl BoundedStream {
+    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        self.deadline.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn too_old() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "ops connection reached its maximum age",
+    )
+}
+
+impl tokio::io::AsyncRead for BoundedStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.expired(cx) {
+            return std::task::Poll::Ready(Err(too_old()));
+        }
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for BoundedStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.expired(cx) {
+            return std::task::Poll::Ready(Err(too_old()));
+        }
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// What the ops face serves from.
+#[derive(Clone)]
+pub struct OpsState {
+    /// The rules authority.
+    pub rules: Arc<ClusterRules>,
+    /// The router: cluster view, this node's identity, the shards (keys held).
+    pub router: Arc<Router>,
+    /// `None`: writes refused.
+    pub admin: Option<AdminToken>,
+    /// Renders `/metrics`.
+    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+    /// The node was given seeds: ready only once it sees another member.
+    pub expects_peers: bool,
+}
+
+/// An answer that is not a success: a status and a message, sent as `{"error": "..."}`.
+#[derive(Debug)]
+struct OpsError(StatusCode, String);
+
+impl IntoResponse for OpsError {
+    fn into_response(self) -> Response {
+        let mut response = json(self.0, serde_json::json!({ "error": self.1 }));
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<RulesWriteError> for OpsError {
+    fn from(error: RulesWriteError) -> Self {
+        let status = match error.kind() {
+            Refusal::ReadOnly => StatusCode::CONFLICT,
+            Refusal::Stale => StatusCode::PRECONDITION_FAILED,
+            Refusal::Invalid => StatusCode::BAD_REQUEST,
+            Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        OpsError(status, error.to_string())
+    }
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{value}\n"),
+    )
+        .into_response()
+}
+
+/// The ops routes over `state`.
+pub fn routes(state: OpsState) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/owner", get(owner))
+        .route(
+            "/v1/limits/{tier}",
+            get(get_limits).put(put_limit).delete(delete_limit),
+        )
+        .route("/v1/rules", get(get_rules).put(put_rules))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<OpsState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        (s.metrics)(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(s): State<OpsState>) -> Response {
+    let view = s.router.view();
+    let joined = !s.expects_peers || view.members.len() > 1;
+    let current = s.rules.current();
+    // A node that knows a member holds newer rules enforces replaced ones: not ready
+    // until its copy arrives (within a gossip round or two).
+    let behind = s.rules.behind();
+    let reason = match (&behind, joined) {
+        (_, false) => Some("no other member seen yet (seeds given)".to_string()),
+        (Some((id, advert)), true) => Some(format!(
+            "catching up: {id} holds rules {}, this node {}",
+            advert.stamp,
+            current.stamp()
+        )),
+        (None, true) => None,
+    };
+    let ready = reason.is_none();
+    let body = serde_json::json!({
+        "ready": ready,
+        "members": view.members.len(),
+        "rules_version": current.version,
+        "rules_digest": hex(current.rules.digest()),
+        "reason": reason,
+    });
+    json(
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        body,
+    )
+}
+
+async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
+    let view = s.router.view();
+    let shares = view.ring.shares();
+    let me = s.router.me();
+    let mine = s.rules.advert();
+    let adverts = s.rules.peer_adverts();
+    let members: Vec<_> = view
+        .members
+        .iter()
+        .map(|m| {
+            let advert = if m.node_id == *me.node_id {
+                Some(mine)
+            } else {
+                adverts.get(&m.node_id).copied()
+            };
+            serde_json::json!({
+                "node_id": m.node_id,
+                "generation": m.generation.to_string(),
+                "grpc_addr": m.grpc_addr.to_string(),
+                "peer_addr": m.peer_addr.to_string(),
+                "gossip_addr": m.gossip_addr.to_string(),
+                "leaving": m.leaving,
+                "ring_share": shares.iter().find(|(id, _)| *id == m.node_id).map_or(0.0, |(_, s)| *s),
+                "rules_source": advert.map(|a| a.source.as_str()),
+                "rules_version": advert.map(|a| a.stamp.version),
+                "rules_digest": advert.map(|a| hex(a.stamp.digest)),
+                "rules_drift": advert.is_some_and(|a| mine.drifts_from(&a)),
+            })
+        })
+        .collect();
+    let keys = s
+        .router
+        .shards()
+        .keys()
+        .await
+        .map_err(|e| OpsError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(json(
+        StatusCode::OK,
+        serde_json::json!({
+            "node_id": &*me.node_id,
+            "generation": me.generation.to_string(),
+            "ring_digest": format!("{:016x}", view.ring.digest()),
+            "keys": keys,
+            "rules": {
+                "source": mine.source.as_str(),
+                "version": mine.stamp.version,
+                "digest": hex(mine.stamp.digest),
+            },
+            "rules_drift": !s.rules.drift().is_empty(),
+            "members": members,
+        }),
+    ))
+}
+
+async fn owner(State(s): State<OpsState>, uri: Uri) -> Result<Response, OpsError> {
+    let key = query_param(&uri, "key")?
+        .ok_or_else(|| bad("key: required (GET /v1/owner?key=K)".into()))?;
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(bad(format!(
+            "key: must be 1..={MAX_KEY_BYTES} bytes (got {})",
+            key.len()
+        )));
+    }
+    let placement = Ring::key_hash(key.as_bytes());
+    let view = s.router.view();
+    let owner = view
+        .owner_of_placement(placement)
+        .ok_or_else(|| OpsError(StatusCode::SERVICE_UNAVAILABLE, "the ring is empty".into()))?;
+    Ok(json(
+        StatusCode::OK,
+        serde_json::json!({
+            "key": key,
+            "placement": format!("{placement:016x}"),
+            "owner": {
+                "node_id": owner.node_id,
+                "generation": owner.generation.to_string(),
+                "grpc_addr": owner.grpc_addr.to_string(),
+            },
+            "ring_digest": format!("{:016x}", view.ring.digest()),
+        }),
+    ))
+}
+
+fn bad(message: String) -> OpsError {
+    OpsError(StatusCode::BAD_REQUEST, message)
+}
+
+/// The headers every rules answer carries: the version as the entity tag (what
+/// `If-Match` names), the digest and the source.
+fn with_rules_headers(mut response: Response, stamp: Stamp, rules: &ClusterRules) -> Response {
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", stamp.version)) {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&hex(stamp.digest)) {
+        h.insert("x-ringlimit-rules-digest", v);
+    }
+    h.insert(
+        "x-ringlimit-rules-source",
+        HeaderValue::from_static(rules.source().as_str()),
+    );
+    response
+}
+
+async fn get_limits(State(s): State<OpsState>, Path(tier): Path<String>) -> Response {
+    let current = s.rules.current();
+    let rules: Vec<serde_json::Value> = current
+        .rules
+        .doc()
+        .tier_rules(&tier)
+        .into_iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).expect("a rule serializes");
+            v["route_pattern"] = serde_json::json!(r.route);
+            v
+        })
+        .collect();
+    let body = serde_json::json!({
+        "tier": tier,
+        "version": current.version,
+        "digest": hex(current.rules.digest()),
+        "rules": rules,
+    });
+    with_rules_headers(json(StatusCode::OK, body), current.stamp(), &s.rules)
+}
+
+async fn put_limit(
+    State(s): State<OpsState>,
+    Path(tier): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, OpsError> {
+    authorize(&s, &headers)?;
+    let if_match = if_match(&headers)?;
+    let limit: TierLimit = serde_json::from_slice(&bounded(&body)?).map_err(|e| {
+        bad(format!(
+            "body: JSON error at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let written = s
+        .rules
+        .write(if_match, RulesEdit::PutTierLimit { tier, limit })
+        .await?;
+    Ok(answer_written(&s, &written))
+}
+
+async fn delete_limit(
+    State(s): State<OpsState>,
+    Path(tier): Path<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, OpsError> {
+    authorize(&s, &headers)?;
+    let if_match = if_match(&headers)?;
+    let route = query_param(&uri, "route_pattern")?;
+    let written = s
+        .rules
+        .write(if_match, RulesEdit::DeleteTierLimit { tier, route })
+        .await?;
+    Ok(answer_written(&s, &written))
+}
+
+async fn get_rules(State(s): State<OpsState>, headers: HeaderMap) -> Response {
+    let current = s.rules.current();
+    let response = if wants_json(&headers, header::ACCEPT) {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{}\n", current.rules.doc().to_json()),
+        )
+            .into_response()
+    } else {
+        (
+            [(header::CONTENT_TYPE, "application/toml")],
+            current.rules.doc().to_toml(),
+        )
+            .into_response()
+    };
+    with_rules_headers(response, current.stamp(), &s.rules)
+}
+
+async fn put_rules(
+    State(s): State<OpsState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, OpsError> {
+    authorize(&s, &headers)?;
+    let if_match = if_match(&headers)?;
+    let body = bounded(&body)?;
+    let text = std::str::from_utf8(&body).map_err(|e| {
+        bad(format!(
+            "body: not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    let doc = if wants_json(&headers, header::CONTENT_TYPE) {
+        RulesDoc::from_json_str(text)
+    } else {
+        RulesDoc::from_toml_str(text)
+    }
+    .map_err(|e| bad(e.to_string()))?;
+    let written = s.rules.write(if_match, RulesEdit::Replace(doc)).await?;
+    Ok(answer_written(&s, &written))
+}
+
+fn answer_written(s: &OpsState, written: &Written) -> Response {
+    let mut body = serde_json::json!({
+        "version": written.stamp.version,
+        "digest": hex(written.stamp.digest),
+        "changed": written.changed,
+        "coordinator": written.coordinator,
+    });
+    if let Some(rule) = &written.rule {
+        body["rule"] = serde_json::json!(rule);
+    }
+    with_rules_headers(json(StatusCode::OK, body), written.stamp, &s.rules)
+}
+
+fn authorize(s: &OpsState, headers: &HeaderMap) -> Result<(), OpsError> {
+    let Some(token) = &s.admin else {
+        return Err(OpsError(
+            StatusCode::FORBIDDEN,
+            "writes are disabled: this node was started without --admin-token-file".into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            OpsError(
+                StatusCode::UNAUTHORIZED,
+                "writes need Authorization: Bearer <admin token>".into(),
+            )
+        })?;
+    if !token.matches(given.trim()) {
+        return Err(OpsError(
+            StatusCode::UNAUTHORIZED,
+            "the admin token does not match".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `If-Match: "7"` (or `7`, `W/"7"`) → `Some(7)`; `*` or absent → `None` (unconditional).
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, OpsError> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    if text == "*" {
+        return Ok(None);
+    }
+    let tag = text.strip_prefix("W/").unwrap_or(text);
+    let tag = tag
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(tag);
+    tag.parse().map(Some).map_err(|_| {
+        bad(format!(
+            "If-Match: {text:?} is not a rules version (the ETag of GET /v1/rules, e.g. \"7\")"
+        ))
+    })
+}
+
+fn bounded(body: &Bytes) -> Result<Bytes, OpsError> {
+    if body.len() as u64 > MAX_RULES_FILE_BYTES {
+        return Err(OpsError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "body: {} bytes, over the limit of {MAX_RULES_FILE_BYTES}",
+                body.len()
+            ),
+        ));
+    }
+    Ok(body.clone())
+}
+
+fn wants_json(headers: &HeaderMap, name: header::HeaderName) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/json"))
+}
+
+/// One query parameter, percent-decoded (`+` is a space); `None` when absent.
+fn query_param(uri: &Uri, name: &str) -> Result<Option<String>, OpsError> {
+    let Some(query) = uri.query() else {
+        return Ok(None);
+    };
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == name {
+            return percent_decode(v)
+                .map(Some)
+                .ok_or_else(|| bad(format!("{name}: not a valid percent-encoded UTF-8 value")));
+        }
+    }
+    Ok(None)
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = text.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bypass closed: a client that opens connections and sends nothing held the ops
+    /// port (and a task and a socket each) for ever. Now it holds a slot for at most the
+    /// maximum age, and past the cap others wait for a slot rather than pile up.
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_at_its_age_and_frees_its_slot() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let age = std::time::Duration::from_millis(200);
+        let app = axum::Router::new().route("/", get(|| async { "ok" }));
+        let server = tokio::spawn(async move {
+            axum::serve(BoundedListener::new(listener, 1, age), app)
+                .await
+                .unwrap();
+        });
+        let started = std::time::Instant::now();
+        // The idle client takes the only slot.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // A real request waits for the slot, then is served.
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            client.read_to_string(&mut answer),
+        )
+        .await
+        .expect("served once the idle connection aged out")
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(150),
+            "it waited for the slot"
+        );
+        // The idle one was closed by the server.
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), idle.read(&mut buf))
+            .await
+            .expect("the idle connection is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        server.abort();
+    }
+
+    #[test]
+    fn percent_decoding_handles_spaces_slashes_and_garbage() {
+        assert_eq!(
+            percent_decode("POST+%2Fv1%2Fcharges").unwrap(),
+            "POST /v1/charges"
+        );
+        assert_eq!(percent_decode("a%20b").unwrap(), "a b");
+        assert!(percent_decode("%zz").is_none());
+        assert!(percent_decode("%f").is_none());
+        assert!(percent_decode("%ff").is_none(), "not UTF-8");
+    }
+
+    #[test]
+    fn if_match_accepts_entity_tags_and_refuses_garbage() {
+        let h = |v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::IF_MATCH, HeaderValue::from_str(v).unwrap());
+            m
+        };
+        assert_eq!(if_match(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(if_match(&h("*")).unwrap(), None);
+        assert_eq!(if_match(&h("\"7\"")).unwrap(), Some(7));
+        assert_eq!(if_match(&h("W/\"7\"")).unwrap(), Some(7));
+        assert_eq!(if_match(&h("7")).unwrap(), Some(7));
+        assert!(if_match(&h("\"abc\"")).is_err());
+    }
+
+    #[test]
+    fn admin_tokens_are_long_and_compared_by_value() {
+        assert!(AdminToken::new("short").is_err());
+        assert!(AdminToken::new("has a space in it, long enough").is_err());
+        let t = AdminToken::new("  0123456789abcdef\n").unwrap();
+        assert!(t.matches("0123456789abcdef"));
+        assert!(!t.matches("0123456789abcdeg"));
+        assert!(!format!("{t:?}").contains("0123"), "never logged");
+    }
+}
