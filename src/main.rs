@@ -147,6 +147,12 @@ struct ServeArgs {
     /// RateLimit-Policy headers (docs/envoy.md).
     #[arg(long)]
     envoy_headers: bool,
+    /// Also serve Gubernator's V1 API (pb.gubernator.V1: GetRateLimits, HealthCheck) on
+    /// the public listener. Each request carries its own limit, so any caller that can
+    /// reach the port chooses its own: only for trusted callers (docs/security.md,
+    /// docs/gubernator.md).
+    #[arg(long)]
+    gubernator: bool,
     /// This node's id in answers (default: ringlimit-<hostname or pid>).
     #[arg(long, env = "RINGLIMIT_NODE_ID")]
     node_id: Option<String>,
@@ -321,6 +327,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         envoy_path: args.envoy_config,
         envoy_algorithm: args.envoy_algorithm,
         envoy_headers: args.envoy_headers,
+        gubernator: args.gubernator,
         ..NodeConfig::default()
     };
     if let Some(id) = args.node_id {

@@ -258,6 +258,8 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
             cost: 1,
             hops: 1,
             named: None,
+            give_back: 0,
+            drain: false,
         }],
         deadline_ms,
     };
@@ -533,6 +535,8 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
         cost: 1,
         hops: 1,
         named: None,
+        give_back: 0,
+        drain: false,
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),

@@ -372,6 +372,38 @@ impl Limiter {
         }
     }
 
+    /// Gives `cost` units back now, whenever they were taken (a caller's negative hits;
+    /// `NonZeroU64::MAX` makes the state as full as a fresh one). Never beyond full.
+    ///
+    /// Exact for the fixed window (the current window's count goes down; an older
+    /// window's count is already gone) and the token bucket (the level goes up, capped
+    /// at capacity). The other algorithms give back as a refund at `now` would, which
+    /// is what Gubernator's clients use none of.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use ringlimit::algorithms::{Limiter, FixedWindow};
+    ///
+    /// let fw = Limiter::FixedWindow(FixedWindow::new(NonZeroU64::new(5).unwrap(), Duration::from_secs(60)).unwrap());
+    /// let mut s = fw.new_state();
+    /// fw.check(&mut s, 1_000, NonZeroU64::new(5).unwrap());
+    /// fw.give_back(&mut s, 2_000, NonZeroU64::new(2).unwrap());
+    /// assert_eq!(fw.check(&mut s, 3_000, NonZeroU64::MIN).remaining, 1);
+    /// fw.give_back(&mut s, 4_000, NonZeroU64::MAX);
+    /// assert_eq!(fw.check(&mut s, 5_000, NonZeroU64::MIN).remaining, 4);
+    /// ```
+    pub fn give_back(&self, state: &mut KeyState, now: Millis, cost: NonZeroU64) {
+        match (self, state) {
+            (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) => {
+                let last = s.last;
+                a.refund(s, last, cost)
+            }
+            (Limiter::FixedWindow(a), KeyState::FixedWindow(s)) => a.refund(s, now, cost),
+            (limiter, state) => limiter.refund(state, now, cost),
+        }
+    }
+
     /// When the store may drop `state`. A mismatched state is worthless to this limiter (the next
     /// check replaces it), so it expires immediately.
     pub fn expires_at(&self, state: &KeyState) -> Millis {

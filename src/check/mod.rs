@@ -18,6 +18,7 @@
 //! its rule, so an inline rule needs no new path below planning.
 
 pub mod domain;
+pub mod gubernator;
 pub mod plan;
 pub mod verdict;
 
@@ -163,6 +164,55 @@ impl Checker {
             });
         }
         Ok(domain::domain_verdict(plan, &verdict.descriptors))
+    }
+
+    /// Decide Gubernator rate limits (`GetRateLimits`): see [`gubernator`]. Each item is
+    /// a check of its own (one denying refunds nothing of another), and each invalid or
+    /// undecidable item is an error of its own: the others are still decided. At most
+    /// [`gubernator::MAX_ITEMS`] items, else the whole call is refused.
+    pub async fn check_gubernator(
+        &self,
+        inputs: &[gubernator::RateLimitInput<'_>],
+    ) -> Result<Vec<Result<gubernator::RateLimitStatus, CheckError>>, CheckError> {
+        if inputs.len() > gubernator::MAX_ITEMS {
+            return Err(CheckError::invalid(
+                "requests",
+                format!(
+                    "{} items in one call; at most {} are allowed",
+                    inputs.len(),
+                    gubernator::MAX_ITEMS
+                ),
+            ));
+        }
+        let planned: Vec<Result<gubernator::PlannedItem, CheckError>> =
+            inputs.iter().map(gubernator::plan_item).collect();
+        let checks: Vec<Vec<crate::cluster::CheckItem>> = planned
+            .iter()
+            .filter_map(|p| p.as_ref().ok().map(|p| vec![p.item.clone()]))
+            .collect();
+        let mut verdicts = if checks.is_empty() {
+            Vec::new()
+        } else {
+            self.decide(checks).await?
+        }
+        .into_iter();
+        let me = self.router.me();
+        Ok(planned
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let p = p?;
+                let verdict = verdicts.next().expect("one verdict per valid item");
+                let outcome = &verdict.descriptors[0];
+                if crate::cluster::policy::is_fail_closed(&outcome.answer, me) {
+                    return Err(CheckError::Unavailable {
+                        descriptor: i,
+                        rule: outcome.item.rule.name.to_string(),
+                    });
+                }
+                Ok(gubernator::status(&p, outcome))
+            })
+            .collect())
     }
 
     /// The cluster as this node sees it (members, ring), for the read-only topology

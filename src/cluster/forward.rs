@@ -18,6 +18,7 @@
 //! are left out of the batch rather than charged on the owner.
 
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +46,12 @@ fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
         name: named.name.to_string(),
         override_limit,
         override_unit_seconds,
+        inline: named.inline.map(|r| crate::proto::peer::InlineRule {
+            algorithm: r.kind.as_str().to_string(),
+            limit: r.limit,
+            window_ms: r.window_ms,
+            burst: r.burst,
+        }),
     }
 }
 
@@ -179,6 +186,8 @@ impl PeerPool {
             cost: item.cost.get(),
             hops: 1,
             named: item.named.as_ref().map(wire_named),
+            give_back: item.give_back.map_or(0, NonZeroU64::get),
+            drain: item.drain,
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;

@@ -68,8 +68,35 @@ pub struct CheckItem {
     /// that unit given back at once, like a sibling's refund.
     pub probe: bool,
     /// How the owner finds this item's rule when it is not matched by (key, route,
-    /// tier): set for Envoy descriptors, whose rule comes from the Envoy configuration.
+    /// tier): set for Envoy descriptors, whose rule comes from the Envoy configuration,
+    /// and for Gubernator items, whose rule the request carried inline.
     pub named: Option<NamedRule>,
+    /// Units to give back to the counter on its owner's shard just before this check is
+    /// decided, in the same shard step (Gubernator's negative hits and
+    /// `RESET_REMAINING`): see [`Charge::give_back`].
+    pub give_back: Option<NonZeroU64>,
+    /// On a denial, take what the counter still holds (Gubernator's
+    /// `DRAIN_OVER_LIMIT`): see [`Charge::drain`].
+    pub drain: bool,
+    /// Answered by the owner only: never from this node's deny cache, and its denials
+    /// are not cached. Set where a request can raise a counter's budget (a give-back,
+    /// a reset) or change its numbers per call, so "denied until T" is not a fact.
+    pub uncached: bool,
+}
+
+/// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
+/// `burst`): what a forwarded item carries so the owner builds the same rule, and
+/// validates them like any input (`check::gubernator::inline_rule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineRule {
+    /// `FixedWindow` or `TokenBucket`.
+    pub kind: AlgorithmKind,
+    /// Units per window (fixed window) or refilled per window (token bucket).
+    pub limit: u64,
+    /// The window (or refill period), in ms.
+    pub window_ms: u64,
+    /// Token bucket capacity (0 for a fixed window).
+    pub burst: u64,
 }
 
 /// A rule found by name (in the Envoy configuration), possibly with a request's
@@ -81,6 +108,9 @@ pub struct NamedRule {
     pub name: Arc<str>,
     /// A request's limit override (requests per unit, unit in seconds), if any.
     pub override_limit: Option<(u32, u64)>,
+    /// A rule the request carried inline: the owner builds it from these numbers and
+    /// looks nothing up by `name`.
+    pub inline: Option<InlineRule>,
 }
 
 impl CheckItem {
@@ -107,6 +137,9 @@ impl CheckItem {
             cost,
             probe: false,
             named: None,
+            give_back: None,
+            drain: false,
+            uncached: false,
         }
     }
 
@@ -134,6 +167,8 @@ impl CheckItem {
             id: self.id,
             rule: self.rule.clone(),
             cost: self.cost,
+            give_back: self.give_back,
+            drain: self.drain,
         }
     }
 
@@ -145,6 +180,8 @@ impl CheckItem {
             id: KeyId::of(&rule.name, self.client.as_bytes(), route),
             rule,
             cost: self.cost,
+            give_back: self.give_back,
+            drain: self.drain,
         }
     }
 }

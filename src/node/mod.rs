@@ -30,10 +30,11 @@ use crate::config::rules::{read_rules_file, RuleFile, RuleSet, RulesError};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::gubernator::v1_server::V1Server;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
 use crate::server::peer_auth::PeerAuthLayer;
-use crate::server::{EnvoyRlsService, PeerService, RateLimitService};
+use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 
@@ -366,12 +367,17 @@ pub async fn start_with_clock(
     // own, so it can be bound to a private network and never answers on the public port.
     let checker = Checker::new(router.clone(), rules.clone()).with_envoy(envoy.clone());
     let public = RateLimitService::new(checker.clone());
+    // Gubernator's face only on request: its callers choose their own limits.
+    let gubernator = config
+        .gubernator
+        .then(|| GubernatorService::new(checker.clone()));
     let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
     tracker.spawn(
         serve_public(
             grpc_listener,
             public,
             envoy_rls,
+            gubernator,
             &config.grpc,
             cancel.clone(),
         )
@@ -404,8 +410,8 @@ pub async fn start_with_clock(
     })
 }
 
-/// The public face: `ringlimit.v1`, Envoy's RLS v3, health, and reflection (v1 and
-/// v1alpha) of those services only. Returns the server task for the caller's tracker.
+/// The public face: `ringlimit.v1`, Envoy's RLS v3, Gubernator's V1 when asked for,
+/// health, and reflection (v1 and v1alpha) of those services only. Returns the server task for the caller's tracker.
 ///
 /// Every bound on what one client can make this server hold is set here (README
 /// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
@@ -414,6 +420,7 @@ async fn serve_public(
     listener: TcpListener,
     public: RateLimitService,
     envoy_rls: EnvoyRlsService,
+    gubernator: Option<GubernatorService>,
     limits: &GrpcLimits,
     cancel: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, NodeError> {
@@ -424,12 +431,22 @@ async fn serve_public(
     health
         .set_serving::<RateLimitServiceServer<EnvoyRlsService>>()
         .await;
+    if gubernator.is_some() {
+        health.set_serving::<V1Server<GubernatorService>>().await;
+    }
+    let served_gubernator = gubernator.is_some();
     // Both reflection versions: grpcurl and newer tools speak v1; the stock Python
     // client (grpcio-reflection), older grpcurl, Postman and grpcui only v1alpha.
     let reflection = || {
-        tonic_reflection::server::Builder::configure()
+        let builder = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        if served_gubernator {
+            builder
+                .register_encoded_file_descriptor_set(crate::proto::GUBERNATOR_FILE_DESCRIPTOR_SET)
+        } else {
+            builder
+        }
     };
     let reflection_v1 = reflection()
         .build_v1()
@@ -445,6 +462,7 @@ async fn serve_public(
         .add_service(reflection_v1alpha.max_decoding_message_size(max))
         .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
         .add_service(RateLimitServiceServer::new(envoy_rls).max_decoding_message_size(max))
+        .add_optional_service(gubernator.map(|g| V1Server::new(g).max_decoding_message_size(max)))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, limits),
             cancel.clone().cancelled_owned(),

@@ -290,6 +290,8 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
             cost,
             hops,
             named: None,
+            give_back: 0,
+            drain: false,
         },
     );
     (text(), prop::collection::vec(item, 0..12), any::<u64>()).prop_map(

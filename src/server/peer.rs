@@ -11,16 +11,18 @@ use tonic::{Request, Response, Status};
 use crate::algorithms::Implausible;
 use crate::algorithms::{AlgorithmKind, KeyState};
 use crate::check::domain::{entries_item, named_rule, MAX_COUNTER_KEY};
+use crate::check::gubernator::{inline_item, inline_rule};
 use crate::check::plan::MAX_COST;
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
-use crate::cluster::NamedRule;
 use crate::cluster::{policy, CheckItem, Router};
+use crate::cluster::{InlineRule, NamedRule};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
+use crate::proto::peer::InlineRule as WireInline;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
@@ -44,11 +46,15 @@ fn plan_item(
     envoy: &EnvoyConfig,
     index: usize,
 ) -> Result<CheckItem, CheckError> {
+    if let Some(inline) = named.and_then(|n| n.inline.as_ref()) {
+        return plan_inline(key, cost, inline, index);
+    }
     if let Some(wire) = named {
         let named = NamedRule {
             name: Arc::from(wire.name.as_str()),
             override_limit: (wire.override_limit != 0 || wire.override_unit_seconds != 0)
                 .then_some((wire.override_limit, wire.override_unit_seconds)),
+            inline: None,
         };
         let rule = named_rule(envoy, &named).ok_or_else(|| {
             CheckError::invalid(
@@ -78,6 +84,46 @@ fn plan_item(
     })
 }
 
+/// A forwarded item under a rule its request carried (Gubernator): the rule is rebuilt
+/// from the numbers, bounded like any input (the sender is a member, but its numbers
+/// are still input), and never looked up in this node's rules.
+fn plan_inline(
+    key: &str,
+    cost: u64,
+    wire: &WireInline,
+    index: usize,
+) -> Result<CheckItem, CheckError> {
+    let kind = AlgorithmKind::parse(&wire.algorithm).ok_or_else(|| {
+        CheckError::invalid(
+            format!("items[{index}].named.inline.algorithm"),
+            format!("{:?} is not an algorithm", wire.algorithm),
+        )
+    })?;
+    let inline = InlineRule {
+        kind,
+        limit: wire.limit,
+        window_ms: wire.window_ms,
+        burst: wire.burst,
+    };
+    let rule = inline_rule(&inline)
+        .map_err(|reason| CheckError::invalid(format!("items[{index}].named.inline"), reason))?;
+    if key.is_empty() || key.len() > MAX_COUNTER_KEY {
+        return Err(CheckError::invalid(
+            format!("items[{index}].key"),
+            format!("must be 1..={MAX_COUNTER_KEY} bytes"),
+        ));
+    }
+    let cost = NonZeroU64::new(cost)
+        .filter(|c| c.get() <= rule.limiter.max_cost())
+        .ok_or_else(|| {
+            CheckError::invalid(
+                format!("items[{index}].cost"),
+                format!("must be 1..={}", rule.limiter.max_cost()),
+            )
+        })?;
+    Ok(inline_item(rule, key, cost, inline))
+}
+
 /// Refuse a call whose list `field` holds more than `max` entries, before any of them is
 /// looked at: one call must not make a node decide, refund or hold an unbounded amount.
 fn at_most(field: &str, given: usize, max: usize) -> Result<(), CheckError> {
@@ -104,7 +150,7 @@ pub(crate) fn plan_forward(
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            plan_item(
+            let mut planned = plan_item(
                 &item.key,
                 &item.route,
                 item.tier.as_deref(),
@@ -113,7 +159,18 @@ pub(crate) fn plan_forward(
                 rules,
                 envoy,
                 i,
-            )
+            )?;
+            // A give-back or a drain changes a counter beyond a check: only for a rule
+            // a request carried, whose caller chose its numbers anyway.
+            if (item.give_back != 0 || item.drain) && !planned.uncached {
+                return Err(CheckError::invalid(
+                    format!("items[{i}].give_back"),
+                    "a give-back or a drain is for an inline rule only",
+                ));
+            }
+            planned.give_back = NonZeroU64::new(item.give_back);
+            planned.drain = item.drain;
+            Ok(planned)
         })
         .collect()
 }
@@ -368,6 +425,8 @@ mod tests {
             cost: 1,
             hops: 1,
             named: None,
+            give_back: 0,
+            drain: false,
         }
     }
 
