@@ -176,6 +176,7 @@ fn shard_round_trip(bencher: Bencher) {
         cost: NonZeroU64::MIN,
         give_back: None,
         drain: false,
+        peek: false,
     };
     bencher.bench_local(|| runtime.block_on(shards.check(vec![item.clone()])).unwrap());
     cancel.cancel();

@@ -260,6 +260,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
             named: None,
             give_back: 0,
             drain: false,
+            peek: false,
         }],
         deadline_ms,
     };
@@ -537,6 +538,7 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
         named: None,
         give_back: 0,
         drain: false,
+        peek: false,
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),

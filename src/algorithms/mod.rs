@@ -372,6 +372,41 @@ impl Limiter {
         }
     }
 
+    /// The numbers a check at `now` would report, taking nothing (Gubernator's and
+    /// Envoy's "hits 0"): `allowed` says whether one more unit would be admitted,
+    /// `remaining` is what is left now, and `reset_at_ms` when the full budget is back.
+    ///
+    /// Decided on a copy with a cost of 1; an admitted copy's unit is added back to
+    /// `remaining`, and for the token bucket the reset is the state's own "full again"
+    /// instant rather than the copy's (which would include the unit). Exact for the
+    /// fixed window and the token bucket; for the others the reset includes that unit.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use ringlimit::algorithms::{Limiter, TokenBucket};
+    ///
+    /// // 10 tokens, 10 per second: one every 100 ms.
+    /// let ten = NonZeroU64::new(10).unwrap();
+    /// let tb = Limiter::TokenBucket(TokenBucket::new(ten, ten, Duration::from_secs(1)).unwrap());
+    /// let mut s = tb.new_state();
+    /// tb.check(&mut s, 0, ten);
+    /// let d = tb.peek(&s, 250);
+    /// assert!(d.allowed);
+    /// assert_eq!((d.remaining, d.reset_at_ms), (2, 1_000));
+    /// ```
+    pub fn peek(&self, state: &KeyState, now: Millis) -> Decision {
+        let mut copy = state.clone();
+        let mut decision = self.check(&mut copy, now, NonZeroU64::MIN);
+        if decision.allowed {
+            decision.remaining = decision.remaining.saturating_add(1).min(decision.limit);
+            if let (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) = (self, state) {
+                decision.reset_at_ms = a.expires_at(s).max(now);
+            }
+        }
+        decision
+    }
+
     /// Gives `cost` units back now, whenever they were taken (a caller's negative hits;
     /// `NonZeroU64::MAX` makes the state as full as a fresh one). Never beyond full.
     ///

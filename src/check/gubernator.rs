@@ -16,8 +16,9 @@
 //!
 //! - `hits > 0` are charged; more than the counter can ever hold are OVER_LIMIT without
 //!   charging (unless draining);
-//! - `hits == 0` reports: decided as a probe (a cost of 1, given back at once), like
-//!   Envoy's `hits_addend = 0`;
+//! - `hits == 0` reports: a peek at the counter on its owner's shard, which changes
+//!   nothing (Envoy's `hits_addend = 0` probes and gives the unit back; a peek reports
+//!   the token bucket's reset exactly, which a probe would report one unit late);
 //! - `hits < 0` gives that many back (never beyond a full counter), then reports;
 //! - `RESET_REMAINING` gives everything back first (the token bucket then reports, as
 //!   Gubernator's does; the leaky bucket then takes its hits);
@@ -355,8 +356,8 @@ pub fn plan_item(input: &RateLimitInput<'_>) -> Result<PlannedItem, CheckError> 
         &counter_key(input.name, input.unique_key),
         cost,
         inline,
-    )
-    .probing(probe);
+    );
+    item.peek = probe;
     item.give_back = give_back;
     item.drain = drain && !probe;
     Ok(PlannedItem {
@@ -369,16 +370,10 @@ pub fn plan_item(input: &RateLimitInput<'_>) -> Result<PlannedItem, CheckError> 
 /// Gubernator's answer for a planned item from the router's outcome.
 pub fn status(planned: &PlannedItem, outcome: &DescriptorOutcome) -> RateLimitStatus {
     let d = &outcome.answer.decision;
-    // A probe's own unit was given back: it is still there.
-    let remaining = if outcome.item.probe && d.allowed {
-        d.remaining.saturating_add(1).min(d.limit)
-    } else {
-        d.remaining
-    };
     RateLimitStatus {
         over_limit: planned.over_anyway || !d.allowed,
         limit: planned.limit,
-        remaining: i64::try_from(remaining).unwrap_or(i64::MAX),
+        remaining: i64::try_from(d.remaining).unwrap_or(i64::MAX),
         reset_time_ms: i64::try_from(d.reset_at_ms).unwrap_or(i64::MAX),
         owner: outcome.answer.decider.node_id.clone(),
     }
@@ -503,18 +498,18 @@ mod tests {
     #[test]
     fn hits_zero_reports_negative_gives_back_and_too_many_are_over_without_charge() {
         let p = plan_item(&item(0, 0, 10, 1000)).unwrap();
-        assert!(p.item.probe && p.item.give_back.is_none() && !p.over_anyway);
+        assert!(p.item.peek && p.item.give_back.is_none() && !p.over_anyway);
         let p = plan_item(&item(0, -3, 10, 1000)).unwrap();
-        assert!(p.item.probe);
+        assert!(p.item.peek);
         assert_eq!(p.item.give_back, NonZeroU64::new(3));
         let p = plan_item(&item(0, 11, 10, 1000)).unwrap();
-        assert!(p.item.probe && p.over_anyway && p.item.cost.get() == 1);
+        assert!(p.item.peek && p.over_anyway);
         let p = plan_item(&RateLimitInput {
             behavior: behavior::DRAIN_OVER_LIMIT,
             ..item(0, 11, 10, 1000)
         })
         .unwrap();
-        assert!(!p.item.probe && p.over_anyway && p.item.drain);
+        assert!(!p.item.peek && p.over_anyway && p.item.drain);
         assert_eq!(p.item.cost.get(), 10, "takes everything there is");
     }
 
@@ -528,7 +523,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.item.give_back, Some(NonZeroU64::MAX));
         assert!(
-            p.item.probe,
+            p.item.peek,
             "Gubernator's token bucket ignores hits on a reset"
         );
         let p = plan_item(&RateLimitInput {
@@ -537,7 +532,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(p.item.give_back, Some(NonZeroU64::MAX));
-        assert_eq!((p.item.probe, p.item.cost.get()), (false, 4));
+        assert_eq!((p.item.peek, p.item.cost.get()), (false, 4));
     }
 
     #[test]

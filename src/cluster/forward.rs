@@ -188,6 +188,7 @@ impl PeerPool {
             named: item.named.as_ref().map(wire_named),
             give_back: item.give_back.map_or(0, NonZeroU64::get),
             drain: item.drain,
+            peek: item.peek,
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;

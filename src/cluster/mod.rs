@@ -78,6 +78,9 @@ pub struct CheckItem {
     /// On a denial, take what the counter still holds (Gubernator's
     /// `DRAIN_OVER_LIMIT`): see [`Charge::drain`].
     pub drain: bool,
+    /// Report, change nothing: see [`Charge::peek`]. Unlike a [`probe`](Self::probe)
+    /// there is nothing to give back afterwards.
+    pub peek: bool,
     /// Answered by the owner only: never from this node's deny cache, and its denials
     /// are not cached. Set where a request can raise a counter's budget (a give-back,
     /// a reset) or change its numbers per call, so "denied until T" is not a fact.
@@ -139,6 +142,7 @@ impl CheckItem {
             named: None,
             give_back: None,
             drain: false,
+            peek: false,
             uncached: false,
         }
     }
@@ -169,6 +173,7 @@ impl CheckItem {
             cost: self.cost,
             give_back: self.give_back,
             drain: self.drain,
+            peek: self.peek,
         }
     }
 
@@ -182,6 +187,7 @@ impl CheckItem {
             cost: self.cost,
             give_back: self.give_back,
             drain: self.drain,
+            peek: self.peek,
         }
     }
 }

@@ -292,6 +292,7 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
             named: None,
             give_back: 0,
             drain: false,
+            peek: false,
         },
     );
     (text(), prop::collection::vec(item, 0..12), any::<u64>()).prop_map(

@@ -162,14 +162,15 @@ pub(crate) fn plan_forward(
             )?;
             // A give-back or a drain changes a counter beyond a check: only for a rule
             // a request carried, whose caller chose its numbers anyway.
-            if (item.give_back != 0 || item.drain) && !planned.uncached {
+            if (item.give_back != 0 || item.drain || item.peek) && !planned.uncached {
                 return Err(CheckError::invalid(
                     format!("items[{i}].give_back"),
-                    "a give-back or a drain is for an inline rule only",
+                    "a give-back, a drain or a peek is for an inline rule only",
                 ));
             }
             planned.give_back = NonZeroU64::new(item.give_back);
             planned.drain = item.drain;
+            planned.peek = item.peek;
             Ok(planned)
         })
         .collect()
@@ -427,6 +428,7 @@ mod tests {
             named: None,
             give_back: 0,
             drain: false,
+            peek: false,
         }
     }
 
@@ -459,6 +461,91 @@ mod tests {
         let (field, reason) = field(plan_forward(&over, &rules, &EnvoyConfig::default()));
         assert_eq!(field, "items");
         assert!(reason.contains("at most 1000"), "{reason}");
+    }
+
+    #[test]
+    fn a_forwarded_inline_rule_is_rebuilt_and_bounded_on_the_owner() {
+        let rules = RuleSet::builtin();
+        let envoy = EnvoyConfig::default();
+        let inline = |algorithm: &str, limit, window_ms, burst| ForwardItem {
+            key: "4:test3:key".into(),
+            route: "/gubernator".into(),
+            named: Some(WireNamed {
+                name: "gubernator~leaky_bucket".into(),
+                inline: Some(WireInline {
+                    algorithm: algorithm.into(),
+                    limit,
+                    window_ms,
+                    burst,
+                }),
+                ..Default::default()
+            }),
+            ..item("k", None)
+        };
+        let ok = plan_forward(
+            &forward(vec![inline("token_bucket", 10, 1_000, 20)]),
+            &rules,
+            &envoy,
+        )
+        .unwrap();
+        assert_eq!(ok[0].rule.limiter.max_cost(), 20);
+        assert!(
+            ok[0].uncached,
+            "the owner keeps it out of its deny cache too"
+        );
+        // Numbers no client could have sent are refused whoever forwards them.
+        for (bad, want) in [
+            (
+                inline("token_bucket", 0, 1_000, 20),
+                "items[0].named.inline",
+            ),
+            (inline("token_bucket", 10, 0, 20), "items[0].named.inline"),
+            (
+                inline("token_bucket", 10, u64::MAX, 20),
+                "items[0].named.inline",
+            ),
+            (
+                inline("token_bucket", 10, 1_000, u64::MAX),
+                "items[0].named.inline",
+            ),
+            (
+                inline("sliding_window_log", 10, 1_000, 0),
+                "items[0].named.inline",
+            ),
+            (
+                inline("nope", 10, 1_000, 0),
+                "items[0].named.inline.algorithm",
+            ),
+            (
+                ForwardItem {
+                    cost: 21,
+                    ..inline("token_bucket", 10, 1_000, 20)
+                },
+                "items[0].cost",
+            ),
+        ] {
+            let (field, _) = field(plan_forward(&forward(vec![bad]), &rules, &envoy));
+            assert_eq!(field, want);
+        }
+        // A give-back, drain or peek of a configured rule's counter is refused: only a
+        // rule the request carried may be changed beyond a check.
+        for bad in [
+            ForwardItem {
+                give_back: u64::MAX,
+                ..item("k", None)
+            },
+            ForwardItem {
+                drain: true,
+                ..item("k", None)
+            },
+            ForwardItem {
+                peek: true,
+                ..item("k", None)
+            },
+        ] {
+            let (field, _) = field(plan_forward(&forward(vec![bad]), &rules, &envoy));
+            assert_eq!(field, "items[0].give_back");
+        }
     }
 
     #[test]

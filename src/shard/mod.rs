@@ -101,6 +101,10 @@ pub struct Charge {
     /// On a denial, take what the counter still holds (a second check of the remaining
     /// units, in the same shard step): the answer stays a denial, with nothing left.
     pub drain: bool,
+    /// Report, change nothing (after any give-back): the numbers a check would see,
+    /// taking nothing ([`Store::peek`](store::Store::peek)). Exact where a probe given
+    /// back (Envoy's way) would report a reset one unit late.
+    pub peek: bool,
 }
 
 impl Charge {
@@ -494,8 +498,15 @@ impl Actor {
                         if let Some(units) = item.give_back {
                             self.store.give_back(item.counter(), now, units);
                         }
-                        let (mut decision, c, fresh) =
-                            self.store.check(item.counter(), now, item.cost);
+                        let (mut decision, c, fresh) = if item.peek {
+                            (
+                                self.store.peek(item.counter(), now),
+                                Churn::default(),
+                                false,
+                            )
+                        } else {
+                            self.store.check(item.counter(), now, item.cost)
+                        };
                         churn += c;
                         if item.drain && !decision.allowed && decision.remaining > 0 {
                             let units = NonZeroU64::new(decision.remaining).expect("> 0");

@@ -541,6 +541,25 @@ impl Store {
         }
     }
 
+    /// What a check of the counter at `now` would report, changing nothing: see
+    /// [`Limiter::peek`]. A key with no state (or state under other numbers) reports
+    /// as a fresh one.
+    pub fn peek(&mut self, counter: Counter<'_>, now: Millis) -> Decision {
+        let Counter {
+            id,
+            fingerprint,
+            limiter,
+            local: _,
+        } = counter;
+        let fp = self.intern(fingerprint);
+        let state = self
+            .find(self.hasher.hash_one(id), id)
+            .filter(|&i| self.slots[i].fingerprint_slot() == fp)
+            .map(|i| self.load(i))
+            .unwrap_or_else(|| limiter.new_state());
+        limiter.peek(&state, now)
+    }
+
     /// Give `cost` units back to a counter now (a caller's negative hits, or a reset
     /// with `NonZeroU64::MAX`), unlike [`Store::refund`], which undoes one admission
     /// made at a known instant. A key with no state, or state under other numbers, is
