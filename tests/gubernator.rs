@@ -280,6 +280,47 @@ async fn the_face_is_served_only_with_gubernator_on() {
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
 
+#[tokio::test]
+async fn reflection_lists_the_gubernator_service_only_when_it_is_served() {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    async fn services(node: &RunningNode) -> Vec<String> {
+        let channel = Channel::from_shared(format!("http://{}", node.grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = ServerReflectionClient::new(channel)
+            .server_reflection_info(tokio_stream::iter(vec![request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("expected a service list, got {answer:?}");
+        };
+        list.service.into_iter().map(|s| s.name).collect()
+    }
+    let (on, _clock, _c) = single().await;
+    assert!(services(&on)
+        .await
+        .contains(&"pb.gubernator.V1".to_string()));
+    let off = common::start(NodeConfig::for_test()).await;
+    let listed = services(&off).await;
+    assert!(
+        !listed.iter().any(|s| s.starts_with("pb.gubernator")),
+        "{listed:?}"
+    );
+    assert!(listed.contains(&"ringlimit.v1.RateLimiter".to_string()));
+}
+
 /// Three nodes on one manual clock.
 async fn cluster() -> (Vec<RunningNode>, ManualClock) {
     let clock = ManualClock::new(T0);

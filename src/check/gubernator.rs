@@ -54,6 +54,12 @@ use crate::config::rules::{AlgorithmSpec, CountPer, FailMode, Rule, MAX_LIMIT, M
 
 /// Most items in one `GetRateLimits` call (Gubernator's own bound).
 pub const MAX_ITEMS: usize = 1000;
+/// Most distinct inline rules (algorithm, limit, duration, burst) one node plans in its
+/// lifetime. Every distinct set of numbers is a rule fingerprint that a shard interns
+/// for good in a table of 2^20; a full table makes the shard drop every key (TOML and
+/// Envoy counters included). Capped at each entry node, an owner sees at most
+/// `nodes × MAX_INLINE_RULES` of them: under the table's size for up to 31 nodes.
+pub const MAX_INLINE_RULES: usize = 32_768;
 /// The route part of every Gubernator counter: see the module docs.
 pub const GUBERNATOR_ROUTE: &str = "/gubernator";
 
@@ -237,6 +243,43 @@ pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The inline rules a node has planned, built once each, and at most
+/// [`MAX_INLINE_RULES`] of them: see there. Shared by the clones of a checker.
+#[derive(Debug, Default)]
+pub struct InlineRules {
+    rules: std::sync::Mutex<std::collections::HashMap<InlineRule, Arc<Rule>>>,
+}
+
+impl InlineRules {
+    /// The rule for `inline`: validated and built the first time, then reused. A new
+    /// one beyond [`MAX_INLINE_RULES`] is refused.
+    pub fn rule(&self, inline: &InlineRule) -> Result<Arc<Rule>, String> {
+        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(rule) = rules.get(inline) {
+            return Ok(rule.clone());
+        }
+        let rule = inline_rule(inline)?;
+        if rules.len() >= MAX_INLINE_RULES {
+            return Err(format!(
+                "this node already counts {MAX_INLINE_RULES} distinct Gubernator limits \
+                 (algorithm, limit, duration, burst); a new one is refused"
+            ));
+        }
+        rules.insert(*inline, rule.clone());
+        Ok(rule)
+    }
+
+    /// How many distinct inline rules have been planned.
+    pub fn len(&self) -> usize {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// None yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The counter key of (name, unique_key): length-prefixed, so no two pairs collide, and
 /// bounded like every counter key.
 fn counter_key(name: &str, unique_key: &str) -> String {
@@ -264,7 +307,10 @@ pub fn inline_item(rule: Arc<Rule>, key: &str, cost: NonZeroU64, inline: InlineR
 
 /// Validate one item and plan it. An invalid item is its own error (the others are
 /// still decided), and charges nothing.
-pub fn plan_item(input: &RateLimitInput<'_>) -> Result<PlannedItem, CheckError> {
+pub fn plan_item(
+    input: &RateLimitInput<'_>,
+    known: &InlineRules,
+) -> Result<PlannedItem, CheckError> {
     text("name", input.name)?;
     text("unique_key", input.unique_key)?;
     let algorithm = GubernatorAlgorithm::of(input.algorithm).ok_or_else(|| {
@@ -323,7 +369,9 @@ pub fn plan_item(input: &RateLimitInput<'_>) -> Result<PlannedItem, CheckError> 
             }
         }
     };
-    let rule = inline_rule(&inline).map_err(|reason| invalid("limit", reason))?;
+    let rule = known
+        .rule(&inline)
+        .map_err(|reason| invalid("limit", reason))?;
     let capacity = rule.limiter.max_cost();
     let reset = has(behavior::RESET_REMAINING);
     let drain = has(behavior::DRAIN_OVER_LIMIT);
@@ -397,6 +445,30 @@ mod tests {
         }
     }
 
+    fn plan(input: &RateLimitInput<'_>) -> Result<PlannedItem, CheckError> {
+        plan_item(input, &InlineRules::default())
+    }
+
+    #[test]
+    fn a_node_builds_each_inline_rule_once_and_refuses_new_ones_beyond_the_cap() {
+        let known = InlineRules::default();
+        let a = plan_item(&item(0, 1, 10, 1000), &known).unwrap();
+        let b = plan_item(&item(0, 1, 10, 1000), &known).unwrap();
+        assert!(Arc::ptr_eq(&a.item.rule, &b.item.rule));
+        for limit in 1..MAX_INLINE_RULES as i64 {
+            plan_item(&item(1, 1, limit, 1000), &known).unwrap();
+        }
+        assert_eq!(known.len(), MAX_INLINE_RULES);
+        let err = plan_item(&item(1, 1, MAX_INLINE_RULES as i64, 1000), &known).unwrap_err();
+        assert!(
+            err.to_string().contains("distinct Gubernator limits"),
+            "{err}"
+        );
+        // Known numbers are still served, and invalid ones still say why.
+        assert!(plan_item(&item(0, 1, 10, 1000), &known).is_ok());
+        assert_eq!(field(plan_item(&item(0, 1, 0, 1000), &known)), "limit");
+    }
+
     fn field(r: Result<PlannedItem, CheckError>) -> String {
         match r {
             Err(CheckError::InvalidArgument { field, .. }) => field,
@@ -407,44 +479,38 @@ mod tests {
     #[test]
     fn bad_items_are_refused_naming_the_field() {
         let ok = item(0, 1, 10, 1000);
-        assert!(plan_item(&ok).is_ok());
-        assert_eq!(field(plan_item(&RateLimitInput { name: "", ..ok })), "name");
+        assert!(plan(&ok).is_ok());
+        assert_eq!(field(plan(&RateLimitInput { name: "", ..ok })), "name");
         assert_eq!(
-            field(plan_item(&RateLimitInput {
+            field(plan(&RateLimitInput {
                 unique_key: "",
                 ..ok
             })),
             "unique_key"
         );
         for limit in [0, -1, MAX_LIMIT as i64 + 1] {
-            assert_eq!(field(plan_item(&RateLimitInput { limit, ..ok })), "limit");
+            assert_eq!(field(plan(&RateLimitInput { limit, ..ok })), "limit");
         }
         for duration in [0, -5, 7 * 24 * 3600 * 1000 + 1] {
-            assert_eq!(
-                field(plan_item(&RateLimitInput { duration, ..ok })),
-                "duration"
-            );
+            assert_eq!(field(plan(&RateLimitInput { duration, ..ok })), "duration");
         }
         assert_eq!(
-            field(plan_item(&RateLimitInput { algorithm: 2, ..ok })),
+            field(plan(&RateLimitInput { algorithm: 2, ..ok })),
             "algorithm"
         );
         assert_eq!(
-            field(plan_item(&RateLimitInput { behavior: 64, ..ok })),
+            field(plan(&RateLimitInput { behavior: 64, ..ok })),
             "behavior"
         );
         let leaky = item(1, 1, 10, 1000);
-        assert_eq!(
-            field(plan_item(&RateLimitInput { burst: -1, ..leaky })),
-            "burst"
-        );
+        assert_eq!(field(plan(&RateLimitInput { burst: -1, ..leaky })), "burst");
         let greg = RateLimitInput {
             behavior: behavior::DURATION_IS_GREGORIAN,
             ..ok
         };
         for unit in [3, 4, 5, 6, -1] {
             assert_eq!(
-                field(plan_item(&RateLimitInput {
+                field(plan(&RateLimitInput {
                     duration: unit,
                     ..greg
                 })),
@@ -453,7 +519,7 @@ mod tests {
             );
         }
         assert_eq!(
-            field(plan_item(&RateLimitInput {
+            field(plan(&RateLimitInput {
                 created_at: Some(-1),
                 ..ok
             })),
@@ -463,7 +529,7 @@ mod tests {
 
     #[test]
     fn algorithms_map_onto_a_fixed_window_and_a_token_bucket() {
-        let p = plan_item(&item(0, 2, 10, 60_000)).unwrap();
+        let p = plan(&item(0, 2, 10, 60_000)).unwrap();
         assert_eq!(
             p.item.rule.spec,
             AlgorithmSpec::FixedWindow {
@@ -472,7 +538,7 @@ mod tests {
             }
         );
         assert_eq!(p.item.cost.get(), 2);
-        let p = plan_item(&RateLimitInput {
+        let p = plan(&RateLimitInput {
             burst: 20,
             ..item(1, 1, 10, 1_000)
         })
@@ -485,9 +551,9 @@ mod tests {
                 period: Duration::from_secs(1)
             }
         );
-        let p = plan_item(&item(1, 1, 10, 1_000)).unwrap();
+        let p = plan(&item(1, 1, 10, 1_000)).unwrap();
         assert_eq!(p.item.rule.limiter.max_cost(), 10, "burst 0 means limit");
-        let p = plan_item(&RateLimitInput {
+        let p = plan(&RateLimitInput {
             behavior: behavior::DURATION_IS_GREGORIAN,
             ..item(0, 1, 10, 1)
         })
@@ -497,14 +563,14 @@ mod tests {
 
     #[test]
     fn hits_zero_reports_negative_gives_back_and_too_many_are_over_without_charge() {
-        let p = plan_item(&item(0, 0, 10, 1000)).unwrap();
+        let p = plan(&item(0, 0, 10, 1000)).unwrap();
         assert!(p.item.peek && p.item.give_back.is_none() && !p.over_anyway);
-        let p = plan_item(&item(0, -3, 10, 1000)).unwrap();
+        let p = plan(&item(0, -3, 10, 1000)).unwrap();
         assert!(p.item.peek);
         assert_eq!(p.item.give_back, NonZeroU64::new(3));
-        let p = plan_item(&item(0, 11, 10, 1000)).unwrap();
+        let p = plan(&item(0, 11, 10, 1000)).unwrap();
         assert!(p.item.peek && p.over_anyway);
-        let p = plan_item(&RateLimitInput {
+        let p = plan(&RateLimitInput {
             behavior: behavior::DRAIN_OVER_LIMIT,
             ..item(0, 11, 10, 1000)
         })
@@ -516,7 +582,7 @@ mod tests {
     #[test]
     fn a_reset_gives_everything_back_and_the_token_bucket_then_only_reports() {
         let reset = behavior::RESET_REMAINING;
-        let p = plan_item(&RateLimitInput {
+        let p = plan(&RateLimitInput {
             behavior: reset,
             ..item(0, 4, 10, 1000)
         })
@@ -526,7 +592,7 @@ mod tests {
             p.item.peek,
             "Gubernator's token bucket ignores hits on a reset"
         );
-        let p = plan_item(&RateLimitInput {
+        let p = plan(&RateLimitInput {
             behavior: reset,
             ..item(1, 4, 10, 1000)
         })
@@ -537,7 +603,7 @@ mod tests {
 
     #[test]
     fn counters_live_in_their_own_namespace_and_the_owner_rebuilds_the_same_rule() {
-        let p = plan_item(&item(1, 1, 10, 1000)).unwrap();
+        let p = plan(&item(1, 1, 10, 1000)).unwrap();
         assert!(p.item.rule.name.contains('~'), "no TOML rule name has a ~");
         assert_eq!(p.item.normalised_route(), GUBERNATOR_ROUTE);
         assert!(p.item.uncached);

@@ -114,6 +114,9 @@ pub struct Checker {
     router: Arc<Router>,
     rules: SharedRules,
     envoy: SharedEnvoy,
+    /// The Gubernator limits this node has planned (bounded: see
+    /// [`gubernator::MAX_INLINE_RULES`]), shared by every clone.
+    inline: Arc<gubernator::InlineRules>,
 }
 
 impl Checker {
@@ -123,6 +126,7 @@ impl Checker {
             router,
             rules,
             envoy: SharedEnvoy::default(),
+            inline: Arc::default(),
         }
     }
 
@@ -184,8 +188,10 @@ impl Checker {
                 ),
             ));
         }
-        let planned: Vec<Result<gubernator::PlannedItem, CheckError>> =
-            inputs.iter().map(gubernator::plan_item).collect();
+        let planned: Vec<Result<gubernator::PlannedItem, CheckError>> = inputs
+            .iter()
+            .map(|input| gubernator::plan_item(input, &self.inline))
+            .collect();
         let checks: Vec<Vec<crate::cluster::CheckItem>> = planned
             .iter()
             .filter_map(|p| p.as_ref().ok().map(|p| vec![p.item.clone()]))

@@ -90,7 +90,7 @@ pub struct CheckItem {
 /// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
 /// `burst`): what a forwarded item carries so the owner builds the same rule, and
 /// validates them like any input (`check::gubernator::inline_rule`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct InlineRule {
     /// `FixedWindow` or `TokenBucket`.
     pub kind: AlgorithmKind,
