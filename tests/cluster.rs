@@ -345,6 +345,7 @@ fn handed_over(rule: &str, key: &str, route: &str, algorithm: &str, words: Vec<u
         words,
         placement: id.placement,
         id: id.disc,
+        inline: None,
     }
 }
 

@@ -400,3 +400,52 @@ async fn inline_limits_survive_forwarding_and_the_owner_decides_whichever_node_i
     assert!(not_a > 0, "some keys are owned elsewhere than node a");
     assert!(common::metric_sum("ringlimit_forwarded_total") > before);
 }
+
+#[tokio::test]
+async fn a_graceful_leave_hands_gubernator_counters_to_their_new_owner() {
+    // Real clocks: a week-long window (aligned to the epoch) and a leaky bucket that
+    // leaks one hit per day do not move within the test.
+    const WEEK: i64 = 7 * 24 * 3600 * 1000;
+    let mut nodes = Vec::new();
+    let mut seeds: Vec<String> = Vec::new();
+    for id in ["a", "b", "c"] {
+        let node = common::start(gub_config(id, &seeds)).await;
+        seeds = vec![node.gossip_addr.to_string()];
+        nodes.push(node);
+    }
+    common::wait_converged(&nodes, 3).await;
+    let mut via_a = client(&nodes[0]).await;
+    let token = |key: &str, hits| item(key, TOKEN, hits, 3, WEEK);
+    let leaky = |key: &str, hits| item(key, LEAKY, hits, 3, 3 * 24 * 3600 * 1000);
+    // Keys that node c owns, found by reporting (nothing charged).
+    let mut owned_by_c = Vec::new();
+    for k in 0.. {
+        let key = format!("leaving:{k}");
+        if one(&mut via_a, token(&key, 0)).await.metadata["owner"] == "c" {
+            owned_by_c.push(key);
+        }
+        if owned_by_c.len() == 4 {
+            break;
+        }
+    }
+    for key in &owned_by_c {
+        assert_eq!(numbers(&one(&mut via_a, token(key, 3)).await).1, 0);
+        let lb = format!("{key}-lb");
+        let r = one(&mut via_a, leaky(&lb, 3)).await;
+        assert_eq!(numbers(&r).1, 0, "{lb}");
+    }
+    nodes.pop().unwrap().leave().await;
+    common::wait_converged(&nodes, 2).await;
+    for key in &owned_by_c {
+        let r = one(&mut via_a, token(key, 1)).await;
+        assert_eq!(
+            numbers(&r).0,
+            OVER,
+            "{key} stays exhausted after its owner left"
+        );
+        assert_ne!(r.metadata["owner"], "c");
+        let lb = format!("{key}-lb");
+        let r = one(&mut via_a, leaky(&lb, 1)).await;
+        assert_eq!(numbers(&r).0, OVER, "{lb} stays empty after its owner left");
+    }
+}

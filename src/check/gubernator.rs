@@ -54,12 +54,7 @@ use crate::config::rules::{AlgorithmSpec, CountPer, FailMode, Rule, MAX_LIMIT, M
 
 /// Most items in one `GetRateLimits` call (Gubernator's own bound).
 pub const MAX_ITEMS: usize = 1000;
-/// Most distinct inline rules (algorithm, limit, duration, burst) one node plans in its
-/// lifetime. Every distinct set of numbers is a rule fingerprint that a shard interns
-/// for good in a table of 2^20; a full table makes the shard drop every key (TOML and
-/// Envoy counters included). Capped at each entry node, an owner sees at most
-/// `nodes × MAX_INLINE_RULES` of them: under the table's size for up to 31 nodes.
-pub const MAX_INLINE_RULES: usize = 32_768;
+pub use crate::cluster::{InlineRules, MAX_INLINE_RULES};
 /// The route part of every Gubernator counter: see the module docs.
 pub const GUBERNATOR_ROUTE: &str = "/gubernator";
 
@@ -243,43 +238,6 @@ pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The inline rules a node has planned, built once each, and at most
-/// [`MAX_INLINE_RULES`] of them: see there. Shared by the clones of a checker.
-#[derive(Debug, Default)]
-pub struct InlineRules {
-    rules: std::sync::Mutex<std::collections::HashMap<InlineRule, Arc<Rule>>>,
-}
-
-impl InlineRules {
-    /// The rule for `inline`: validated and built the first time, then reused. A new
-    /// one beyond [`MAX_INLINE_RULES`] is refused.
-    pub fn rule(&self, inline: &InlineRule) -> Result<Arc<Rule>, String> {
-        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(rule) = rules.get(inline) {
-            return Ok(rule.clone());
-        }
-        let rule = inline_rule(inline)?;
-        if rules.len() >= MAX_INLINE_RULES {
-            return Err(format!(
-                "this node already counts {MAX_INLINE_RULES} distinct Gubernator limits \
-                 (algorithm, limit, duration, burst); a new one is refused"
-            ));
-        }
-        rules.insert(*inline, rule.clone());
-        Ok(rule)
-    }
-
-    /// How many distinct inline rules have been planned.
-    pub fn len(&self) -> usize {
-        self.rules.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// None yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// The counter key of (name, unique_key): length-prefixed, so no two pairs collide, and
 /// bounded like every counter key.
 fn counter_key(name: &str, unique_key: &str) -> String {
@@ -370,7 +328,7 @@ pub fn plan_item(
         }
     };
     let rule = known
-        .rule(&inline)
+        .rule(&inline, inline_rule)
         .map_err(|reason| invalid("limit", reason))?;
     let capacity = rule.limiter.max_cost();
     let reset = has(behavior::RESET_REMAINING);
@@ -458,7 +416,7 @@ mod tests {
         for limit in 1..MAX_INLINE_RULES as i64 {
             plan_item(&item(1, 1, limit, 1000), &known).unwrap();
         }
-        assert_eq!(known.len(), MAX_INLINE_RULES);
+        assert_eq!(known.planned(), MAX_INLINE_RULES);
         let err = plan_item(&item(1, 1, MAX_INLINE_RULES as i64, 1000), &known).unwrap_err();
         assert!(
             err.to_string().contains("distinct Gubernator limits"),

@@ -130,6 +130,14 @@ impl Checker {
         }
     }
 
+    /// This checker keeping the Gubernator limits it plans in `inline` (the node's one
+    /// registry, shared with its peer service and peer pool so those counters can be
+    /// handed over).
+    pub fn with_inline(mut self, inline: Arc<gubernator::InlineRules>) -> Self {
+        self.inline = inline;
+        self
+    }
+
     /// This checker matching domain checks against `envoy`.
     pub fn with_envoy(mut self, envoy: SharedEnvoy) -> Self {
         self.envoy = envoy;

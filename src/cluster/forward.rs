@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
-use crate::cluster::{CheckItem, Decider, NamedRule, Remote};
+use crate::cluster::{CheckItem, Decider, InlineRule, InlineRules, NamedRule, Remote};
 use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
@@ -39,6 +39,16 @@ use crate::proto::peer::{
 };
 use crate::shard::Exported;
 
+/// How the numbers of an inline rule travel.
+fn wire_inline(r: InlineRule) -> crate::proto::peer::InlineRule {
+    crate::proto::peer::InlineRule {
+        algorithm: r.kind.as_str().to_string(),
+        limit: r.limit,
+        window_ms: r.window_ms,
+        burst: r.burst,
+    }
+}
+
 /// How a rule found by name travels to the owner.
 fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
     let (override_limit, override_unit_seconds) = named.override_limit.unwrap_or((0, 0));
@@ -46,12 +56,7 @@ fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
         name: named.name.to_string(),
         override_limit,
         override_unit_seconds,
-        inline: named.inline.map(|r| crate::proto::peer::InlineRule {
-            algorithm: r.kind.as_str().to_string(),
-            limit: r.limit,
-            window_ms: r.window_ms,
-            burst: r.burst,
-        }),
+        inline: named.inline.map(wire_inline),
     }
 }
 
@@ -142,6 +147,8 @@ pub struct PeerPool {
     links: Arc<DashMap<String, Arc<Link>>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// The node's inline rules: handed-over state of one carries its numbers.
+    inline: Arc<InlineRules>,
 }
 
 impl std::fmt::Debug for PeerPool {
@@ -167,7 +174,14 @@ impl PeerPool {
             links: Arc::new(DashMap::new()),
             tracker,
             cancel,
+            inline: Arc::default(),
         }
+    }
+
+    /// This pool naming the numbers of the node's inline rules in handed-over state.
+    pub fn with_inline(mut self, inline: Arc<InlineRules>) -> Self {
+        self.inline = inline;
+        self
     }
 
     /// The forwarding settings.
@@ -262,6 +276,7 @@ impl PeerPool {
                     fingerprint: item.fingerprint,
                     algorithm: item.state.kind().as_str().to_string(),
                     words: item.state.to_words(),
+                    inline: self.inline.inline_of(item.fingerprint).map(wire_inline),
                 })
                 .collect(),
         };

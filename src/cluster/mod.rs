@@ -102,6 +102,97 @@ pub struct InlineRule {
     pub burst: u64,
 }
 
+/// Most distinct inline rules (algorithm, limit, duration, burst) one node plans from
+/// its callers in its lifetime. Every distinct set of numbers is a rule fingerprint that
+/// a shard interns for good in a table of 2^20; a full table makes the shard drop every
+/// key (TOML and Envoy counters included). Capped at each entry node, an owner sees at
+/// most `nodes × MAX_INLINE_RULES` of them: under the table's size for up to 31 nodes.
+pub const MAX_INLINE_RULES: usize = 32_768;
+
+/// The inline rules a node knows, built once each: the ones its callers sent (at most
+/// [`MAX_INLINE_RULES`]: see there) and the ones peers forwarded to it. One per node,
+/// shared by its checker, its peer service and its peer pool, so a handed-over counter
+/// can name the numbers of its rule ([`InlineRules::inline_of`]) and its new owner can
+/// rebuild it.
+#[derive(Debug, Default)]
+pub struct InlineRules {
+    known: std::sync::Mutex<InlineTable>,
+}
+
+#[derive(Debug, Default)]
+struct InlineTable {
+    rules: std::collections::HashMap<InlineRule, Arc<Rule>>,
+    by_fingerprint: std::collections::HashMap<u64, InlineRule>,
+    /// Rules a caller sent (the ones the cap counts).
+    planned: usize,
+}
+
+impl InlineRules {
+    fn table(&self) -> std::sync::MutexGuard<'_, InlineTable> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The rule for numbers a caller sent: `build` (which validates) the first time,
+    /// then the same rule. A new one beyond [`MAX_INLINE_RULES`] is refused.
+    pub fn rule(
+        &self,
+        inline: &InlineRule,
+        build: impl FnOnce(&InlineRule) -> Result<Arc<Rule>, String>,
+    ) -> Result<Arc<Rule>, String> {
+        let mut table = self.table();
+        if let Some(rule) = table.rules.get(inline) {
+            return Ok(rule.clone());
+        }
+        let rule = build(inline)?;
+        if table.planned >= MAX_INLINE_RULES {
+            return Err(format!(
+                "this node already counts {MAX_INLINE_RULES} distinct Gubernator limits \
+                 (algorithm, limit, duration, burst); a new one is refused"
+            ));
+        }
+        table.planned += 1;
+        table.insert(*inline, rule.clone());
+        Ok(rule)
+    }
+
+    /// The rule for numbers a peer sent (a forwarded check, a handed-over counter):
+    /// `build` (which validates) unless known. Never refused for the cap (a forwarded
+    /// batch is all or nothing); remembered while the table is under twice the cap.
+    pub fn forwarded(
+        &self,
+        inline: &InlineRule,
+        build: impl FnOnce(&InlineRule) -> Result<Arc<Rule>, String>,
+    ) -> Result<Arc<Rule>, String> {
+        let mut table = self.table();
+        if let Some(rule) = table.rules.get(inline) {
+            return Ok(rule.clone());
+        }
+        let rule = build(inline)?;
+        if table.rules.len() < 2 * MAX_INLINE_RULES {
+            table.insert(*inline, rule.clone());
+        }
+        Ok(rule)
+    }
+
+    /// The numbers of the known inline rule with this fingerprint, if any: what a
+    /// handed-over counter carries so its new owner can rebuild its rule.
+    pub fn inline_of(&self, fingerprint: u64) -> Option<InlineRule> {
+        self.table().by_fingerprint.get(&fingerprint).copied()
+    }
+
+    /// How many distinct inline rules callers sent to this node.
+    pub fn planned(&self) -> usize {
+        self.table().planned
+    }
+}
+
+impl InlineTable {
+    fn insert(&mut self, inline: InlineRule, rule: Arc<Rule>) {
+        self.by_fingerprint.insert(rule.fingerprint, inline);
+        self.rules.insert(inline, rule);
+    }
+}
+
 /// A rule found by name (in the Envoy configuration), possibly with a request's
 /// override of its numbers: what a forwarded Envoy descriptor carries so its owner
 /// decides under the same rule as its sender.

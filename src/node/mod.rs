@@ -305,12 +305,17 @@ pub async fn start_with_clock(
         // partition rules written against a node's address hold in both directions.
         forward.local_ip = Some(peer_addr.ip());
     }
+    // Gubernator's inline rules: one registry per node, shared by the checker (what
+    // callers send), the peer service (what peers forward) and the peer pool (handed-over
+    // counters name their rule's numbers).
+    let inline_rules = Arc::new(crate::cluster::InlineRules::default());
     let peers = PeerPool::new(
         decider.node_id.clone(),
         forward,
         tracker.clone(),
         cancel.clone(),
-    );
+    )
+    .with_inline(inline_rules.clone());
     let inherited = Arc::new(Inherited::default());
     let mut router = Router::new(
         decider.clone(),
@@ -365,7 +370,9 @@ pub async fn start_with_clock(
     // services, health and reflection of those services only. The cluster face is the
     // peer service (forwarded checks, refunds, handoff, status) on a listener of its
     // own, so it can be bound to a private network and never answers on the public port.
-    let checker = Checker::new(router.clone(), rules.clone()).with_envoy(envoy.clone());
+    let checker = Checker::new(router.clone(), rules.clone())
+        .with_envoy(envoy.clone())
+        .with_inline(inline_rules.clone());
     let public = RateLimitService::new(checker.clone());
     // Gubernator's face only on request: its callers choose their own limits.
     let gubernator = config
@@ -383,7 +390,9 @@ pub async fn start_with_clock(
         )
         .await?,
     );
-    let peer_service = PeerService::new(router.clone(), rules.clone()).with_envoy(envoy);
+    let peer_service = PeerService::new(router.clone(), rules.clone())
+        .with_envoy(envoy)
+        .with_inline(inline_rules);
     tracker.spawn(serve_peer(
         peer,
         peer_service,
