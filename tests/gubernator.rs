@@ -449,3 +449,59 @@ async fn a_graceful_leave_hands_gubernator_counters_to_their_new_owner() {
         assert_eq!(numbers(&r).0, OVER, "{lb} stays empty after its owner left");
     }
 }
+
+#[tokio::test]
+async fn an_unreachable_owner_is_an_error_of_its_items_only() {
+    let mut nodes = Vec::new();
+    let mut seeds: Vec<String> = Vec::new();
+    for id in ["a", "b", "c"] {
+        let node = common::start(gub_config(id, &seeds)).await;
+        seeds = vec![node.gossip_addr.to_string()];
+        nodes.push(node);
+    }
+    common::wait_converged(&nodes, 3).await;
+    let mut via_a = client(&nodes[0]).await;
+    let tb = |key: &str| item(key, TOKEN, 1, 10, 7 * 24 * 3600 * 1000);
+    let (mut on_a, mut on_c) = (None, None);
+    for k in 0.. {
+        let key = format!("crash:{k}");
+        let owner = one(
+            &mut via_a,
+            RateLimitReq {
+                hits: 0,
+                ..tb(&key)
+            },
+        )
+        .await
+        .metadata["owner"]
+            .clone();
+        match owner.as_str() {
+            "a" if on_a.is_none() => on_a = Some(key),
+            "c" if on_c.is_none() => on_c = Some(key),
+            _ => {}
+        }
+        if on_a.is_some() && on_c.is_some() {
+            break;
+        }
+    }
+    let (on_a, on_c) = (on_a.unwrap(), on_c.unwrap());
+    // Crash c: a still has it on its ring until failure detection.
+    nodes.pop().unwrap().shutdown().await;
+    let answers = via_a
+        .get_rate_limits(GetRateLimitsReq {
+            requests: vec![tb(&on_c), tb(&on_a)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .responses;
+    assert!(
+        answers[0]
+            .error
+            .starts_with("requests[0]: the owner of this rate limit is unreachable"),
+        "{:?}",
+        answers[0]
+    );
+    assert_eq!(numbers(&answers[1]), (UNDER, 9, answers[1].reset_time));
+    assert_eq!(answers[1].metadata["owner"], "a");
+}

@@ -1,7 +1,7 @@
 //! The check, independent of any wire: input → validate and plan → decide → verdict.
 //!
-//! Every front end (`ringlimit.v1` today; Envoy's RLS and Gubernator's API next) is one
-//! mapping file in `server` that turns its messages into a [`CheckInput`], calls the
+//! Every front end (`ringlimit.v1`, Envoy's RLS, Gubernator's V1) is one mapping file
+//! in `server` that turns its messages into a [`CheckInput`], calls the
 //! [`Checker`], and turns the [`Verdict`] back into its messages. Validation, rule
 //! matching, the refund of sibling descriptors and the combination of descriptor answers
 //! into one verdict live here, once, so a new front end cannot get them subtly wrong.
@@ -12,10 +12,10 @@
 //! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
 //!   is invalid) and has the cluster decide it.
 //!
-//! The input is plain borrowed data: a rule given inline by the caller (Gubernator) or
-//! a "do not charge" flag (Envoy's `hits_addend = 0`) are further fields of
-//! [`DescriptorInput`] when those front ends arrive; the planned item already carries
-//! its rule, so an inline rule needs no new path below planning.
+//! The input is plain borrowed data. Envoy's domain checks ([`domain`]) and
+//! Gubernator's rate limits ([`gubernator`]), whose rule a request carries inline, have
+//! inputs of their own; both plan the same [`CheckItem`](crate::cluster::CheckItem)s,
+//! which carry their rule, so neither needs a new path below planning.
 
 pub mod domain;
 pub mod gubernator;

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 
 use crate::check::gubernator::{RateLimitInput, RateLimitStatus};
 use crate::check::{CheckError, Checker};
+use crate::membership::ClusterView;
 use crate::proto::gubernator::{
     v1_server, GetRateLimitsReq, GetRateLimitsResp, HealthCheckReq, HealthCheckResp, RateLimitReq,
     RateLimitResp, Status as WireStatus,
@@ -71,6 +72,14 @@ pub(super) fn response(answer: Result<RateLimitStatus, CheckError>) -> RateLimit
             error: String::new(),
             metadata: [("owner".to_string(), s.owner.to_string())].into(),
         },
+        // The check layer names the item by its place in the batch.
+        Err(CheckError::Unavailable { descriptor, .. }) => RateLimitResp {
+            error: format!(
+                "requests[{descriptor}]: the owner of this rate limit is unreachable; \
+                 nothing was charged"
+            ),
+            ..Default::default()
+        },
         Err(e) => RateLimitResp {
             error: e.to_string(),
             ..Default::default()
@@ -98,25 +107,34 @@ impl v1_server::V1 for GubernatorService {
         &self,
         _request: Request<HealthCheckReq>,
     ) -> Result<Response<HealthCheckResp>, Status> {
-        let view = self.checker.view();
-        let me = self.checker.me();
-        let in_ring = !view.ring.is_empty() && view.members.iter().any(|m| *m.node_id == *me);
-        let peer_count = i32::try_from(view.members.len()).unwrap_or(i32::MAX);
-        Ok(Response::new(if in_ring {
-            HealthCheckResp {
-                status: "healthy".into(),
-                message: String::new(),
-                peer_count,
-                advertise_address: String::new(),
-            }
-        } else {
-            HealthCheckResp {
-                status: "unhealthy".into(),
-                message: format!("node {me} is not a member of its own cluster view yet"),
-                peer_count,
-                advertise_address: String::new(),
-            }
-        }))
+        Ok(Response::new(health(
+            &self.checker.view(),
+            self.checker.me(),
+        )))
+    }
+}
+
+/// Healthy while this node is a member of its own view and owns keys (not leaving);
+/// `peer_count` is the members it sees, itself included.
+pub(super) fn health(view: &ClusterView, me: &str) -> HealthCheckResp {
+    let peer_count = i32::try_from(view.members.len()).unwrap_or(i32::MAX);
+    let unhealthy = |message: String| HealthCheckResp {
+        status: "unhealthy".into(),
+        message,
+        peer_count,
+        advertise_address: String::new(),
+    };
+    match view.member(me) {
+        None => unhealthy(format!("node {me} is not in its own cluster view yet")),
+        Some(m) if m.leaving => unhealthy(format!(
+            "node {me} is leaving the cluster (handing its keys over)"
+        )),
+        Some(_) => HealthCheckResp {
+            status: "healthy".into(),
+            message: String::new(),
+            peer_count,
+            advertise_address: String::new(),
+        },
     }
 }
 
@@ -124,6 +142,28 @@ impl v1_server::V1 for GubernatorService {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn healthy_while_a_member_that_owns_keys_else_unhealthy_with_why() {
+        use crate::cluster::policy::testkit::member;
+        let me = member("a", 1);
+        let h = health(&ClusterView::single(me.clone()), "a");
+        assert_eq!((h.status.as_str(), h.peer_count), ("healthy", 1));
+        let h = health(&ClusterView::single(member("b", 2)), "a");
+        assert_eq!(h.status, "unhealthy");
+        assert!(
+            h.message.contains("not in its own cluster view"),
+            "{}",
+            h.message
+        );
+        let leaving = crate::membership::Member {
+            leaving: true,
+            ..me
+        };
+        let h = health(&ClusterView::single(leaving), "a");
+        assert_eq!(h.status, "unhealthy");
+        assert!(h.message.contains("leaving"), "{}", h.message);
+    }
 
     #[test]
     fn an_answer_names_its_owner_and_an_error_is_all_an_item_says() {
