@@ -410,9 +410,9 @@ impl Limiter {
     /// Gives `cost` units back now, whenever they were taken (a caller's negative hits;
     /// `NonZeroU64::MAX` makes the state as full as a fresh one). Never beyond full.
     ///
-    /// Exact for the fixed window (the current window's count goes down; an older
-    /// window's count is already gone) and the token bucket (the level goes up, capped
-    /// at capacity). The other algorithms give back as a refund at `now` would, which
+    /// Exact for the fixed window (the count of the newest window it has seen goes down,
+    /// whatever the clock says now) and the token bucket (the level goes up, capped at
+    /// capacity). The other algorithms give back as a refund at `now` would, which
     /// is what Gubernator's clients use none of.
     ///
     /// ```
@@ -434,7 +434,13 @@ impl Limiter {
                 let last = s.last;
                 a.refund(s, last, cost)
             }
-            (Limiter::FixedWindow(a), KeyState::FixedWindow(s)) => a.refund(s, now, cost),
+            // The state's own window, even if the clock stepped back since (the count is
+            // kept in the newest window seen); a window already past is reset by the
+            // next check anyway.
+            (Limiter::FixedWindow(a), KeyState::FixedWindow(s)) => {
+                let at = s.idx.saturating_mul(a.window_ms);
+                a.refund(s, at, cost)
+            }
             (limiter, state) => limiter.refund(state, now, cost),
         }
     }
@@ -688,6 +694,51 @@ mod tests {
             "\"tokenbucket\" is not an algorithm (use one of token_bucket, leaky_bucket, \
              fixed_window, sliding_window_log, sliding_window_counter)"
         );
+    }
+
+    proptest::proptest! {
+        /// A peek changes nothing and says what a check of one unit would: admitted or
+        /// not, what is left before it, and (fixed window, token bucket) the exact reset.
+        /// A give-back never makes a counter more than full, and everything back is a
+        /// fresh counter's numbers.
+        #[test]
+        fn peek_is_a_check_without_its_unit_and_give_back_stops_at_full(
+            bucket in proptest::prelude::any::<bool>(),
+            limit in 1u64..20, period in 1u64..5_000,
+            history in testkit::ops(700, 25, 30),
+            back in 1u64..30,
+        ) {
+            let limiter = if bucket {
+                Limiter::TokenBucket(TokenBucket::new(n(limit), n(limit), std::time::Duration::from_millis(period)).unwrap())
+            } else {
+                Limiter::FixedWindow(FixedWindow::new(n(limit), std::time::Duration::from_millis(period)).unwrap())
+            };
+            let mut state = limiter.new_state();
+            let mut now = 1_000_000;
+            for op in &history {
+                now = op.advance(now);
+                limiter.check(&mut state, now, n(op.cost));
+                let before = state.clone();
+                let peek = limiter.peek(&state, now);
+                proptest::prop_assert_eq!(&state, &before, "a peek changes nothing");
+                let mut copy = state.clone();
+                let check = limiter.check(&mut copy, now, NonZeroU64::MIN);
+                proptest::prop_assert_eq!(peek.allowed, check.allowed);
+                if check.allowed {
+                    proptest::prop_assert_eq!(peek.remaining, check.remaining + 1);
+                }
+                let mut given = state.clone();
+                limiter.give_back(&mut given, now, n(back));
+                let after = limiter.peek(&given, now);
+                proptest::prop_assert!(after.remaining <= limit);
+                proptest::prop_assert!(after.remaining >= peek.remaining);
+                limiter.give_back(&mut given, now, NonZeroU64::MAX);
+                let full = limiter.peek(&given, now);
+                let fresh = limiter.peek(&limiter.new_state(), now);
+                proptest::prop_assert_eq!(full.remaining, limit);
+                proptest::prop_assert_eq!(full.allowed, fresh.allowed);
+            }
+        }
     }
 }
 

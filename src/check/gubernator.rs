@@ -611,4 +611,41 @@ mod tests {
             assert!(inline_rule(&bad).is_err(), "{bad:?}");
         }
     }
+
+    proptest::proptest! {
+        /// Any numbers a caller can send: never a panic or an overflow; a planned item's
+        /// rule is within the bounds and its cost within what the counter can hold.
+        #[test]
+        fn any_item_is_planned_within_bounds_or_refused(
+            hits in proptest::prelude::any::<i64>(),
+            limit in proptest::prop_oneof![proptest::prelude::any::<i64>(), -2i64..2_000_000_000],
+            duration in proptest::prop_oneof![proptest::prelude::any::<i64>(), -2i64..700_000_000],
+            algorithm in -2i32..4,
+            behavior in proptest::prelude::any::<i32>(),
+            burst in proptest::prop_oneof![proptest::prelude::any::<i64>(), -2i64..2_000_000_000],
+            created_at in proptest::option::of(proptest::prelude::any::<i64>()),
+        ) {
+            let input = RateLimitInput {
+                name: "n",
+                unique_key: "k",
+                hits,
+                limit,
+                duration,
+                algorithm,
+                behavior,
+                burst,
+                created_at,
+            };
+            if let Ok(p) = plan(&input) {
+                let rule = &p.item.rule;
+                proptest::prop_assert!(rule.spec.limit().get() <= MAX_LIMIT);
+                proptest::prop_assert!(rule.spec.window() <= MAX_WINDOW);
+                proptest::prop_assert!(p.item.cost.get() <= rule.limiter.max_cost());
+                proptest::prop_assert_eq!(p.limit, limit);
+                proptest::prop_assert!(p.item.uncached);
+                let inline = p.item.named.as_ref().unwrap().inline.unwrap();
+                proptest::prop_assert_eq!(&inline_rule(&inline).unwrap(), rule);
+            }
+        }
+    }
 }
