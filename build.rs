@@ -5,18 +5,25 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The public protos: ringlimit's own and Envoy's rate limit service (trimmed copies of
-    // the upstream files under proto/envoy/, same packages and field numbers).
+    // The public protos: ringlimit's own, Envoy's rate limit service and Gubernator's V1
+    // (trimmed copies of the upstream files under proto/envoy/ and proto/gubernator/,
+    // same packages and field numbers).
     let public_protos = [
         "proto/ringlimit.proto",
         "proto/envoy/service/ratelimit/v3/rls.proto",
+        "proto/gubernator/gubernator.proto",
     ];
     let imported = [
         "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
         "proto/envoy/type/v3/ratelimit_unit.proto",
         "proto/envoy/config/core/v3/base.proto",
     ];
-    let protos = [public_protos[0], public_protos[1], "proto/peer.proto"];
+    let protos = [
+        public_protos[0],
+        public_protos[1],
+        public_protos[2],
+        "proto/peer.proto",
+    ];
     for p in protos.iter().chain(&imported) {
         println!("cargo:rerun-if-changed={p}");
     }
@@ -26,10 +33,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // API is the cluster face and is not advertised to gateways.
     // The set includes the files they import (Envoy's, and google/protobuf's
     // duration and wrappers), so reflection clients can resolve every type.
-    let public = protox::compile(public_protos, ["proto"])?;
+    // Gubernator's face is served only on request (`serve --gubernator`), so its
+    // descriptors are a set of their own, registered only when it is served.
+    let public = protox::compile(&public_protos[..2], ["proto"])?;
     std::fs::write(
         out.join("public_descriptor.bin"),
         prost::Message::encode_to_vec(&public),
+    )?;
+    let gubernator = protox::compile(&public_protos[2..], ["proto"])?;
+    std::fs::write(
+        out.join("gubernator_descriptor.bin"),
+        prost::Message::encode_to_vec(&gubernator),
     )?;
     // Every message implements `prost::Name`, so the server codec can name the message
     // a malformed request failed to decode as (`ringlimit.v1.CheckRequest: ...`).

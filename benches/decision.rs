@@ -174,6 +174,9 @@ fn shard_round_trip(bencher: Bencher) {
         id: KeyId::of(&rule.name, b"client_1", "GET /bench"),
         rule,
         cost: NonZeroU64::MIN,
+        give_back: None,
+        drain: false,
+        peek: false,
     };
     bencher.bench_local(|| runtime.block_on(shards.check(vec![item.clone()])).unwrap());
     cancel.cancel();

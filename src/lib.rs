@@ -11,7 +11,8 @@
 //! main (binary)  CLI → node::run
 //! node           composition root: binds listeners, wires every subsystem, node config
 //!   │
-//! server         wire adapters: ringlimit.v1 (public), peer (cluster), ops (HTTP); Status at the edge
+//! server         wire adapters: ringlimit.v1, Envoy RLS, Gubernator V1 (public), peer
+//!   │            (cluster), ops (HTTP); Status at the edge
 //!   │      prost types stop here and in cluster::forward
 //! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict
 //!   │

@@ -172,6 +172,12 @@ struct ServeArgs {
     /// RateLimit-Policy headers (docs/envoy.md).
     #[arg(long)]
     envoy_headers: bool,
+    /// Also serve Gubernator's V1 API (pb.gubernator.V1: GetRateLimits, HealthCheck) on
+    /// the public listener. Each request carries its own limit, so any caller that can
+    /// reach the port chooses its own: only for trusted callers (docs/security.md,
+    /// docs/gubernator.md).
+    #[arg(long)]
+    gubernator: bool,
     /// Cluster mode: the rules of an empty cluster (used when --data-dir holds no copy).
     #[arg(long, env = "RINGLIMIT_RULES_SEED")]
     rules_seed: Option<PathBuf>,
@@ -439,6 +445,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         envoy_headers: args.envoy_headers,
         rules_seed: args.rules_seed,
         data_dir: args.data_dir,
+        gubernator: args.gubernator,
         ..NodeConfig::default()
     };
     config.admin_token = args

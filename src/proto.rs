@@ -57,7 +57,20 @@ pub mod envoy {
     }
 }
 
-/// Encoded `FileDescriptorSet` of the public protos (not the peer API), for gRPC
+/// Gubernator's V1 API (`pb.gubernator`): a trimmed copy of upstream's
+/// `gubernator.proto` (`proto/gubernator/`), same package, field numbers and enum
+/// values, so Gubernator's clients talk to a node unchanged. Only `server::gubernator`
+/// uses it.
+pub mod gubernator {
+    tonic::include_proto!("pb.gubernator");
+}
+
+/// Encoded `FileDescriptorSet` of the public protos (not the peer API, not Gubernator's), for gRPC
 /// server reflection on the public listener.
 pub const PUBLIC_FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/public_descriptor.bin"));
+
+/// Encoded `FileDescriptorSet` of Gubernator's V1 API, for reflection on a node that
+/// serves it (`serve --gubernator`).
+pub const GUBERNATOR_FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/gubernator_descriptor.bin"));

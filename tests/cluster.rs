@@ -258,6 +258,9 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
             cost: 1,
             hops: 1,
             named: None,
+            give_back: 0,
+            drain: false,
+            peek: false,
         }],
         deadline_ms,
     };
@@ -342,6 +345,7 @@ fn handed_over(rule: &str, key: &str, route: &str, algorithm: &str, words: Vec<u
         words,
         placement: id.placement,
         id: id.disc,
+        inline: None,
     }
 }
 
@@ -533,6 +537,9 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
         cost: 1,
         hops: 1,
         named: None,
+        give_back: 0,
+        drain: false,
+        peek: false,
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),

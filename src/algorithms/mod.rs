@@ -372,6 +372,79 @@ impl Limiter {
         }
     }
 
+    /// The numbers a check at `now` would report, taking nothing (Gubernator's and
+    /// Envoy's "hits 0"): `allowed` says whether one more unit would be admitted,
+    /// `remaining` is what is left now, and `reset_at_ms` when the full budget is back.
+    ///
+    /// Decided on a copy with a cost of 1; an admitted copy's unit is added back to
+    /// `remaining`, and for the token bucket the reset is the state's own "full again"
+    /// instant rather than the copy's (which would include the unit). Exact for the
+    /// fixed window and the token bucket; for the others the reset includes that unit.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use ringlimit::algorithms::{Limiter, TokenBucket};
+    ///
+    /// // 10 tokens, 10 per second: one every 100 ms.
+    /// let ten = NonZeroU64::new(10).unwrap();
+    /// let tb = Limiter::TokenBucket(TokenBucket::new(ten, ten, Duration::from_secs(1)).unwrap());
+    /// let mut s = tb.new_state();
+    /// tb.check(&mut s, 0, ten);
+    /// let d = tb.peek(&s, 250);
+    /// assert!(d.allowed);
+    /// assert_eq!((d.remaining, d.reset_at_ms), (2, 1_000));
+    /// ```
+    pub fn peek(&self, state: &KeyState, now: Millis) -> Decision {
+        let mut copy = state.clone();
+        let mut decision = self.check(&mut copy, now, NonZeroU64::MIN);
+        if decision.allowed {
+            decision.remaining = decision.remaining.saturating_add(1).min(decision.limit);
+            if let (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) = (self, state) {
+                decision.reset_at_ms = a.expires_at(s).max(now);
+            }
+        }
+        decision
+    }
+
+    /// Gives `cost` units back now, whenever they were taken (a caller's negative hits;
+    /// `NonZeroU64::MAX` makes the state as full as a fresh one). Never beyond full.
+    ///
+    /// Exact for the fixed window (the count of the newest window it has seen goes down,
+    /// whatever the clock says now) and the token bucket (the level goes up, capped at
+    /// capacity). The other algorithms give back as a refund at `now` would, which
+    /// is what Gubernator's clients use none of.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use ringlimit::algorithms::{Limiter, FixedWindow};
+    ///
+    /// let fw = Limiter::FixedWindow(FixedWindow::new(NonZeroU64::new(5).unwrap(), Duration::from_secs(60)).unwrap());
+    /// let mut s = fw.new_state();
+    /// fw.check(&mut s, 1_000, NonZeroU64::new(5).unwrap());
+    /// fw.give_back(&mut s, 2_000, NonZeroU64::new(2).unwrap());
+    /// assert_eq!(fw.check(&mut s, 3_000, NonZeroU64::MIN).remaining, 1);
+    /// fw.give_back(&mut s, 4_000, NonZeroU64::MAX);
+    /// assert_eq!(fw.check(&mut s, 5_000, NonZeroU64::MIN).remaining, 4);
+    /// ```
+    pub fn give_back(&self, state: &mut KeyState, now: Millis, cost: NonZeroU64) {
+        match (self, state) {
+            (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) => {
+                let last = s.last;
+                a.refund(s, last, cost)
+            }
+            // The state's own window, even if the clock stepped back since (the count is
+            // kept in the newest window seen); a window already past is reset by the
+            // next check anyway.
+            (Limiter::FixedWindow(a), KeyState::FixedWindow(s)) => {
+                let at = s.idx.saturating_mul(a.window_ms);
+                a.refund(s, at, cost)
+            }
+            (limiter, state) => limiter.refund(state, now, cost),
+        }
+    }
+
     /// When the store may drop `state`. A mismatched state is worthless to this limiter (the next
     /// check replaces it), so it expires immediately.
     pub fn expires_at(&self, state: &KeyState) -> Millis {
@@ -621,6 +694,51 @@ mod tests {
             "\"tokenbucket\" is not an algorithm (use one of token_bucket, leaky_bucket, \
              fixed_window, sliding_window_log, sliding_window_counter)"
         );
+    }
+
+    proptest::proptest! {
+        /// A peek changes nothing and says what a check of one unit would: admitted or
+        /// not, what is left before it, and (fixed window, token bucket) the exact reset.
+        /// A give-back never makes a counter more than full, and everything back is a
+        /// fresh counter's numbers.
+        #[test]
+        fn peek_is_a_check_without_its_unit_and_give_back_stops_at_full(
+            bucket in proptest::prelude::any::<bool>(),
+            limit in 1u64..20, period in 1u64..5_000,
+            history in testkit::ops(700, 25, 30),
+            back in 1u64..30,
+        ) {
+            let limiter = if bucket {
+                Limiter::TokenBucket(TokenBucket::new(n(limit), n(limit), std::time::Duration::from_millis(period)).unwrap())
+            } else {
+                Limiter::FixedWindow(FixedWindow::new(n(limit), std::time::Duration::from_millis(period)).unwrap())
+            };
+            let mut state = limiter.new_state();
+            let mut now = 1_000_000;
+            for op in &history {
+                now = op.advance(now);
+                limiter.check(&mut state, now, n(op.cost));
+                let before = state.clone();
+                let peek = limiter.peek(&state, now);
+                proptest::prop_assert_eq!(&state, &before, "a peek changes nothing");
+                let mut copy = state.clone();
+                let check = limiter.check(&mut copy, now, NonZeroU64::MIN);
+                proptest::prop_assert_eq!(peek.allowed, check.allowed);
+                if check.allowed {
+                    proptest::prop_assert_eq!(peek.remaining, check.remaining + 1);
+                }
+                let mut given = state.clone();
+                limiter.give_back(&mut given, now, n(back));
+                let after = limiter.peek(&given, now);
+                proptest::prop_assert!(after.remaining <= limit);
+                proptest::prop_assert!(after.remaining >= peek.remaining);
+                limiter.give_back(&mut given, now, NonZeroU64::MAX);
+                let full = limiter.peek(&given, now);
+                let fresh = limiter.peek(&limiter.new_state(), now);
+                proptest::prop_assert_eq!(full.remaining, limit);
+                proptest::prop_assert_eq!(full.allowed, fresh.allowed);
+            }
+        }
     }
 }
 

@@ -44,6 +44,12 @@ pub enum ClientKind {
     Lean,
     /// tonic's generated client over a `Channel` (a tower Buffer task per connection).
     Tonic,
+    /// The `ringlimit-client` crate's ring-aware client: each check goes straight to its
+    /// key's owner (0 hops). One client shared by every caller, as a gateway process
+    /// holds one (`--coalesce`: with its `CheckBatch` coalescing). Each round also
+    /// runs today's random-entry load (the lean client, one connection per caller to
+    /// a random node) first, so the two figures come from one run.
+    RingAware,
 }
 
 /// Which API the load is sent through.
@@ -124,6 +130,10 @@ pub struct BenchArgs {
     /// per caller; `lean` costs the shared CPU less than `tonic`.
     #[arg(long, value_enum, default_value_t = ClientKind::Lean)]
     pub client: ClientKind,
+    /// With `--client ring-aware`: coalesce concurrent checks per node into
+    /// `CheckBatch` calls (the crate's default `Coalesce`).
+    #[arg(long)]
+    pub coalesce: bool,
     /// Algorithm for --memory.
     #[arg(long, default_value = "sliding_window_counter")]
     pub algorithm: String,
@@ -214,6 +224,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.protocol == Protocol::Ringlimit
             || (args.batch == 1 && args.client == ClientKind::Lean),
         "--protocol envoy-rls / both: one descriptor per call (--batch 1) over the lean client"
+    );
+    anyhow::ensure!(
+        args.client != ClientKind::RingAware
+            || (args.protocol == Protocol::Ringlimit && args.batch == 1),
+        "--client ring-aware sends one check per call (--batch 1) through ringlimit.v1"
+    );
+    anyhow::ensure!(
+        !args.coalesce || args.client == ClientKind::RingAware,
+        "--coalesce is an option of --client ring-aware"
     );
     anyhow::ensure!(
         !(args.protocol != Protocol::Ringlimit && args.compare_redis),
@@ -318,7 +337,38 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     let mut envoy = Vec::new();
+    let mut aware = Vec::new();
+    // The random-entry baseline of a ring-aware run: today's lean client.
+    let random_entry = BenchArgs {
+        client: ClientKind::Lean,
+        ..args.clone()
+    };
     for round in 0..args.rounds.max(1) {
+        if args.client == ClientKind::RingAware {
+            println!(
+                "round {}: random entry (lean client, random node)",
+                round + 1
+            );
+            let result = drive(
+                &random_entry,
+                &keys,
+                Target::Ringlimit(&targets),
+                &pids,
+                kill.take(),
+            )
+            .await?;
+            result.print();
+            ours.push(result);
+            println!(
+                "round {}: ring-aware (ringlimit-client{})",
+                round + 1,
+                if args.coalesce { ", coalescing" } else { "" }
+            );
+            let result = drive(&args, &keys, Target::RingAware(&targets), &pids, None).await?;
+            result.print();
+            aware.push(result);
+            continue;
+        }
         if args.protocol != Protocol::Ringlimit {
             println!("round {}: ringlimit via envoy-rls", round + 1);
             let result = drive(&args, &keys, Target::Envoy(&targets), &pids, kill.take()).await?;
@@ -376,6 +426,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if !aware.is_empty() && !ours.is_empty() {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let rate = |v: &[RunResult]| median(v.iter().map(RunResult::rate).collect());
+        let p99 = |v: &[RunResult]| median(v.iter().map(|r| r.ms(0.99)).collect());
+        let (ra, rr) = (rate(&aware), rate(&ours));
+        println!(
+            "median ring-aware checks/s {ra:.0} p99 {:.3} ms; random-entry checks/s {rr:.0} p99 {:.3} ms; ratio ring-aware/random-entry {:.2}",
+            p99(&aware),
+            p99(&ours),
+            ra / rr
+        );
+        let cpu = |v: &[RunResult]| {
+            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
+            (!c.is_empty()).then(|| median(c))
+        };
+        if let (Some(a), Some(r)) = (cpu(&aware), cpu(&ours)) {
+            println!(
+                "median server CPU per check: ring-aware {a:.1} µs, random-entry {r:.1} µs, ratio {:.2}",
+                a / r
+            );
+        }
+    }
     if !theirs.is_empty() {
         let median = |v: &mut Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
@@ -408,6 +483,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 enum Target<'a> {
     Ringlimit(&'a [String]),
+    /// One ring-aware client (seeded with every target) shared by the callers.
+    RingAware(&'a [String]),
     Envoy(&'a [String]),
     Redis(&'a str, &'a str),
 }
@@ -425,6 +502,25 @@ async fn drive(
     let errors = Arc::new(AtomicU64::new(0));
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
+    let ring_aware = match &target {
+        Target::RingAware(targets) => {
+            let mut config = ringlimit_client::ClientConfig::new(targets.iter().cloned());
+            // A bench measures the cluster: a check that misses a short gateway deadline
+            // must be a slow answer, not a local fail-open one.
+            config.deadline = Duration::from_secs(5);
+            config.coalesce = args.coalesce.then(ringlimit_client::Coalesce::default);
+            let client = ringlimit_client::Client::connect(config).await?;
+            anyhow::ensure!(
+                client.members().len() == targets.len(),
+                "the ring-aware client learned {:?}, expected {} members",
+                client.members(),
+                targets.len()
+            );
+            Some(client)
+        }
+        _ => None,
+    };
+    let forwarded = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
         let ctx = Worker {
@@ -456,6 +552,9 @@ async fn drive(
                 let addr = format!("http://{}", targets[worker % targets.len()]);
                 tokio::spawn(ctx.ringlimit(addr))
             }
+            Target::RingAware(_) => tokio::spawn(
+                ctx.ring_aware(ring_aware.clone().expect("built above"), forwarded.clone()),
+            ),
             Target::Redis(addr, sha) => tokio::spawn(ctx.redis(addr.to_string(), sha.to_string())),
         });
     }
@@ -493,9 +592,25 @@ async fn drive(
     for worker in workers {
         latency.add(worker.await??)?;
     }
+    if let Some(client) = &ring_aware {
+        let stats = client.coalesce_stats();
+        println!(
+            "ring-aware: {} answers came after a forward (stale view){}",
+            forwarded.load(Ordering::SeqCst),
+            if args.coalesce {
+                format!(
+                    "; coalescing: {} checks in {} calls",
+                    stats.checks, stats.calls
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     Ok(RunResult {
         system: match target {
             Target::Ringlimit(_) => "ringlimit",
+            Target::RingAware(_) => "ring-aware",
             Target::Envoy(_) => "envoy-rls",
             Target::Redis(..) => "redis",
         },
@@ -561,9 +676,41 @@ impl Worker {
         }
     }
 
+    /// Checks through the shared ring-aware client until told to stop. Answers decided
+    /// without a node (fail-open, fail-closed) count as errors: the bench measures the
+    /// cluster.
+    async fn ring_aware(
+        mut self,
+        client: ringlimit_client::Client,
+        forwarded: Arc<AtomicU64>,
+    ) -> anyhow::Result<Histogram<u64>> {
+        let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        while !self.stop.load(Ordering::Relaxed) {
+            let started = self.pace().await;
+            let key = self.keys.next(&mut self.rng);
+            let check = ringlimit_client::Check::new(key, "GET /bench")
+                .cost(u64::try_from(self.cost).unwrap_or(1));
+            match client.check(&check).await {
+                Ok(a) if !a.source.degraded() => {
+                    if a.source == ringlimit_client::Source::Forwarded
+                        && self.measuring.load(Ordering::Relaxed)
+                    {
+                        forwarded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.record(&mut latency, started, 1, u64::from(a.allowed()));
+                }
+                _ => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(latency)
+    }
+
     async fn ringlimit(mut self, addr: String) -> anyhow::Result<Histogram<u64>> {
         match self.client {
             ClientKind::Tonic => self.ringlimit_tonic(addr).await,
+            ClientKind::RingAware => unreachable!("ring-aware callers share one client"),
             ClientKind::Lean => {
                 let target = addr.trim_start_matches("http://").to_string();
                 let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;

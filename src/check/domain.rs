@@ -178,8 +178,12 @@ pub fn entries_item(
     CheckItem::new(rule, counter, route, None, cost).named(named)
 }
 
-/// The rule `named` designates in `config`: the configured one, or its override.
+/// The rule `named` designates in `config`: the configured one, or its override. An
+/// inline rule is not in any configuration: see `check::gubernator::inline_rule`.
 pub fn named_rule(config: &EnvoyConfig, named: &NamedRule) -> Option<Arc<Rule>> {
+    if named.inline.is_some() {
+        return None;
+    }
     let base = config.rule(&named.name)?;
     match named.override_limit {
         None => Some(base.clone()),
@@ -333,6 +337,7 @@ pub fn plan_domain(
         let mut named = NamedRule {
             name: limit.name.clone(),
             override_limit: None,
+            inline: None,
         };
         if let Some(rule) = &limit.rule {
             named.name = rule.name.clone();

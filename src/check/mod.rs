@@ -1,7 +1,7 @@
 //! The check, independent of any wire: input → validate and plan → decide → verdict.
 //!
-//! Every front end (`ringlimit.v1` today; Envoy's RLS and Gubernator's API next) is one
-//! mapping file in `server` that turns its messages into a [`CheckInput`], calls the
+//! Every front end (`ringlimit.v1`, Envoy's RLS, Gubernator's V1) is one mapping file
+//! in `server` that turns its messages into a [`CheckInput`], calls the
 //! [`Checker`], and turns the [`Verdict`] back into its messages. Validation, rule
 //! matching, the refund of sibling descriptors and the combination of descriptor answers
 //! into one verdict live here, once, so a new front end cannot get them subtly wrong.
@@ -12,12 +12,13 @@
 //! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
 //!   is invalid) and has the cluster decide it.
 //!
-//! The input is plain borrowed data: a rule given inline by the caller (Gubernator) or
-//! a "do not charge" flag (Envoy's `hits_addend = 0`) are further fields of
-//! [`DescriptorInput`] when those front ends arrive; the planned item already carries
-//! its rule, so an inline rule needs no new path below planning.
+//! The input is plain borrowed data. Envoy's domain checks ([`domain`]) and
+//! Gubernator's rate limits ([`gubernator`]), whose rule a request carries inline, have
+//! inputs of their own; both plan the same [`CheckItem`](crate::cluster::CheckItem)s,
+//! which carry their rule, so neither needs a new path below planning.
 
 pub mod domain;
+pub mod gubernator;
 pub mod plan;
 pub mod verdict;
 
@@ -113,6 +114,9 @@ pub struct Checker {
     router: Arc<Router>,
     rules: SharedRules,
     envoy: SharedEnvoy,
+    /// The Gubernator limits this node has planned (bounded: see
+    /// [`gubernator::MAX_INLINE_RULES`]), shared by every clone.
+    inline: Arc<gubernator::InlineRules>,
 }
 
 impl Checker {
@@ -122,7 +126,16 @@ impl Checker {
             router,
             rules,
             envoy: SharedEnvoy::default(),
+            inline: Arc::default(),
         }
+    }
+
+    /// This checker keeping the Gubernator limits it plans in `inline` (the node's one
+    /// registry, shared with its peer service and peer pool so those counters can be
+    /// handed over).
+    pub fn with_inline(mut self, inline: Arc<gubernator::InlineRules>) -> Self {
+        self.inline = inline;
+        self
     }
 
     /// This checker matching domain checks against `envoy`.
@@ -163,6 +176,57 @@ impl Checker {
             });
         }
         Ok(domain::domain_verdict(plan, &verdict.descriptors))
+    }
+
+    /// Decide Gubernator rate limits (`GetRateLimits`): see [`gubernator`]. Each item is
+    /// a check of its own (one denying refunds nothing of another), and each invalid or
+    /// undecidable item is an error of its own: the others are still decided. At most
+    /// [`gubernator::MAX_ITEMS`] items, else the whole call is refused.
+    pub async fn check_gubernator(
+        &self,
+        inputs: &[gubernator::RateLimitInput<'_>],
+    ) -> Result<Vec<Result<gubernator::RateLimitStatus, CheckError>>, CheckError> {
+        if inputs.len() > gubernator::MAX_ITEMS {
+            return Err(CheckError::invalid(
+                "requests",
+                format!(
+                    "{} items in one call; at most {} are allowed",
+                    inputs.len(),
+                    gubernator::MAX_ITEMS
+                ),
+            ));
+        }
+        let planned: Vec<Result<gubernator::PlannedItem, CheckError>> = inputs
+            .iter()
+            .map(|input| gubernator::plan_item(input, &self.inline))
+            .collect();
+        let checks: Vec<Vec<crate::cluster::CheckItem>> = planned
+            .iter()
+            .filter_map(|p| p.as_ref().ok().map(|p| vec![p.item.clone()]))
+            .collect();
+        let mut verdicts = if checks.is_empty() {
+            Vec::new()
+        } else {
+            self.decide(checks).await?
+        }
+        .into_iter();
+        let me = self.router.me();
+        Ok(planned
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let p = p?;
+                let verdict = verdicts.next().expect("one verdict per valid item");
+                let outcome = &verdict.descriptors[0];
+                if crate::cluster::policy::is_fail_closed(&outcome.answer, me) {
+                    return Err(CheckError::Unavailable {
+                        descriptor: i,
+                        rule: outcome.item.rule.name.to_string(),
+                    });
+                }
+                Ok(gubernator::status(&p, outcome))
+            })
+            .collect())
     }
 
     /// The cluster as this node sees it (members, ring), for the read-only topology

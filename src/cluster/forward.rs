@@ -18,6 +18,7 @@
 //! are left out of the batch rather than charged on the owner.
 
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::cluster::rules::{Refusal, RulesEdit, Written};
-use crate::cluster::{CheckItem, Decider, NamedRule, Remote};
+use crate::cluster::{CheckItem, Decider, InlineRule, InlineRules, NamedRule, Remote};
 use crate::config::rules::{RulesSource, Stamp};
 use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
@@ -40,6 +41,16 @@ use crate::proto::peer::{
 };
 use crate::shard::Exported;
 
+/// How the numbers of an inline rule travel.
+fn wire_inline(r: InlineRule) -> crate::proto::peer::InlineRule {
+    crate::proto::peer::InlineRule {
+        algorithm: r.kind.as_str().to_string(),
+        limit: r.limit,
+        window_ms: r.window_ms,
+        burst: r.burst,
+    }
+}
+
 /// How a rule found by name travels to the owner.
 fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
     let (override_limit, override_unit_seconds) = named.override_limit.unwrap_or((0, 0));
@@ -47,6 +58,7 @@ fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
         name: named.name.to_string(),
         override_limit,
         override_unit_seconds,
+        inline: named.inline.map(wire_inline),
     }
 }
 
@@ -169,6 +181,8 @@ pub struct PeerPool {
     links: Arc<DashMap<String, Arc<Link>>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// The node's inline rules: handed-over state of one carries its numbers.
+    inline: Arc<InlineRules>,
 }
 
 impl std::fmt::Debug for PeerPool {
@@ -195,7 +209,14 @@ impl PeerPool {
             links: Arc::new(DashMap::new()),
             tracker,
             cancel,
+            inline: Arc::default(),
         }
+    }
+
+    /// This pool naming the numbers of the node's inline rules in handed-over state.
+    pub fn with_inline(mut self, inline: Arc<InlineRules>) -> Self {
+        self.inline = inline;
+        self
     }
 
     /// The forwarding settings.
@@ -214,6 +235,9 @@ impl PeerPool {
             cost: item.cost.get(),
             hops: 1,
             named: item.named.as_ref().map(wire_named),
+            give_back: item.give_back.map_or(0, NonZeroU64::get),
+            drain: item.drain,
+            peek: item.peek,
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;
@@ -287,6 +311,7 @@ impl PeerPool {
                     fingerprint: item.fingerprint,
                     algorithm: item.state.kind().as_str().to_string(),
                     words: item.state.to_words(),
+                    inline: self.inline.inline_of(item.fingerprint).map(wire_inline),
                 })
                 .collect(),
         };

@@ -71,8 +71,129 @@ pub struct CheckItem {
     /// that unit given back at once, like a sibling's refund.
     pub probe: bool,
     /// How the owner finds this item's rule when it is not matched by (key, route,
-    /// tier): set for Envoy descriptors, whose rule comes from the Envoy configuration.
+    /// tier): set for Envoy descriptors, whose rule comes from the Envoy configuration,
+    /// and for Gubernator items, whose rule the request carried inline.
     pub named: Option<NamedRule>,
+    /// Units to give back to the counter on its owner's shard just before this check is
+    /// decided, in the same shard step (Gubernator's negative hits and
+    /// `RESET_REMAINING`): see [`Charge::give_back`].
+    pub give_back: Option<NonZeroU64>,
+    /// On a denial, take what the counter still holds (Gubernator's
+    /// `DRAIN_OVER_LIMIT`): see [`Charge::drain`].
+    pub drain: bool,
+    /// Report, change nothing: see [`Charge::peek`]. Unlike a [`probe`](Self::probe)
+    /// there is nothing to give back afterwards.
+    pub peek: bool,
+    /// Answered by the owner only: never from this node's deny cache, and its denials
+    /// are not cached. Set where a request can raise a counter's budget (a give-back,
+    /// a reset) or change its numbers per call, so "denied until T" is not a fact.
+    pub uncached: bool,
+}
+
+/// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
+/// `burst`): what a forwarded item carries so the owner builds the same rule, and
+/// validates them like any input (`check::gubernator::inline_rule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InlineRule {
+    /// `FixedWindow` or `TokenBucket`.
+    pub kind: AlgorithmKind,
+    /// Units per window (fixed window) or refilled per window (token bucket).
+    pub limit: u64,
+    /// The window (or refill period), in ms.
+    pub window_ms: u64,
+    /// Token bucket capacity (0 for a fixed window).
+    pub burst: u64,
+}
+
+/// Most distinct inline rules (algorithm, limit, duration, burst) one node plans from
+/// its callers in its lifetime. Every distinct set of numbers is a rule fingerprint that
+/// a shard interns for good in a table of 2^20; a full table makes the shard drop every
+/// key (TOML and Envoy counters included). Capped at each entry node, an owner sees at
+/// most `nodes × MAX_INLINE_RULES` of them: under the table's size for up to 31 nodes.
+pub const MAX_INLINE_RULES: usize = 32_768;
+
+/// The inline rules a node knows, built once each: the ones its callers sent (at most
+/// [`MAX_INLINE_RULES`]: see there) and the ones peers forwarded to it. One per node,
+/// shared by its checker, its peer service and its peer pool, so a handed-over counter
+/// can name the numbers of its rule ([`InlineRules::inline_of`]) and its new owner can
+/// rebuild it.
+#[derive(Debug, Default)]
+pub struct InlineRules {
+    known: std::sync::Mutex<InlineTable>,
+}
+
+#[derive(Debug, Default)]
+struct InlineTable {
+    rules: std::collections::HashMap<InlineRule, Arc<Rule>>,
+    by_fingerprint: std::collections::HashMap<u64, InlineRule>,
+    /// Rules a caller sent (the ones the cap counts).
+    planned: usize,
+}
+
+impl InlineRules {
+    fn table(&self) -> std::sync::MutexGuard<'_, InlineTable> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The rule for numbers a caller sent: `build` (which validates) the first time,
+    /// then the same rule. A new one beyond [`MAX_INLINE_RULES`] is refused.
+    pub fn rule(
+        &self,
+        inline: &InlineRule,
+        build: impl FnOnce(&InlineRule) -> Result<Arc<Rule>, String>,
+    ) -> Result<Arc<Rule>, String> {
+        let mut table = self.table();
+        if let Some(rule) = table.rules.get(inline) {
+            return Ok(rule.clone());
+        }
+        let rule = build(inline)?;
+        if table.planned >= MAX_INLINE_RULES {
+            return Err(format!(
+                "this node already counts {MAX_INLINE_RULES} distinct Gubernator limits \
+                 (algorithm, limit, duration, burst); a new one is refused"
+            ));
+        }
+        table.planned += 1;
+        table.insert(*inline, rule.clone());
+        Ok(rule)
+    }
+
+    /// The rule for numbers a peer sent (a forwarded check, a handed-over counter):
+    /// `build` (which validates) unless known. Never refused for the cap (a forwarded
+    /// batch is all or nothing); remembered while the table is under twice the cap.
+    pub fn forwarded(
+        &self,
+        inline: &InlineRule,
+        build: impl FnOnce(&InlineRule) -> Result<Arc<Rule>, String>,
+    ) -> Result<Arc<Rule>, String> {
+        let mut table = self.table();
+        if let Some(rule) = table.rules.get(inline) {
+            return Ok(rule.clone());
+        }
+        let rule = build(inline)?;
+        if table.rules.len() < 2 * MAX_INLINE_RULES {
+            table.insert(*inline, rule.clone());
+        }
+        Ok(rule)
+    }
+
+    /// The numbers of the known inline rule with this fingerprint, if any: what a
+    /// handed-over counter carries so its new owner can rebuild its rule.
+    pub fn inline_of(&self, fingerprint: u64) -> Option<InlineRule> {
+        self.table().by_fingerprint.get(&fingerprint).copied()
+    }
+
+    /// How many distinct inline rules callers sent to this node.
+    pub fn planned(&self) -> usize {
+        self.table().planned
+    }
+}
+
+impl InlineTable {
+    fn insert(&mut self, inline: InlineRule, rule: Arc<Rule>) {
+        self.by_fingerprint.insert(rule.fingerprint, inline);
+        self.rules.insert(inline, rule);
+    }
 }
 
 /// A rule found by name (in the Envoy configuration), possibly with a request's
@@ -84,6 +205,9 @@ pub struct NamedRule {
     pub name: Arc<str>,
     /// A request's limit override (requests per unit, unit in seconds), if any.
     pub override_limit: Option<(u32, u64)>,
+    /// A rule the request carried inline: the owner builds it from these numbers and
+    /// looks nothing up by `name`.
+    pub inline: Option<InlineRule>,
 }
 
 impl CheckItem {
@@ -110,6 +234,10 @@ impl CheckItem {
             cost,
             probe: false,
             named: None,
+            give_back: None,
+            drain: false,
+            peek: false,
+            uncached: false,
         }
     }
 
@@ -137,6 +265,9 @@ impl CheckItem {
             id: self.id,
             rule: self.rule.clone(),
             cost: self.cost,
+            give_back: self.give_back,
+            drain: self.drain,
+            peek: self.peek,
         }
     }
 
@@ -148,6 +279,9 @@ impl CheckItem {
             id: KeyId::of(&rule.name, self.client.as_bytes(), route),
             rule,
             cost: self.cost,
+            give_back: self.give_back,
+            drain: self.drain,
+            peek: self.peek,
         }
     }
 }

@@ -130,8 +130,12 @@ pub fn plan(
     plan
 }
 
-/// A deny-cache answer for `item` at `now`, if one applies.
+/// A deny-cache answer for `item` at `now`, if one applies (never for an
+/// [`uncached`](CheckItem::uncached) item).
 pub fn cached(item: &CheckItem, deny: &DenyCache, now: Now) -> Option<Answer> {
+    if item.uncached {
+        return None;
+    }
     let (decision, decider) =
         deny.get(&item.id, now.mono, item.cost.get(), item.rule.fingerprint)?;
     Some(Answer {

@@ -221,8 +221,8 @@ impl Router {
                     let answer = policy::remote_answer(item, remote, owner);
                     // A shadow rule's denial is not cached: its checks are allowed, and
                     // each must still reach the owner to be counted there.
-                    if let Some(denial) =
-                        policy::denial(item, &answer, now.mono).filter(|_| !item.rule.shadow)
+                    if let Some(denial) = policy::denial(item, &answer, now.mono)
+                        .filter(|_| !item.rule.shadow && !item.uncached)
                     {
                         self.deny.insert(item.id, denial, now.mono);
                     }

@@ -50,6 +50,9 @@ pub struct NodeConfig {
     pub envoy_algorithm: AlgorithmKind,
     /// Envoy RLS answers carry `Retry-After` and IETF `RateLimit` headers to add.
     pub envoy_headers: bool,
+    /// Serve Gubernator's V1 API on the public listener. Off by default: each of its
+    /// requests carries its own limit, so any caller can choose one (docs/security.md).
+    pub gubernator: bool,
     /// Shard actors and key cap.
     pub shards: ShardConfig,
     /// gRPC address other nodes use to reach this one; default: the bound `listen`
@@ -110,6 +113,7 @@ impl Default for NodeConfig {
             envoy_path: None,
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
+            gubernator: false,
             shards: ShardConfig::default(),
             advertise: None,
             gossip_listen: DEFAULT_GOSSIP_LISTEN
@@ -207,6 +211,7 @@ impl NodeConfig {
             envoy_path: None,
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
+            gubernator: false,
             shards: ShardConfig {
                 shards: 2,
                 ..ShardConfig::default()

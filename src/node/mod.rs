@@ -36,11 +36,12 @@ use crate::config::rules::{
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::gubernator::v1_server::V1Server;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
 use crate::server::ops::OpsState;
 use crate::server::peer_auth::PeerAuthLayer;
-use crate::server::{EnvoyRlsService, PeerService, RateLimitService};
+use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 
@@ -358,12 +359,17 @@ async fn start_in_span(
         // partition rules written against a node's address hold in both directions.
         forward.local_ip = Some(peer_addr.ip());
     }
+    // Gubernator's inline rules: one registry per node, shared by the checker (what
+    // callers send), the peer service (what peers forward) and the peer pool (handed-over
+    // counters name their rule's numbers).
+    let inline_rules = Arc::new(crate::cluster::InlineRules::default());
     let peers = PeerPool::new(
         decider.node_id.clone(),
         forward,
         tracker.clone(),
         cancel.clone(),
-    );
+    )
+    .with_inline(inline_rules.clone());
     // Rules are cluster state: this node's advert (source, version, digest) rides in
     // gossip, and a newer advert on a peer is pulled over the peer face.
     spawn_in_span(
@@ -458,8 +464,14 @@ async fn start_in_span(
     // services, health and reflection of those services only. The cluster face is the
     // peer service (forwarded checks, refunds, handoff, status) on a listener of its
     // own, so it can be bound to a private network and never answers on the public port.
-    let checker = Checker::new(router.clone(), rules.clone()).with_envoy(envoy.clone());
+    let checker = Checker::new(router.clone(), rules.clone())
+        .with_envoy(envoy.clone())
+        .with_inline(inline_rules.clone());
     let public = RateLimitService::new(checker.clone());
+    // Gubernator's face only on request: its callers choose their own limits.
+    let gubernator = config
+        .gubernator
+        .then(|| GubernatorService::new(checker.clone()));
     let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
     spawn_in_span(
         &tracker,
@@ -467,13 +479,15 @@ async fn start_in_span(
             grpc_listener,
             public,
             envoy_rls,
+            gubernator,
             &config.grpc,
             cancel.clone(),
         )
         .await?,
     );
-    let peer_service =
-        PeerService::new(router.clone(), rules.clone(), cluster_rules.clone()).with_envoy(envoy);
+    let peer_service = PeerService::new(router.clone(), rules.clone(), cluster_rules.clone())
+        .with_envoy(envoy)
+        .with_inline(inline_rules);
     spawn_in_span(
         &tracker,
         serve_peer(
@@ -506,8 +520,8 @@ async fn start_in_span(
     })
 }
 
-/// The public face: `ringlimit.v1`, Envoy's RLS v3, health, and reflection (v1 and
-/// v1alpha) of those services only. Returns the server task for the caller's tracker.
+/// The public face: `ringlimit.v1`, Envoy's RLS v3, Gubernator's V1 when asked for,
+/// health, and reflection (v1 and v1alpha) of those services only. Returns the server task for the caller's tracker.
 ///
 /// Every bound on what one client can make this server hold is set here (README
 /// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
@@ -516,6 +530,7 @@ async fn serve_public(
     listener: TcpListener,
     public: RateLimitService,
     envoy_rls: EnvoyRlsService,
+    gubernator: Option<GubernatorService>,
     limits: &GrpcLimits,
     cancel: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, NodeError> {
@@ -526,12 +541,22 @@ async fn serve_public(
     health
         .set_serving::<RateLimitServiceServer<EnvoyRlsService>>()
         .await;
+    if gubernator.is_some() {
+        health.set_serving::<V1Server<GubernatorService>>().await;
+    }
+    let served_gubernator = gubernator.is_some();
     // Both reflection versions: grpcurl and newer tools speak v1; the stock Python
     // client (grpcio-reflection), older grpcurl, Postman and grpcui only v1alpha.
     let reflection = || {
-        tonic_reflection::server::Builder::configure()
+        let builder = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        if served_gubernator {
+            builder
+                .register_encoded_file_descriptor_set(crate::proto::GUBERNATOR_FILE_DESCRIPTOR_SET)
+        } else {
+            builder
+        }
     };
     let reflection_v1 = reflection()
         .build_v1()
@@ -547,6 +572,7 @@ async fn serve_public(
         .add_service(reflection_v1alpha.max_decoding_message_size(max))
         .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
         .add_service(RateLimitServiceServer::new(envoy_rls).max_decoding_message_size(max))
+        .add_optional_service(gubernator.map(|g| V1Server::new(g).max_decoding_message_size(max)))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, limits),
             cancel.clone().cancelled_owned(),

@@ -159,12 +159,15 @@ fn exercise(bytes: &[u8], rules: &RuleSet) -> Result<(), TestCaseError> {
         note(|r| r.decoded[2] += 1);
         clear(
             "Forward",
-            plan_forward(&request, rules, &Default::default()),
+            plan_forward(&request, rules, &Default::default(), &Default::default()),
         )?;
     }
     if let Ok(request) = peer::RefundRequest::decode(bytes) {
         note(|r| r.decoded[3] += 1);
-        clear("Refund", plan_refund(&request, rules, &Default::default()))?;
+        clear(
+            "Refund",
+            plan_refund(&request, rules, &Default::default(), &Default::default()),
+        )?;
     }
     if let Ok(request) = peer::InstallRequest::decode(bytes) {
         note(|r| r.decoded[4] += 1);
@@ -290,6 +293,9 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
             cost,
             hops,
             named: None,
+            give_back: 0,
+            drain: false,
+            peek: false,
         },
     );
     (text(), prop::collection::vec(item, 0..12), any::<u64>()).prop_map(
@@ -446,6 +452,7 @@ fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::Instal
                 words,
                 placement,
                 id,
+                inline: None,
             },
         );
     (text(), prop::collection::vec(state, 0..12))
@@ -558,6 +565,7 @@ fn the_fuzz_reaches_the_store_with_plausible_states_and_refuses_the_rest() {
         words,
         placement: 1,
         id: 2,
+        inline: None,
     };
     let decoded = decode_install(vec![
         state(vec![NOW / 3_600_000, 20]),

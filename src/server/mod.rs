@@ -5,6 +5,8 @@
 //!   over the wire-independent [`crate::check::Checker`].
 //! - [`envoy_rls`]: Envoy's `envoy.service.ratelimit.v3.RateLimitService`
 //!   (`ShouldRateLimit`), over the same checker's domain checks.
+//! - [`gubernator`]: Gubernator's `pb.gubernator.V1` (`GetRateLimits`, `HealthCheck`),
+//!   over the same checker, with limits the requests carry (`serve --gubernator`).
 //! - [`peer`]: the node-to-node `ringlimit.peer.v1.Peer` (forwarded checks, refunds,
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
 //! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
@@ -19,6 +21,7 @@ pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod envoy_rls;
+pub mod gubernator;
 pub mod ops;
 pub mod peer;
 pub mod peer_auth;
@@ -27,6 +30,7 @@ pub mod ringlimit_v1;
 use crate::check::CheckError;
 use crate::shard::ShardError;
 pub use envoy_rls::EnvoyRlsService;
+pub use gubernator::GubernatorService;
 pub use peer::PeerService;
 pub use ringlimit_v1::RateLimitService;
 

@@ -11,18 +11,20 @@ use tonic::{Request, Response, Status};
 use crate::algorithms::Implausible;
 use crate::algorithms::{AlgorithmKind, KeyState};
 use crate::check::domain::{entries_item, named_rule, MAX_COUNTER_KEY};
+use crate::check::gubernator::{inline_item, inline_rule};
 use crate::check::plan::MAX_COST;
 use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
 use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
-use crate::cluster::NamedRule;
 use crate::cluster::{policy, CheckItem, Router};
+use crate::cluster::{InlineRule, InlineRules, NamedRule};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
 use crate::config::rules::{RulesDoc, TierLimit};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
+use crate::proto::peer::InlineRule as WireInline;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
     ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
@@ -44,13 +46,18 @@ fn plan_item(
     named: Option<&WireNamed>,
     rules: &RuleSet,
     envoy: &EnvoyConfig,
+    known: &InlineRules,
     index: usize,
 ) -> Result<CheckItem, CheckError> {
+    if let Some(inline) = named.and_then(|n| n.inline.as_ref()) {
+        return plan_inline(key, cost, inline, index, known);
+    }
     if let Some(wire) = named {
         let named = NamedRule {
             name: Arc::from(wire.name.as_str()),
             override_limit: (wire.override_limit != 0 || wire.override_unit_seconds != 0)
                 .then_some((wire.override_limit, wire.override_unit_seconds)),
+            inline: None,
         };
         let rule = named_rule(envoy, &named).ok_or_else(|| {
             CheckError::invalid(
@@ -80,6 +87,52 @@ fn plan_item(
     })
 }
 
+/// A forwarded item under a rule its request carried (Gubernator): the rule is rebuilt
+/// from the numbers, bounded like any input (the sender is a member, but its numbers
+/// are still input), and never looked up in this node's rules.
+fn plan_inline(
+    key: &str,
+    cost: u64,
+    wire: &WireInline,
+    index: usize,
+    known: &InlineRules,
+) -> Result<CheckItem, CheckError> {
+    let inline = decode_inline(wire).ok_or_else(|| {
+        CheckError::invalid(
+            format!("items[{index}].named.inline.algorithm"),
+            format!("{:?} is not an algorithm", wire.algorithm),
+        )
+    })?;
+    let rule = known
+        .forwarded(&inline, inline_rule)
+        .map_err(|reason| CheckError::invalid(format!("items[{index}].named.inline"), reason))?;
+    if key.is_empty() || key.len() > MAX_COUNTER_KEY {
+        return Err(CheckError::invalid(
+            format!("items[{index}].key"),
+            format!("must be 1..={MAX_COUNTER_KEY} bytes"),
+        ));
+    }
+    let cost = NonZeroU64::new(cost)
+        .filter(|c| c.get() <= rule.limiter.max_cost())
+        .ok_or_else(|| {
+            CheckError::invalid(
+                format!("items[{index}].cost"),
+                format!("must be 1..={}", rule.limiter.max_cost()),
+            )
+        })?;
+    Ok(inline_item(rule, key, cost, inline))
+}
+
+/// The numbers of a wire inline rule; `None` for an algorithm this node does not know.
+fn decode_inline(wire: &WireInline) -> Option<InlineRule> {
+    Some(InlineRule {
+        kind: AlgorithmKind::parse(&wire.algorithm)?,
+        limit: wire.limit,
+        window_ms: wire.window_ms,
+        burst: wire.burst,
+    })
+}
+
 /// Refuse a call whose list `field` holds more than `max` entries, before any of them is
 /// looked at: one call must not make a node decide, refund or hold an unbounded amount.
 fn at_most(field: &str, given: usize, max: usize) -> Result<(), CheckError> {
@@ -99,6 +152,7 @@ pub(crate) fn plan_forward(
     request: &ForwardRequest,
     rules: &RuleSet,
     envoy: &EnvoyConfig,
+    known: &InlineRules,
 ) -> Result<Vec<CheckItem>, CheckError> {
     at_most("items", request.items.len(), MAX_BATCH)?;
     request
@@ -106,7 +160,7 @@ pub(crate) fn plan_forward(
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            plan_item(
+            let mut planned = plan_item(
                 &item.key,
                 &item.route,
                 item.tier.as_deref(),
@@ -114,8 +168,21 @@ pub(crate) fn plan_forward(
                 item.named.as_ref(),
                 rules,
                 envoy,
+                known,
                 i,
-            )
+            )?;
+            // A give-back or a drain changes a counter beyond a check: only for a rule
+            // a request carried, whose caller chose its numbers anyway.
+            if (item.give_back != 0 || item.drain || item.peek) && !planned.uncached {
+                return Err(CheckError::invalid(
+                    format!("items[{i}].give_back"),
+                    "a give-back, a drain or a peek is for an inline rule only",
+                ));
+            }
+            planned.give_back = NonZeroU64::new(item.give_back);
+            planned.drain = item.drain;
+            planned.peek = item.peek;
+            Ok(planned)
         })
         .collect()
 }
@@ -125,6 +192,7 @@ pub(crate) fn plan_refund(
     request: &RefundRequest,
     rules: &RuleSet,
     envoy: &EnvoyConfig,
+    known: &InlineRules,
 ) -> Result<Vec<Refund>, CheckError> {
     at_most("items", request.items.len(), MAX_BATCH)?;
     request
@@ -140,6 +208,7 @@ pub(crate) fn plan_refund(
                 item.named.as_ref(),
                 rules,
                 envoy,
+                known,
                 i,
             )?;
             Ok(Refund {
@@ -154,9 +223,35 @@ pub(crate) fn plan_refund(
 /// States this node cannot decode (an algorithm or a word layout it does not know) are
 /// skipped, like states of rules it does not have; whether the rest are plausible is
 /// [`handoff::with_rules`]' question.
+#[cfg(test)]
 pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, CheckError> {
+    Ok(decode_install_with(states, &InlineRules::default())?.0)
+}
+
+/// `decode_install`, and the rules of the states that name an inline rule's numbers,
+/// rebuilt (bounded like any input) and kept only where their fingerprint is the
+/// state's: a peer cannot attach other numbers to a counter.
+pub(crate) fn decode_install_with(
+    states: Vec<WireState>,
+    known: &InlineRules,
+) -> Result<(Vec<Exported>, Vec<Arc<crate::config::rules::Rule>>), CheckError> {
     at_most("states", states.len(), MAX_INSTALL_STATES)?;
-    Ok(states
+    let mut inline_rules: Vec<Arc<crate::config::rules::Rule>> = Vec::new();
+    for state in &states {
+        let Some(inline) = state.inline.as_ref().and_then(decode_inline) else {
+            continue;
+        };
+        if let Ok(rule) = known.forwarded(&inline, inline_rule) {
+            if rule.fingerprint == state.fingerprint
+                && !inline_rules
+                    .iter()
+                    .any(|r| r.fingerprint == rule.fingerprint)
+            {
+                inline_rules.push(rule);
+            }
+        }
+    }
+    let exported = states
         .into_iter()
         .filter_map(|state| {
             let kind = AlgorithmKind::parse(&state.algorithm)?;
@@ -169,7 +264,8 @@ pub(crate) fn decode_install(states: Vec<WireState>) -> Result<Vec<Exported>, Ch
                 state: KeyState::from_words(kind, &state.words)?,
             })
         })
-        .collect())
+        .collect();
+    Ok((exported, inline_rules))
 }
 
 /// A rules write as the domain edit it carries; a body that does not decode is
@@ -218,6 +314,7 @@ pub struct PeerService {
     rules: SharedRules,
     envoy: SharedEnvoy,
     cluster_rules: Arc<ClusterRules>,
+    inline: Arc<InlineRules>,
     installed: metrics::Counter,
     /// Per [`Implausible`] reason: handed-over states refused, never merged.
     refused: [metrics::Counter; Implausible::ALL.len()],
@@ -233,12 +330,20 @@ impl PeerService {
             rules,
             envoy: SharedEnvoy::default(),
             cluster_rules,
+            inline: Arc::default(),
             installed: metrics::counter!("ringlimit_handoff_installed_total"),
             refused: Implausible::ALL.map(|reason| {
                 metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
             }),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
         }
+    }
+
+    /// This service keeping the inline rules peers forward in `inline` (the node's one
+    /// registry: see [`InlineRules`]).
+    pub fn with_inline(mut self, inline: Arc<InlineRules>) -> Self {
+        self.inline = inline;
+        self
     }
 
     /// This service taking the named rules of forwarded Envoy descriptors from `envoy`.
@@ -263,7 +368,12 @@ impl Peer for PeerService {
                 "forwarded batch arrived after its deadline",
             ));
         }
-        let items = plan_forward(&request, &self.rules.load(), &self.envoy.load())?;
+        let items = plan_forward(
+            &request,
+            &self.rules.load(),
+            &self.envoy.load(),
+            &self.inline,
+        )?;
         let answers = self
             .router
             .decide_forwarded(&items)
@@ -301,6 +411,7 @@ impl Peer for PeerService {
             &request.into_inner(),
             &self.rules.load(),
             &self.envoy.load(),
+            &self.inline,
         )?;
         self.router
             .shards()
@@ -316,13 +427,18 @@ impl Peer for PeerService {
     ) -> Result<Response<InstallResponse>, Status> {
         let request = request.into_inner();
         let total = request.states.len() as u64;
-        let states = decode_install(request.states)?;
+        let (states, inline_rules) = decode_install_with(request.states, &self.inline)?;
         // Counters of Envoy descriptors are handed over too: their rules are found among
-        // the Envoy configuration's (a request's limit override is not: it restarts).
+        // the Envoy configuration's (a request's limit override is not: it restarts); and
+        // those of Gubernator's inline rules, rebuilt from the numbers they carry.
         let (rules, envoy) = (self.rules.load(), self.envoy.load());
         let vetted = handoff::with_rule_list(
             states,
-            rules.rules().iter().chain(envoy.rules()),
+            rules
+                .rules()
+                .iter()
+                .chain(envoy.rules())
+                .chain(&inline_rules),
             self.router.now_ms(),
         );
         for (counter, &n) in self.refused.iter().zip(&vetted.refused) {
@@ -464,6 +580,9 @@ mod tests {
             cost: 1,
             hops: 1,
             named: None,
+            give_back: 0,
+            drain: false,
+            peek: false,
         }
     }
 
@@ -487,15 +606,155 @@ mod tests {
         let rules = RuleSet::builtin();
         let full = forward(vec![item("k", None); MAX_BATCH]);
         assert_eq!(
-            plan_forward(&full, &rules, &EnvoyConfig::default())
-                .unwrap()
-                .len(),
+            plan_forward(
+                &full,
+                &rules,
+                &EnvoyConfig::default(),
+                &InlineRules::default()
+            )
+            .unwrap()
+            .len(),
             MAX_BATCH
         );
         let over = forward(vec![item("k", None); MAX_BATCH + 1]);
-        let (field, reason) = field(plan_forward(&over, &rules, &EnvoyConfig::default()));
+        let (field, reason) = field(plan_forward(
+            &over,
+            &rules,
+            &EnvoyConfig::default(),
+            &InlineRules::default(),
+        ));
         assert_eq!(field, "items");
         assert!(reason.contains("at most 1000"), "{reason}");
+    }
+
+    #[test]
+    fn a_handed_over_counter_rebuilds_its_inline_rule_only_with_matching_numbers() {
+        let known = InlineRules::default();
+        let numbers = WireInline {
+            algorithm: "token_bucket".into(),
+            limit: 10,
+            window_ms: 1_000,
+            burst: 10,
+        };
+        let rule = inline_rule(&decode_inline(&numbers).unwrap()).unwrap();
+        let state = |fingerprint, inline: WireInline| WireState {
+            fingerprint,
+            algorithm: "token_bucket".into(),
+            words: vec![0, 0],
+            placement: 2,
+            id: 3,
+            inline: Some(inline),
+        };
+        let (states, rules) =
+            decode_install_with(vec![state(rule.fingerprint, numbers.clone())], &known).unwrap();
+        assert_eq!(states.len(), 1);
+        assert_eq!(rules, vec![rule.clone()]);
+        // Numbers that are not the counter's, or out of bounds, give no rule: the state
+        // then finds none and is dropped, never installed under the wrong numbers.
+        let (_, rules) = decode_install_with(vec![state(12_345, numbers.clone())], &known).unwrap();
+        assert!(rules.is_empty());
+        let huge = WireInline {
+            limit: u64::MAX,
+            ..numbers
+        };
+        let (_, rules) = decode_install_with(vec![state(rule.fingerprint, huge)], &known).unwrap();
+        assert!(rules.is_empty());
+    }
+
+    #[test]
+    fn a_forwarded_inline_rule_is_rebuilt_and_bounded_on_the_owner() {
+        let rules = RuleSet::builtin();
+        let envoy = EnvoyConfig::default();
+        let inline = |algorithm: &str, limit, window_ms, burst| ForwardItem {
+            key: "4:test3:key".into(),
+            route: "/gubernator".into(),
+            named: Some(WireNamed {
+                name: "gubernator~leaky_bucket".into(),
+                inline: Some(WireInline {
+                    algorithm: algorithm.into(),
+                    limit,
+                    window_ms,
+                    burst,
+                }),
+                ..Default::default()
+            }),
+            ..item("k", None)
+        };
+        let ok = plan_forward(
+            &forward(vec![inline("token_bucket", 10, 1_000, 20)]),
+            &rules,
+            &envoy,
+            &InlineRules::default(),
+        )
+        .unwrap();
+        assert_eq!(ok[0].rule.limiter.max_cost(), 20);
+        assert!(
+            ok[0].uncached,
+            "the owner keeps it out of its deny cache too"
+        );
+        // Numbers no client could have sent are refused whoever forwards them.
+        for (bad, want) in [
+            (
+                inline("token_bucket", 0, 1_000, 20),
+                "items[0].named.inline",
+            ),
+            (inline("token_bucket", 10, 0, 20), "items[0].named.inline"),
+            (
+                inline("token_bucket", 10, u64::MAX, 20),
+                "items[0].named.inline",
+            ),
+            (
+                inline("token_bucket", 10, 1_000, u64::MAX),
+                "items[0].named.inline",
+            ),
+            (
+                inline("sliding_window_log", 10, 1_000, 0),
+                "items[0].named.inline",
+            ),
+            (
+                inline("nope", 10, 1_000, 0),
+                "items[0].named.inline.algorithm",
+            ),
+            (
+                ForwardItem {
+                    cost: 21,
+                    ..inline("token_bucket", 10, 1_000, 20)
+                },
+                "items[0].cost",
+            ),
+        ] {
+            let (field, _) = field(plan_forward(
+                &forward(vec![bad]),
+                &rules,
+                &envoy,
+                &InlineRules::default(),
+            ));
+            assert_eq!(field, want);
+        }
+        // A give-back, drain or peek of a configured rule's counter is refused: only a
+        // rule the request carried may be changed beyond a check.
+        for bad in [
+            ForwardItem {
+                give_back: u64::MAX,
+                ..item("k", None)
+            },
+            ForwardItem {
+                drain: true,
+                ..item("k", None)
+            },
+            ForwardItem {
+                peek: true,
+                ..item("k", None)
+            },
+        ] {
+            let (field, _) = field(plan_forward(
+                &forward(vec![bad]),
+                &rules,
+                &envoy,
+                &InlineRules::default(),
+            ));
+            assert_eq!(field, "items[0].give_back");
+        }
     }
 
     #[test]
@@ -533,7 +792,13 @@ mod tests {
         for (bad, want) in cases {
             let request = forward(vec![item("ok", None), bad.clone()]);
             assert_eq!(
-                field(plan_forward(&request, &rules, &EnvoyConfig::default())).0,
+                field(plan_forward(
+                    &request,
+                    &rules,
+                    &EnvoyConfig::default(),
+                    &InlineRules::default()
+                ))
+                .0,
                 want,
                 "{bad:?}"
             );
@@ -555,7 +820,13 @@ mod tests {
             items: vec![refund("k", None); MAX_BATCH + 1],
         };
         assert_eq!(
-            field(plan_refund(&over, &rules, &EnvoyConfig::default())).0,
+            field(plan_refund(
+                &over,
+                &rules,
+                &EnvoyConfig::default(),
+                &InlineRules::default()
+            ))
+            .0,
             "items"
         );
         let long_tier = "t".repeat(MAX_TIER_BYTES + 1);
@@ -563,16 +834,27 @@ mod tests {
             items: vec![refund("k", None), refund("k", Some(&long_tier))],
         };
         assert_eq!(
-            field(plan_refund(&bad, &rules, &EnvoyConfig::default())).0,
+            field(plan_refund(
+                &bad,
+                &rules,
+                &EnvoyConfig::default(),
+                &InlineRules::default()
+            ))
+            .0,
             "items[1].tier"
         );
         let ok = RefundRequest {
             items: vec![refund("k", None); MAX_BATCH],
         };
         assert_eq!(
-            plan_refund(&ok, &rules, &EnvoyConfig::default())
-                .unwrap()
-                .len(),
+            plan_refund(
+                &ok,
+                &rules,
+                &EnvoyConfig::default(),
+                &InlineRules::default()
+            )
+            .unwrap()
+            .len(),
             MAX_BATCH
         );
     }
@@ -585,6 +867,7 @@ mod tests {
             words,
             placement: 2,
             id: 3,
+            inline: None,
         };
         let over = vec![state("fixed_window", vec![0, 0]); MAX_INSTALL_STATES + 1];
         let (field, reason) = field(decode_install(over));

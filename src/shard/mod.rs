@@ -91,6 +91,20 @@ pub struct Charge {
     pub rule: Arc<Rule>,
     /// Units to consume.
     pub cost: NonZeroU64,
+    /// Units to give back to the counter first, in the same shard step and at the
+    /// shard's clock (a negative hit; `NonZeroU64::MAX` empties it, a reset). Exact for
+    /// the fixed window and the token bucket (see [`Limiter::give_back`]). Ignored by
+    /// refunds.
+    ///
+    /// [`Limiter::give_back`]: crate::algorithms::Limiter::give_back
+    pub give_back: Option<NonZeroU64>,
+    /// On a denial, take what the counter still holds (a second check of the remaining
+    /// units, in the same shard step): the answer stays a denial, with nothing left.
+    pub drain: bool,
+    /// Report, change nothing (after any give-back): the numbers a check would see,
+    /// taking nothing ([`Store::peek`](store::Store::peek)). Exact where a probe given
+    /// back (Envoy's way) would report a reset one unit late.
+    pub peek: bool,
 }
 
 impl Charge {
@@ -532,8 +546,30 @@ impl Actor {
                 let outcomes = items
                     .iter()
                     .map(|item| {
-                        let (decision, c, fresh) = self.store.check(item.counter(), now, item.cost);
+                        if let Some(units) = item.give_back {
+                            self.store.give_back(item.counter(), now, units);
+                        }
+                        let (mut decision, c, fresh) = if item.peek {
+                            (
+                                self.store.peek(item.counter(), now),
+                                Churn::default(),
+                                false,
+                            )
+                        } else {
+                            self.store.check(item.counter(), now, item.cost)
+                        };
                         churn += c;
+                        if item.drain && !decision.allowed && decision.remaining > 0 {
+                            let units = NonZeroU64::new(decision.remaining).expect("> 0");
+                            let (drained, c, _) = self.store.check(item.counter(), now, units);
+                            churn += c;
+                            if drained.allowed {
+                                decision = Decision {
+                                    allowed: false,
+                                    ..drained
+                                };
+                            }
+                        }
                         self.metrics.checks.of(&item.rule)[usize::from(!decision.allowed)]
                             .increment(1);
                         Outcome {

@@ -541,6 +541,53 @@ impl Store {
         }
     }
 
+    /// What a check of the counter at `now` would report, changing nothing: see
+    /// [`Limiter::peek`]. A key with no state (or state under other numbers) reports
+    /// as a fresh one.
+    pub fn peek(&mut self, counter: Counter<'_>, now: Millis) -> Decision {
+        let Counter {
+            id,
+            fingerprint,
+            limiter,
+            local: _,
+        } = counter;
+        let fp = self.intern(fingerprint);
+        let state = self
+            .find(self.hasher.hash_one(id), id)
+            .filter(|&i| self.slots[i].fingerprint_slot() == fp)
+            .map(|i| self.load(i))
+            .unwrap_or_else(|| limiter.new_state());
+        limiter.peek(&state, now)
+    }
+
+    /// Give `cost` units back to a counter now (a caller's negative hits, or a reset
+    /// with `NonZeroU64::MAX`), unlike [`Store::refund`], which undoes one admission
+    /// made at a known instant. A key with no state, or state under other numbers, is
+    /// already as full as it can be: there is nothing to give back.
+    pub fn give_back(&mut self, counter: Counter<'_>, now: Millis, cost: NonZeroU64) {
+        let Counter {
+            id,
+            fingerprint,
+            limiter,
+            local: _,
+        } = counter;
+        let fp = self.intern(fingerprint);
+        let Some(i) = self.find(self.hasher.hash_one(id), id) else {
+            return;
+        };
+        if self.slots[i].fingerprint_slot() != fp {
+            return;
+        }
+        let expires_at = self.update(i, |state| {
+            limiter.give_back(state, now, cost);
+            limiter.expires_at(state)
+        });
+        self.slots[i].expires_s = ceil_secs(expires_at);
+        if let Some(moved) = self.moved.get_mut(&id) {
+            limiter.give_back(&mut moved.delta, now, cost);
+        }
+    }
+
     /// Drop expired entries, examining at most `budget` entries from where the last call
     /// stopped. Returns how many were dropped.
     pub fn expire(&mut self, now: Millis, budget: usize) -> u64 {

@@ -258,6 +258,24 @@ impl Rule {
         )
     }
 
+    /// A rule that is in no rule set: numbers a request carried (Gubernator's inline
+    /// limits), matching nothing by itself. An error if the algorithm refuses the numbers.
+    pub fn unlisted(
+        name: &str,
+        spec: AlgorithmSpec,
+        on_unavailable: FailMode,
+        per: CountPer,
+    ) -> Result<Self, AlgorithmError> {
+        spec.limiter()?;
+        Ok(Rule::new(
+            name,
+            Selector::default(),
+            spec,
+            on_unavailable,
+            per,
+        ))
+    }
+
     /// Only called with specs that [`parse::build_spec`] accepted, which already built the
     /// limiter once; the bounds it checks make the constructors infallible here.
     fn new(
