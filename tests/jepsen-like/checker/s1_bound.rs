@@ -32,16 +32,34 @@ pub fn fixed_window(ctx: &Context, report: &mut Report) {
     }
 }
 
-/// S1-fallback: per fail-open fallback counter (entry node, fallback limit) and fixed
-/// window, admitted ≤ its limit ≤ L.
+/// S1-fallback: per fail-open fallback counter and fixed window, admitted ≤ its limit ≤ L.
+///
+/// Each ring size has its own stand-in counter (`<rule>~fallback/<nodes>`, finding 7),
+/// and an answer names only the share (L / nodes), not the size. So the answers of one
+/// entry node with one share may come from several counters: one per ring size with
+/// that share the node was seen with around the window (its sampled views from 3 s
+/// before the window to 3 s after). The bound is the share times that many counters
+/// (at least one).
 pub fn fallback(ctx: &Context, report: &mut Report) {
     let l = ctx.l;
     for ((key, win), window) in &ctx.windows {
         for ((d, g, lim), admitted) in &window.fallbacks {
-            if admitted > lim || *lim > l {
+            let (from, to) = (
+                (win * ctx.w).saturating_sub(3_000),
+                (win + 1) * ctx.w + 3_000,
+            );
+            let sizes: std::collections::BTreeSet<u64> = ctx
+                .samples
+                .iter()
+                .filter(|s| s.ok && &s.node == d && s.t >= from && s.t <= to)
+                .map(|s| s.members.iter().filter(|m| !m.leaving).count() as u64)
+                .filter(|&n| n > 0 && (l / n).max(1) == *lim)
+                .collect();
+            let counters = sizes.len().max(1) as u64;
+            if *admitted > lim * counters || *lim > l {
                 report.violate(
                     "S1-fallback",
-                    format!("key {key} window {win}: fallback of {d}@{g} admitted {admitted} with fallback limit {lim} (L={l})"),
+                    format!("key {key} window {win}: fallback of {d}@{g} admitted {admitted} with fallback limit {lim} over {counters} ring size(s) {sizes:?} (L={l})"),
                 );
             }
         }
@@ -219,6 +237,36 @@ mod tests {
             );
         }
         assert_eq!(run(&h, fallback).count("S1-fallback"), 1);
+    }
+
+    #[test]
+    fn two_ring_sizes_with_the_same_share_are_two_fallback_counters() {
+        // L = 10: 5 and 4 nodes both give a share of 2. The entry node's ring went from
+        // 5 members to 4 inside the window (sampled), so 3 admissions are 2 + 1 on two
+        // stand-in counters; with one ring size seen they would be over.
+        let five = [("n2", "n1 n2 n3 n4 n5")];
+        let four = [("n2", "n1 n2 n3 n4")];
+        let history = |flap: bool| {
+            let mut h = Hist::new();
+            h.round(T0, &five);
+            if flap {
+                h.round(T0 + 600, &four);
+            }
+            for i in 0..3 {
+                let seq = h.seq("n2", 1);
+                h.check(
+                    T0 + 100 + 300 * i,
+                    "n2",
+                    FW,
+                    "k",
+                    1,
+                    Ans::fallback("n2", seq, true, 1, 2),
+                );
+            }
+            h
+        };
+        assert_eq!(run(&history(true), fallback).count("S1-fallback"), 0);
+        assert_eq!(run(&history(false), fallback).count("S1-fallback"), 1);
     }
 
     #[test]
