@@ -4,6 +4,7 @@
 //! answers carry the headers; a query string shares the budget; and with the key's owner
 //! killed (kill -9) the gateway still answers within its deadline, marked degraded.
 
+mod common;
 #[path = "common/process.rs"]
 mod process;
 
@@ -15,7 +16,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use process::{Process, Serve};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 // The sliding log: exact, with no window boundary, so the remaining counts below hold
 // whenever the test runs.
@@ -90,34 +90,13 @@ impl Reply {
     }
 }
 
-/// One HTTP/1.1 request on a fresh connection, read to the end.
+/// One HTTP/1.1 GET on a fresh connection, as curl sends it.
 async fn get(addr: SocketAddr, path: &str, api_key: &str) -> Reply {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: gateway\r\nX-Api-Key: {api_key}\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("a complete response");
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    let answer = common::http(addr, "GET", path, &[("X-Api-Key", api_key)], "").await;
     Reply {
-        status,
-        headers,
-        body: body.to_string(),
+        status: answer.status,
+        headers: answer.headers.into_iter().collect(),
+        body: answer.body,
     }
 }
 
