@@ -518,46 +518,18 @@ impl Store {
     /// Undo an admitted check made at `at` (another descriptor of the request denied).
     /// A key that is gone (expired, evicted, rule changed) has nothing left to refund.
     pub fn refund(&mut self, counter: Counter<'_>, at: Millis, cost: NonZeroU64) {
-        let Counter {
-            id,
-            fingerprint,
-            limiter,
-            local: _,
-        } = counter;
-        let fp = self.intern(fingerprint);
-        let Some(i) = self.find(self.hasher.hash_one(id), id) else {
-            return;
-        };
-        if self.slots[i].fingerprint_slot() != fp {
-            return;
-        }
-        let expires_at = self.update(i, |state| {
-            limiter.refund(state, at, cost);
-            limiter.expires_at(state)
-        });
-        self.slots[i].expires_s = ceil_secs(expires_at);
-        if let Some(moved) = self.moved.get_mut(&id) {
-            limiter.refund(&mut moved.delta, at, cost);
-        }
+        self.adjust(counter, |limiter, state| limiter.refund(state, at, cost));
     }
 
     /// What a check of the counter at `now` would report, changing nothing: see
     /// [`Limiter::peek`]. A key with no state (or state under other numbers) reports
     /// as a fresh one.
     pub fn peek(&mut self, counter: Counter<'_>, now: Millis) -> Decision {
-        let Counter {
-            id,
-            fingerprint,
-            limiter,
-            local: _,
-        } = counter;
-        let fp = self.intern(fingerprint);
         let state = self
-            .find(self.hasher.hash_one(id), id)
-            .filter(|&i| self.slots[i].fingerprint_slot() == fp)
+            .live_slot(&counter)
             .map(|i| self.load(i))
-            .unwrap_or_else(|| limiter.new_state());
-        limiter.peek(&state, now)
+            .unwrap_or_else(|| counter.limiter.new_state());
+        counter.limiter.peek(&state, now)
     }
 
     /// Give `cost` units back to a counter now (a caller's negative hits, or a reset
@@ -565,26 +537,32 @@ impl Store {
     /// made at a known instant. A key with no state, or state under other numbers, is
     /// already as full as it can be: there is nothing to give back.
     pub fn give_back(&mut self, counter: Counter<'_>, now: Millis, cost: NonZeroU64) {
-        let Counter {
-            id,
-            fingerprint,
-            limiter,
-            local: _,
-        } = counter;
-        let fp = self.intern(fingerprint);
-        let Some(i) = self.find(self.hasher.hash_one(id), id) else {
+        self.adjust(counter, |limiter, state| {
+            limiter.give_back(state, now, cost)
+        });
+    }
+
+    /// The position of `counter`'s key if it holds state under the counter's numbers.
+    fn live_slot(&mut self, counter: &Counter<'_>) -> Option<usize> {
+        let fp = self.intern(counter.fingerprint);
+        self.find(self.hasher.hash_one(counter.id), counter.id)
+            .filter(|&i| self.slots[i].fingerprint_slot() == fp)
+    }
+
+    /// Apply `change` (a refund or a give-back: state only moves towards fresh) to the
+    /// key's state and, for a key handed away, to the delta the new owner will merge.
+    fn adjust(&mut self, counter: Counter<'_>, change: impl Fn(&Limiter, &mut KeyState)) {
+        let Some(i) = self.live_slot(&counter) else {
             return;
         };
-        if self.slots[i].fingerprint_slot() != fp {
-            return;
-        }
+        let limiter = counter.limiter;
         let expires_at = self.update(i, |state| {
-            limiter.give_back(state, now, cost);
+            change(limiter, state);
             limiter.expires_at(state)
         });
         self.slots[i].expires_s = ceil_secs(expires_at);
-        if let Some(moved) = self.moved.get_mut(&id) {
-            limiter.give_back(&mut moved.delta, now, cost);
+        if let Some(moved) = self.moved.get_mut(&counter.id) {
+            change(limiter, &mut moved.delta);
         }
     }
 
