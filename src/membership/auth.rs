@@ -157,6 +157,7 @@ pub struct GossipAuthStats {
     stale: AtomicU64,
     malformed: AtomicU64,
     oversize: AtomicU64,
+    codec_failures: AtomicU64,
     largest_sent: AtomicU64,
     /// Wall-clock ms of the last warning, and drops since then.
     last_warn_ms: AtomicU64,
@@ -220,6 +221,23 @@ impl GossipAuthStats {
                 max = MAX_DATAGRAM_LEN,
                 dropped_since_last_warning = dropped,
                 "gossip message too large to send with its authentication tag"
+            );
+        }
+    }
+
+    /// Authentic datagrams lost because the loopback codec failed (see the module docs).
+    pub fn codec_failures(&self) -> u64 {
+        self.codec_failures.load(Ordering::Relaxed)
+    }
+
+    fn note_codec_failure(&self, error: &anyhow::Error, now_ms: u64) {
+        self.codec_failures.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("ringlimit_gossip_codec_failures_total").increment(1);
+        if let Some(dropped) = self.may_warn(now_ms) {
+            warn!(
+                error = %format!("{error:#}"),
+                dropped_since_last_warning = dropped,
+                "gossip codec failed: datagram dropped, codec reopened"
             );
         }
     }
@@ -349,13 +367,17 @@ fn now_ms() -> u64 {
     crate::clock::Clock::now_ms(&crate::clock::SystemClock)
 }
 
-/// Receive errors that do not mean the socket is broken (as in chitchat's UDP socket).
+/// Receive errors that do not mean the socket is broken: chitchat's own list, plus
+/// the ICMP errors one unreachable peer can leave on a UDP socket (host or network
+/// unreachable), which must not stop gossip with every other peer.
 fn is_transient(error: &std::io::Error) -> bool {
     matches!(
         error.kind(),
         std::io::ErrorKind::OutOfMemory
             | std::io::ErrorKind::ConnectionReset
             | std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::HostUnreachable
+            | std::io::ErrorKind::NetworkUnreachable
     )
 }
 
@@ -409,7 +431,11 @@ impl AuthUdpSocket {
             return Ok(None);
         };
         let (from_addr, len, deadline) = (pending.from_addr, pending.len, pending.deadline);
-        let codec = ensure(&mut self.codec).await?;
+        let Some(codec) = self.codec.as_mut() else {
+            // The codec was reset since the payload was handed over: it is gone.
+            self.pending = None;
+            return Ok(None);
+        };
         let tap_addr = codec.tap_addr;
         loop {
             match tokio::time::timeout_at(deadline, codec.codec.recv()).await {
@@ -423,8 +449,11 @@ impl AuthUdpSocket {
                 }
                 Ok(Ok(_)) => continue, // not from our tap: never authenticated
                 Ok(Err(error)) => {
+                    // The codec's sockets failed, not the gossip socket: drop this
+                    // datagram like a lost one and open a fresh codec for the next.
                     self.reset_codec();
-                    return Err(error).context("gossip codec: decoding");
+                    self.stats.note_codec_failure(&error, now_ms());
+                    return Ok(None);
                 }
                 Err(_) => {
                     // Authentic, but chitchat could not decode it.
@@ -504,14 +533,23 @@ impl Socket for AuthUdpSocket {
                     .note_reject(Reject::Malformed, from_addr, len, now);
                 continue;
             }
-            let codec = ensure(&mut self.codec).await?;
-            // Loopback delivery is synchronous: once this returns, the payload is
-            // queued at the codec.
-            codec
-                .tap
-                .send(payload)
-                .await
-                .context("gossip codec: handing a payload over")?;
+            // A codec failure (no socket to open: the descriptor limit) loses this
+            // datagram, like the network could, and is retried on the next one; only
+            // the gossip socket itself failing stops gossip.
+            let handed = match ensure(&mut self.codec).await {
+                Ok(codec) => codec
+                    .tap
+                    .send(payload)
+                    .await
+                    .context("gossip codec: handing a payload over"),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = handed {
+                self.reset_codec();
+                self.stats.note_codec_failure(&error, now);
+                continue;
+            }
+            // Loopback delivery is synchronous: the payload is queued at the codec.
             self.pending = Some(Pending {
                 from_addr,
                 len,

@@ -33,6 +33,10 @@
 //!   another address (an impostor, or a pod that moved) is refused and logged until
 //!   the incumbent is no longer live. The ring places by node id only, so the
 //!   restart does not move keys.
+//! * **Lost members are knocked on** ([`reconnect`]): a member that vanished without
+//!   a leave is gossiped to directly, once a second (every round while this node is
+//!   alone), for ten minutes, so a healed partition rejoins in about a second however
+//!   many dead identities chitchat's random picks would have to get past.
 //! * **Pure core, thin shell:** [`build_view`] is a pure function; one driver
 //!   task (a single `select!`: cancellation, live-set changes, commands) turns
 //!   the watch into views and publishes a view only when the members changed.
@@ -68,6 +72,7 @@
 //! old one was.
 
 pub mod auth;
+mod reconnect;
 mod view;
 
 #[cfg(test)]
@@ -249,6 +254,7 @@ pub struct Membership {
     commands: mpsc::Sender<Command>,
     stop: DropGuard,
     driver: JoinHandle<()>,
+    gossip_stopped: CancellationToken,
 }
 
 /// Requests to the driver task, which owns all writes to chitchat state.
@@ -367,6 +373,7 @@ impl Membership {
         let (values_tx, values_rx) = watch::channel(Arc::new(MemberValues::new()));
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let stop = cancel.child_token();
+        let gossip_stopped = CancellationToken::new();
         let driver = Driver {
             chitchat,
             self_id: chitchat_id,
@@ -377,6 +384,9 @@ impl Membership {
             values_tx,
             last_run: std::time::Instant::now(),
             hold_removals_until: None,
+            lost: reconnect::Lost::default(),
+            warned_alone: None,
+            gossip_stopped: gossip_stopped.clone(),
         };
         // In the caller's span (a node's), so view changes name the node that saw them.
         let driver = tokio::spawn(tracing::Instrument::in_current_span(driver.run(
@@ -391,6 +401,7 @@ impl Membership {
             commands: commands_tx,
             stop: stop.drop_guard(),
             driver,
+            gossip_stopped,
         })
     }
 
@@ -409,6 +420,14 @@ impl Membership {
     /// that outlives a borrow of the membership.
     pub fn publisher(&self) -> ValuePublisher {
         ValuePublisher(self.commands.clone())
+    }
+
+    /// Cancelled if gossip stopped on its own (its socket broke). The view is frozen
+    /// from then on: this node would go on deciding by a ring nobody else has, and
+    /// nobody would learn that it left, so its owner should stop it (a node exits) and
+    /// let its supervisor start a fresh incarnation.
+    pub fn gossip_stopped(&self) -> CancellationToken {
+        self.gossip_stopped.clone()
     }
 
     /// The advertised gossip address: give it to other nodes as a seed.
@@ -486,6 +505,14 @@ struct Driver {
     /// After this process was stalled (SIGSTOP, a starved machine), removals are held
     /// until then; see [`STALL`].
     hold_removals_until: Option<std::time::Instant>,
+    /// Members lost without a leave, gossiped to directly until they are back
+    /// (see [`reconnect`]).
+    lost: reconnect::Lost,
+    /// When this node last warned that it is alone in its view while it remembers
+    /// lost members.
+    warned_alone: Option<tokio::time::Instant>,
+    /// Cancelled when chitchat's gossip loop ended on its own.
+    gossip_stopped: CancellationToken,
 }
 
 /// A gap this long between two runs of the driver means the process itself was frozen.
@@ -496,6 +523,8 @@ struct Driver {
 /// never owned. So after a stall, members are only added, never removed, for
 /// [`STALL_HOLD`]: long enough for gossip to refresh, short against failure detection.
 const STALL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often a node alone in its view says so while it knocks on lost members.
+const ALONE_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long removals are held after a stall.
 const STALL_HOLD: std::time::Duration = std::time::Duration::from_millis(1500);
 
@@ -524,11 +553,13 @@ impl Driver {
                         info!(node_id = %self.self_id.node_id, "stall hold over: publishing removals again");
                         self.publish();
                     }
+                    self.reconnect(&handle);
                 }
                 result = &mut terminated, if gossip_running => {
                     // The gossip loop only ends on its own if its socket broke.
                     error!(?result, "chitchat stopped unexpectedly; cluster view frozen");
                     gossip_running = false;
+                    self.gossip_stopped.cancel();
                 }
                 changed = self.live.changed() => {
                     if changed.is_err() {
@@ -582,6 +613,32 @@ impl Driver {
         for peer in peers {
             if let Err(error) = handle.gossip(peer) {
                 debug!(%peer, %error, "immediate gossip failed");
+            }
+        }
+    }
+
+    /// Gossips directly to the members lost without a leave that are due (see
+    /// [`reconnect`]), instead of waiting for chitchat's random picks to find them.
+    fn reconnect(&mut self, handle: &ChitchatHandle) {
+        let now = tokio::time::Instant::now();
+        let alone = self.view_tx.borrow().members.len() <= 1;
+        let due = self.lost.due(now, alone);
+        if alone && !due.is_empty() {
+            let warn_due = self
+                .warned_alone
+                .is_none_or(|at| now.saturating_duration_since(at) >= ALONE_WARN_EVERY);
+            if warn_due {
+                self.warned_alone = Some(now);
+                warn!(
+                    node_id = %self.self_id.node_id,
+                    lost = due.len(),
+                    "alone in the cluster view: gossiping to every member lost without a leave"
+                );
+            }
+        }
+        for peer in due {
+            if let Err(error) = handle.gossip(peer) {
+                debug!(%peer, %error, "reconnect gossip failed");
             }
         }
     }
@@ -670,10 +727,13 @@ impl Driver {
             }
             _ => view,
         };
+        let now = tokio::time::Instant::now();
+        let lost = &mut self.lost;
         let changed = self.view_tx.send_if_modified(|current| {
             if **current == view {
                 return false;
             }
+            lost.note_views(current, &view, now);
             *current = Arc::new(view);
             true
         });

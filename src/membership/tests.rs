@@ -618,3 +618,84 @@ fn generations_grow() {
     std::thread::sleep(Duration::from_millis(1));
     assert!(generation_now() > a);
 }
+
+/// Finding 9 of docs/chaos.md: late in a long, churned chaos run a node cut off by a
+/// 4 s partition did not rejoin within 15 s. Here, in memory on a paused clock: five
+/// members that outlive 120 short-lived identities (each on its own address, each
+/// remembered as dead for the grace period), one of them seeded only by identities
+/// that are long gone; it is partitioned for 4 s and healed, ten times over.
+#[tokio::test(start_paused = true)]
+async fn in_memory_a_partitioned_member_rejoins_promptly_among_many_dead_identities() {
+    let transport = ChannelTransport::default();
+    let first = start_node_on(&transport, "churn-live-0", &[]).await;
+    let seed = first.gossip_addr();
+    let mut live = vec![first];
+    for i in 1..4 {
+        live.push(start_node_on(&transport, &format!("churn-live-{i}"), &[seed]).await);
+    }
+    let mut dead_seeds = Vec::new();
+    for i in 0..120 {
+        let node = start_node_on(&transport, &format!("churn-dead-{i:03}"), &[seed]).await;
+        let mut view = node.view();
+        timeout_at(
+            Instant::now() + CONVERGE,
+            view.wait_for(|v| v.members.len() >= 5),
+        )
+        .await
+        .expect("a churned identity joins")
+        .unwrap();
+        if i >= 118 {
+            dead_seeds.push(node.gossip_addr());
+        }
+        // The victim joins through the last two identities, which then die too.
+        if i == 119 {
+            live.push(start_node_on(&transport, "churn-victim", &dead_seeds).await);
+        }
+        if i < 119 {
+            node.shutdown().await;
+        } else {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            node.shutdown().await;
+        }
+    }
+    let names = [
+        "churn-live-0",
+        "churn-live-1",
+        "churn-live-2",
+        "churn-live-3",
+        "churn-victim",
+    ];
+    let views: Vec<_> = live.iter().map(Membership::view).collect();
+    wait_all(
+        &views,
+        Duration::from_secs(30),
+        "converged after churn",
+        |v| has_all(v, &names) && v.ring.len() == 5,
+    )
+    .await;
+    let victim = live[4].gossip_addr();
+    let others: Vec<SocketAddr> = live[..4].iter().map(Membership::gossip_addr).collect();
+    let mut worst = Duration::ZERO;
+    for round in 0..10 {
+        for &o in &others {
+            transport.remove_link(victim, o).await;
+        }
+        wait_all(&views[4..], CONVERGE, "victim alone", |v| v.ring.len() == 1).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        for &o in &others {
+            transport.add_link(victim, o).await;
+        }
+        let healed = Instant::now();
+        wait_all(&views, Duration::from_secs(3), "healed within 3 s", |v| {
+            has_all(v, &names) && v.ring.len() == 5
+        })
+        .await;
+        let took = healed.elapsed();
+        eprintln!("round {round}: rejoined after {took:?}");
+        worst = worst.max(took);
+    }
+    eprintln!("worst rejoin: {worst:?}");
+    for node in live {
+        node.shutdown().await;
+    }
+}

@@ -75,6 +75,10 @@ pub enum NodeError {
     /// Gossip membership could not start.
     #[error("membership: {0}")]
     Membership(String),
+    /// Gossip stopped on its own while serving (its socket broke): the node stopped
+    /// rather than decide by a cluster view nobody updates any more.
+    #[error("gossip stopped unexpectedly; the node stopped (restart it)")]
+    GossipStopped,
 }
 
 /// A started node.
@@ -169,12 +173,21 @@ impl RunningNode {
         self.shutdown().await;
     }
 
-    /// Wait until `cancel` fires, then leave gracefully.
-    pub async fn serve_until(self, cancel: CancellationToken) {
+    /// Wait until `cancel` fires, then leave gracefully. If gossip stops on its own
+    /// first, stop at once (like a crash: a leave cannot be announced without gossip)
+    /// and say so.
+    pub async fn serve_until(self, cancel: CancellationToken) -> Result<(), NodeError> {
+        let gossip_stopped = self.membership.gossip_stopped();
         tokio::select! {
             _ = cancel.cancelled() => self.leave().await,
             _ = self.cancel.cancelled() => self.shutdown().await,
+            _ = gossip_stopped.cancelled() => {
+                tracing::error!(node_id = %self.decider.node_id, "gossip stopped unexpectedly: stopping this node");
+                self.shutdown().await;
+                return Err(NodeError::GossipStopped);
+            }
         }
+        Ok(())
     }
 }
 
@@ -209,9 +222,9 @@ pub async fn run(
         http = %node.http_addr.map_or("-".to_string(), |a| a.to_string()),
         "ringlimit node serving"
     );
-    node.serve_until(shutdown).await;
+    let served = node.serve_until(shutdown).await;
     tracing::info!("ringlimit node stopped");
-    Ok(())
+    served
 }
 
 /// Start a node with the system clock.
@@ -788,6 +801,10 @@ fn describe_metrics() {
     describe_counter!(
         "ringlimit_gossip_oversize_total",
         "Gossip envelopes too large to tag."
+    );
+    describe_counter!(
+        "ringlimit_gossip_codec_failures_total",
+        "Authentic gossip datagrams lost because the loopback codec failed (then reopened)."
     );
     describe_gauge!("ringlimit_grpc_connections", "Open gRPC connections.");
     describe_counter!(
