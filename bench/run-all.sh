@@ -1,51 +1,130 @@
 #!/usr/bin/env bash
-# Runs every scenario of bench/RESULTS.md and leaves the raw output in $OUT (default
-# target/bench-results). Takes about 10 minutes on 2 cores. Needs a release build.
+# Runs every scenario of bench/RESULTS.md (issue 14, part 5) and leaves the raw output
+# of each in $OUT (default target/bench-results), plus $OUT/summary.txt: one line per
+# figure with checks/s, p50/p99/p99.9 and server CPU per check, and the command.
+#
+# Scenarios: native Check and CheckBatch 32 against Redis + the reference Lua; Envoy RLS
+# and Gubernator against the native Check on the same node; 3-node cluster with random
+# entry and with the ring-aware client (plain and coalescing); half-peak latency (open
+# loop at half the closed-loop peak just measured) on one node and on the 3-node cluster;
+# a hot key through a node that does not own it; memory per key at 1,000,000 keys for
+# every algorithm; allocations per check; the store and algorithm microbenchmarks.
+#
+# Takes about 25 minutes on 2 cores with the defaults. Needs nothing but a release build
+# (made if missing) and Debian's redis-server (installed by `ringlimit bench` if missing).
+# DURATION (s per run, default 8) and ROUNDS (alternating rounds, default 2) trade time
+# for spread. Run it on a quiet machine: compare ratios within one run, not across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release/ringlimit
 OUT=${OUT:-target/bench-results}
-DURATION=${DURATION:-10}
-ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-8}
+ROUNDS=${ROUNDS:-2}
+WARMUP=${WARMUP:-2}
 mkdir -p "$OUT"
+: >"$OUT/summary.txt"
 [ -x "$BIN" ] || cargo build --release
 
-run() { # name, args...
-    local name=$1; shift
+{
+    echo "# ringlimit bench/run-all.sh, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+    echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), DURATION=$DURATION ROUNDS=$ROUNDS"
+} | tee -a "$OUT/summary.txt"
+
+run() { # name, bench args...
+    local name=$1
+    shift
     echo "== $name: $BIN bench $*" | tee "$OUT/$name.txt"
-    "$BIN" bench "$@" 2>/dev/null | tee -a "$OUT/$name.txt"
+    "$BIN" bench --warmup "$WARMUP" "$@" 2>/dev/null | tee -a "$OUT/$name.txt"
+    {
+        echo "== $name: ringlimit bench --warmup $WARMUP $*"
+        # Every measured run's figure line and every ratio line of the scenario.
+        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware) +(checks/s|server CPU)|^median|^ratio' "$OUT/$name.txt" || true
+    } >>"$OUT/summary.txt"
 }
 
-run unary-c50 --compare-redis --concurrency 50 --duration "$DURATION" --rounds "$ROUNDS"
-run batch32-c50 --compare-redis --concurrency 50 --batch 32 --duration "$DURATION" --rounds "$ROUNDS"
+# The median closed-loop checks/s of the system named $2 in scenario file $1.
+peak() {
+    grep -E "^$2 +checks/s" "$OUT/$1.txt" | awk '{print $3}' | sort -n |
+        awk '{v[NR]=$1} END {if (NR == 0) exit 1; print v[int((NR + 1) / 2)]}'
+}
+
+common=(--concurrency 50 --duration "$DURATION")
+
+# One node: the native API against Redis + Lua, unary and batched.
+run unary-c50 --compare-redis "${common[@]}" --rounds "$ROUNDS"
+run batch32-c50 --compare-redis "${common[@]}" --batch 32 --rounds "$ROUNDS"
 run unary-c10 --compare-redis --concurrency 10 --duration "$DURATION" --rounds "$ROUNDS"
-run cluster3-unary-c50 --nodes 3 --concurrency 50 --duration "$DURATION"
-run cluster3-batch32-c50 --nodes 3 --concurrency 50 --batch 32 --duration "$DURATION"
-run single-batch32-c50 --nodes 1 --concurrency 50 --batch 32 --duration "$DURATION"
-run zipf-unary-c50 --compare-redis --concurrency 50 --distribution zipf --zipf-s 1.1 --duration "$DURATION"
+run zipf-unary-c50 --compare-redis "${common[@]}" --distribution zipf --zipf-s 1.1
+
+# One node: Envoy RLS and Gubernator against the native Check, alternating on one node.
+run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"
+
+# 3-node cluster: random entry (about 2/3 forwarded), batched, and the ring-aware client
+# (each round also runs a random-entry round first, for a ratio within one run).
+run cluster3-unary-c50 --nodes 3 "${common[@]}"
+run cluster3-batch32-c50 --nodes 3 "${common[@]}" --batch 32
+run single-batch32-c50 --nodes 1 "${common[@]}" --batch 32
+run cluster3-ring-aware --nodes 3 --client ring-aware "${common[@]}" --rounds "$ROUNDS"
+run cluster3-ring-aware-coalesce --nodes 3 --client ring-aware --coalesce "${common[@]}"
+
+# Latency at half of the peak just measured (open loop: no coordinated omission).
+one_peak=$(peak unary-c50 ringlimit)
+run half-peak-one-node --rate "$(awk -v p="$one_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
+cluster_peak=$(peak cluster3-unary-c50 ringlimit)
+run half-peak-cluster3 --nodes 3 --rate "$(awk -v p="$cluster_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
+fronts_peak=$(peak fronts-c50 envoy-rls)
+run half-peak-envoy-rls --protocol envoy-rls --rate "$(awk -v p="$fronts_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
 
 # Hot abusive key: one key at full speed through a node that does not own it. Nodes of
 # dev-cluster share one process, so /metrics of any node shows the process' totals: all
 # decisions are the owner's (the entry node forwards), and deny-cache hits the entry's.
-echo "== hot-key" | tee "$OUT/hot-key.txt"
-"$BIN" dev-cluster --nodes 3 --base-port 18420 >/dev/null 2>&1 &
+# dev-cluster takes a base port (node i on base + 4i); pick one in a random range.
+base=${BASE_PORT:-$((20000 + RANDOM % 20000))}
+echo "== hot-key (dev-cluster on base port $base)" | tee "$OUT/hot-key.txt"
+"$BIN" dev-cluster --nodes 3 --base-port "$base" >/dev/null 2>&1 &
 cluster=$!
 trap 'kill $cluster 2>/dev/null || true' EXIT
 sleep 3
-owner=$("$BIN" check --addr 127.0.0.1:18420 --key client_0 --route "GET /bench" --json | sed -E 's/.*"node_id":"([^"]+)".*/\1/')
-entry=127.0.0.1:18420
-[ "$owner" = node-1 ] && entry=127.0.0.1:18424   # dev-cluster: node i on base+4i
+owner=$("$BIN" check --addr "127.0.0.1:$base" --key client_0 --route "GET /bench" --json | sed -E 's/.*"node_id":"([^"]+)".*/\1/')
+entry=127.0.0.1:$base
+[ "$owner" = node-1 ] && entry=127.0.0.1:$((base + 4))
 echo "owner of client_0: $owner; sending through $entry" | tee -a "$OUT/hot-key.txt"
-"$BIN" bench --addr "$entry" --keys 1 --concurrency 50 --duration "$DURATION" 2>/dev/null | tee -a "$OUT/hot-key.txt"
-curl -s 127.0.0.1:18421/metrics | grep -E '^ringlimit_(checks_total|deny_cache_hits_total|forwarded_total)' | tee -a "$OUT/hot-key.txt"
-kill $cluster; wait $cluster 2>/dev/null || true
+"$BIN" bench --addr "$entry" --keys 1 "${common[@]}" --warmup "$WARMUP" 2>/dev/null | tee -a "$OUT/hot-key.txt"
+curl -s "127.0.0.1:$((base + 1))/metrics" | grep -E '^ringlimit_(checks_total|deny_cache_hits_total|forwarded_total)' | tee -a "$OUT/hot-key.txt"
+kill $cluster
+wait $cluster 2>/dev/null || true
 trap - EXIT
+{
+    echo "== hot-key: ringlimit bench --addr <non-owner> --keys 1 ${common[*]}"
+    grep -E '^ringlimit +checks/s|^ringlimit_' "$OUT/hot-key.txt" || true
+} >>"$OUT/summary.txt"
 
+# Memory per key at 1,000,000 keys (RSS delta), every algorithm; Redis for the one the
+# reference's Lua implements.
 for algorithm in token_bucket leaky_bucket fixed_window sliding_window_counter sliding_window_log; do
     extra=()
     [ "$algorithm" = sliding_window_counter ] && extra=(--compare-redis)
-    run "memory-$algorithm" --memory --algorithm "$algorithm" --keys 1000000 "${extra[@]}"
+    echo "== memory-$algorithm: $BIN bench --memory --algorithm $algorithm --keys 1000000 ${extra[*]}" | tee "$OUT/memory-$algorithm.txt"
+    "$BIN" bench --memory --algorithm "$algorithm" --keys 1000000 "${extra[@]}" 2>/dev/null | tee -a "$OUT/memory-$algorithm.txt"
+    {
+        echo "== memory-$algorithm"
+        grep -iE 'bytes' "$OUT/memory-$algorithm.txt" || true
+    } >>"$OUT/summary.txt"
 done
 
-echo "== microbenchmarks" | tee "$OUT/micro.txt"
+# Allocations per check (a counting allocator, not timed) and the microbenchmarks.
+echo "== allocations: cargo bench --bench allocations" | tee "$OUT/allocations.txt"
+cargo bench --bench allocations 2>/dev/null | tee -a "$OUT/allocations.txt"
+echo "== microbenchmarks: cargo bench --bench decision" | tee "$OUT/micro.txt"
 cargo bench --bench decision 2>/dev/null | tee -a "$OUT/micro.txt"
+{
+    echo "== allocations: cargo bench --bench allocations"
+    grep -iE 'alloc' "$OUT/allocations.txt" || true
+    echo "== microbenchmarks: cargo bench --bench decision"
+    grep -E 'time:' -B1 "$OUT/micro.txt" | grep -v '^--' || true
+} >>"$OUT/summary.txt"
+
+echo
+echo "summary: $OUT/summary.txt"
+cat "$OUT/summary.txt"

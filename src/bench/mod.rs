@@ -23,6 +23,9 @@ use ringlimit::proto::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
 use ringlimit::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ringlimit::proto::gubernator::{
+    GetRateLimitsReq, GetRateLimitsResp, RateLimitReq, Status as GubernatorStatus,
+};
 use ringlimit::proto::peer::peer_client::PeerClient;
 use ringlimit::proto::peer::StatusRequest;
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
@@ -63,6 +66,27 @@ pub enum Protocol {
     /// Both against the same nodes, alternating rounds, with the ratio of server CPU per
     /// check (local nodes only).
     Both,
+    /// Gubernator's `pb.gubernator.V1/GetRateLimits`, one `RateLimitReq` (name `bench`,
+    /// the client key as `unique_key`, `--limit` per 60 s, token bucket) per call: any
+    /// Gubernator server will do.
+    Gubernator,
+    /// Envoy RLS, Gubernator and the native `Check` against the same nodes, alternating
+    /// rounds, with each front end's ratio to the native path.
+    All,
+}
+
+impl Protocol {
+    fn envoy(self) -> bool {
+        matches!(self, Protocol::EnvoyRls | Protocol::Both | Protocol::All)
+    }
+
+    fn gubernator(self) -> bool {
+        matches!(self, Protocol::Gubernator | Protocol::All)
+    }
+
+    fn native(self) -> bool {
+        matches!(self, Protocol::Ringlimit | Protocol::Both | Protocol::All)
+    }
 }
 
 /// `ringlimit bench` arguments.
@@ -223,7 +247,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.protocol == Protocol::Ringlimit
             || (args.batch == 1 && args.client == ClientKind::Lean),
-        "--protocol envoy-rls / both: one descriptor per call (--batch 1) over the lean client"
+        "--protocol envoy-rls / gubernator / both / all: one descriptor per call (--batch 1) over the lean client"
     );
     anyhow::ensure!(
         args.client != ClientKind::RingAware
@@ -260,6 +284,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let envoy = envoy.to_string_lossy().into_owned();
         let mut extra: Vec<&str> = insecure.to_vec();
         extra.extend(["--envoy-config", envoy.as_str()]);
+        if args.protocol.gubernator() {
+            extra.push("--gubernator");
+        }
         let nodes = start_nodes(
             args.nodes,
             &rules_dir,
@@ -337,6 +364,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     let mut envoy = Vec::new();
+    let mut gubernator = Vec::new();
     let mut aware = Vec::new();
     // The random-entry baseline of a ring-aware run: today's lean client.
     let random_entry = BenchArgs {
@@ -369,14 +397,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             aware.push(result);
             continue;
         }
-        if args.protocol != Protocol::Ringlimit {
+        if args.protocol.envoy() {
             println!("round {}: ringlimit via envoy-rls", round + 1);
             let result = drive(&args, &keys, Target::Envoy(&targets), &pids, kill.take()).await?;
             result.print();
             envoy.push(result);
-            if args.protocol == Protocol::EnvoyRls {
-                continue;
-            }
+        }
+        if args.protocol.gubernator() {
+            println!("round {}: ringlimit via gubernator", round + 1);
+            let result = drive(
+                &args,
+                &keys,
+                Target::Gubernator(&targets),
+                &pids,
+                kill.take(),
+            )
+            .await?;
+            result.print();
+            gubernator.push(result);
+        }
+        if !args.protocol.native() {
+            continue;
         }
         println!("round {}: ringlimit", round + 1);
         let result = drive(
@@ -404,33 +445,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             theirs.push(result);
         }
     }
-    if !envoy.is_empty() && !ours.is_empty() {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        let rate_envoy = median(envoy.iter().map(RunResult::rate).collect());
-        let rate_native = median(ours.iter().map(RunResult::rate).collect());
-        println!(
-            "median envoy-rls checks/s {rate_envoy:.0}, native Check checks/s {rate_native:.0}, ratio {:.2}",
-            rate_envoy / rate_native
-        );
-        let cpu = |v: &[RunResult]| {
-            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
-            (!c.is_empty()).then(|| median(c))
-        };
-        if let (Some(e), Some(n)) = (cpu(&envoy), cpu(&ours)) {
-            println!(
-                "median server CPU per check: envoy-rls {e:.1} µs, native {n:.1} µs, ratio envoy-rls/native {:.2}",
-                e / n
-            );
-        }
-    }
+    print_front_ratio("envoy-rls", &envoy, &ours);
+    print_front_ratio("gubernator", &gubernator, &ours);
     if !aware.is_empty() && !ours.is_empty() {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
         let rate = |v: &[RunResult]| median(v.iter().map(RunResult::rate).collect());
         let p99 = |v: &[RunResult]| median(v.iter().map(|r| r.ms(0.99)).collect());
         let (ra, rr) = (rate(&aware), rate(&ours));
@@ -452,14 +469,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     if !theirs.is_empty() {
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        let rate_ours = median(&mut ours.iter().map(RunResult::rate).collect());
-        let rate_theirs = median(&mut theirs.iter().map(RunResult::rate).collect());
-        let p99_ours = median(&mut ours.iter().map(|r| r.ms(0.99)).collect());
-        let p99_theirs = median(&mut theirs.iter().map(|r| r.ms(0.99)).collect());
+        let rate_ours = median(ours.iter().map(RunResult::rate).collect());
+        let rate_theirs = median(theirs.iter().map(RunResult::rate).collect());
+        let p99_ours = median(ours.iter().map(|r| r.ms(0.99)).collect());
+        let p99_theirs = median(theirs.iter().map(|r| r.ms(0.99)).collect());
         println!("median ringlimit checks/s {rate_ours:.0} p99 {p99_ours:.3} ms; redis checks/s {rate_theirs:.0} p99 {p99_theirs:.3} ms");
         println!(
             "ratio ringlimit/redis checks_per_s: {:.2}",
@@ -467,8 +480,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         println!("ratio ringlimit/redis p99: {:.2}", p99_ours / p99_theirs);
         let cpu = |v: &[RunResult]| {
-            let mut c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
-            (!c.is_empty()).then(|| median(&mut c))
+            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
+            (!c.is_empty()).then(|| median(c))
         };
         if let (Some(o), Some(t)) = (cpu(&ours), cpu(&theirs)) {
             println!("median server CPU per check: ringlimit {o:.1} µs, redis {t:.1} µs");
@@ -486,6 +499,7 @@ enum Target<'a> {
     /// One ring-aware client (seeded with every target) shared by the callers.
     RingAware(&'a [String]),
     Envoy(&'a [String]),
+    Gubernator(&'a [String]),
     Redis(&'a str, &'a str),
 }
 
@@ -541,6 +555,7 @@ async fn drive(
             limit: args.limit,
             envoy: matches!(target, Target::Envoy(_))
                 .then(|| (args.domain.clone(), args.descriptor_key.clone())),
+            gubernator: matches!(target, Target::Gubernator(_)),
             checks: checks.clone(),
             allowed: allowed.clone(),
             errors: errors.clone(),
@@ -548,7 +563,7 @@ async fn drive(
             stop: stop.clone(),
         };
         workers.push(match &target {
-            Target::Ringlimit(targets) | Target::Envoy(targets) => {
+            Target::Ringlimit(targets) | Target::Envoy(targets) | Target::Gubernator(targets) => {
                 let addr = format!("http://{}", targets[worker % targets.len()]);
                 tokio::spawn(ctx.ringlimit(addr))
             }
@@ -612,6 +627,7 @@ async fn drive(
             Target::Ringlimit(_) => "ringlimit",
             Target::RingAware(_) => "ring-aware",
             Target::Envoy(_) => "envoy-rls",
+            Target::Gubernator(_) => "gubernator",
             Target::Redis(..) => "redis",
         },
         server_cpu_s: match (cpu_before, cpu_after) {
@@ -624,6 +640,36 @@ async fn drive(
         elapsed,
         latency,
     })
+}
+
+/// The median of `values` (upper median of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// Median checks/s and server CPU per check of a front end (`front`, e.g. Envoy RLS)
+/// against the native `Check` rounds of the same run.
+fn print_front_ratio(name: &str, front: &[RunResult], native: &[RunResult]) {
+    if front.is_empty() || native.is_empty() {
+        return;
+    }
+    let rate_front = median(front.iter().map(RunResult::rate).collect());
+    let rate_native = median(native.iter().map(RunResult::rate).collect());
+    println!(
+        "median {name} checks/s {rate_front:.0}, native Check checks/s {rate_native:.0}, ratio {:.2}",
+        rate_front / rate_native
+    );
+    let cpu = |v: &[RunResult]| {
+        let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
+        (!c.is_empty()).then(|| median(c))
+    };
+    if let (Some(f), Some(n)) = (cpu(front), cpu(native)) {
+        println!(
+            "median server CPU per check: {name} {f:.1} µs, native {n:.1} µs, ratio {name}/native {:.2}",
+            f / n
+        );
+    }
 }
 
 /// An open-loop caller's schedule.
@@ -642,6 +688,8 @@ struct Worker {
     limit: u64,
     /// Send `ShouldRateLimit` in (domain, descriptor key) instead of `Check`.
     envoy: Option<(String, String)>,
+    /// Send `GetRateLimits` instead of `Check`.
+    gubernator: bool,
     checks: Arc<AtomicU64>,
     allowed: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
@@ -738,9 +786,24 @@ impl Worker {
         const CHECK: &str = "/ringlimit.v1.RateLimiter/Check";
         const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
         const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+        const GUBERNATOR: &str = "/pb.gubernator.V1/GetRateLimits";
         while !self.stop.load(Ordering::Relaxed) {
             let started = self.pace().await;
-            if let Some(request) = self.envoy_request() {
+            if self.gubernator {
+                let request = self.gubernator_request();
+                match client
+                    .unary::<_, GetRateLimitsResp>(GUBERNATOR, &request)
+                    .await
+                {
+                    Ok(a) if a.responses.len() == 1 && a.responses[0].error.is_empty() => {
+                        let under = a.responses[0].status == GubernatorStatus::UnderLimit as i32;
+                        self.record(latency, started, 1, u64::from(under));
+                    }
+                    _ => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            } else if let Some(request) = self.envoy_request() {
                 match client.unary::<_, RateLimitResponse>(RLS, &request).await {
                     Ok(a) => self.record(latency, started, 1, u64::from(a.overall_code == 1)),
                     Err(_) => {
@@ -836,6 +899,22 @@ impl Worker {
             }],
             hits_addend: u32::try_from(self.cost).unwrap_or(1),
         })
+    }
+
+    /// The next key as one Gubernator request: `--limit` per minute, token bucket
+    /// (Gubernator's default algorithm), `--cost` hits.
+    fn gubernator_request(&mut self) -> GetRateLimitsReq {
+        let key = self.keys.next(&mut self.rng).to_string();
+        GetRateLimitsReq {
+            requests: vec![RateLimitReq {
+                name: "bench".into(),
+                unique_key: key,
+                hits: self.cost,
+                limit: i64::try_from(self.limit).unwrap_or(i64::MAX),
+                duration: 60_000,
+                ..Default::default()
+            }],
+        }
     }
 
     fn request(&self, key: &str) -> CheckRequest {
