@@ -464,6 +464,47 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
     node.shutdown().await;
 }
 
+/// The public `Topology` call (what a ring-aware client routes by) is the one piece of
+/// cluster state the public port hands out. An attacker calling it learns what a gateway
+/// needs and nothing more: node ids, public gRPC addresses, generations, the ring's shape
+/// and digest; never a peer, gossip or ops address. And it changes nothing: a thousand
+/// calls charge no counter.
+#[tokio::test]
+async fn the_public_topology_reveals_only_public_addresses_and_charges_nothing() {
+    // A manual clock: no window boundary can fall between the two checks.
+    let (node, _clock) = start_manual(NodeConfig::for_test(), T0).await;
+    let mut c = client(&node).await;
+    let a = c.check(check("k", "/x", None)).await.unwrap().into_inner();
+    assert_eq!(a.remaining, 99);
+    let mut last = None;
+    for _ in 0..1000 {
+        last = Some(
+            c.topology(ringlimit::proto::TopologyRequest {})
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    let topology = last.unwrap();
+    assert_eq!(topology.members.len(), 1);
+    let member = &topology.members[0];
+    assert_eq!(member.grpc_addr, node.grpc_addr.to_string());
+    let rendered = format!("{topology:?}");
+    for secret in [
+        node.peer_addr.to_string(),
+        node.gossip_addr.to_string(),
+        node.http_addr.map(|a| a.to_string()).unwrap_or_default(),
+    ] {
+        if !secret.is_empty() {
+            assert!(!rendered.contains(&secret), "{secret} leaked: {rendered}");
+        }
+    }
+    // Nothing was charged by the topology calls.
+    let a = c.check(check("k", "/x", None)).await.unwrap().into_inner();
+    assert_eq!(a.remaining, 98);
+    node.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rule file attacks: a path or a write that would switch limiting off or stall the node.
 
