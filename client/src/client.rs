@@ -493,12 +493,7 @@ impl Inner {
                     self.remember(cache_key, check.cost, &answer);
                     return Ok(answer);
                 }
-                Ok(Err(status))
-                    if matches!(
-                        status.code(),
-                        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
-                    ) && !status.message().contains("overloaded") =>
-                {
+                Ok(Err(status)) if refuses_the_request(&status) => {
                     return Err(ClientError::Invalid(status.message().to_string()));
                 }
                 // Unreachable, timed out, overloaded: the view may be stale.
@@ -758,5 +753,76 @@ fn answer_of(response: proto::CheckResponse, attempt: usize) -> Answer {
         degraded: response.degraded,
         node: response.decider.map(|d| d.node_id),
         rule: response.rule,
+    }
+}
+
+/// Whether a node refused the request itself (invalid, too large), so no other node
+/// would take it, as opposed to being unable to decide it now (overloaded, owner
+/// unreachable). Nodes name the reason in the `ringlimit-reason` trailer; an older node
+/// without it is told apart by its message.
+fn refuses_the_request(status: &tonic::Status) -> bool {
+    if !matches!(
+        status.code(),
+        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+    ) {
+        return false;
+    }
+    match status.metadata().get("ringlimit-reason") {
+        Some(reason) => reason != "overloaded",
+        None => !status.message().contains("overloaded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuses_the_request;
+
+    fn with_reason(
+        code: tonic::Code,
+        message: &str,
+        reason: Option<&'static str>,
+    ) -> tonic::Status {
+        let mut status = tonic::Status::new(code, message);
+        if let Some(reason) = reason {
+            status.metadata_mut().insert(
+                "ringlimit-reason",
+                tonic::metadata::MetadataValue::from_static(reason),
+            );
+        }
+        status
+    }
+
+    #[test]
+    fn the_reason_trailer_tells_an_overloaded_node_from_a_bad_request() {
+        use tonic::Code::{InvalidArgument, ResourceExhausted, Unavailable};
+        // By the trailer, whatever the message says.
+        assert!(!refuses_the_request(&with_reason(
+            ResourceExhausted,
+            "busy",
+            Some("overloaded")
+        )));
+        assert!(refuses_the_request(&with_reason(
+            InvalidArgument,
+            "overloaded key",
+            Some("invalid_argument")
+        )));
+        // An over-size message (tonic's own refusal, no trailer) is the request's fault.
+        assert!(refuses_the_request(&with_reason(
+            ResourceExhausted,
+            "message too large",
+            None
+        )));
+        // An older node without the trailer: by its message.
+        assert!(!refuses_the_request(&with_reason(
+            ResourceExhausted,
+            "shard 3 overloaded",
+            None
+        )));
+        // Unavailable is never the request's fault.
+        assert!(!refuses_the_request(&with_reason(
+            Unavailable,
+            "owner unreachable",
+            Some("owner_unreachable")
+        )));
     }
 }

@@ -60,7 +60,7 @@ impl From<CheckError> for tonic::Status {
         };
         metrics::counter!("ringlimit_refused_total", "reason" => reason, "field" => field)
             .increment(1);
-        match &error {
+        let mut status = match &error {
             CheckError::InvalidArgument { .. } => {
                 tonic::Status::invalid_argument(error.to_string())
             }
@@ -71,9 +71,21 @@ impl From<CheckError> for tonic::Status {
             CheckError::Shard(ShardError::Stopped(_)) => {
                 tonic::Status::unavailable(error.to_string())
             }
-        }
+        };
+        // The same reason, machine-readable: a client tells "overloaded, try another
+        // node" from "your request is wrong" (both can be RESOURCE_EXHAUSTED: an
+        // over-size message is too) without parsing the message text.
+        status.metadata_mut().insert(
+            REASON_METADATA,
+            tonic::metadata::MetadataValue::from_static(reason),
+        );
+        status
     }
 }
+
+/// The trailer every refusal carries: why, as in `ringlimit_refused_total{reason}`
+/// (`invalid_argument`, `overloaded`, `unavailable`, `owner_unreachable`).
+pub const REASON_METADATA: &str = "ringlimit-reason";
 
 #[cfg(test)]
 mod tests {
@@ -83,5 +95,26 @@ mod tests {
         assert_eq!(super::field_label("checks[3].descriptors[0].key"), "key");
         assert_eq!(super::field_label("items"), "items");
         assert_eq!(super::field_label("checks[12]"), "checks");
+    }
+
+    #[test]
+    fn every_refusal_names_its_reason_in_a_trailer() {
+        use crate::check::CheckError;
+        let overloaded: tonic::Status =
+            CheckError::Shard(crate::shard::ShardError::Overloaded(3)).into();
+        assert_eq!(overloaded.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            overloaded.metadata().get(super::REASON_METADATA).unwrap(),
+            "overloaded"
+        );
+        let invalid: tonic::Status = CheckError::InvalidArgument {
+            field: "key".into(),
+            reason: "empty".into(),
+        }
+        .into();
+        assert_eq!(
+            invalid.metadata().get(super::REASON_METADATA).unwrap(),
+            "invalid_argument"
+        );
     }
 }
