@@ -686,6 +686,7 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
 
     fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
         if let Some(signer) = &self.signer {
+            // The system clock on purpose, as the verifier's (see `server::peer_auth`).
             let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
             let nonce = signer
                 .nonce

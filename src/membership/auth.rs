@@ -363,6 +363,8 @@ struct AuthUdpSocket {
 }
 
 /// Wall-clock Unix milliseconds (0 before 1970: a broken clock is refused by peers).
+/// The system clock, not an injected one, on purpose: a datagram's freshness is about
+/// real time between processes, not the decision clock tests stop and move.
 fn now_ms() -> u64 {
     crate::clock::Clock::now_ms(&crate::clock::SystemClock)
 }

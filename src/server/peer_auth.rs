@@ -50,6 +50,10 @@ impl PeerAuthLayer {
 
 impl Check {
     fn admit(&self, path: &str, header: Option<&str>) -> Result<(), CallRefused> {
+        // The system clock, not the node's injected one, on purpose: a proof's window is
+        // about real time between two processes (the caller signs with its own system
+        // clock), while the injected clock is the decision clock that tests stop and
+        // move; checking proofs against it would refuse every member in such a test.
         let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
         let outcome = self
             .keyring
