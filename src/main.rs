@@ -716,6 +716,7 @@ async fn cluster_status(
                     "node_id": m.node_id, "generation": m.generation.to_string(), "grpc_addr": m.grpc_addr,
                     "peer_addr": m.peer_addr, "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
                     "rules": m.rules, "rules_drift": m.rules_drift,
+                    "envoy_config": m.envoy, "envoy_drift": m.envoy_drift,
                 })
             })
             .collect();
@@ -726,21 +727,33 @@ async fn cluster_status(
                 "ring_digest": format!("{:016x}", status.ring_digest), "keys": status.keys,
                 "rules": status.rules,
                 "rules_drift": status.members.iter().any(|m| m.rules_drift),
+                "envoy_config": status.envoy,
+                "envoy_drift": status.members.iter().any(|m| m.envoy_drift),
                 "members": members,
             })
         );
     } else {
         println!(
-            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}",
-            addr, status.node_id, status.generation, status.ring_digest, status.keys, status.rules
+            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}, envoy {}",
+            addr,
+            status.node_id,
+            status.generation,
+            status.ring_digest,
+            status.keys,
+            status.rules,
+            if status.envoy.is_empty() {
+                "-"
+            } else {
+                &status.envoy
+            }
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<5} state",
-            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "drift"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<25} {:<5} state",
+            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "envoy", "drift"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<5} {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<25} {:<5} {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
@@ -748,23 +761,39 @@ async fn cluster_status(
                 m.gossip_addr,
                 m.ring_share * 100.0,
                 if m.rules.is_empty() { "-" } else { &m.rules },
-                if m.rules_drift { "DRIFT" } else { "-" },
+                if m.envoy.is_empty() { "?" } else { &m.envoy },
+                if m.rules_drift || m.envoy_drift {
+                    "DRIFT"
+                } else {
+                    "-"
+                },
                 if m.leaving { "leaving" } else { "live" }
             );
         }
-        let drifting: Vec<&str> = status
-            .members
-            .iter()
-            .filter(|m| m.rules_drift)
-            .map(|m| m.node_id.as_str())
-            .collect();
-        if !drifting.is_empty() {
-            println!(
-                "rules drift: {} {} different rules than {} (different --rules files, or file and cluster sources mixed)",
-                drifting.join(", "),
-                if drifting.len() == 1 { "enforces" } else { "enforce" },
-                status.node_id
-            );
+        let summaries: [(fn(&ringlimit::proto::peer::MemberStatus) -> bool, &str); 2] = [
+            (|m| m.rules_drift, "rules drift: {nodes} {verb} different rules than {me} (different --rules files, or file and cluster sources mixed)"),
+            (|m| m.envoy_drift, "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"),
+        ];
+        for (drifts, line) in summaries {
+            let drifting: Vec<&str> = status
+                .members
+                .iter()
+                .filter(|m| drifts(m))
+                .map(|m| m.node_id.as_str())
+                .collect();
+            if !drifting.is_empty() {
+                let verb = if drifting.len() == 1 {
+                    "enforces"
+                } else {
+                    "enforce"
+                };
+                println!(
+                    "{}",
+                    line.replace("{nodes}", &drifting.join(", "))
+                        .replace("{verb}", verb)
+                        .replace("{me}", &status.node_id)
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -586,6 +586,122 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     }
 }
 
+const ENVOY_A: &str =
+    "domain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+/// A node of its own cluster-mode rules, following the Envoy file `envoy`.
+fn envoy_file_config(id: &str, seeds: &[String], envoy: &Path) -> NodeConfig {
+    NodeConfig {
+        envoy_path: Some(envoy.to_path_buf()),
+        ..member_config(id, seeds, None)
+    }
+}
+
+#[tokio::test]
+async fn nodes_following_different_envoy_files_report_drift_until_the_files_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file_a, file_b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+    std::fs::write(&file_a, ENVOY_A).unwrap();
+    std::fs::write(&file_b, ENVOY_A.replace("5}", "100}")).unwrap();
+    let a = start(envoy_file_config("ea", &[], &file_a)).await;
+    let started = Instant::now();
+    let b = start(envoy_file_config(
+        "eb",
+        &[a.gossip_addr.to_string()],
+        &file_b,
+    ))
+    .await;
+    let nodes = vec![a, b];
+    common::wait_converged(&nodes, 2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    assert!(
+        eventually(Duration::from_secs(3), || !a
+            .cluster_rules
+            .envoy_drift()
+            .is_empty()
+            && !b.cluster_rules.envoy_drift().is_empty())
+        .await,
+        "envoy drift not reported"
+    );
+    eprintln!(
+        "envoy drift reported {} ms after the second node started",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(a.cluster_rules.envoy_drift()[0].0, "eb");
+    assert!(
+        a.cluster_rules.drift().is_empty(),
+        "the TOML rules agree: only the Envoy files differ"
+    );
+    let status = http(ops(a), "GET", "/v1/cluster", &[], "").await.json();
+    assert_eq!(status["envoy_drift"], true);
+    assert_eq!(status["rules_drift"], false);
+    let eb = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node_id"] == "eb")
+        .unwrap()
+        .clone();
+    assert_eq!(eb["envoy_drift"], true);
+    assert!(
+        eb["envoy_config"].as_str().unwrap().starts_with("file 1 "),
+        "{eb}"
+    );
+    assert!(common::metric_sum("ringlimit_envoy_config_drift_nodes") >= 1.0);
+    // The peer face's status, what `ringlimit cluster status` prints as DRIFT.
+    let secret = dir.path().join("cluster.secret");
+    std::fs::write(&secret, ringlimit::node::config::TEST_CLUSTER_SECRET).unwrap();
+    let (code, out, err) = cli(vec![
+        "cluster".into(),
+        "status".into(),
+        "--addr".into(),
+        a.peer_addr.to_string(),
+        "--cluster-secret-file".into(),
+        secret.display().to_string(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let eb_line = out
+        .lines()
+        .find(|l| l.starts_with("eb "))
+        .unwrap_or_default();
+    assert!(eb_line.contains("DRIFT"), "{out}");
+    assert!(
+        out.contains("envoy config drift: eb enforces different Envoy domains than ea"),
+        "{out}"
+    );
+
+    // The same domains on both (another layout and a comment: the digest is of what is
+    // parsed), picked up by the hot reload: drift resolved.
+    let resolving = Instant::now();
+    std::fs::write(
+        &file_b,
+        "# the same limit as a.yaml\ndomain: gw\ndescriptors:\n- key: ip\n  rate_limit:\n    requests_per_unit: 5\n    unit: minute\n",
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || a
+            .cluster_rules
+            .envoy_drift()
+            .is_empty()
+            && b.cluster_rules.envoy_drift().is_empty())
+        .await,
+        "envoy drift not resolved"
+    );
+    eprintln!(
+        "envoy drift resolved {} ms after the file was rewritten",
+        resolving.elapsed().as_millis()
+    );
+    assert!(
+        matches!(b.cluster_rules.envoy_advert(), ringlimit::config::rules::EnvoyAdvert::File(s) if s.version == 2),
+        "{:?}",
+        b.cluster_rules.envoy_advert()
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());

@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
 use crate::config::rules::{
-    best_source, store, Advert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp, StoreError,
-    TierLimit,
+    best_source, store, Advert, EnvoyAdvert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp,
+    StoreError, TierLimit,
 };
 use crate::config::SharedRules;
 use crate::membership::{ClusterView, Member, MemberValues};
@@ -146,6 +146,11 @@ pub enum Refusal {
 
 /// The gossip key-value carrying a node's [`Advert`].
 pub const KEY_RULES: &str = "rules";
+
+/// The gossip key-value carrying a node's [`EnvoyAdvert`]. A key of its own rather than
+/// a fourth field of `rules`: an older build reads `rules` strictly (three fields) and
+/// would take a longer value for garbage, and it ignores a key it does not know.
+pub const KEY_ENVOY: &str = "envoy";
 
 /// How often the sync loop looks again without a gossip change (a failed pull is
 /// retried then).
@@ -259,10 +264,74 @@ pub struct ClusterRules {
     changes: Mutex<()>,
     advert: watch::Sender<Advert>,
     peers: ArcSwap<BTreeMap<String, Advert>>,
-    drift: ArcSwap<Vec<(String, Advert)>>,
+    drift: Drifting<Advert>,
+    envoy_advert: watch::Sender<EnvoyAdvert>,
+    envoy_peers: ArcSwap<BTreeMap<String, EnvoyAdvert>>,
+    envoy_drift: Drifting<EnvoyAdvert>,
     version_gauge: metrics::Gauge,
-    drift_gauge: metrics::Gauge,
     links: std::sync::OnceLock<Links>,
+}
+
+/// What `cluster status` and `/v1/cluster` say about one member's rules, as this node
+/// sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberRules {
+    /// Its rules advert; `None` until the first one arrives.
+    pub rules: Option<Advert>,
+    /// Its rules differ from this node's ([`Advert::drifts_from`]).
+    pub rules_drift: bool,
+    /// Its Envoy advert; `None` until the first one arrives, or from an older build.
+    pub envoy: Option<EnvoyAdvert>,
+    /// Its Envoy domains differ from this node's ([`EnvoyAdvert::drifts_from`]).
+    pub envoy_drift: bool,
+}
+
+/// An advert members are compared by (rules, Envoy configuration).
+trait Compared: Copy + PartialEq {
+    fn drifts_from(&self, theirs: &Self) -> bool;
+}
+
+impl Compared for Advert {
+    fn drifts_from(&self, theirs: &Self) -> bool {
+        Advert::drifts_from(self, theirs)
+    }
+}
+
+impl Compared for EnvoyAdvert {
+    fn drifts_from(&self, theirs: &Self) -> bool {
+        EnvoyAdvert::drifts_from(self, theirs)
+    }
+}
+
+/// The members whose advert of one kind drifts from this node's, and its gauge.
+struct Drifting<A> {
+    members: ArcSwap<Vec<(String, A)>>,
+    gauge: metrics::Gauge,
+}
+
+impl<A: Compared> Drifting<A> {
+    fn new(gauge: metrics::Gauge) -> Self {
+        Drifting {
+            members: ArcSwap::default(),
+            gauge,
+        }
+    }
+
+    /// Recomputes the drifting set; `Some` (the new set) only when it changed, so the
+    /// caller logs once per change.
+    fn update(&self, mine: &A, adverts: &BTreeMap<String, A>) -> Option<Vec<(String, A)>> {
+        let drift: Vec<(String, A)> = adverts
+            .iter()
+            .filter(|(_, a)| mine.drifts_from(a))
+            .map(|(id, a)| (id.clone(), *a))
+            .collect();
+        if **self.members.load() == drift {
+            return None;
+        }
+        self.gauge.set(drift.len() as f64);
+        self.members.store(Arc::new(drift.clone()));
+        Some(drift)
+    }
 }
 
 impl std::fmt::Debug for ClusterRules {
@@ -303,9 +372,11 @@ impl ClusterRules {
             changes: Mutex::new(()),
             advert: watch::channel(advert).0,
             peers: ArcSwap::default(),
-            drift: ArcSwap::default(),
+            drift: Drifting::new(metrics::gauge!("ringlimit_rules_drift_nodes")),
+            envoy_advert: watch::channel(EnvoyAdvert::FromRules).0,
+            envoy_peers: ArcSwap::default(),
+            envoy_drift: Drifting::new(metrics::gauge!("ringlimit_envoy_config_drift_nodes")),
             version_gauge: metrics::gauge!("ringlimit_rules_version"),
-            drift_gauge: metrics::gauge!("ringlimit_rules_drift_nodes"),
             links: std::sync::OnceLock::new(),
         };
         this.version_gauge.set(version as f64);
@@ -348,7 +419,53 @@ impl ClusterRules {
 
     /// Members whose rules drift from this node's ([`Advert::drifts_from`]).
     pub fn drift(&self) -> Arc<Vec<(String, Advert)>> {
-        self.drift.load_full()
+        self.drift.members.load_full()
+    }
+
+    /// This node's Envoy advert, as gossiped.
+    pub fn envoy_advert(&self) -> EnvoyAdvert {
+        *self.envoy_advert.borrow()
+    }
+
+    /// Watch of this node's Envoy advert: the node mirrors it into gossip.
+    pub fn envoy_adverts(&self) -> watch::Receiver<EnvoyAdvert> {
+        self.envoy_advert.subscribe()
+    }
+
+    /// Members whose Envoy domains drift from this node's ([`EnvoyAdvert::drifts_from`]).
+    pub fn envoy_drift(&self) -> Arc<Vec<(String, EnvoyAdvert)>> {
+        self.envoy_drift.members.load_full()
+    }
+
+    /// `--envoy-config` was loaded (at start) or reloaded with content whose digest is
+    /// `digest`: advertise it, counting reloads like a rule file's.
+    pub fn envoy_file_loaded(&self, digest: u64) {
+        self.envoy_advert.send_modify(|advert| {
+            let version = match advert {
+                EnvoyAdvert::File(stamp) => stamp.version.saturating_add(1),
+                EnvoyAdvert::FromRules => 1,
+            };
+            *advert = EnvoyAdvert::File(Stamp { version, digest });
+        });
+    }
+
+    /// What this node knows of `node_id`'s rules (its own when it is this node).
+    pub fn member(&self, node_id: &str) -> MemberRules {
+        let (mine, envoy_mine) = (self.advert(), self.envoy_advert());
+        let (rules, envoy) = if node_id == &*self.me {
+            (Some(mine), Some(envoy_mine))
+        } else {
+            (
+                self.peers.load().get(node_id).copied(),
+                self.envoy_peers.load().get(node_id).copied(),
+            )
+        };
+        MemberRules {
+            rules,
+            rules_drift: rules.is_some_and(|a| mine.drifts_from(&a)),
+            envoy,
+            envoy_drift: envoy.is_some_and(|a| envoy_mine.drifts_from(&a)),
+        }
     }
 
     /// Changes the cluster's rules (module doc): sent to the coordinator unless this node
@@ -559,13 +676,22 @@ impl ClusterRules {
                 changed = values.changed() => if changed.is_err() { return },
                 _ = tick.tick() => {}
             }
-            let adverts: BTreeMap<String, Advert> = values
-                .borrow_and_update()
-                .iter()
-                .filter(|(id, _)| **id != *self.me)
-                .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
-                .collect();
+            let (adverts, envoy) = {
+                let values = values.borrow_and_update();
+                let others = || values.iter().filter(|(id, _)| **id != *self.me);
+                let adverts: BTreeMap<String, Advert> = others()
+                    .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
+                    .collect();
+                let envoy: BTreeMap<String, EnvoyAdvert> = others()
+                    .filter_map(|(id, kvs)| {
+                        Some((id.clone(), EnvoyAdvert::parse(kvs.get(KEY_ENVOY)?)?))
+                    })
+                    .collect();
+                (adverts, envoy)
+            };
             self.note_drift(&adverts);
+            self.note_envoy_drift(&envoy);
+            self.envoy_peers.store(Arc::new(envoy));
             let mine = self.advert();
             let best = best_source(&mine, adverts.iter().map(|(id, a)| (id.as_str(), *a)))
                 .map(|(id, a)| (id.to_string(), a));
@@ -591,18 +717,12 @@ impl ClusterRules {
         }
     }
 
-    /// Records the drifting members; logs when the set changes.
+    /// Records the members whose rules drift; logs when the set changes.
     fn note_drift(&self, adverts: &BTreeMap<String, Advert>) {
         let mine = self.advert();
-        let drift: Vec<(String, Advert)> = adverts
-            .iter()
-            .filter(|(_, a)| mine.drifts_from(a))
-            .map(|(id, a)| (id.clone(), *a))
-            .collect();
-        if **self.drift.load() == drift {
+        let Some(drift) = self.drift.update(&mine, adverts) else {
             return;
-        }
-        self.drift_gauge.set(drift.len() as f64);
+        };
         if drift.is_empty() {
             tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
         } else {
@@ -617,7 +737,28 @@ impl ClusterRules {
                 "rules drift: these members enforce different rules than this node (different --rules files, or file and cluster sources mixed)"
             );
         }
-        self.drift.store(Arc::new(drift));
+    }
+
+    /// Records the members whose Envoy domains drift; logs when the set changes.
+    fn note_envoy_drift(&self, adverts: &BTreeMap<String, EnvoyAdvert>) {
+        let mine = self.envoy_advert();
+        let Some(drift) = self.envoy_drift.update(&mine, adverts) else {
+            return;
+        };
+        if drift.is_empty() {
+            tracing::info!(node_id = %self.me, envoy = %mine.encode(), "envoy config drift resolved: every member enforces the same Envoy domains");
+        } else {
+            let nodes: Vec<String> = drift
+                .iter()
+                .map(|(id, a)| format!("{id}={}", a.encode()))
+                .collect();
+            tracing::warn!(
+                node_id = %self.me,
+                envoy = %mine.encode(),
+                drifting = %nodes.join(", "),
+                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"
+            );
+        }
     }
 }
 

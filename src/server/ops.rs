@@ -319,16 +319,12 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
     let shares = view.ring.shares();
     let me = s.router.me();
     let mine = s.rules.advert();
-    let adverts = s.rules.peer_adverts();
     let members: Vec<_> = view
         .members
         .iter()
         .map(|m| {
-            let advert = if m.node_id == *me.node_id {
-                Some(mine)
-            } else {
-                adverts.get(&m.node_id).copied()
-            };
+            let rules = s.rules.member(&m.node_id);
+            let advert = rules.rules;
             serde_json::json!({
                 "node_id": m.node_id,
                 "generation": m.generation.to_string(),
@@ -340,7 +336,9 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
                 "rules_source": advert.map(|a| a.source.as_str()),
                 "rules_version": advert.map(|a| a.stamp.version),
                 "rules_digest": advert.map(|a| hex(a.stamp.digest)),
-                "rules_drift": advert.is_some_and(|a| mine.drifts_from(&a)),
+                "rules_drift": rules.rules_drift,
+                "envoy_config": rules.envoy.map(|a| a.encode()),
+                "envoy_drift": rules.envoy_drift,
             })
         })
         .collect();
@@ -363,6 +361,8 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
                 "digest": hex(mine.stamp.digest),
             },
             "rules_drift": !s.rules.drift().is_empty(),
+            "envoy_config": s.rules.envoy_advert().encode(),
+            "envoy_drift": !s.rules.envoy_drift().is_empty(),
             "members": members,
         }),
     ))

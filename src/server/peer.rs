@@ -483,22 +483,15 @@ impl Peer for PeerService {
     ) -> Result<Response<StatusResponse>, Status> {
         let view = self.router.view();
         let shares = view.ring.shares();
-        let mine = self.cluster_rules.advert();
-        let adverts = self.cluster_rules.peer_adverts();
         let members = view
             .members
             .iter()
-            .map(|m| {
-                let advert = if m.node_id == *self.router.me().node_id {
-                    Some(mine)
-                } else {
-                    adverts.get(&m.node_id).copied()
-                };
-                (m, advert)
-            })
-            .map(|(m, advert)| MemberStatus {
-                rules: advert.map(|a| a.encode()).unwrap_or_default(),
-                rules_drift: advert.is_some_and(|a| mine.drifts_from(&a)),
+            .map(|m| (m, self.cluster_rules.member(&m.node_id)))
+            .map(|(m, rules)| MemberStatus {
+                rules: rules.rules.map(|a| a.encode()).unwrap_or_default(),
+                rules_drift: rules.rules_drift,
+                envoy: rules.envoy.map(|a| a.encode()).unwrap_or_default(),
+                envoy_drift: rules.envoy_drift,
                 node_id: m.node_id.clone(),
                 generation: m.generation,
                 grpc_addr: m.grpc_addr.to_string(),
@@ -524,7 +517,8 @@ impl Peer for PeerService {
             ring_digest: view.ring.digest(),
             members,
             keys,
-            rules: mine.encode(),
+            rules: self.cluster_rules.advert().encode(),
+            envoy: self.cluster_rules.envoy_advert().encode(),
         }))
     }
 

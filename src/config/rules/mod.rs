@@ -168,7 +168,7 @@ pub use parse::{
     MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
 pub use stored::{load_stored, store, StoreError, STORED_FILE};
-pub use versioned::{best_source, Advert, RulesSource, Stamp};
+pub use versioned::{best_source, Advert, EnvoyAdvert, RulesSource, Stamp};
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.
 pub const DEFAULT_RULE_NAME: &str = "default";
