@@ -330,8 +330,18 @@ enum RulesCommand {
     },
     /// Replace a cluster's rules with a file (TOML, or JSON if it ends in .json).
     Put {
-        /// The file.
-        file: PathBuf,
+        /// The rule file (TOML, or JSON by its `.json` name): the whole document.
+        #[arg(required_unless_present = "envoy")]
+        file: Option<PathBuf>,
+        /// envoyproxy/ratelimit YAML (a file, or a directory of `*.yaml` / `*.yml`, one
+        /// domain each) for the `[envoy]` section: alone, it replaces only that section;
+        /// with FILE, it replaces FILE's.
+        #[arg(long)]
+        envoy: Option<PathBuf>,
+        /// The section's default algorithm (of a `rate_limit` without `algorithm`);
+        /// default fixed_window.
+        #[arg(long, value_parser = parse_algorithm, requires = "envoy")]
+        envoy_algorithm: Option<ringlimit::algorithms::AlgorithmKind>,
         /// A node's ops HTTP address.
         #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
         addr: String,
@@ -367,13 +377,16 @@ fn main() -> ExitCode {
             command:
                 RulesCommand::Put {
                     file,
+                    envoy,
+                    envoy_algorithm,
                     addr,
                     admin_token_file,
                     if_match,
                 },
         } => runtime().and_then(|rt| {
             rt.block_on(cli::rules_put(
-                &file,
+                file.as_deref(),
+                envoy.as_deref().map(|p| (p, envoy_algorithm)),
                 &addr,
                 admin_token_file.as_deref(),
                 if_match,

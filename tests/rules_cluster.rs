@@ -48,6 +48,25 @@ async fn three_nodes_named(dirs: &[tempfile::TempDir; 3], ids: [&str; 3]) -> Vec
     nodes
 }
 
+/// Three node ids for which the second coordinates rules writes: a write sent to the
+/// first is forwarded to it, and the third (neither) learns it only from gossip and a
+/// pull.
+fn ids_coordinated_by_the_second() -> [String; 3] {
+    (0..)
+        .map(|i| [format!("a{i}"), format!("b{i}"), format!("c{i}")])
+        .find(|ids| {
+            let ring = ringlimit::ring::Ring::new(
+                ids.iter().map(String::as_str),
+                ringlimit::ring::Ring::DEFAULT_VNODES,
+            );
+            let coordinator = ring.owner_of_hash(ringlimit::ring::Ring::key_hash(
+                ringlimit::cluster::rules::COORDINATOR_KEY,
+            ));
+            coordinator == Some(ids[1].as_str())
+        })
+        .unwrap()
+}
+
 fn ops(node: &RunningNode) -> SocketAddr {
     node.http_addr.expect("ops port")
 }
@@ -78,19 +97,7 @@ async fn limit_on(node: &RunningNode, key: &str) -> (u64, String) {
 async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_its_restart() {
     // Ids chosen so that node 2 coordinates rules writes: node 1 forwards the write
     // to it, and node 3 (neither) learns it only from gossip and a pull.
-    let ids = (0..)
-        .map(|i| [format!("a{i}"), format!("b{i}"), format!("c{i}")])
-        .find(|ids| {
-            let ring = ringlimit::ring::Ring::new(
-                ids.iter().map(String::as_str),
-                ringlimit::ring::Ring::DEFAULT_VNODES,
-            );
-            let coordinator = ring.owner_of_hash(ringlimit::ring::Ring::key_hash(
-                ringlimit::cluster::rules::COORDINATOR_KEY,
-            ));
-            coordinator == Some(ids[1].as_str())
-        })
-        .unwrap();
+    let ids = ids_coordinated_by_the_second();
     let names = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()];
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
     let mut nodes = three_nodes_named(&dirs, names).await;
@@ -702,6 +709,189 @@ async fn nodes_following_different_envoy_files_report_drift_until_the_files_agre
     }
 }
 
+/// One `ShouldRateLimit` for `(ip, <ip>)` in domain `gw` on `node`: its code, and the
+/// limit and remaining of its one descriptor (`None` when no limit applies).
+async fn envoy_ask(node: &RunningNode, ip: &str) -> (i32, Option<(u32, u32)>) {
+    use ringlimit::proto::envoy::extensions::common::ratelimit::v3::{
+        rate_limit_descriptor::Entry, RateLimitDescriptor,
+    };
+    use ringlimit::proto::envoy::service::ratelimit::v3::{
+        rate_limit_service_client::RateLimitServiceClient, RateLimitRequest,
+    };
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr))
+        .await
+        .unwrap();
+    let answer = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "gw".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "ip".into(),
+                    value: ip.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .expect("ShouldRateLimit answers")
+        .into_inner();
+    let status = &answer.statuses[0];
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map(|l| (l.requests_per_unit, status.limit_remaining));
+    (answer.overall_code, limit)
+}
+
+/// An `[envoy]` section of one domain `gw`: 3 per hour per `ip`, token bucket (whole
+/// tokens refill every 20 minutes, so counts in a test are exact).
+const ENVOY_SECTION: &str = r##"{"domains": ["# gateway limits\ndomain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket}\n"]}"##;
+
+#[tokio::test]
+async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its_restart() {
+    use ringlimit::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let ids = ids_coordinated_by_the_second();
+    let names = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()];
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let mut nodes = three_nodes_named(&dirs, names).await;
+    assert_eq!(
+        envoy_ask(&nodes[2], "1.2.3.4").await,
+        (ok, None),
+        "no domain yet"
+    );
+
+    // A bad section: 400 naming the domain, the key and the line; nothing changes.
+    let bad = ENVOY_SECTION.replace("rate_limit:", "rate_limt:");
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
+        &bad,
+    )
+    .await;
+    assert_eq!(put.status, 400, "{}", put.body);
+    let message = put.json()["error"].as_str().unwrap().to_string();
+    for part in [
+        "envoy.domains[0] (domain \"gw\")",
+        "unknown field `rate_limt`",
+        "line 5",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    assert_eq!(
+        nodes[1].cluster_rules.current().version,
+        0,
+        "nothing changed"
+    );
+
+    let started = Instant::now();
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
+        ENVOY_SECTION,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["version"], 1);
+    assert_eq!(put.json()["coordinator"], names[1]);
+    // Node 3 learns it from gossip and a pull, and its RLS answers with the limit.
+    let deadline = started + Duration::from_secs(2);
+    let elapsed = loop {
+        if nodes[2].cluster_rules.current().version == 1 {
+            break started.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 has not copied version 1 after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(envoy_ask(&nodes[2], "1.2.3.4").await, (ok, Some((3, 2))));
+    eprintln!(
+        "PUT /v1/rules/envoy on node 1 (coordinator node 2) → node 3 enforces it after {} ms (RLS answered after {} ms)",
+        elapsed.as_millis(),
+        started.elapsed().as_millis()
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
+            .cluster_rules
+            .current()
+            .version
+            == 1))
+        .await,
+        "every node holds version 1"
+    );
+    // The same counter whichever node is asked.
+    assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, Some((3, 1))));
+    let rules = http(ops(&nodes[2]), "GET", "/v1/rules", &[], "").await;
+    assert!(rules.body.contains("[envoy]"), "{}", rules.body);
+    assert!(
+        rules.body.contains("# gateway limits"),
+        "the YAML as written: {}",
+        rules.body
+    );
+
+    // A stale If-Match: 412, nothing changes.
+    let put = http(
+        ops(&nodes[2]),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
+        "null",
+    )
+    .await;
+    assert_eq!(put.status, 412, "{}", put.body);
+
+    // An unrelated TOML change keeps the Envoy limit's counter (as a TOML rule's).
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &bearer())],
+        r#"{"route_pattern": "POST /v1/charges", "limit": 7, "window_s": 60}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert!(
+        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
+            .cluster_rules
+            .current()
+            .version
+            == 2))
+        .await,
+        "every node holds version 2"
+    );
+    assert_eq!(envoy_ask(&nodes[2], "1.2.3.4").await, (ok, Some((3, 0))));
+    assert_eq!(envoy_ask(&nodes[1], "1.2.3.4").await.0, over);
+
+    // Node 3 restarted alone (no seeds) serves the domain from its data dir.
+    let n3 = nodes.pop().unwrap();
+    n3.shutdown().await;
+    let restarted = start(cluster_config(names[2], &[], dirs[2].path())).await;
+    assert_eq!(restarted.cluster_rules.current().version, 2);
+    assert_eq!(envoy_ask(&restarted, "5.6.7.8").await, (ok, Some((3, 2))));
+    restarted.shutdown().await;
+    // Removing the section removes the domain.
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", "\"2\"")],
+        "null",
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, None));
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
@@ -908,6 +1098,53 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     assert_eq!(code, 1);
     assert!(err.contains("rule \"free\": field \"limit\""), "{err}");
     assert_eq!(nodes[0].cluster_rules.current().version, 1);
+
+    // `--envoy DIR`: the [envoy] section alone, from a directory of YAML files (checked
+    // locally with the --envoy-config parser); the TOML rules stay as they are.
+    let envoy_dir = tempfile::tempdir().unwrap();
+    std::fs::write(envoy_dir.path().join("gw.yaml"), ENVOY_A).unwrap();
+    let put_envoy = |if_match: &str| {
+        vec![
+            "rules".into(),
+            "put".into(),
+            "--envoy".into(),
+            s(envoy_dir.path()),
+            "--addr".into(),
+            addr.clone(),
+            "--admin-token-file".into(),
+            s(&token),
+            "--if-match".into(),
+            if_match.into(),
+        ]
+    };
+    let (code, out, err) = cli(put_envoy("1")).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("accepted: version 2 digest "), "{out}");
+    let current = nodes[0].cluster_rules.current();
+    assert_eq!(current.rules.envoy().domains().collect::<Vec<_>>(), ["gw"]);
+    assert!(current.rules.get("free").is_some(), "the TOML rule is kept");
+    let (code, out, _) = cli(vec![
+        "rules".into(),
+        "diff".into(),
+        s(&file),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("- envoy domain \"gw\""), "{out}");
+    std::fs::write(
+        envoy_dir.path().join("gw.yaml"),
+        ENVOY_A.replace("unit: minute", "unit: month"),
+    )
+    .unwrap();
+    let (code, _, err) = cli(put_envoy("2")).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("gw.yaml") && err.contains("at most 7 days"),
+        "{err}"
+    );
+    assert_eq!(nodes[0].cluster_rules.current().version, 2, "nothing sent");
 
     // --dry-run: which rule and which decider, from the ops port; nothing charged.
     let dry_key = key_owned_by("n3", &["n1", "n2", "n3"], "dry_");

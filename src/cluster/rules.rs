@@ -43,11 +43,12 @@ use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
+use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::{
-    best_source, store, Advert, EnvoyAdvert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp,
-    StoreError, TierLimit,
+    best_source, store, Advert, DocEnvoy, EnvoyAdvert, RuleSet, RulesDoc, RulesError, RulesSource,
+    Stamp, StoreError, TierLimit,
 };
-use crate::config::SharedRules;
+use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Member, MemberValues};
 use crate::ring::Ring;
 
@@ -82,13 +83,32 @@ pub enum RulesEdit {
         /// The route pattern; `None`: the tier's rule without a route.
         route: Option<String>,
     },
+    /// `PUT /v1/rules/envoy`: replace the `[envoy]` section (`None`: remove it), keeping
+    /// every TOML rule as the coordinator has it.
+    ReplaceEnvoy(Option<DocEnvoy>),
 }
 
 impl RulesEdit {
+    /// The `[envoy]` section this edit sets, for the edits that set one.
+    fn envoy_section(&self) -> Option<&Option<DocEnvoy>> {
+        match self {
+            RulesEdit::Replace(doc) => Some(&doc.envoy),
+            RulesEdit::ReplaceEnvoy(envoy) => Some(envoy),
+            RulesEdit::PutTierLimit { .. } | RulesEdit::DeleteTierLimit { .. } => None,
+        }
+    }
+
     /// The edited document and, for a tier rule written, its name.
     fn apply(self, doc: &RulesDoc) -> Result<(RulesDoc, Option<String>), RulesWriteError> {
         match self {
             RulesEdit::Replace(new) => Ok((new, None)),
+            RulesEdit::ReplaceEnvoy(envoy) => Ok((
+                RulesDoc {
+                    envoy,
+                    ..doc.clone()
+                },
+                None,
+            )),
             RulesEdit::PutTierLimit { tier, limit } => {
                 let mut doc = doc.clone();
                 let name = doc.put_tier_limit(&tier, limit)?;
@@ -181,6 +201,10 @@ pub enum RulesWriteError {
     /// File mode: the files are the truth.
     #[error("rules come from the --rules file on every node: the API is read-only (change the file instead)")]
     ReadOnly,
+    /// The edit changes the `[envoy]` section, but this node serves Envoy from its own
+    /// `--envoy-config`: the change would not apply here.
+    #[error("this node serves Envoy domains from its --envoy-config files, so the API does not change them here (change the files, or send the write to a node started without --envoy-config)")]
+    EnvoyReadOnly,
     /// `If-Match` named another version than the current one.
     #[error("If-Match names version {given}, but the current version is {current}: read the rules again and retry")]
     Stale {
@@ -233,7 +257,7 @@ impl RulesWriteError {
     /// The kind of refusal, for the edges' status codes.
     pub fn kind(&self) -> Refusal {
         match self {
-            RulesWriteError::ReadOnly => Refusal::ReadOnly,
+            RulesWriteError::ReadOnly | RulesWriteError::EnvoyReadOnly => Refusal::ReadOnly,
             RulesWriteError::Stale { .. } => Refusal::Stale,
             RulesWriteError::Invalid(_) => Refusal::Invalid,
             RulesWriteError::NotFound(_) => Refusal::NotFound,
@@ -259,6 +283,9 @@ pub struct ClusterRules {
     source: RulesSource,
     data_dir: Option<PathBuf>,
     shared: SharedRules,
+    /// `Some`: this node serves Envoy from the rule set's `[envoy]` section, swapped in
+    /// with the rules. `None`: from its own `--envoy-config`.
+    envoy: Option<SharedEnvoy>,
     current: ArcSwap<Current>,
     /// Serializes changes, so a version is given out once and persisted in order.
     changes: Mutex<()>,
@@ -345,9 +372,10 @@ impl std::fmt::Debug for ClusterRules {
 
 impl ClusterRules {
     /// Starts enforcing `rules` at `version`: stores them in `shared` (the hot path's
-    /// rules) and advertises them. In cluster mode, `data_dir` is where every accepted
-    /// rule set is persisted (none: only in memory; a restart then begins from the seed
-    /// or the built-in default and catches up from peers).
+    /// rules) and, with `envoy` (a node without `--envoy-config`), their `[envoy]`
+    /// section in it, and advertises them. In cluster mode, `data_dir` is where every
+    /// accepted rule set is persisted (none: only in memory; a restart then begins from
+    /// the seed or the built-in default and catches up from peers).
     pub fn new(
         me: Arc<str>,
         source: RulesSource,
@@ -355,9 +383,13 @@ impl ClusterRules {
         version: u64,
         rules: RuleSet,
         shared: SharedRules,
+        envoy: Option<SharedEnvoy>,
     ) -> Arc<Self> {
         let rules = Arc::new(rules);
         shared.store(rules.clone());
+        if let Some(envoy) = &envoy {
+            envoy.store(rules.envoy().clone());
+        }
         let current = Current { version, rules };
         let advert = Advert {
             source,
@@ -368,6 +400,7 @@ impl ClusterRules {
             source,
             data_dir,
             shared,
+            envoy,
             current: ArcSwap::from_pointee(current),
             changes: Mutex::new(()),
             advert: watch::channel(advert).0,
@@ -479,10 +512,20 @@ impl ClusterRules {
         if self.source == RulesSource::File {
             return Err(RulesWriteError::ReadOnly);
         }
-        if let RulesEdit::Replace(doc) = &edit {
-            // A whole document is valid or not wherever it is applied: say so without
-            // asking the coordinator (and even while it is unreachable).
-            RuleSet::from_doc(doc.clone())?;
+        let current = self.current();
+        let current_envoy = &current.rules.doc().envoy;
+        if self.envoy.is_none() && edit.envoy_section().is_some_and(|e| e != current_envoy) {
+            return Err(RulesWriteError::EnvoyReadOnly);
+        }
+        // A whole document, or an `[envoy]` section, is valid or not wherever it is
+        // applied: say so without asking the coordinator (and even while it is
+        // unreachable).
+        match &edit {
+            RulesEdit::Replace(doc) => drop(RuleSet::from_doc(doc.clone())?),
+            RulesEdit::ReplaceEnvoy(Some(section)) => {
+                EnvoyConfig::from_section(section).map_err(RulesError::Envoy)?;
+            }
+            _ => {}
         }
         let remote = self.links.get().and_then(|links| {
             let view = links.view.borrow().clone();
@@ -641,6 +684,11 @@ impl ClusterRules {
 
     fn apply(&self, version: u64, rules: Arc<RuleSet>) -> Arc<Current> {
         self.shared.store(rules.clone());
+        if let Some(envoy) = &self.envoy {
+            // Unchanged Envoy limits keep their counters: they are keyed by rule name
+            // and checked against the fingerprint, as TOML rules are.
+            envoy.store(rules.envoy().clone());
+        }
         let current = Arc::new(Current { version, rules });
         self.current.store(current.clone());
         self.version_gauge.set(version as f64);
@@ -782,6 +830,7 @@ mod tests {
             0,
             RuleSet::builtin(),
             shared.clone(),
+            Some(SharedEnvoy::default()),
         );
         (rules, shared)
     }
@@ -922,6 +971,89 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), Refusal::Invalid);
         cancel.cancel();
+    }
+
+    fn section(requests: u32) -> DocEnvoy {
+        DocEnvoy {
+            algorithm: None,
+            domains: vec![format!(
+                "domain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {{unit: minute, requests_per_unit: {requests}}}\n"
+            )],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_envoy_section_edit_keeps_the_toml_rules_and_swaps_the_envoy_domains() {
+        let envoy = SharedEnvoy::default();
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            RulesSource::Cluster,
+            None,
+            0,
+            RuleSet::builtin(),
+            shared.clone(),
+            Some(envoy.clone()),
+        );
+        rules.write(None, replace_with(A)).await.unwrap();
+        let written = rules
+            .write(Some(1), RulesEdit::ReplaceEnvoy(Some(section(5))))
+            .await
+            .unwrap();
+        assert_eq!(written.stamp.version, 2);
+        assert_eq!(
+            shared.load().get("a").unwrap().spec.limit().get(),
+            5,
+            "kept"
+        );
+        assert_eq!(envoy.load().domains().collect::<Vec<_>>(), ["gw"]);
+        // A bad section is refused before anything is sent or changed.
+        let mut bad = section(5);
+        bad.domains[0].push_str("    burst: 1\n");
+        let e = rules
+            .write(None, RulesEdit::ReplaceEnvoy(Some(bad)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::Invalid);
+        assert!(e.to_string().contains("unknown field `burst`"), "{e}");
+        // Removing the section removes the domains.
+        rules
+            .write(Some(2), RulesEdit::ReplaceEnvoy(None))
+            .await
+            .unwrap();
+        assert_eq!(envoy.load().domains().count(), 0);
+        assert_eq!(rules.current().version, 3);
+    }
+
+    #[tokio::test]
+    async fn a_node_following_envoy_config_refuses_only_writes_that_change_the_envoy_section() {
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            RulesSource::Cluster,
+            None,
+            0,
+            RuleSet::builtin(),
+            shared,
+            None,
+        );
+        let e = rules
+            .write(None, RulesEdit::ReplaceEnvoy(Some(section(5))))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::ReadOnly);
+        assert!(e.to_string().contains("--envoy-config"), "{e}");
+        let with_section = RulesDoc {
+            envoy: Some(section(5)),
+            ..RulesDoc::from_toml_str(A).unwrap()
+        };
+        let e = rules
+            .write(None, RulesEdit::Replace(with_section))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::ReadOnly);
+        // A document without one (as before) is a TOML change: accepted.
+        assert!(rules.write(None, replace_with(A)).await.unwrap().changed);
     }
 
     #[tokio::test]

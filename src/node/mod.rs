@@ -266,6 +266,21 @@ async fn start_in_span(
             None
         }
     };
+    // Envoy's domains come from --envoy-config when given (read here, followed by the
+    // watcher), else from the rule set's [envoy] section, swapped in with the rules.
+    let envoy_file = match &config.envoy_path {
+        Some(path) => {
+            let envoy =
+                EnvoyConfig::load(path, config.envoy_algorithm).map_err(NodeError::Envoy)?;
+            tracing::info!(path = %path.display(), domains = envoy.domains().count(), digest = %crate::cluster::rules::hex(envoy.digest()), "envoy config loaded");
+            if loaded.doc().envoy.is_some() {
+                tracing::warn!(path = %path.display(), "the rule set has an [envoy] section, but this node serves Envoy from --envoy-config: the section is not served here");
+            }
+            Some(envoy)
+        }
+        None => None,
+    };
+    let envoy: SharedEnvoy = Arc::new(ArcSwap::from_pointee(EnvoyConfig::default()));
     let cluster_rules = ClusterRules::new(
         Arc::from(config.node_id.as_str()),
         source,
@@ -273,18 +288,12 @@ async fn start_in_span(
         version,
         loaded,
         rules.clone(),
+        envoy_file.is_none().then(|| envoy.clone()),
     );
-    let envoy = match &config.envoy_path {
-        Some(path) => {
-            let envoy =
-                EnvoyConfig::load(path, config.envoy_algorithm).map_err(NodeError::Envoy)?;
-            tracing::info!(path = %path.display(), domains = envoy.domains().count(), digest = %crate::cluster::rules::hex(envoy.digest()), "envoy config loaded");
-            cluster_rules.envoy_file_loaded(envoy.digest());
-            envoy
-        }
-        None => EnvoyConfig::default(),
-    };
-    let envoy: SharedEnvoy = Arc::new(ArcSwap::from_pointee(envoy));
+    if let Some(file) = envoy_file {
+        cluster_rules.envoy_file_loaded(file.digest());
+        envoy.store(Arc::new(file));
+    }
 
     let grpc_listener = bind(config.listen).await?;
     let grpc_addr = grpc_listener

@@ -21,7 +21,7 @@ use crate::cluster::{policy, CheckItem, Router};
 use crate::cluster::{InlineRule, InlineRules, NamedRule};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
-use crate::config::rules::{RulesDoc, TierLimit};
+use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::InlineRule as WireInline;
@@ -282,12 +282,15 @@ fn decode_edit(request: &WriteRulesRequest) -> Result<RulesEdit, Status> {
                 limit,
             })
             .map_err(|e| invalid(e.to_string())),
+        "replace_envoy" => serde_json::from_str::<Option<DocEnvoy>>(&request.body)
+            .map(RulesEdit::ReplaceEnvoy)
+            .map_err(|e| invalid(e.to_string())),
         "delete_tier_limit" => Ok(RulesEdit::DeleteTierLimit {
             tier: request.tier.clone(),
             route: request.route_pattern.clone(),
         }),
         other => Err(Status::invalid_argument(format!(
-            "kind: {other:?} is not a rules edit (replace, put_tier_limit, delete_tier_limit)"
+            "kind: {other:?} is not a rules edit (replace, replace_envoy, put_tier_limit, delete_tier_limit)"
         ))),
     }
 }

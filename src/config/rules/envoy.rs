@@ -35,7 +35,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{read_rules_file, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, Selector};
+use super::{
+    read_rules_file, AlgorithmSpec, CountPer, DocEnvoy, FailMode, LeakyMode, Rule, Selector,
+};
 use crate::algorithms::AlgorithmKind;
 
 /// Longest domain, key or value accepted in a configuration, in bytes.
@@ -175,6 +177,10 @@ pub struct EnvoyConfig {
     digest: u64,
 }
 
+/// The default algorithm of an `[envoy]` section without `algorithm`: the reference
+/// server's own, as for `--envoy-algorithm`.
+pub const DEFAULT_SECTION_ALGORITHM: AlgorithmKind = AlgorithmKind::FixedWindow;
+
 /// Suffix of the name of a domain's override base ([`EnvoyConfig::override_base`]).
 pub const OVERRIDE_BASE_SUFFIX: &str = "~override-base";
 
@@ -301,6 +307,23 @@ fn glob(pattern: &str, text: &str) -> bool {
     true
 }
 
+/// The `domain` a YAML text names, if it is YAML with a string `domain` at the top: how
+/// messages and diffs name a domain before (or without) it is validated.
+pub fn domain_of(text: &str) -> Option<String> {
+    serde_norway::from_str::<serde_json::Value>(text)
+        .ok()?
+        .get("domain")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// An algorithm by name, or an error listing the names.
+fn parse_algorithm(name: &str) -> Result<AlgorithmKind, String> {
+    AlgorithmKind::parse(name).ok_or_else(|| {
+        format!("{name:?} is not an algorithm (use token_bucket, leaky_bucket, fixed_window, sliding_window_log or sliding_window_counter)")
+    })
+}
+
 /// Reads `path`: one file, or every `*.yaml` / `*.yml` file of a directory, in name
 /// order, each through the same bounded reader as the TOML rule file (a FIFO or device
 /// is refused, at most 1 MiB a file).
@@ -409,6 +432,35 @@ impl EnvoyConfig {
     /// two nodes whose `--envoy-algorithm` differ do not. What a node gossips for drift.
     pub fn digest(&self) -> u64 {
         self.digest
+    }
+
+    /// The `[envoy]` section of a rule document: each domain is named in errors by its
+    /// place (`envoy.domains[1]`) and, when the text gets that far, its `domain`.
+    pub fn from_section(section: &DocEnvoy) -> Result<Self, EnvoyConfigError> {
+        let algorithm = match section.algorithm.as_deref() {
+            None => DEFAULT_SECTION_ALGORITHM,
+            Some(a) => parse_algorithm(a).map_err(|message| EnvoyConfigError {
+                path: PathBuf::from("envoy.algorithm"),
+                message,
+            })?,
+        };
+        let names: Vec<PathBuf> = section
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                PathBuf::from(match domain_of(text) {
+                    Some(d) => format!("envoy.domains[{i}] (domain {d:?})"),
+                    None => format!("envoy.domains[{i}]"),
+                })
+            })
+            .collect();
+        let docs: Vec<(&Path, &str)> = names
+            .iter()
+            .zip(&section.domains)
+            .map(|(p, t)| (p.as_path(), t.as_str()))
+            .collect();
+        Self::from_documents(&docs, algorithm)
     }
 
     /// Parses one domain's YAML text.
@@ -625,9 +677,7 @@ impl Builder<'_> {
             .map_err(|_| format!("{at}.requests_per_unit: {requests} is over {}", u32::MAX))?;
         let kind = match raw.algorithm.as_deref() {
             None => self.default,
-            Some(a) => AlgorithmKind::parse(a).ok_or_else(|| {
-                format!("{at}.algorithm: {a:?} is not an algorithm (use token_bucket, leaky_bucket, fixed_window, sliding_window_log or sliding_window_counter)")
-            })?,
+            Some(a) => parse_algorithm(a).map_err(|e| format!("{at}.algorithm: {e}"))?,
         };
         let on_unavailable = match raw.on_unavailable.as_deref() {
             None | Some("open") => FailMode::Open,

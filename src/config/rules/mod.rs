@@ -159,7 +159,7 @@ mod parse;
 mod stored;
 mod versioned;
 
-pub use doc::{DocDefault, DocRule, RulesDoc, TierLimit};
+pub use doc::{DocDefault, DocEnvoy, DocRule, RulesDoc, TierLimit};
 pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
