@@ -991,7 +991,14 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
 fn rules_check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
     match RuleSet::load(file) {
         Ok(rules) => {
-            println!("{}: ok, {} rules", file.display(), rules.len());
+            match rules.envoy().domains().count() {
+                0 => println!("{}: ok, {} rules", file.display(), rules.len()),
+                domains => println!(
+                    "{}: ok, {} rules, {domains} envoy domains",
+                    file.display(),
+                    rules.len()
+                ),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
