@@ -783,26 +783,29 @@ async fn cluster_status(
                 if m.leaving { "leaving" } else { "live" }
             );
         }
-        let summaries: [(fn(&ringlimit::proto::peer::MemberStatus) -> bool, &str); 2] = [
-            (|m| m.rules_drift, "rules drift: {nodes} {verb} different rules than {me} (different --rules files, or file and cluster sources mixed)"),
-            (|m| m.envoy_drift, "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"),
-        ];
-        for (drifts, line) in summaries {
-            let drifting: Vec<&str> = status
+        type Member = ringlimit::proto::peer::MemberStatus;
+        let drifting = |drifts: fn(&Member) -> bool| -> Vec<&str> {
+            status
                 .members
                 .iter()
                 .filter(|m| drifts(m))
                 .map(|m| m.node_id.as_str())
-                .collect();
-            if !drifting.is_empty() {
-                let verb = if drifting.len() == 1 {
+                .collect()
+        };
+        let summaries = [
+            (drifting(|m| m.rules_drift), "rules drift: {nodes} {verb} different rules than {me} (different --rules files, or file and cluster sources mixed)"),
+            (drifting(|m| m.envoy_drift), "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"),
+        ];
+        for (nodes, line) in summaries {
+            if !nodes.is_empty() {
+                let verb = if nodes.len() == 1 {
                     "enforces"
                 } else {
                     "enforce"
                 };
                 println!(
                     "{}",
-                    line.replace("{nodes}", &drifting.join(", "))
+                    line.replace("{nodes}", &nodes.join(", "))
                         .replace("{verb}", verb)
                         .replace("{me}", &status.node_id)
                 );

@@ -67,6 +67,48 @@ fn ids_coordinated_by_the_second() -> [String; 3] {
         .unwrap()
 }
 
+/// Starts `first`, then `second(<first's gossip address>)` joining it, and waits until
+/// both rings agree; also the instant the second started.
+async fn two_nodes(
+    first: NodeConfig,
+    second: impl FnOnce(&[String]) -> NodeConfig,
+) -> (Vec<RunningNode>, Instant) {
+    let a = start(first).await;
+    let started = Instant::now();
+    let b = start(second(&[a.gossip_addr.to_string()])).await;
+    let nodes = vec![a, b];
+    common::wait_converged(&nodes, 2).await;
+    (nodes, started)
+}
+
+/// Waits (at most 3 s) until `holds` is true of every node, and prints how long after
+/// `since` it took; fails naming `what` otherwise.
+async fn on_every_node(
+    nodes: &[RunningNode],
+    holds: impl Fn(&RunningNode) -> bool,
+    what: &str,
+    since: Instant,
+) {
+    assert!(
+        eventually(Duration::from_secs(3), || nodes.iter().all(&holds)).await,
+        "{what}: not within 3 s"
+    );
+    eprintln!("{what} {} ms later", since.elapsed().as_millis());
+}
+
+/// `GET /v1/cluster` on `node`, and its entry for member `id`.
+async fn cluster_status_of(node: &RunningNode, id: &str) -> (serde_json::Value, serde_json::Value) {
+    let status = http(ops(node), "GET", "/v1/cluster", &[], "").await.json();
+    let member = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node_id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {status}"))
+        .clone();
+    (status, member)
+}
+
 fn ops(node: &RunningNode) -> SocketAddr {
     node.http_addr.expect("ops port")
 }
@@ -502,41 +544,20 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     let (_db, file_b) = rules_file("[default]\nlimit = 100\nwindow = \"1m\"\n");
     let mut config_a = member_config("fa", &[], Some(&file_a));
     config_a.admin_token = Some(AdminToken::new(TOKEN).unwrap());
-    let a = start(config_a).await;
-    let started = Instant::now();
-    let b = start(member_config(
-        "fb",
-        &[a.gossip_addr.to_string()],
-        Some(&file_b),
-    ))
-    .await;
-    let nodes = vec![a, b];
-    common::wait_converged(&nodes, 2).await;
-    let (a, b) = (&nodes[0], &nodes[1]);
+    let (nodes, started) =
+        two_nodes(config_a, |seeds| member_config("fb", seeds, Some(&file_b))).await;
+    let a = &nodes[0];
     assert_eq!(a.cluster_rules.source(), RulesSource::File);
-    assert!(
-        eventually(Duration::from_secs(3), || !a
-            .cluster_rules
-            .drift()
-            .is_empty()
-            && !b.cluster_rules.drift().is_empty())
-        .await,
-        "drift not reported"
-    );
-    eprintln!(
-        "drift reported {} ms after the second node started",
-        started.elapsed().as_millis()
-    );
+    on_every_node(
+        &nodes,
+        |n| !n.cluster_rules.drift().is_empty(),
+        "drift reported after the second node started:",
+        started,
+    )
+    .await;
     assert_eq!(a.cluster_rules.drift()[0].0, "fb");
-    let status = http(ops(a), "GET", "/v1/cluster", &[], "").await.json();
+    let (status, fb) = cluster_status_of(a, "fb").await;
     assert_eq!(status["rules_drift"], true);
-    let fb = status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["node_id"] == "fb")
-        .unwrap()
-        .clone();
     assert_eq!(fb["rules_drift"], true);
     assert_eq!(fb["rules_source"], "file");
     assert!(common::metric_sum("ringlimit_rules_drift_nodes") >= 1.0);
@@ -578,16 +599,15 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     assert_eq!(put.status, 409, "{}", put.body);
 
     // The same file on both: drift resolved.
+    let rewritten = Instant::now();
     std::fs::write(&file_b, "[default]\nlimit = 5\nwindow = \"1m\"\n").unwrap();
-    assert!(
-        eventually(Duration::from_secs(3), || a
-            .cluster_rules
-            .drift()
-            .is_empty()
-            && b.cluster_rules.drift().is_empty())
-        .await,
-        "drift not resolved"
-    );
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.drift().is_empty(),
+        "drift resolved after the file was rewritten:",
+        rewritten,
+    )
+    .await;
     for n in nodes {
         n.shutdown().await;
     }
@@ -610,45 +630,26 @@ async fn nodes_following_different_envoy_files_report_drift_until_the_files_agre
     let (file_a, file_b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
     std::fs::write(&file_a, ENVOY_A).unwrap();
     std::fs::write(&file_b, ENVOY_A.replace("5}", "100}")).unwrap();
-    let a = start(envoy_file_config("ea", &[], &file_a)).await;
-    let started = Instant::now();
-    let b = start(envoy_file_config(
-        "eb",
-        &[a.gossip_addr.to_string()],
-        &file_b,
-    ))
+    let (nodes, started) = two_nodes(envoy_file_config("ea", &[], &file_a), |seeds| {
+        envoy_file_config("eb", seeds, &file_b)
+    })
     .await;
-    let nodes = vec![a, b];
-    common::wait_converged(&nodes, 2).await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    assert!(
-        eventually(Duration::from_secs(3), || !a
-            .cluster_rules
-            .envoy_drift()
-            .is_empty()
-            && !b.cluster_rules.envoy_drift().is_empty())
-        .await,
-        "envoy drift not reported"
-    );
-    eprintln!(
-        "envoy drift reported {} ms after the second node started",
-        started.elapsed().as_millis()
-    );
+    on_every_node(
+        &nodes,
+        |n| !n.cluster_rules.envoy_drift().is_empty(),
+        "envoy drift reported after the second node started:",
+        started,
+    )
+    .await;
     assert_eq!(a.cluster_rules.envoy_drift()[0].0, "eb");
     assert!(
         a.cluster_rules.drift().is_empty(),
         "the TOML rules agree: only the Envoy files differ"
     );
-    let status = http(ops(a), "GET", "/v1/cluster", &[], "").await.json();
+    let (status, eb) = cluster_status_of(a, "eb").await;
     assert_eq!(status["envoy_drift"], true);
     assert_eq!(status["rules_drift"], false);
-    let eb = status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["node_id"] == "eb")
-        .unwrap()
-        .clone();
     assert_eq!(eb["envoy_drift"], true);
     assert!(
         eb["envoy_config"].as_str().unwrap().starts_with("file 1 "),
@@ -686,19 +687,13 @@ async fn nodes_following_different_envoy_files_report_drift_until_the_files_agre
         "# the same limit as a.yaml\ndomain: gw\ndescriptors:\n- key: ip\n  rate_limit:\n    requests_per_unit: 5\n    unit: minute\n",
     )
     .unwrap();
-    assert!(
-        eventually(Duration::from_secs(3), || a
-            .cluster_rules
-            .envoy_drift()
-            .is_empty()
-            && b.cluster_rules.envoy_drift().is_empty())
-        .await,
-        "envoy drift not resolved"
-    );
-    eprintln!(
-        "envoy drift resolved {} ms after the file was rewritten",
-        resolving.elapsed().as_millis()
-    );
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.envoy_drift().is_empty(),
+        "envoy drift resolved after the file was rewritten:",
+        resolving,
+    )
+    .await;
     assert!(
         matches!(b.cluster_rules.envoy_advert(), ringlimit::config::rules::EnvoyAdvert::File(s) if s.version == 2),
         "{:?}",
@@ -744,6 +739,19 @@ async fn envoy_ask(node: &RunningNode, ip: &str) -> (i32, Option<(u32, u32)>) {
     (answer.overall_code, limit)
 }
 
+/// `PUT /v1/rules/envoy` on `node` with `If-Match: "<if_match>"`.
+async fn put_envoy(node: &RunningNode, if_match: u64, body: &str) -> common::HttpAnswer {
+    let if_match = format!("\"{if_match}\"");
+    http(
+        ops(node),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", &if_match)],
+        body,
+    )
+    .await
+}
+
 /// An `[envoy]` section of one domain `gw`: 3 per hour per `ip`, token bucket (whole
 /// tokens refill every 20 minutes, so counts in a test are exact).
 const ENVOY_SECTION: &str = r##"{"domains": ["# gateway limits\ndomain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket}\n"]}"##;
@@ -764,14 +772,7 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
 
     // A bad section: 400 naming the domain, the key and the line; nothing changes.
     let bad = ENVOY_SECTION.replace("rate_limit:", "rate_limt:");
-    let put = http(
-        ops(&nodes[0]),
-        "PUT",
-        "/v1/rules/envoy",
-        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
-        &bad,
-    )
-    .await;
+    let put = put_envoy(&nodes[0], 0, &bad).await;
     assert_eq!(put.status, 400, "{}", put.body);
     let message = put.json()["error"].as_str().unwrap().to_string();
     for part in [
@@ -788,14 +789,7 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
     );
 
     let started = Instant::now();
-    let put = http(
-        ops(&nodes[0]),
-        "PUT",
-        "/v1/rules/envoy",
-        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
-        ENVOY_SECTION,
-    )
-    .await;
+    let put = put_envoy(&nodes[0], 0, ENVOY_SECTION).await;
     assert_eq!(put.status, 200, "{}", put.body);
     assert_eq!(put.json()["version"], 1);
     assert_eq!(put.json()["coordinator"], names[1]);
@@ -817,15 +811,13 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
         elapsed.as_millis(),
         started.elapsed().as_millis()
     );
-    assert!(
-        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
-            .cluster_rules
-            .current()
-            .version
-            == 1))
-        .await,
-        "every node holds version 1"
-    );
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.current().version == 1,
+        "every node holds version 1:",
+        started,
+    )
+    .await;
     // The same counter whichever node is asked.
     assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, Some((3, 1))));
     let rules = http(ops(&nodes[2]), "GET", "/v1/rules", &[], "").await;
@@ -837,17 +829,11 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
     );
 
     // A stale If-Match: 412, nothing changes.
-    let put = http(
-        ops(&nodes[2]),
-        "PUT",
-        "/v1/rules/envoy",
-        &[("Authorization", &bearer()), ("If-Match", "\"0\"")],
-        "null",
-    )
-    .await;
+    let put = put_envoy(&nodes[2], 0, "null").await;
     assert_eq!(put.status, 412, "{}", put.body);
 
     // An unrelated TOML change keeps the Envoy limit's counter (as a TOML rule's).
+    let changed = Instant::now();
     let put = http(
         ops(&nodes[0]),
         "PUT",
@@ -857,15 +843,13 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
     )
     .await;
     assert_eq!(put.status, 200, "{}", put.body);
-    assert!(
-        eventually(Duration::from_secs(2), || nodes.iter().all(|n| n
-            .cluster_rules
-            .current()
-            .version
-            == 2))
-        .await,
-        "every node holds version 2"
-    );
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.current().version == 2,
+        "every node holds version 2 (a tier rule changed):",
+        changed,
+    )
+    .await;
     assert_eq!(envoy_ask(&nodes[2], "1.2.3.4").await, (ok, Some((3, 0))));
     assert_eq!(envoy_ask(&nodes[1], "1.2.3.4").await.0, over);
 
@@ -877,14 +861,7 @@ async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its
     assert_eq!(envoy_ask(&restarted, "5.6.7.8").await, (ok, Some((3, 2))));
     restarted.shutdown().await;
     // Removing the section removes the domain.
-    let put = http(
-        ops(&nodes[0]),
-        "PUT",
-        "/v1/rules/envoy",
-        &[("Authorization", &bearer()), ("If-Match", "\"2\"")],
-        "null",
-    )
-    .await;
+    let put = put_envoy(&nodes[0], 2, "null").await;
     assert_eq!(put.status, 200, "{}", put.body);
     assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, None));
     for n in nodes {
@@ -1028,19 +1005,21 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("+ rule \"free\""), "{out}");
 
-    let put = |if_match: &str| {
-        vec![
-            "rules".into(),
-            "put".into(),
-            s(&file),
+    // `rules put <what> … --if-match V`.
+    let put_with = |what: &[String], if_match: &str| {
+        let mut args: Vec<String> = vec!["rules".into(), "put".into()];
+        args.extend_from_slice(what);
+        args.extend([
             "--addr".into(),
             addr.clone(),
             "--admin-token-file".into(),
             s(&token),
             "--if-match".into(),
             if_match.into(),
-        ]
+        ]);
+        args
     };
+    let put = |if_match: &str| put_with(&[s(&file)], if_match);
     let (code, out, err) = cli(put("0")).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("accepted: version 1 digest "), "{out}");
@@ -1103,20 +1082,7 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     // locally with the --envoy-config parser); the TOML rules stay as they are.
     let envoy_dir = tempfile::tempdir().unwrap();
     std::fs::write(envoy_dir.path().join("gw.yaml"), ENVOY_A).unwrap();
-    let put_envoy = |if_match: &str| {
-        vec![
-            "rules".into(),
-            "put".into(),
-            "--envoy".into(),
-            s(envoy_dir.path()),
-            "--addr".into(),
-            addr.clone(),
-            "--admin-token-file".into(),
-            s(&token),
-            "--if-match".into(),
-            if_match.into(),
-        ]
-    };
+    let put_envoy = |if_match: &str| put_with(&["--envoy".into(), s(envoy_dir.path())], if_match);
     let (code, out, err) = cli(put_envoy("1")).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("accepted: version 2 digest "), "{out}");

@@ -201,51 +201,30 @@ pub async fn rules_diff(file: &Path, addr: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(1))
 }
 
-/// The differences between two documents, by rule name and field.
+/// The differences between two documents, by rule name and field, and by Envoy domain.
 fn diff(from: &RulesDoc, to: &RulesDoc) -> Vec<String> {
     let mut out = Vec::new();
-    if from.default != to.default {
-        out.push(format!(
-            "~ [default]: {} → {}",
-            compact(&from.default),
-            compact(&to.default)
-        ));
-    }
-    let name = |r: &DocRule| r.name.clone().unwrap_or_default();
-    for r in &from.rule {
-        match to.rule.iter().find(|t| name(t) == name(r)) {
-            None => out.push(format!("- rule {:?}: {}", name(r), compact(r))),
-            Some(t) if t != r => out.push(format!(
-                "~ rule {:?}: {} → {}",
-                name(r),
-                compact(r),
-                compact(t)
-            )),
-            Some(_) => {}
-        }
-    }
-    for t in &to.rule {
-        if !from.rule.iter().any(|r| name(r) == name(t)) {
-            out.push(format!("+ rule {:?}: {}", name(t), compact(t)));
-        }
-    }
-    out.extend(diff_envoy(from.envoy.as_ref(), to.envoy.as_ref()));
-    out
-}
-
-/// The `[envoy]` sections' differences, domain by domain (named by their `domain`).
-fn diff_envoy(from: Option<&DocEnvoy>, to: Option<&DocEnvoy>) -> Vec<String> {
+    changed(&mut out, "[default]", &from.default, &to.default);
+    let rules = |doc: &RulesDoc| -> Vec<(String, DocRule)> {
+        doc.rule
+            .iter()
+            .map(|r| (r.name.clone().unwrap_or_default(), r.clone()))
+            .collect()
+    };
+    keyed_diff(&mut out, "rule", &rules(from), &rules(to));
     let none = DocEnvoy::default();
-    let (from, to) = (from.unwrap_or(&none), to.unwrap_or(&none));
-    let mut out = Vec::new();
-    if from.algorithm != to.algorithm {
-        out.push(format!(
-            "~ [envoy] algorithm: {} → {}",
-            compact(&from.algorithm),
-            compact(&to.algorithm)
-        ));
-    }
-    let named = |section: &DocEnvoy| -> Vec<(String, String)> {
+    let (from, to) = (
+        from.envoy.as_ref().unwrap_or(&none),
+        to.envoy.as_ref().unwrap_or(&none),
+    );
+    changed(
+        &mut out,
+        "[envoy] algorithm",
+        &from.algorithm,
+        &to.algorithm,
+    );
+    // Domains are named by their `domain` (a text that names none, by its place).
+    let domains = |section: &DocEnvoy| -> Vec<(String, String)> {
         section
             .domains
             .iter()
@@ -253,24 +232,35 @@ fn diff_envoy(from: Option<&DocEnvoy>, to: Option<&DocEnvoy>) -> Vec<String> {
             .map(|(i, t)| (domain_of(t).unwrap_or_else(|| format!("#{i}")), t.clone()))
             .collect()
     };
-    let (from, to) = (named(from), named(to));
-    for (domain, text) in &from {
-        match to.iter().find(|(d, _)| d == domain) {
-            None => out.push(format!("- envoy domain {domain:?}")),
-            Some((_, t)) if t != text => out.push(format!(
-                "~ envoy domain {domain:?}: {} → {}",
-                compact(text),
-                compact(t)
-            )),
-            Some(_) => {}
-        }
-    }
-    for (domain, _) in &to {
-        if !from.iter().any(|(d, _)| d == domain) {
-            out.push(format!("+ envoy domain {domain:?}"));
-        }
-    }
+    keyed_diff(&mut out, "envoy domain", &domains(from), &domains(to));
     out
+}
+
+/// `~ what: old → new` when the two differ.
+fn changed<T: PartialEq + serde::Serialize>(out: &mut Vec<String>, what: &str, from: &T, to: &T) {
+    if from != to {
+        out.push(format!("~ {what}: {} → {}", compact(from), compact(to)));
+    }
+}
+
+/// Named items matched by name: `- what "name": old`, `~ … old → new`, `+ … new`.
+fn keyed_diff<T: PartialEq + serde::Serialize>(
+    out: &mut Vec<String>,
+    what: &str,
+    from: &[(String, T)],
+    to: &[(String, T)],
+) {
+    for (name, old) in from {
+        match to.iter().find(|(n, _)| n == name) {
+            None => out.push(format!("- {what} {name:?}: {}", compact(old))),
+            Some((_, new)) => changed(out, &format!("{what} {name:?}"), old, new),
+        }
+    }
+    for (name, new) in to {
+        if !from.iter().any(|(n, _)| n == name) {
+            out.push(format!("+ {what} {name:?}: {}", compact(new)));
+        }
+    }
 }
 
 fn compact(value: &impl serde::Serialize) -> String {

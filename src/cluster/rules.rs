@@ -316,17 +316,24 @@ pub struct MemberRules {
 /// An advert members are compared by (rules, Envoy configuration).
 trait Compared: Copy + PartialEq {
     fn drifts_from(&self, theirs: &Self) -> bool;
+    fn encode(&self) -> String;
 }
 
 impl Compared for Advert {
     fn drifts_from(&self, theirs: &Self) -> bool {
         Advert::drifts_from(self, theirs)
     }
+    fn encode(&self) -> String {
+        Advert::encode(self)
+    }
 }
 
 impl Compared for EnvoyAdvert {
     fn drifts_from(&self, theirs: &Self) -> bool {
         EnvoyAdvert::drifts_from(self, theirs)
+    }
+    fn encode(&self) -> String {
+        EnvoyAdvert::encode(self)
     }
 }
 
@@ -344,9 +351,10 @@ impl<A: Compared> Drifting<A> {
         }
     }
 
-    /// Recomputes the drifting set; `Some` (the new set) only when it changed, so the
-    /// caller logs once per change.
-    fn update(&self, mine: &A, adverts: &BTreeMap<String, A>) -> Option<Vec<(String, A)>> {
+    /// Recomputes the drifting set; `Some` only when it changed, so the caller logs once
+    /// per change: `Some(None)` once it is empty again, else `Some(Some(members))` with
+    /// the members and their adverts as a log field (`id=advert, …`).
+    fn update(&self, mine: &A, adverts: &BTreeMap<String, A>) -> Option<Option<String>> {
         let drift: Vec<(String, A)> = adverts
             .iter()
             .filter(|(_, a)| mine.drifts_from(a))
@@ -356,8 +364,12 @@ impl<A: Compared> Drifting<A> {
             return None;
         }
         self.gauge.set(drift.len() as f64);
-        self.members.store(Arc::new(drift.clone()));
-        Some(drift)
+        let nodes: Vec<String> = drift
+            .iter()
+            .map(|(id, a)| format!("{id}={}", a.encode()))
+            .collect();
+        self.members.store(Arc::new(drift));
+        Some((!nodes.is_empty()).then(|| nodes.join(", ")))
     }
 }
 
@@ -768,44 +780,34 @@ impl ClusterRules {
     /// Records the members whose rules drift; logs when the set changes.
     fn note_drift(&self, adverts: &BTreeMap<String, Advert>) {
         let mine = self.advert();
-        let Some(drift) = self.drift.update(&mine, adverts) else {
-            return;
-        };
-        if drift.is_empty() {
-            tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
-        } else {
-            let nodes: Vec<String> = drift
-                .iter()
-                .map(|(id, a)| format!("{id}={}", a.encode()))
-                .collect();
-            tracing::warn!(
+        match self.drift.update(&mine, adverts) {
+            None => {}
+            Some(None) => {
+                tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
+            }
+            Some(Some(drifting)) => tracing::warn!(
                 node_id = %self.me,
                 rules = %mine.encode(),
-                drifting = %nodes.join(", "),
+                %drifting,
                 "rules drift: these members enforce different rules than this node (different --rules files, or file and cluster sources mixed)"
-            );
+            ),
         }
     }
 
     /// Records the members whose Envoy domains drift; logs when the set changes.
     fn note_envoy_drift(&self, adverts: &BTreeMap<String, EnvoyAdvert>) {
         let mine = self.envoy_advert();
-        let Some(drift) = self.envoy_drift.update(&mine, adverts) else {
-            return;
-        };
-        if drift.is_empty() {
-            tracing::info!(node_id = %self.me, envoy = %mine.encode(), "envoy config drift resolved: every member enforces the same Envoy domains");
-        } else {
-            let nodes: Vec<String> = drift
-                .iter()
-                .map(|(id, a)| format!("{id}={}", a.encode()))
-                .collect();
-            tracing::warn!(
+        match self.envoy_drift.update(&mine, adverts) {
+            None => {}
+            Some(None) => {
+                tracing::info!(node_id = %self.me, envoy = %mine.encode(), "envoy config drift resolved: every member enforces the same Envoy domains");
+            }
+            Some(Some(drifting)) => tracing::warn!(
                 node_id = %self.me,
                 envoy = %mine.encode(),
-                drifting = %nodes.join(", "),
+                %drifting,
                 "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"
-            );
+            ),
         }
     }
 }
