@@ -330,8 +330,18 @@ enum RulesCommand {
     },
     /// Replace a cluster's rules with a file (TOML, or JSON if it ends in .json).
     Put {
-        /// The file.
-        file: PathBuf,
+        /// The rule file (TOML, or JSON by its `.json` name): the whole document.
+        #[arg(required_unless_present = "envoy")]
+        file: Option<PathBuf>,
+        /// envoyproxy/ratelimit YAML (a file, or a directory of `*.yaml` / `*.yml`, one
+        /// domain each) for the `[envoy]` section: alone, it replaces only that section;
+        /// with FILE, it replaces FILE's.
+        #[arg(long)]
+        envoy: Option<PathBuf>,
+        /// The section's default algorithm (of a `rate_limit` without `algorithm`);
+        /// default fixed_window.
+        #[arg(long, value_parser = parse_algorithm, requires = "envoy")]
+        envoy_algorithm: Option<ringlimit::algorithms::AlgorithmKind>,
         /// A node's ops HTTP address.
         #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
         addr: String,
@@ -367,13 +377,16 @@ fn main() -> ExitCode {
             command:
                 RulesCommand::Put {
                     file,
+                    envoy,
+                    envoy_algorithm,
                     addr,
                     admin_token_file,
                     if_match,
                 },
         } => runtime().and_then(|rt| {
             rt.block_on(cli::rules_put(
-                &file,
+                file.as_deref(),
+                envoy.as_deref().map(|p| (p, envoy_algorithm)),
                 &addr,
                 admin_token_file.as_deref(),
                 if_match,
@@ -716,6 +729,7 @@ async fn cluster_status(
                     "node_id": m.node_id, "generation": m.generation.to_string(), "grpc_addr": m.grpc_addr,
                     "peer_addr": m.peer_addr, "gossip_addr": m.gossip_addr, "leaving": m.leaving, "ring_share": m.ring_share,
                     "rules": m.rules, "rules_drift": m.rules_drift,
+                    "envoy_config": m.envoy, "envoy_drift": m.envoy_drift,
                 })
             })
             .collect();
@@ -726,21 +740,33 @@ async fn cluster_status(
                 "ring_digest": format!("{:016x}", status.ring_digest), "keys": status.keys,
                 "rules": status.rules,
                 "rules_drift": status.members.iter().any(|m| m.rules_drift),
+                "envoy_config": status.envoy,
+                "envoy_drift": status.members.iter().any(|m| m.envoy_drift),
                 "members": members,
             })
         );
     } else {
         println!(
-            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}",
-            addr, status.node_id, status.generation, status.ring_digest, status.keys, status.rules
+            "asked {} ({}@{}): ring digest {:016x}, {} keys held, rules {}, envoy {}",
+            addr,
+            status.node_id,
+            status.generation,
+            status.ring_digest,
+            status.keys,
+            status.rules,
+            if status.envoy.is_empty() {
+                "-"
+            } else {
+                &status.envoy
+            }
         );
         println!(
-            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<5} state",
-            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "drift"
+            "{:<20} {:>20} {:<22} {:<22} {:<22} {:>7} {:<30} {:<25} {:<5} state",
+            "node", "generation", "grpc", "peer", "gossip", "share", "rules", "envoy", "drift"
         );
         for m in &status.members {
             println!(
-                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<5} {}",
+                "{:<20} {:>20} {:<22} {:<22} {:<22} {:>6.1}% {:<30} {:<25} {:<5} {}",
                 m.node_id,
                 m.generation,
                 m.grpc_addr,
@@ -748,23 +774,42 @@ async fn cluster_status(
                 m.gossip_addr,
                 m.ring_share * 100.0,
                 if m.rules.is_empty() { "-" } else { &m.rules },
-                if m.rules_drift { "DRIFT" } else { "-" },
+                if m.envoy.is_empty() { "?" } else { &m.envoy },
+                if m.rules_drift || m.envoy_drift {
+                    "DRIFT"
+                } else {
+                    "-"
+                },
                 if m.leaving { "leaving" } else { "live" }
             );
         }
-        let drifting: Vec<&str> = status
-            .members
-            .iter()
-            .filter(|m| m.rules_drift)
-            .map(|m| m.node_id.as_str())
-            .collect();
-        if !drifting.is_empty() {
-            println!(
-                "rules drift: {} {} different rules than {} (different --rules files, or file and cluster sources mixed)",
-                drifting.join(", "),
-                if drifting.len() == 1 { "enforces" } else { "enforce" },
-                status.node_id
-            );
+        type Member = ringlimit::proto::peer::MemberStatus;
+        let drifting = |drifts: fn(&Member) -> bool| -> Vec<&str> {
+            status
+                .members
+                .iter()
+                .filter(|m| drifts(m))
+                .map(|m| m.node_id.as_str())
+                .collect()
+        };
+        let summaries = [
+            (drifting(|m| m.rules_drift), "rules drift: {nodes} {verb} different rules than {me} (different --rules files, or file and cluster sources mixed)"),
+            (drifting(|m| m.envoy_drift), "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"),
+        ];
+        for (nodes, line) in summaries {
+            if !nodes.is_empty() {
+                let verb = if nodes.len() == 1 {
+                    "enforces"
+                } else {
+                    "enforce"
+                };
+                println!(
+                    "{}",
+                    line.replace("{nodes}", &nodes.join(", "))
+                        .replace("{verb}", verb)
+                        .replace("{me}", &status.node_id)
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -949,7 +994,14 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
 fn rules_check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
     match RuleSet::load(file) {
         Ok(rules) => {
-            println!("{}: ok, {} rules", file.display(), rules.len());
+            match rules.envoy().domains().count() {
+                0 => println!("{}: ok, {} rules", file.display(), rules.len()),
+                domains => println!(
+                    "{}: ok, {} rules, {domains} envoy domains",
+                    file.display(),
+                    rules.len()
+                ),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

@@ -48,6 +48,67 @@ async fn three_nodes_named(dirs: &[tempfile::TempDir; 3], ids: [&str; 3]) -> Vec
     nodes
 }
 
+/// Three node ids for which the second coordinates rules writes: a write sent to the
+/// first is forwarded to it, and the third (neither) learns it only from gossip and a
+/// pull.
+fn ids_coordinated_by_the_second() -> [String; 3] {
+    (0..)
+        .map(|i| [format!("a{i}"), format!("b{i}"), format!("c{i}")])
+        .find(|ids| {
+            let ring = ringlimit::ring::Ring::new(
+                ids.iter().map(String::as_str),
+                ringlimit::ring::Ring::DEFAULT_VNODES,
+            );
+            let coordinator = ring.owner_of_hash(ringlimit::ring::Ring::key_hash(
+                ringlimit::cluster::rules::COORDINATOR_KEY,
+            ));
+            coordinator == Some(ids[1].as_str())
+        })
+        .unwrap()
+}
+
+/// Starts `first`, then `second(<first's gossip address>)` joining it, and waits until
+/// both rings agree; also the instant the second started.
+async fn two_nodes(
+    first: NodeConfig,
+    second: impl FnOnce(&[String]) -> NodeConfig,
+) -> (Vec<RunningNode>, Instant) {
+    let a = start(first).await;
+    let started = Instant::now();
+    let b = start(second(&[a.gossip_addr.to_string()])).await;
+    let nodes = vec![a, b];
+    common::wait_converged(&nodes, 2).await;
+    (nodes, started)
+}
+
+/// Waits (at most 3 s) until `holds` is true of every node, and prints how long after
+/// `since` it took; fails naming `what` otherwise.
+async fn on_every_node(
+    nodes: &[RunningNode],
+    holds: impl Fn(&RunningNode) -> bool,
+    what: &str,
+    since: Instant,
+) {
+    assert!(
+        eventually(Duration::from_secs(3), || nodes.iter().all(&holds)).await,
+        "{what}: not within 3 s"
+    );
+    eprintln!("{what} {} ms later", since.elapsed().as_millis());
+}
+
+/// `GET /v1/cluster` on `node`, and its entry for member `id`.
+async fn cluster_status_of(node: &RunningNode, id: &str) -> (serde_json::Value, serde_json::Value) {
+    let status = http(ops(node), "GET", "/v1/cluster", &[], "").await.json();
+    let member = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node_id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {status}"))
+        .clone();
+    (status, member)
+}
+
 fn ops(node: &RunningNode) -> SocketAddr {
     node.http_addr.expect("ops port")
 }
@@ -78,19 +139,7 @@ async fn limit_on(node: &RunningNode, key: &str) -> (u64, String) {
 async fn a_limit_put_on_node_1_is_enforced_by_node_3_within_2_s_and_kept_across_its_restart() {
     // Ids chosen so that node 2 coordinates rules writes: node 1 forwards the write
     // to it, and node 3 (neither) learns it only from gossip and a pull.
-    let ids = (0..)
-        .map(|i| [format!("a{i}"), format!("b{i}"), format!("c{i}")])
-        .find(|ids| {
-            let ring = ringlimit::ring::Ring::new(
-                ids.iter().map(String::as_str),
-                ringlimit::ring::Ring::DEFAULT_VNODES,
-            );
-            let coordinator = ring.owner_of_hash(ringlimit::ring::Ring::key_hash(
-                ringlimit::cluster::rules::COORDINATOR_KEY,
-            ));
-            coordinator == Some(ids[1].as_str())
-        })
-        .unwrap();
+    let ids = ids_coordinated_by_the_second();
     let names = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()];
     let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
     let mut nodes = three_nodes_named(&dirs, names).await;
@@ -495,41 +544,20 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     let (_db, file_b) = rules_file("[default]\nlimit = 100\nwindow = \"1m\"\n");
     let mut config_a = member_config("fa", &[], Some(&file_a));
     config_a.admin_token = Some(AdminToken::new(TOKEN).unwrap());
-    let a = start(config_a).await;
-    let started = Instant::now();
-    let b = start(member_config(
-        "fb",
-        &[a.gossip_addr.to_string()],
-        Some(&file_b),
-    ))
-    .await;
-    let nodes = vec![a, b];
-    common::wait_converged(&nodes, 2).await;
-    let (a, b) = (&nodes[0], &nodes[1]);
+    let (nodes, started) =
+        two_nodes(config_a, |seeds| member_config("fb", seeds, Some(&file_b))).await;
+    let a = &nodes[0];
     assert_eq!(a.cluster_rules.source(), RulesSource::File);
-    assert!(
-        eventually(Duration::from_secs(3), || !a
-            .cluster_rules
-            .drift()
-            .is_empty()
-            && !b.cluster_rules.drift().is_empty())
-        .await,
-        "drift not reported"
-    );
-    eprintln!(
-        "drift reported {} ms after the second node started",
-        started.elapsed().as_millis()
-    );
+    on_every_node(
+        &nodes,
+        |n| !n.cluster_rules.drift().is_empty(),
+        "drift reported after the second node started:",
+        started,
+    )
+    .await;
     assert_eq!(a.cluster_rules.drift()[0].0, "fb");
-    let status = http(ops(a), "GET", "/v1/cluster", &[], "").await.json();
+    let (status, fb) = cluster_status_of(a, "fb").await;
     assert_eq!(status["rules_drift"], true);
-    let fb = status["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["node_id"] == "fb")
-        .unwrap()
-        .clone();
     assert_eq!(fb["rules_drift"], true);
     assert_eq!(fb["rules_source"], "file");
     assert!(common::metric_sum("ringlimit_rules_drift_nodes") >= 1.0);
@@ -571,16 +599,271 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     assert_eq!(put.status, 409, "{}", put.body);
 
     // The same file on both: drift resolved.
+    let rewritten = Instant::now();
     std::fs::write(&file_b, "[default]\nlimit = 5\nwindow = \"1m\"\n").unwrap();
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.drift().is_empty(),
+        "drift resolved after the file was rewritten:",
+        rewritten,
+    )
+    .await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+const ENVOY_A: &str =
+    "domain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+/// A node of its own cluster-mode rules, following the Envoy file `envoy`.
+fn envoy_file_config(id: &str, seeds: &[String], envoy: &Path) -> NodeConfig {
+    NodeConfig {
+        envoy_path: Some(envoy.to_path_buf()),
+        ..member_config(id, seeds, None)
+    }
+}
+
+#[tokio::test]
+async fn nodes_following_different_envoy_files_report_drift_until_the_files_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file_a, file_b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+    std::fs::write(&file_a, ENVOY_A).unwrap();
+    std::fs::write(&file_b, ENVOY_A.replace("5}", "100}")).unwrap();
+    let (nodes, started) = two_nodes(envoy_file_config("ea", &[], &file_a), |seeds| {
+        envoy_file_config("eb", seeds, &file_b)
+    })
+    .await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    on_every_node(
+        &nodes,
+        |n| !n.cluster_rules.envoy_drift().is_empty(),
+        "envoy drift reported after the second node started:",
+        started,
+    )
+    .await;
+    assert_eq!(a.cluster_rules.envoy_drift()[0].0, "eb");
     assert!(
-        eventually(Duration::from_secs(3), || a
-            .cluster_rules
-            .drift()
-            .is_empty()
-            && b.cluster_rules.drift().is_empty())
-        .await,
-        "drift not resolved"
+        a.cluster_rules.drift().is_empty(),
+        "the TOML rules agree: only the Envoy files differ"
     );
+    let (status, eb) = cluster_status_of(a, "eb").await;
+    assert_eq!(status["envoy_drift"], true);
+    assert_eq!(status["rules_drift"], false);
+    assert_eq!(eb["envoy_drift"], true);
+    assert!(
+        eb["envoy_config"].as_str().unwrap().starts_with("file 1 "),
+        "{eb}"
+    );
+    assert!(common::metric_sum("ringlimit_envoy_config_drift_nodes") >= 1.0);
+    // The peer face's status, what `ringlimit cluster status` prints as DRIFT.
+    let secret = dir.path().join("cluster.secret");
+    std::fs::write(&secret, ringlimit::node::config::TEST_CLUSTER_SECRET).unwrap();
+    let (code, out, err) = cli(vec![
+        "cluster".into(),
+        "status".into(),
+        "--addr".into(),
+        a.peer_addr.to_string(),
+        "--cluster-secret-file".into(),
+        secret.display().to_string(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let eb_line = out
+        .lines()
+        .find(|l| l.starts_with("eb "))
+        .unwrap_or_default();
+    assert!(eb_line.contains("DRIFT"), "{out}");
+    assert!(
+        out.contains("envoy config drift: eb enforces different Envoy domains than ea"),
+        "{out}"
+    );
+
+    // The same domains on both (another layout and a comment: the digest is of what is
+    // parsed), picked up by the hot reload: drift resolved.
+    let resolving = Instant::now();
+    std::fs::write(
+        &file_b,
+        "# the same limit as a.yaml\ndomain: gw\ndescriptors:\n- key: ip\n  rate_limit:\n    requests_per_unit: 5\n    unit: minute\n",
+    )
+    .unwrap();
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.envoy_drift().is_empty(),
+        "envoy drift resolved after the file was rewritten:",
+        resolving,
+    )
+    .await;
+    assert!(
+        matches!(b.cluster_rules.envoy_advert(), ringlimit::config::rules::EnvoyAdvert::File(s) if s.version == 2),
+        "{:?}",
+        b.cluster_rules.envoy_advert()
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// One `ShouldRateLimit` for `(ip, <ip>)` in domain `gw` on `node`: its code, and the
+/// limit and remaining of its one descriptor (`None` when no limit applies).
+async fn envoy_ask(node: &RunningNode, ip: &str) -> (i32, Option<(u32, u32)>) {
+    use ringlimit::proto::envoy::extensions::common::ratelimit::v3::{
+        rate_limit_descriptor::Entry, RateLimitDescriptor,
+    };
+    use ringlimit::proto::envoy::service::ratelimit::v3::{
+        rate_limit_service_client::RateLimitServiceClient, RateLimitRequest,
+    };
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr))
+        .await
+        .unwrap();
+    let answer = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "gw".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "ip".into(),
+                    value: ip.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .expect("ShouldRateLimit answers")
+        .into_inner();
+    let status = &answer.statuses[0];
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map(|l| (l.requests_per_unit, status.limit_remaining));
+    (answer.overall_code, limit)
+}
+
+/// `PUT /v1/rules/envoy` on `node` with `If-Match: "<if_match>"`.
+async fn put_envoy(node: &RunningNode, if_match: u64, body: &str) -> common::HttpAnswer {
+    let if_match = format!("\"{if_match}\"");
+    http(
+        ops(node),
+        "PUT",
+        "/v1/rules/envoy",
+        &[("Authorization", &bearer()), ("If-Match", &if_match)],
+        body,
+    )
+    .await
+}
+
+/// An `[envoy]` section of one domain `gw`: 3 per hour per `ip`, token bucket (whole
+/// tokens refill every 20 minutes, so counts in a test are exact).
+const ENVOY_SECTION: &str = r##"{"domains": ["# gateway limits\ndomain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: token_bucket}\n"]}"##;
+
+#[tokio::test]
+async fn an_envoy_domain_put_on_node_1_is_enforced_by_node_3_and_kept_across_its_restart() {
+    use ringlimit::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let ids = ids_coordinated_by_the_second();
+    let names = [ids[0].as_str(), ids[1].as_str(), ids[2].as_str()];
+    let dirs = [(); 3].map(|_| tempfile::tempdir().unwrap());
+    let mut nodes = three_nodes_named(&dirs, names).await;
+    assert_eq!(
+        envoy_ask(&nodes[2], "1.2.3.4").await,
+        (ok, None),
+        "no domain yet"
+    );
+
+    // A bad section: 400 naming the domain, the key and the line; nothing changes.
+    let bad = ENVOY_SECTION.replace("rate_limit:", "rate_limt:");
+    let put = put_envoy(&nodes[0], 0, &bad).await;
+    assert_eq!(put.status, 400, "{}", put.body);
+    let message = put.json()["error"].as_str().unwrap().to_string();
+    for part in [
+        "envoy.domains[0] (domain \"gw\")",
+        "unknown field `rate_limt`",
+        "line 5",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    assert_eq!(
+        nodes[1].cluster_rules.current().version,
+        0,
+        "nothing changed"
+    );
+
+    let started = Instant::now();
+    let put = put_envoy(&nodes[0], 0, ENVOY_SECTION).await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(put.json()["version"], 1);
+    assert_eq!(put.json()["coordinator"], names[1]);
+    // Node 3 learns it from gossip and a pull, and its RLS answers with the limit.
+    let deadline = started + Duration::from_secs(2);
+    let elapsed = loop {
+        if nodes[2].cluster_rules.current().version == 1 {
+            break started.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 has not copied version 1 after 2 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(envoy_ask(&nodes[2], "1.2.3.4").await, (ok, Some((3, 2))));
+    eprintln!(
+        "PUT /v1/rules/envoy on node 1 (coordinator node 2) → node 3 enforces it after {} ms (RLS answered after {} ms)",
+        elapsed.as_millis(),
+        started.elapsed().as_millis()
+    );
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.current().version == 1,
+        "every node holds version 1:",
+        started,
+    )
+    .await;
+    // The same counter whichever node is asked.
+    assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, Some((3, 1))));
+    let rules = http(ops(&nodes[2]), "GET", "/v1/rules", &[], "").await;
+    assert!(rules.body.contains("[envoy]"), "{}", rules.body);
+    assert!(
+        rules.body.contains("# gateway limits"),
+        "the YAML as written: {}",
+        rules.body
+    );
+
+    // A stale If-Match: 412, nothing changes.
+    let put = put_envoy(&nodes[2], 0, "null").await;
+    assert_eq!(put.status, 412, "{}", put.body);
+
+    // An unrelated TOML change keeps the Envoy limit's counter (as a TOML rule's).
+    let changed = Instant::now();
+    let put = http(
+        ops(&nodes[0]),
+        "PUT",
+        "/v1/limits/free",
+        &[("Authorization", &bearer())],
+        r#"{"route_pattern": "POST /v1/charges", "limit": 7, "window_s": 60}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    on_every_node(
+        &nodes,
+        |n| n.cluster_rules.current().version == 2,
+        "every node holds version 2 (a tier rule changed):",
+        changed,
+    )
+    .await;
+    assert_eq!(envoy_ask(&nodes[2], "1.2.3.4").await, (ok, Some((3, 0))));
+    assert_eq!(envoy_ask(&nodes[1], "1.2.3.4").await.0, over);
+
+    // Node 3 restarted alone (no seeds) serves the domain from its data dir.
+    let n3 = nodes.pop().unwrap();
+    n3.shutdown().await;
+    let restarted = start(cluster_config(names[2], &[], dirs[2].path())).await;
+    assert_eq!(restarted.cluster_rules.current().version, 2);
+    assert_eq!(envoy_ask(&restarted, "5.6.7.8").await, (ok, Some((3, 2))));
+    restarted.shutdown().await;
+    // Removing the section removes the domain.
+    let put = put_envoy(&nodes[0], 2, "null").await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(envoy_ask(&nodes[0], "1.2.3.4").await, (ok, None));
     for n in nodes {
         n.shutdown().await;
     }
@@ -722,19 +1005,21 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("+ rule \"free\""), "{out}");
 
-    let put = |if_match: &str| {
-        vec![
-            "rules".into(),
-            "put".into(),
-            s(&file),
+    // `rules put <what> … --if-match V`.
+    let put_with = |what: &[String], if_match: &str| {
+        let mut args: Vec<String> = vec!["rules".into(), "put".into()];
+        args.extend_from_slice(what);
+        args.extend([
             "--addr".into(),
             addr.clone(),
             "--admin-token-file".into(),
             s(&token),
             "--if-match".into(),
             if_match.into(),
-        ]
+        ]);
+        args
     };
+    let put = |if_match: &str| put_with(&[s(&file)], if_match);
     let (code, out, err) = cli(put("0")).await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("accepted: version 1 digest "), "{out}");
@@ -792,6 +1077,40 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     assert_eq!(code, 1);
     assert!(err.contains("rule \"free\": field \"limit\""), "{err}");
     assert_eq!(nodes[0].cluster_rules.current().version, 1);
+
+    // `--envoy DIR`: the [envoy] section alone, from a directory of YAML files (checked
+    // locally with the --envoy-config parser); the TOML rules stay as they are.
+    let envoy_dir = tempfile::tempdir().unwrap();
+    std::fs::write(envoy_dir.path().join("gw.yaml"), ENVOY_A).unwrap();
+    let put_envoy = |if_match: &str| put_with(&["--envoy".into(), s(envoy_dir.path())], if_match);
+    let (code, out, err) = cli(put_envoy("1")).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("accepted: version 2 digest "), "{out}");
+    let current = nodes[0].cluster_rules.current();
+    assert_eq!(current.rules.envoy().domains().collect::<Vec<_>>(), ["gw"]);
+    assert!(current.rules.get("free").is_some(), "the TOML rule is kept");
+    let (code, out, _) = cli(vec![
+        "rules".into(),
+        "diff".into(),
+        s(&file),
+        "--addr".into(),
+        addr.clone(),
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("- envoy domain \"gw\""), "{out}");
+    std::fs::write(
+        envoy_dir.path().join("gw.yaml"),
+        ENVOY_A.replace("unit: minute", "unit: month"),
+    )
+    .unwrap();
+    let (code, _, err) = cli(put_envoy("2")).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("gw.yaml") && err.contains("at most 7 days"),
+        "{err}"
+    );
+    assert_eq!(nodes[0].cluster_rules.current().version, 2, "nothing sent");
 
     // --dry-run: which rule and which decider, from the ops port; nothing charged.
     let dry_key = key_owned_by("n3", &["n1", "n2", "n3"], "dry_");

@@ -6,7 +6,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use ringlimit::config::rules::{read_rules_file, DocRule, RuleSet, RulesDoc};
+use ringlimit::algorithms::AlgorithmKind;
+use ringlimit::config::rules::envoy::{
+    domain_of, read_documents, EnvoyConfig, EnvoyConfigError, DEFAULT_SECTION_ALGORITHM,
+};
+use ringlimit::config::rules::{read_rules_file, DocEnvoy, DocRule, RuleSet, RulesDoc};
 
 /// `ringlimit rules get`: the document with its version as a TOML comment (stdout stays a
 /// valid rule file), or the JSON form.
@@ -39,35 +43,68 @@ pub async fn rules_get(addr: &str, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `ringlimit rules put FILE`: checked locally first (same messages as `rules check`),
-/// then sent; exits 0 when accepted, 1 when refused (the node's message is printed).
+/// `ringlimit rules put [FILE] [--envoy PATH]`: checked locally first (same messages as
+/// `rules check` and `--envoy-config`), then sent; exits 0 when accepted, 1 when refused
+/// (the node's message is printed).
+///
+/// FILE alone replaces the whole document; `--envoy PATH` (a YAML file or a directory of
+/// them, one domain each) alone replaces only its `[envoy]` section, every TOML rule kept
+/// as the cluster has it; both send FILE with its `[envoy]` section taken from PATH.
 pub async fn rules_put(
-    file: &Path,
+    file: Option<&Path>,
+    envoy: Option<(&Path, Option<AlgorithmKind>)>,
     addr: &str,
     token_file: Option<&Path>,
     if_match: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let bytes = read_rules_file(file)?;
-    let is_json = file.extension().is_some_and(|e| e == "json");
-    let text = std::str::from_utf8(&bytes).context("the file is not UTF-8")?;
-    let doc = if is_json {
-        RulesDoc::from_json_str(text)
-    } else {
-        RulesDoc::from_toml_str(text)
+    let section = match envoy {
+        None => None,
+        Some((path, algorithm)) => match envoy_section(path, algorithm)? {
+            Ok(section) => Some(section),
+            Err(error) => {
+                eprintln!("{}: invalid\n{error}", path.display());
+                return Ok(ExitCode::from(1));
+            }
+        },
     };
-    if let Err(error) = doc.and_then(RuleSet::from_doc) {
-        eprintln!("{}: invalid\n{error}", file.display());
-        return Ok(ExitCode::from(1));
-    }
-    let mut headers = vec![(
-        "Content-Type",
-        if is_json {
-            "application/json"
-        } else {
-            "application/toml"
+    let (path, content_type, body) = match file {
+        Some(file) => {
+            let bytes = read_rules_file(file)?;
+            let is_json = file.extension().is_some_and(|e| e == "json");
+            let text = std::str::from_utf8(&bytes).context("the file is not UTF-8")?;
+            let doc = if is_json {
+                RulesDoc::from_json_str(text)
+            } else {
+                RulesDoc::from_toml_str(text)
+            };
+            let doc = match (doc, section) {
+                (Ok(doc), Some(envoy)) => Ok(RulesDoc {
+                    envoy: Some(envoy),
+                    ..doc
+                }),
+                (doc, None) => doc,
+                (Err(e), _) => Err(e),
+            };
+            let doc = match doc.and_then(|doc| RuleSet::from_doc(doc.clone()).map(|_| doc)) {
+                Ok(doc) => doc,
+                Err(error) => {
+                    eprintln!("{}: invalid\n{error}", file.display());
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            // Sent as the file was written unless a section was spliced in.
+            match (envoy, is_json) {
+                (None, true) => ("/v1/rules", "application/json", bytes),
+                (None, false) => ("/v1/rules", "application/toml", bytes),
+                (Some(_), _) => ("/v1/rules", "application/json", doc.to_json().into_bytes()),
+            }
         }
-        .to_string(),
-    )];
+        None => {
+            let body = serde_json::to_vec(&section).expect("an envoy section serializes");
+            ("/v1/rules/envoy", "application/json", body)
+        }
+    };
+    let mut headers = vec![("Content-Type", content_type.to_string())];
     if let Some(path) = token_file {
         let token =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -77,7 +114,7 @@ pub async fn rules_put(
     if let Some(v) = if_match {
         headers.push(("If-Match", format!("\"{v}\"")));
     }
-    let answer = http::request(addr, "PUT", "/v1/rules", &headers, Some(&bytes)).await?;
+    let answer = http::request(addr, "PUT", path, &headers, Some(&body)).await?;
     if answer.status != 200 {
         eprintln!("refused: {} {}", answer.status, answer.error_message());
         return Ok(ExitCode::from(1));
@@ -94,6 +131,30 @@ pub async fn rules_put(
         body["digest"].as_str().unwrap_or("?")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `[envoy]` section of the YAML at `path`, checked with the `--envoy-config`
+/// parser (errors name the file, key and line); the outer error is an unreadable path.
+fn envoy_section(
+    path: &Path,
+    algorithm: Option<AlgorithmKind>,
+) -> anyhow::Result<Result<DocEnvoy, EnvoyConfigError>> {
+    let texts = match read_documents(path) {
+        Ok(texts) => texts,
+        Err(error) => return Ok(Err(error)),
+    };
+    let docs: Vec<(&Path, &str)> = texts
+        .iter()
+        .map(|(p, t)| (p.as_path(), t.as_str()))
+        .collect();
+    let default = algorithm.unwrap_or(DEFAULT_SECTION_ALGORITHM);
+    if let Err(error) = EnvoyConfig::from_documents(&docs, default) {
+        return Ok(Err(error));
+    }
+    Ok(Ok(DocEnvoy {
+        algorithm: algorithm.map(|a| a.as_str().to_string()),
+        domains: texts.into_iter().map(|(_, text)| text).collect(),
+    }))
 }
 
 /// `ringlimit rules diff FILE`: rule by rule, what the cluster has that the file has not
@@ -140,35 +201,66 @@ pub async fn rules_diff(file: &Path, addr: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(1))
 }
 
-/// The differences between two documents, by rule name and field.
+/// The differences between two documents, by rule name and field, and by Envoy domain.
 fn diff(from: &RulesDoc, to: &RulesDoc) -> Vec<String> {
     let mut out = Vec::new();
-    if from.default != to.default {
-        out.push(format!(
-            "~ [default]: {} → {}",
-            compact(&from.default),
-            compact(&to.default)
-        ));
-    }
-    let name = |r: &DocRule| r.name.clone().unwrap_or_default();
-    for r in &from.rule {
-        match to.rule.iter().find(|t| name(t) == name(r)) {
-            None => out.push(format!("- rule {:?}: {}", name(r), compact(r))),
-            Some(t) if t != r => out.push(format!(
-                "~ rule {:?}: {} → {}",
-                name(r),
-                compact(r),
-                compact(t)
-            )),
-            Some(_) => {}
-        }
-    }
-    for t in &to.rule {
-        if !from.rule.iter().any(|r| name(r) == name(t)) {
-            out.push(format!("+ rule {:?}: {}", name(t), compact(t)));
-        }
-    }
+    changed(&mut out, "[default]", &from.default, &to.default);
+    let rules = |doc: &RulesDoc| -> Vec<(String, DocRule)> {
+        doc.rule
+            .iter()
+            .map(|r| (r.name.clone().unwrap_or_default(), r.clone()))
+            .collect()
+    };
+    keyed_diff(&mut out, "rule", &rules(from), &rules(to));
+    let none = DocEnvoy::default();
+    let (from, to) = (
+        from.envoy.as_ref().unwrap_or(&none),
+        to.envoy.as_ref().unwrap_or(&none),
+    );
+    changed(
+        &mut out,
+        "[envoy] algorithm",
+        &from.algorithm,
+        &to.algorithm,
+    );
+    // Domains are named by their `domain` (a text that names none, by its place).
+    let domains = |section: &DocEnvoy| -> Vec<(String, String)> {
+        section
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (domain_of(t).unwrap_or_else(|| format!("#{i}")), t.clone()))
+            .collect()
+    };
+    keyed_diff(&mut out, "envoy domain", &domains(from), &domains(to));
     out
+}
+
+/// `~ what: old → new` when the two differ.
+fn changed<T: PartialEq + serde::Serialize>(out: &mut Vec<String>, what: &str, from: &T, to: &T) {
+    if from != to {
+        out.push(format!("~ {what}: {} → {}", compact(from), compact(to)));
+    }
+}
+
+/// Named items matched by name: `- what "name": old`, `~ … old → new`, `+ … new`.
+fn keyed_diff<T: PartialEq + serde::Serialize>(
+    out: &mut Vec<String>,
+    what: &str,
+    from: &[(String, T)],
+    to: &[(String, T)],
+) {
+    for (name, old) in from {
+        match to.iter().find(|(n, _)| n == name) {
+            None => out.push(format!("- {what} {name:?}: {}", compact(old))),
+            Some((_, new)) => changed(out, &format!("{what} {name:?}"), old, new),
+        }
+    }
+    for (name, new) in to {
+        if !from.iter().any(|(n, _)| n == name) {
+            out.push(format!("+ {what} {name:?}: {}", compact(new)));
+        }
+    }
 }
 
 fn compact(value: &impl serde::Serialize) -> String {

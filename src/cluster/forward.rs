@@ -367,6 +367,12 @@ impl PeerPool {
         let mut client = self.link(peer).client.clone();
         let (kind, tier, route_pattern, body) = match edit {
             RulesEdit::Replace(doc) => ("replace", String::new(), None, doc.to_json()),
+            RulesEdit::ReplaceEnvoy(envoy) => (
+                "replace_envoy",
+                String::new(),
+                None,
+                serde_json::to_string(envoy).expect("an envoy section serializes"),
+            ),
             RulesEdit::PutTierLimit { tier, limit } => (
                 "put_tier_limit",
                 tier.clone(),

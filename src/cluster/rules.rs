@@ -43,11 +43,12 @@ use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
+use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::{
-    best_source, store, Advert, RuleSet, RulesDoc, RulesError, RulesSource, Stamp, StoreError,
-    TierLimit,
+    best_source, store, Advert, DocEnvoy, EnvoyAdvert, RuleSet, RulesDoc, RulesError, RulesSource,
+    Stamp, StoreError, TierLimit,
 };
-use crate::config::SharedRules;
+use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Member, MemberValues};
 use crate::ring::Ring;
 
@@ -82,13 +83,32 @@ pub enum RulesEdit {
         /// The route pattern; `None`: the tier's rule without a route.
         route: Option<String>,
     },
+    /// `PUT /v1/rules/envoy`: replace the `[envoy]` section (`None`: remove it), keeping
+    /// every TOML rule as the coordinator has it.
+    ReplaceEnvoy(Option<DocEnvoy>),
 }
 
 impl RulesEdit {
+    /// The `[envoy]` section this edit sets, for the edits that set one.
+    fn envoy_section(&self) -> Option<&Option<DocEnvoy>> {
+        match self {
+            RulesEdit::Replace(doc) => Some(&doc.envoy),
+            RulesEdit::ReplaceEnvoy(envoy) => Some(envoy),
+            RulesEdit::PutTierLimit { .. } | RulesEdit::DeleteTierLimit { .. } => None,
+        }
+    }
+
     /// The edited document and, for a tier rule written, its name.
     fn apply(self, doc: &RulesDoc) -> Result<(RulesDoc, Option<String>), RulesWriteError> {
         match self {
             RulesEdit::Replace(new) => Ok((new, None)),
+            RulesEdit::ReplaceEnvoy(envoy) => Ok((
+                RulesDoc {
+                    envoy,
+                    ..doc.clone()
+                },
+                None,
+            )),
             RulesEdit::PutTierLimit { tier, limit } => {
                 let mut doc = doc.clone();
                 let name = doc.put_tier_limit(&tier, limit)?;
@@ -147,6 +167,11 @@ pub enum Refusal {
 /// The gossip key-value carrying a node's [`Advert`].
 pub const KEY_RULES: &str = "rules";
 
+/// The gossip key-value carrying a node's [`EnvoyAdvert`]. A key of its own rather than
+/// a fourth field of `rules`: an older build reads `rules` strictly (three fields) and
+/// would take a longer value for garbage, and it ignores a key it does not know.
+pub const KEY_ENVOY: &str = "envoy";
+
 /// How often the sync loop looks again without a gossip change (a failed pull is
 /// retried then).
 const RESYNC: Duration = Duration::from_millis(500);
@@ -176,6 +201,10 @@ pub enum RulesWriteError {
     /// File mode: the files are the truth.
     #[error("rules come from the --rules file on every node: the API is read-only (change the file instead)")]
     ReadOnly,
+    /// The edit changes the `[envoy]` section, but this node serves Envoy from its own
+    /// `--envoy-config`: the change would not apply here.
+    #[error("this node serves Envoy domains from its --envoy-config files, so the API does not change them here (change the files, or send the write to a node started without --envoy-config)")]
+    EnvoyReadOnly,
     /// `If-Match` named another version than the current one.
     #[error("If-Match names version {given}, but the current version is {current}: read the rules again and retry")]
     Stale {
@@ -228,7 +257,7 @@ impl RulesWriteError {
     /// The kind of refusal, for the edges' status codes.
     pub fn kind(&self) -> Refusal {
         match self {
-            RulesWriteError::ReadOnly => Refusal::ReadOnly,
+            RulesWriteError::ReadOnly | RulesWriteError::EnvoyReadOnly => Refusal::ReadOnly,
             RulesWriteError::Stale { .. } => Refusal::Stale,
             RulesWriteError::Invalid(_) => Refusal::Invalid,
             RulesWriteError::NotFound(_) => Refusal::NotFound,
@@ -254,15 +283,94 @@ pub struct ClusterRules {
     source: RulesSource,
     data_dir: Option<PathBuf>,
     shared: SharedRules,
+    /// `Some`: this node serves Envoy from the rule set's `[envoy]` section, swapped in
+    /// with the rules. `None`: from its own `--envoy-config`.
+    envoy: Option<SharedEnvoy>,
     current: ArcSwap<Current>,
     /// Serializes changes, so a version is given out once and persisted in order.
     changes: Mutex<()>,
     advert: watch::Sender<Advert>,
     peers: ArcSwap<BTreeMap<String, Advert>>,
-    drift: ArcSwap<Vec<(String, Advert)>>,
+    drift: Drifting<Advert>,
+    envoy_advert: watch::Sender<EnvoyAdvert>,
+    envoy_peers: ArcSwap<BTreeMap<String, EnvoyAdvert>>,
+    envoy_drift: Drifting<EnvoyAdvert>,
     version_gauge: metrics::Gauge,
-    drift_gauge: metrics::Gauge,
     links: std::sync::OnceLock<Links>,
+}
+
+/// What `cluster status` and `/v1/cluster` say about one member's rules, as this node
+/// sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberRules {
+    /// Its rules advert; `None` until the first one arrives.
+    pub rules: Option<Advert>,
+    /// Its rules differ from this node's ([`Advert::drifts_from`]).
+    pub rules_drift: bool,
+    /// Its Envoy advert; `None` until the first one arrives, or from an older build.
+    pub envoy: Option<EnvoyAdvert>,
+    /// Its Envoy domains differ from this node's ([`EnvoyAdvert::drifts_from`]).
+    pub envoy_drift: bool,
+}
+
+/// An advert members are compared by (rules, Envoy configuration).
+trait Compared: Copy + PartialEq {
+    fn drifts_from(&self, theirs: &Self) -> bool;
+    fn encode(&self) -> String;
+}
+
+impl Compared for Advert {
+    fn drifts_from(&self, theirs: &Self) -> bool {
+        Advert::drifts_from(self, theirs)
+    }
+    fn encode(&self) -> String {
+        Advert::encode(self)
+    }
+}
+
+impl Compared for EnvoyAdvert {
+    fn drifts_from(&self, theirs: &Self) -> bool {
+        EnvoyAdvert::drifts_from(self, theirs)
+    }
+    fn encode(&self) -> String {
+        EnvoyAdvert::encode(self)
+    }
+}
+
+/// The members whose advert of one kind drifts from this node's, and its gauge.
+struct Drifting<A> {
+    members: ArcSwap<Vec<(String, A)>>,
+    gauge: metrics::Gauge,
+}
+
+impl<A: Compared> Drifting<A> {
+    fn new(gauge: metrics::Gauge) -> Self {
+        Drifting {
+            members: ArcSwap::default(),
+            gauge,
+        }
+    }
+
+    /// Recomputes the drifting set; `Some` only when it changed, so the caller logs once
+    /// per change: `Some(None)` once it is empty again, else `Some(Some(members))` with
+    /// the members and their adverts as a log field (`id=advert, …`).
+    fn update(&self, mine: &A, adverts: &BTreeMap<String, A>) -> Option<Option<String>> {
+        let drift: Vec<(String, A)> = adverts
+            .iter()
+            .filter(|(_, a)| mine.drifts_from(a))
+            .map(|(id, a)| (id.clone(), *a))
+            .collect();
+        if **self.members.load() == drift {
+            return None;
+        }
+        self.gauge.set(drift.len() as f64);
+        let nodes: Vec<String> = drift
+            .iter()
+            .map(|(id, a)| format!("{id}={}", a.encode()))
+            .collect();
+        self.members.store(Arc::new(drift));
+        Some((!nodes.is_empty()).then(|| nodes.join(", ")))
+    }
 }
 
 impl std::fmt::Debug for ClusterRules {
@@ -276,9 +384,10 @@ impl std::fmt::Debug for ClusterRules {
 
 impl ClusterRules {
     /// Starts enforcing `rules` at `version`: stores them in `shared` (the hot path's
-    /// rules) and advertises them. In cluster mode, `data_dir` is where every accepted
-    /// rule set is persisted (none: only in memory; a restart then begins from the seed
-    /// or the built-in default and catches up from peers).
+    /// rules) and, with `envoy` (a node without `--envoy-config`), their `[envoy]`
+    /// section in it, and advertises them. In cluster mode, `data_dir` is where every
+    /// accepted rule set is persisted (none: only in memory; a restart then begins from
+    /// the seed or the built-in default and catches up from peers).
     pub fn new(
         me: Arc<str>,
         source: RulesSource,
@@ -286,9 +395,13 @@ impl ClusterRules {
         version: u64,
         rules: RuleSet,
         shared: SharedRules,
+        envoy: Option<SharedEnvoy>,
     ) -> Arc<Self> {
         let rules = Arc::new(rules);
         shared.store(rules.clone());
+        if let Some(envoy) = &envoy {
+            envoy.store(rules.envoy().clone());
+        }
         let current = Current { version, rules };
         let advert = Advert {
             source,
@@ -299,13 +412,16 @@ impl ClusterRules {
             source,
             data_dir,
             shared,
+            envoy,
             current: ArcSwap::from_pointee(current),
             changes: Mutex::new(()),
             advert: watch::channel(advert).0,
             peers: ArcSwap::default(),
-            drift: ArcSwap::default(),
+            drift: Drifting::new(metrics::gauge!("ringlimit_rules_drift_nodes")),
+            envoy_advert: watch::channel(EnvoyAdvert::FromRules).0,
+            envoy_peers: ArcSwap::default(),
+            envoy_drift: Drifting::new(metrics::gauge!("ringlimit_envoy_config_drift_nodes")),
             version_gauge: metrics::gauge!("ringlimit_rules_version"),
-            drift_gauge: metrics::gauge!("ringlimit_rules_drift_nodes"),
             links: std::sync::OnceLock::new(),
         };
         this.version_gauge.set(version as f64);
@@ -348,7 +464,53 @@ impl ClusterRules {
 
     /// Members whose rules drift from this node's ([`Advert::drifts_from`]).
     pub fn drift(&self) -> Arc<Vec<(String, Advert)>> {
-        self.drift.load_full()
+        self.drift.members.load_full()
+    }
+
+    /// This node's Envoy advert, as gossiped.
+    pub fn envoy_advert(&self) -> EnvoyAdvert {
+        *self.envoy_advert.borrow()
+    }
+
+    /// Watch of this node's Envoy advert: the node mirrors it into gossip.
+    pub fn envoy_adverts(&self) -> watch::Receiver<EnvoyAdvert> {
+        self.envoy_advert.subscribe()
+    }
+
+    /// Members whose Envoy domains drift from this node's ([`EnvoyAdvert::drifts_from`]).
+    pub fn envoy_drift(&self) -> Arc<Vec<(String, EnvoyAdvert)>> {
+        self.envoy_drift.members.load_full()
+    }
+
+    /// `--envoy-config` was loaded (at start) or reloaded with content whose digest is
+    /// `digest`: advertise it, counting reloads like a rule file's.
+    pub fn envoy_file_loaded(&self, digest: u64) {
+        self.envoy_advert.send_modify(|advert| {
+            let version = match advert {
+                EnvoyAdvert::File(stamp) => stamp.version.saturating_add(1),
+                EnvoyAdvert::FromRules => 1,
+            };
+            *advert = EnvoyAdvert::File(Stamp { version, digest });
+        });
+    }
+
+    /// What this node knows of `node_id`'s rules (its own when it is this node).
+    pub fn member(&self, node_id: &str) -> MemberRules {
+        let (mine, envoy_mine) = (self.advert(), self.envoy_advert());
+        let (rules, envoy) = if node_id == &*self.me {
+            (Some(mine), Some(envoy_mine))
+        } else {
+            (
+                self.peers.load().get(node_id).copied(),
+                self.envoy_peers.load().get(node_id).copied(),
+            )
+        };
+        MemberRules {
+            rules,
+            rules_drift: rules.is_some_and(|a| mine.drifts_from(&a)),
+            envoy,
+            envoy_drift: envoy.is_some_and(|a| envoy_mine.drifts_from(&a)),
+        }
     }
 
     /// Changes the cluster's rules (module doc): sent to the coordinator unless this node
@@ -362,10 +524,20 @@ impl ClusterRules {
         if self.source == RulesSource::File {
             return Err(RulesWriteError::ReadOnly);
         }
-        if let RulesEdit::Replace(doc) = &edit {
-            // A whole document is valid or not wherever it is applied: say so without
-            // asking the coordinator (and even while it is unreachable).
-            RuleSet::from_doc(doc.clone())?;
+        let current = self.current();
+        let current_envoy = &current.rules.doc().envoy;
+        if self.envoy.is_none() && edit.envoy_section().is_some_and(|e| e != current_envoy) {
+            return Err(RulesWriteError::EnvoyReadOnly);
+        }
+        // A whole document, or an `[envoy]` section, is valid or not wherever it is
+        // applied: say so without asking the coordinator (and even while it is
+        // unreachable).
+        match &edit {
+            RulesEdit::Replace(doc) => drop(RuleSet::from_doc(doc.clone())?),
+            RulesEdit::ReplaceEnvoy(Some(section)) => {
+                EnvoyConfig::from_section(section).map_err(RulesError::Envoy)?;
+            }
+            _ => {}
         }
         let remote = self.links.get().and_then(|links| {
             let view = links.view.borrow().clone();
@@ -524,6 +696,11 @@ impl ClusterRules {
 
     fn apply(&self, version: u64, rules: Arc<RuleSet>) -> Arc<Current> {
         self.shared.store(rules.clone());
+        if let Some(envoy) = &self.envoy {
+            // Unchanged Envoy limits keep their counters: they are keyed by rule name
+            // and checked against the fingerprint, as TOML rules are.
+            envoy.store(rules.envoy().clone());
+        }
         let current = Arc::new(Current { version, rules });
         self.current.store(current.clone());
         self.version_gauge.set(version as f64);
@@ -559,13 +736,22 @@ impl ClusterRules {
                 changed = values.changed() => if changed.is_err() { return },
                 _ = tick.tick() => {}
             }
-            let adverts: BTreeMap<String, Advert> = values
-                .borrow_and_update()
-                .iter()
-                .filter(|(id, _)| **id != *self.me)
-                .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
-                .collect();
+            let (adverts, envoy) = {
+                let values = values.borrow_and_update();
+                let others = || values.iter().filter(|(id, _)| **id != *self.me);
+                let adverts: BTreeMap<String, Advert> = others()
+                    .filter_map(|(id, kvs)| Some((id.clone(), Advert::parse(kvs.get(KEY_RULES)?)?)))
+                    .collect();
+                let envoy: BTreeMap<String, EnvoyAdvert> = others()
+                    .filter_map(|(id, kvs)| {
+                        Some((id.clone(), EnvoyAdvert::parse(kvs.get(KEY_ENVOY)?)?))
+                    })
+                    .collect();
+                (adverts, envoy)
+            };
             self.note_drift(&adverts);
+            self.note_envoy_drift(&envoy);
+            self.envoy_peers.store(Arc::new(envoy));
             let mine = self.advert();
             let best = best_source(&mine, adverts.iter().map(|(id, a)| (id.as_str(), *a)))
                 .map(|(id, a)| (id.to_string(), a));
@@ -591,33 +777,38 @@ impl ClusterRules {
         }
     }
 
-    /// Records the drifting members; logs when the set changes.
+    /// Records the members whose rules drift; logs when the set changes.
     fn note_drift(&self, adverts: &BTreeMap<String, Advert>) {
         let mine = self.advert();
-        let drift: Vec<(String, Advert)> = adverts
-            .iter()
-            .filter(|(_, a)| mine.drifts_from(a))
-            .map(|(id, a)| (id.clone(), *a))
-            .collect();
-        if **self.drift.load() == drift {
-            return;
-        }
-        self.drift_gauge.set(drift.len() as f64);
-        if drift.is_empty() {
-            tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
-        } else {
-            let nodes: Vec<String> = drift
-                .iter()
-                .map(|(id, a)| format!("{id}={}", a.encode()))
-                .collect();
-            tracing::warn!(
+        match self.drift.update(&mine, adverts) {
+            None => {}
+            Some(None) => {
+                tracing::info!(node_id = %self.me, rules = %mine.encode(), "rules drift resolved: every member enforces the same rules");
+            }
+            Some(Some(drifting)) => tracing::warn!(
                 node_id = %self.me,
                 rules = %mine.encode(),
-                drifting = %nodes.join(", "),
+                %drifting,
                 "rules drift: these members enforce different rules than this node (different --rules files, or file and cluster sources mixed)"
-            );
+            ),
         }
-        self.drift.store(Arc::new(drift));
+    }
+
+    /// Records the members whose Envoy domains drift; logs when the set changes.
+    fn note_envoy_drift(&self, adverts: &BTreeMap<String, EnvoyAdvert>) {
+        let mine = self.envoy_advert();
+        match self.envoy_drift.update(&mine, adverts) {
+            None => {}
+            Some(None) => {
+                tracing::info!(node_id = %self.me, envoy = %mine.encode(), "envoy config drift resolved: every member enforces the same Envoy domains");
+            }
+            Some(Some(drifting)) => tracing::warn!(
+                node_id = %self.me,
+                envoy = %mine.encode(),
+                %drifting,
+                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"
+            ),
+        }
     }
 }
 
@@ -641,6 +832,7 @@ mod tests {
             0,
             RuleSet::builtin(),
             shared.clone(),
+            Some(SharedEnvoy::default()),
         );
         (rules, shared)
     }
@@ -781,6 +973,89 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), Refusal::Invalid);
         cancel.cancel();
+    }
+
+    fn section(requests: u32) -> DocEnvoy {
+        DocEnvoy {
+            algorithm: None,
+            domains: vec![format!(
+                "domain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {{unit: minute, requests_per_unit: {requests}}}\n"
+            )],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_envoy_section_edit_keeps_the_toml_rules_and_swaps_the_envoy_domains() {
+        let envoy = SharedEnvoy::default();
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            RulesSource::Cluster,
+            None,
+            0,
+            RuleSet::builtin(),
+            shared.clone(),
+            Some(envoy.clone()),
+        );
+        rules.write(None, replace_with(A)).await.unwrap();
+        let written = rules
+            .write(Some(1), RulesEdit::ReplaceEnvoy(Some(section(5))))
+            .await
+            .unwrap();
+        assert_eq!(written.stamp.version, 2);
+        assert_eq!(
+            shared.load().get("a").unwrap().spec.limit().get(),
+            5,
+            "kept"
+        );
+        assert_eq!(envoy.load().domains().collect::<Vec<_>>(), ["gw"]);
+        // A bad section is refused before anything is sent or changed.
+        let mut bad = section(5);
+        bad.domains[0].push_str("    burst: 1\n");
+        let e = rules
+            .write(None, RulesEdit::ReplaceEnvoy(Some(bad)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::Invalid);
+        assert!(e.to_string().contains("unknown field `burst`"), "{e}");
+        // Removing the section removes the domains.
+        rules
+            .write(Some(2), RulesEdit::ReplaceEnvoy(None))
+            .await
+            .unwrap();
+        assert_eq!(envoy.load().domains().count(), 0);
+        assert_eq!(rules.current().version, 3);
+    }
+
+    #[tokio::test]
+    async fn a_node_following_envoy_config_refuses_only_writes_that_change_the_envoy_section() {
+        let shared: SharedRules = Arc::new(ArcSwap::from_pointee(RuleSet::builtin()));
+        let rules = ClusterRules::new(
+            "n1".into(),
+            RulesSource::Cluster,
+            None,
+            0,
+            RuleSet::builtin(),
+            shared,
+            None,
+        );
+        let e = rules
+            .write(None, RulesEdit::ReplaceEnvoy(Some(section(5))))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::ReadOnly);
+        assert!(e.to_string().contains("--envoy-config"), "{e}");
+        let with_section = RulesDoc {
+            envoy: Some(section(5)),
+            ..RulesDoc::from_toml_str(A).unwrap()
+        };
+        let e = rules
+            .write(None, RulesEdit::Replace(with_section))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Refusal::ReadOnly);
+        // A document without one (as before) is a TOML change: accepted.
+        assert!(rules.write(None, replace_with(A)).await.unwrap().changed);
     }
 
     #[tokio::test]

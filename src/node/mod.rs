@@ -27,7 +27,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::handoff::Handoff;
-use crate::cluster::rules::{ClusterRules, KEY_RULES};
+use crate::cluster::rules::{ClusterRules, KEY_ENVOY, KEY_RULES};
 use crate::cluster::{Decider, Inherited, Router};
 use crate::config::rules::envoy::{EnvoyConfig, EnvoyConfigError};
 use crate::config::rules::{
@@ -279,6 +279,21 @@ async fn start_in_span(
             None
         }
     };
+    // Envoy's domains come from --envoy-config when given (read here, followed by the
+    // watcher), else from the rule set's [envoy] section, swapped in with the rules.
+    let envoy_file = match &config.envoy_path {
+        Some(path) => {
+            let envoy =
+                EnvoyConfig::load(path, config.envoy_algorithm).map_err(NodeError::Envoy)?;
+            tracing::info!(path = %path.display(), domains = envoy.domains().count(), digest = %crate::cluster::rules::hex(envoy.digest()), "envoy config loaded");
+            if loaded.doc().envoy.is_some() {
+                tracing::warn!(path = %path.display(), "the rule set has an [envoy] section, but this node serves Envoy from --envoy-config: the section is not served here");
+            }
+            Some(envoy)
+        }
+        None => None,
+    };
+    let envoy: SharedEnvoy = Arc::new(ArcSwap::from_pointee(EnvoyConfig::default()));
     let cluster_rules = ClusterRules::new(
         Arc::from(config.node_id.as_str()),
         source,
@@ -286,17 +301,12 @@ async fn start_in_span(
         version,
         loaded,
         rules.clone(),
+        envoy_file.is_none().then(|| envoy.clone()),
     );
-    let (envoy, envoy_digest) = match &config.envoy_path {
-        Some(path) => {
-            let (envoy, digest) =
-                EnvoyConfig::load(path, config.envoy_algorithm).map_err(NodeError::Envoy)?;
-            tracing::info!(path = %path.display(), domains = envoy.domains().count(), "envoy config loaded");
-            (envoy, digest)
-        }
-        None => (EnvoyConfig::default(), 0),
-    };
-    let envoy: SharedEnvoy = Arc::new(ArcSwap::from_pointee(envoy));
+    if let Some(file) = envoy_file {
+        cluster_rules.envoy_file_loaded(file.digest());
+        envoy.store(Arc::new(file));
+    }
 
     let grpc_listener = bind(config.listen).await?;
     let grpc_addr = grpc_listener
@@ -388,7 +398,7 @@ async fn start_in_span(
     spawn_in_span(
         &tracker,
         advertise_rules(
-            cluster_rules.adverts(),
+            cluster_rules.clone(),
             membership.publisher(),
             cancel.clone(),
         ),
@@ -453,9 +463,9 @@ async fn start_in_span(
             watch_envoy(
                 path.clone(),
                 config.envoy_algorithm,
-                envoy_digest,
                 config.rules_poll,
                 envoy.clone(),
+                cluster_rules.clone(),
                 cancel.clone(),
             ),
         );
@@ -825,6 +835,7 @@ fn describe_metrics() {
     );
     describe_gauge!("ringlimit_rules_version", "Version of the rules this node enforces (cluster mode: the cluster's version; file mode: reloads since start).");
     describe_gauge!("ringlimit_rules_drift_nodes", "Members whose rules differ from this node's (different files, or mixed file and cluster sources).");
+    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only).");
     describe_counter!(
         "ringlimit_rules_changes_total",
         "Rule sets swapped in, by origin (api, peer, file)."
@@ -870,18 +881,30 @@ async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationT
     }
 }
 
-/// Mirrors this node's rules advert into its gossip key-values.
+/// Mirrors this node's rules and Envoy adverts into its gossip key-values.
 async fn advertise_rules(
-    mut adverts: tokio::sync::watch::Receiver<crate::config::rules::Advert>,
+    rules: Arc<ClusterRules>,
     gossip: crate::membership::ValuePublisher,
     cancel: CancellationToken,
 ) {
+    let (mut adverts, mut envoy) = (rules.adverts(), rules.envoy_adverts());
+    // Each set is pushed to every peer at once: publish only what changed.
+    let mut published: [Option<String>; 2] = [None, None];
     loop {
-        let advert = *adverts.borrow_and_update();
-        gossip.set(KEY_RULES, advert.encode()).await;
+        let values = [
+            (KEY_RULES, adverts.borrow_and_update().encode()),
+            (KEY_ENVOY, envoy.borrow_and_update().encode()),
+        ];
+        for ((key, value), last) in values.into_iter().zip(&mut published) {
+            if last.as_deref() != Some(value.as_str()) {
+                gossip.set(key, value.clone()).await;
+                *last = Some(value);
+            }
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             changed = adverts.changed() => if changed.is_err() { return },
+            changed = envoy.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -916,17 +939,19 @@ fn initial_rules(
     }
 }
 
-/// Re-read the Envoy configuration every `every`; swap it in when what was read changed
-/// and parses cleanly. A broken edit is logged and counted once per distinct problem and
-/// the node keeps its previous configuration (as for the rule file).
+/// Re-read the Envoy configuration every `every`; swap it in (and advertise its digest,
+/// for drift) when what was read parses cleanly and means something else than what is
+/// enforced. A broken edit is logged and counted once per distinct problem and the node
+/// keeps its previous configuration (as for the rule file).
 async fn watch_envoy(
     path: std::path::PathBuf,
     algorithm: crate::algorithms::AlgorithmKind,
-    mut applied: u64,
     every: Duration,
     envoy: SharedEnvoy,
+    rules: Arc<ClusterRules>,
     cancel: CancellationToken,
 ) {
+    let mut applied = envoy.load().digest();
     let reloads = metrics::counter!("ringlimit_envoy_config_reloads_total", "result" => "ok");
     let failures = metrics::counter!("ringlimit_envoy_config_reloads_total", "result" => "error");
     let mut last_error = None;
@@ -944,12 +969,14 @@ async fn watch_envoy(
             read = read => read,
         };
         match read {
-            Ok(Ok((config, digest))) => {
+            Ok(Ok(config)) => {
                 last_error = None;
+                let digest = config.digest();
                 if digest != applied {
                     applied = digest;
-                    tracing::info!(path = %path.display(), domains = config.domains().count(), "envoy config reloaded");
+                    tracing::info!(path = %path.display(), domains = config.domains().count(), digest = %crate::cluster::rules::hex(digest), "envoy config reloaded");
                     envoy.store(Arc::new(config));
+                    rules.envoy_file_loaded(digest);
                     reloads.increment(1);
                 }
             }

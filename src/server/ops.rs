@@ -13,11 +13,13 @@
 //! | `DELETE /v1/limits/{tier}?route_pattern=P` | remove it |
 //! | `GET /v1/rules` | the whole document, TOML (or JSON with `Accept: application/json`), `ETag` = version |
 //! | `PUT /v1/rules` | replace it (TOML, or JSON with `Content-Type: application/json`), `If-Match` |
+//! | `PUT /v1/rules/envoy` | replace only its `[envoy]` section (JSON; `null` removes it), `If-Match` |
 //!
 //! Writes need `Authorization: Bearer <token>` matching `--admin-token-file`; a node
 //! without a token refuses every write (403), so a node started without one can never be
 //! reconfigured by whoever reaches the port. A node following `--rules FILE` refuses
-//! writes too (409): the file is the truth. A bad body is answered 400 with the messages
+//! writes too (409): the file is the truth; so does a node following `--envoy-config`
+//! for a write that changes the `[envoy]` section. A bad body is answered 400 with the messages
 //! of `ringlimit rules check`, and nothing changes; a stale `If-Match` is answered 412.
 //!
 //! This adapter maps HTTP onto [`ClusterRules`] and the router's view; it decides nothing
@@ -36,7 +38,7 @@ use crate::check::plan::MAX_KEY_BYTES;
 use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
 use crate::cluster::Router;
 use crate::config::rules::Stamp;
-use crate::config::rules::{RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
+use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
 use crate::ring::Ring;
 
 /// The admin token writes must present. Compared through blake3 hashes, so the
@@ -269,6 +271,7 @@ pub fn routes(state: OpsState) -> axum::Router {
             get(get_limits).put(put_limit).delete(delete_limit),
         )
         .route("/v1/rules", get(get_rules).put(put_rules))
+        .route("/v1/rules/envoy", axum::routing::put(put_envoy))
         .with_state(state)
 }
 
@@ -319,16 +322,12 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
     let shares = view.ring.shares();
     let me = s.router.me();
     let mine = s.rules.advert();
-    let adverts = s.rules.peer_adverts();
     let members: Vec<_> = view
         .members
         .iter()
         .map(|m| {
-            let advert = if m.node_id == *me.node_id {
-                Some(mine)
-            } else {
-                adverts.get(&m.node_id).copied()
-            };
+            let rules = s.rules.member(&m.node_id);
+            let advert = rules.rules;
             serde_json::json!({
                 "node_id": m.node_id,
                 "generation": m.generation.to_string(),
@@ -340,7 +339,9 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
                 "rules_source": advert.map(|a| a.source.as_str()),
                 "rules_version": advert.map(|a| a.stamp.version),
                 "rules_digest": advert.map(|a| hex(a.stamp.digest)),
-                "rules_drift": advert.is_some_and(|a| mine.drifts_from(&a)),
+                "rules_drift": rules.rules_drift,
+                "envoy_config": rules.envoy.map(|a| a.encode()),
+                "envoy_drift": rules.envoy_drift,
             })
         })
         .collect();
@@ -363,6 +364,8 @@ async fn cluster(State(s): State<OpsState>) -> Result<Response, OpsError> {
                 "digest": hex(mine.stamp.digest),
             },
             "rules_drift": !s.rules.drift().is_empty(),
+            "envoy_config": s.rules.envoy_advert().encode(),
+            "envoy_drift": !s.rules.envoy_drift().is_empty(),
             "members": members,
         }),
     ))
@@ -448,13 +451,7 @@ async fn put_limit(
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let limit: TierLimit = serde_json::from_slice(&bounded(&body)?).map_err(|e| {
-        bad(format!(
-            "body: JSON error at line {}, column {}: {e}",
-            e.line(),
-            e.column()
-        ))
-    })?;
+    let limit: TierLimit = json_body(&body)?;
     let written = s
         .rules
         .write(if_match, RulesEdit::PutTierLimit { tier, limit })
@@ -504,12 +501,7 @@ async fn put_rules(
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
     let body = bounded(&body)?;
-    let text = std::str::from_utf8(&body).map_err(|e| {
-        bad(format!(
-            "body: not UTF-8 (invalid byte at offset {})",
-            e.valid_up_to()
-        ))
-    })?;
+    let text = utf8(&body)?;
     let doc = if wants_json(&headers, header::CONTENT_TYPE) {
         RulesDoc::from_json_str(text)
     } else {
@@ -518,6 +510,44 @@ async fn put_rules(
     .map_err(|e| bad(e.to_string()))?;
     let written = s.rules.write(if_match, RulesEdit::Replace(doc)).await?;
     Ok(answer_written(&s, &written))
+}
+
+/// `PUT /v1/rules/envoy`: the `[envoy]` section alone, as JSON
+/// (`{"algorithm": "fixed_window", "domains": ["domain: gw\n…"]}`, or `null` to remove
+/// it); every TOML rule stays as the coordinator has it.
+async fn put_envoy(
+    State(s): State<OpsState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, OpsError> {
+    authorize(&s, &headers)?;
+    let if_match = if_match(&headers)?;
+    let section: Option<DocEnvoy> = json_body(&body)?;
+    let written = s
+        .rules
+        .write(if_match, RulesEdit::ReplaceEnvoy(section))
+        .await?;
+    Ok(answer_written(&s, &written))
+}
+
+/// A bounded JSON body; a bad one is 400 naming line and column.
+fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, OpsError> {
+    serde_json::from_slice(&bounded(body)?).map_err(|e| {
+        bad(format!(
+            "body: JSON error at line {}, column {}: {e}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+fn utf8(body: &Bytes) -> Result<&str, OpsError> {
+    std::str::from_utf8(body).map_err(|e| {
+        bad(format!(
+            "body: not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })
 }
 
 fn answer_written(s: &OpsState, written: &Written) -> Response {

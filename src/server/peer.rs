@@ -21,7 +21,7 @@ use crate::cluster::{policy, CheckItem, Router};
 use crate::cluster::{InlineRule, InlineRules, NamedRule};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
-use crate::config::rules::{RulesDoc, TierLimit};
+use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::InlineRule as WireInline;
@@ -282,12 +282,15 @@ fn decode_edit(request: &WriteRulesRequest) -> Result<RulesEdit, Status> {
                 limit,
             })
             .map_err(|e| invalid(e.to_string())),
+        "replace_envoy" => serde_json::from_str::<Option<DocEnvoy>>(&request.body)
+            .map(RulesEdit::ReplaceEnvoy)
+            .map_err(|e| invalid(e.to_string())),
         "delete_tier_limit" => Ok(RulesEdit::DeleteTierLimit {
             tier: request.tier.clone(),
             route: request.route_pattern.clone(),
         }),
         other => Err(Status::invalid_argument(format!(
-            "kind: {other:?} is not a rules edit (replace, put_tier_limit, delete_tier_limit)"
+            "kind: {other:?} is not a rules edit (replace, replace_envoy, put_tier_limit, delete_tier_limit)"
         ))),
     }
 }
@@ -483,22 +486,15 @@ impl Peer for PeerService {
     ) -> Result<Response<StatusResponse>, Status> {
         let view = self.router.view();
         let shares = view.ring.shares();
-        let mine = self.cluster_rules.advert();
-        let adverts = self.cluster_rules.peer_adverts();
         let members = view
             .members
             .iter()
-            .map(|m| {
-                let advert = if m.node_id == *self.router.me().node_id {
-                    Some(mine)
-                } else {
-                    adverts.get(&m.node_id).copied()
-                };
-                (m, advert)
-            })
-            .map(|(m, advert)| MemberStatus {
-                rules: advert.map(|a| a.encode()).unwrap_or_default(),
-                rules_drift: advert.is_some_and(|a| mine.drifts_from(&a)),
+            .map(|m| (m, self.cluster_rules.member(&m.node_id)))
+            .map(|(m, rules)| MemberStatus {
+                rules: rules.rules.map(|a| a.encode()).unwrap_or_default(),
+                rules_drift: rules.rules_drift,
+                envoy: rules.envoy.map(|a| a.encode()).unwrap_or_default(),
+                envoy_drift: rules.envoy_drift,
                 node_id: m.node_id.clone(),
                 generation: m.generation,
                 grpc_addr: m.grpc_addr.to_string(),
@@ -524,7 +520,8 @@ impl Peer for PeerService {
             ring_digest: view.ring.digest(),
             members,
             keys,
-            rules: mine.encode(),
+            rules: self.cluster_rules.advert().encode(),
+            envoy: self.cluster_rules.envoy_advert().encode(),
         }))
     }
 

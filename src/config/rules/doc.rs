@@ -29,6 +29,32 @@ pub struct RulesDoc {
     /// The `[[rule]]`s, in document order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rule: Vec<DocRule>,
+    /// The `[envoy]` section: envoyproxy/ratelimit domains for the Envoy RLS service.
+    /// Last, and left out when absent, so every document written before it existed
+    /// keeps its digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy: Option<DocEnvoy>,
+}
+
+/// The `[envoy]` section: envoyproxy/ratelimit's YAML configuration as part of the rule
+/// set, one YAML text per domain.
+///
+/// The domains are kept as the YAML text an operator wrote, not as a structure of our
+/// own: the same parser as `--envoy-config` validates them (so errors are the same, with
+/// the same lines), `ringlimit rules get` gives back what was put, comments included,
+/// and a diff of two versions is a diff of YAML an Envoy user reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocEnvoy {
+    /// The algorithm of a `rate_limit` without an `algorithm` key; default
+    /// `fixed_window`. Part of the document rather than a node flag, so every node
+    /// enforcing the section decides alike (`--envoy-algorithm` applies to
+    /// `--envoy-config` files only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// One YAML document (one `domain`) each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
 }
 
 /// The `[default]` section as written.
@@ -132,6 +158,7 @@ impl RulesDoc {
                 ..DocDefault::default()
             }),
             rule: Vec::new(),
+            envoy: None,
         }
     }
 
@@ -422,16 +449,66 @@ mod tests {
         /// the TOML and JSON that `GET /v1/rules` and peers send read back as the same
         /// document with the same digest: no edit is ever changed by being passed on.
         #[test]
-        fn any_document_survives_toml_and_json(rules in proptest::collection::vec(rule(), 0..4), limit in proptest::option::of(proptest::prelude::any::<i64>())) {
+        fn any_document_survives_toml_and_json(
+            rules in proptest::collection::vec(rule(), 0..4),
+            limit in proptest::option::of(proptest::prelude::any::<i64>()),
+            envoy in proptest::option::of((text(), proptest::collection::vec("(.|\n){0,40}", 0..3))),
+        ) {
             let doc = RulesDoc {
                 default: limit.map(|l| DocDefault { limit: Some(l), ..DocDefault::default() }),
                 rule: rules,
+                envoy: envoy.map(|(algorithm, domains)| DocEnvoy { algorithm, domains }),
             };
             let toml_back = RulesDoc::from_toml_str(&doc.to_toml()).unwrap();
             proptest::prop_assert_eq!(&toml_back, &doc);
             let json_back = RulesDoc::from_json_str(&doc.to_json()).unwrap();
             proptest::prop_assert_eq!(json_back.digest(), doc.digest());
         }
+    }
+
+    #[test]
+    fn an_envoy_section_is_validated_by_the_envoy_parser_and_kept_as_written() {
+        const YAML: &str = "# edge limits\ndomain: gw\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+        let toml = format!(
+            "{FILE}\n[envoy]\nalgorithm = \"sliding_window_counter\"\ndomains = ['''\n{YAML}''']\n"
+        );
+        let doc = RulesDoc::from_toml_str(&toml).unwrap();
+        assert_eq!(doc.envoy.as_ref().unwrap().domains, [YAML]);
+        let rules = RuleSet::from_doc(doc.clone()).unwrap();
+        assert_eq!(rules.envoy().domains().collect::<Vec<_>>(), ["gw"]);
+        assert_eq!(
+            rules.envoy().rule("gw.ip").unwrap().spec.kind(),
+            crate::algorithms::AlgorithmKind::SlidingWindowCounter,
+            "the section's algorithm, not a node flag"
+        );
+        // Comments in the YAML are content: `rules get` gives them back.
+        assert!(doc.to_toml().contains("# edge limits"), "{}", doc.to_toml());
+        assert_eq!(RulesDoc::from_toml_str(&doc.to_toml()).unwrap(), doc);
+        // Without the section the digest is the one documents always had.
+        let without = RulesDoc::from_toml_str(FILE).unwrap();
+        assert_ne!(doc.digest(), without.digest());
+        assert!(!without.to_json().contains("envoy"));
+
+        let broken = toml.replace("requests_per_unit: 5", "requests_per_unit: 5, burst: 2");
+        let e = RuleSet::from_doc(RulesDoc::from_toml_str(&broken).unwrap())
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "envoy config envoy.domains[0] (domain \"gw\"): ",
+            "unknown field `burst`",
+            "line 5",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e}");
+        }
+        let e = RuleSet::from_doc(
+            RulesDoc::from_toml_str(&toml.replace("sliding_window_counter", "magic")).unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("envoy config envoy.algorithm: \"magic\" is not an algorithm"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -23,8 +23,9 @@
 //! another. `requests_per_unit: 0` denies every request without counting (the reference's
 //! "black list"). Windows are at most 7 days: `month` and `year` are refused.
 //!
-//! Pure: no I/O here except [`EnvoyConfig::load`], which reads a file or a directory of
-//! `*.yaml` / `*.yml` files through the same bounded reader as the TOML rule file.
+//! Pure: no I/O here except [`read_documents`] (and [`EnvoyConfig::load`] over it), which
+//! reads a file or a directory of `*.yaml` / `*.yml` files through the same bounded reader
+//! as the TOML rule file.
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -32,9 +33,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{read_rules_file, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, Selector};
+use super::{
+    read_rules_file, AlgorithmSpec, CountPer, DocEnvoy, FailMode, LeakyMode, Rule, Selector,
+};
 use crate::algorithms::AlgorithmKind;
 
 /// Longest domain, key or value accepted in a configuration, in bytes.
@@ -170,12 +173,18 @@ pub struct EnvoyConfig {
     /// matches (the reference applies an override whenever the domain exists): only its
     /// algorithm is used. Not in [`EnvoyConfig::rules`]: no state is ever kept under it.
     override_bases: HashMap<Arc<str>, Arc<Rule>>,
+    /// [`EnvoyConfig::digest`].
+    digest: u64,
 }
+
+/// The default algorithm of an `[envoy]` section without `algorithm`: the reference
+/// server's own, as for `--envoy-algorithm`.
+pub const DEFAULT_SECTION_ALGORITHM: AlgorithmKind = AlgorithmKind::FixedWindow;
 
 /// Suffix of the name of a domain's override base ([`EnvoyConfig::override_base`]).
 pub const OVERRIDE_BASE_SUFFIX: &str = "~override-base";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawDomain {
     domain: String,
@@ -183,7 +192,7 @@ struct RawDomain {
     descriptors: Vec<RawDescriptor>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawDescriptor {
     key: String,
@@ -191,9 +200,9 @@ struct RawDescriptor {
     rate_limit: Option<RawRateLimit>,
     #[serde(default)]
     shadow_mode: bool,
-    // Accepted: ringlimit's metrics are per rule whatever this says.
+    // Accepted: ringlimit's metrics are per rule whatever this says (it only counts in
+    // the digest).
     #[serde(default)]
-    #[allow(dead_code)]
     detailed_metric: bool,
     #[serde(default)]
     share_threshold: bool,
@@ -201,7 +210,7 @@ struct RawDescriptor {
     descriptors: Vec<RawDescriptor>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
     unit: Option<String>,
@@ -215,7 +224,7 @@ struct RawRateLimit {
     on_unavailable: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplace {
     name: String,
@@ -298,50 +307,66 @@ fn glob(pattern: &str, text: &str) -> bool {
     true
 }
 
+/// The `domain` a YAML text names, if it is YAML with a string `domain` at the top: how
+/// messages and diffs name a domain before (or without) it is validated.
+pub fn domain_of(text: &str) -> Option<String> {
+    serde_norway::from_str::<serde_json::Value>(text)
+        .ok()?
+        .get("domain")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// An algorithm by name, or an error listing the names.
+fn parse_algorithm(name: &str) -> Result<AlgorithmKind, String> {
+    AlgorithmKind::parse(name).ok_or_else(|| {
+        format!("{name:?} is not an algorithm (use token_bucket, leaky_bucket, fixed_window, sliding_window_log or sliding_window_counter)")
+    })
+}
+
+/// Reads `path`: one file, or every `*.yaml` / `*.yml` file of a directory, in name
+/// order, each through the same bounded reader as the TOML rule file (a FIFO or device
+/// is refused, at most 1 MiB a file).
+pub fn read_documents(path: &Path) -> Result<Vec<(PathBuf, String)>, EnvoyConfigError> {
+    let err = |path: &Path, message: String| EnvoyConfigError {
+        path: path.to_owned(),
+        message,
+    };
+    let mut files = Vec::new();
+    if path.is_dir() {
+        let entries = std::fs::read_dir(path).map_err(|e| err(path, e.to_string()))?;
+        for entry in entries {
+            let p = entry.map_err(|e| err(path, e.to_string()))?.path();
+            if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+                files.push(p);
+            }
+        }
+        files.sort();
+        if files.is_empty() {
+            return Err(err(path, "no *.yaml or *.yml file in the directory".into()));
+        }
+    } else {
+        files.push(path.to_owned());
+    }
+    let mut texts = Vec::new();
+    for file in files {
+        let bytes = read_rules_file(&file).map_err(|e| err(&file, e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|_| err(&file, "not UTF-8".into()))?;
+        texts.push((file, text));
+    }
+    Ok(texts)
+}
+
 impl EnvoyConfig {
     /// Loads `path`: one YAML file, or every `*.yaml` / `*.yml` file of a directory (in name
-    /// order). Each file is one domain; two files with one domain are refused. Also returns
-    /// a digest of what was read (names and bytes), so a watcher can tell a change.
-    pub fn load(path: &Path, default: AlgorithmKind) -> Result<(Self, u64), EnvoyConfigError> {
-        let err = |path: &Path, message: String| EnvoyConfigError {
-            path: path.to_owned(),
-            message,
-        };
-        let mut files = Vec::new();
-        if path.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|e| err(path, e.to_string()))?;
-            for entry in entries {
-                let p = entry.map_err(|e| err(path, e.to_string()))?.path();
-                if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-                    files.push(p);
-                }
-            }
-            files.sort();
-            if files.is_empty() {
-                return Err(err(path, "no *.yaml or *.yml file in the directory".into()));
-            }
-        } else {
-            files.push(path.to_owned());
-        }
-        let mut texts = Vec::new();
-        for file in files {
-            let bytes = read_rules_file(&file).map_err(|e| err(&file, e.to_string()))?;
-            let text = String::from_utf8(bytes).map_err(|_| err(&file, "not UTF-8".into()))?;
-            texts.push((file, text));
-        }
-        let mut digest = xxhash_rust::xxh3::Xxh3::new();
-        for (p, t) in &texts {
-            let name = p.to_string_lossy();
-            digest.update(&(name.len() as u64).to_le_bytes());
-            digest.update(name.as_bytes());
-            digest.update(&(t.len() as u64).to_le_bytes());
-            digest.update(t.as_bytes());
-        }
+    /// order). Each file is one domain; two files with one domain are refused.
+    pub fn load(path: &Path, default: AlgorithmKind) -> Result<Self, EnvoyConfigError> {
+        let texts = read_documents(path)?;
         let docs: Vec<(&Path, &str)> = texts
             .iter()
             .map(|(p, t)| (p.as_path(), t.as_str()))
             .collect();
-        Ok((Self::from_documents(&docs, default)?, digest.digest()))
+        Self::from_documents(&docs, default)
     }
 
     /// Parses one YAML document per domain (`path` only names them in errors).
@@ -350,6 +375,10 @@ impl EnvoyConfig {
         default: AlgorithmKind,
     ) -> Result<Self, EnvoyConfigError> {
         let mut config = EnvoyConfig::default();
+        // The digest covers what was parsed, not the bytes: per domain (in name order)
+        // its canonical JSON, plus the default algorithm, which decides what a
+        // `rate_limit` without `algorithm` means.
+        let mut canonical: Vec<(String, String)> = Vec::with_capacity(docs.len());
         for (path, text) in docs {
             let err = |message: String| EnvoyConfigError {
                 path: path.to_path_buf(),
@@ -376,9 +405,62 @@ impl EnvoyConfig {
             let spec = envoy_spec(default, NonZeroU64::MIN, Duration::from_secs(1));
             let rule = envoy_rule(&base, spec, false, FailMode::Open).map_err(err)?;
             config.override_bases.insert(base, Arc::new(rule));
+            // Plain structs of strings, numbers and lists: always serializable.
+            let json = serde_json::to_string(&raw).expect("a parsed domain serializes");
+            canonical.push((raw.domain.clone(), json));
             config.domains.insert(raw.domain, nodes);
         }
+        canonical.sort();
+        let mut digest = xxhash_rust::xxh3::Xxh3::new();
+        let mut part = |bytes: &[u8]| {
+            digest.update(&(bytes.len() as u64).to_le_bytes());
+            digest.update(bytes);
+        };
+        part(b"ringlimit.envoy.v1");
+        part(default.as_str().as_bytes());
+        for (_, json) in &canonical {
+            part(json.as_bytes());
+        }
+        config.digest = digest.digest();
         Ok(config)
+    }
+
+    /// Names this configuration's content: xxh3-64 over each domain as parsed (in
+    /// domain order, as canonical JSON) and the default algorithm. Comments, spacing,
+    /// key order, file names and the order of files do not count, so two nodes
+    /// enforcing the same domains have the same digest wherever their files live, and
+    /// two nodes whose `--envoy-algorithm` differ do not. What a node gossips for drift.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// The `[envoy]` section of a rule document: each domain is named in errors by its
+    /// place (`envoy.domains[1]`) and, when the text gets that far, its `domain`.
+    pub fn from_section(section: &DocEnvoy) -> Result<Self, EnvoyConfigError> {
+        let algorithm = match section.algorithm.as_deref() {
+            None => DEFAULT_SECTION_ALGORITHM,
+            Some(a) => parse_algorithm(a).map_err(|message| EnvoyConfigError {
+                path: PathBuf::from("envoy.algorithm"),
+                message,
+            })?,
+        };
+        let names: Vec<PathBuf> = section
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                PathBuf::from(match domain_of(text) {
+                    Some(d) => format!("envoy.domains[{i}] (domain {d:?})"),
+                    None => format!("envoy.domains[{i}]"),
+                })
+            })
+            .collect();
+        let docs: Vec<(&Path, &str)> = names
+            .iter()
+            .zip(&section.domains)
+            .map(|(p, t)| (p.as_path(), t.as_str()))
+            .collect();
+        Self::from_documents(&docs, algorithm)
     }
 
     /// Parses one domain's YAML text.
@@ -595,9 +677,7 @@ impl Builder<'_> {
             .map_err(|_| format!("{at}.requests_per_unit: {requests} is over {}", u32::MAX))?;
         let kind = match raw.algorithm.as_deref() {
             None => self.default,
-            Some(a) => AlgorithmKind::parse(a).ok_or_else(|| {
-                format!("{at}.algorithm: {a:?} is not an algorithm (use token_bucket, leaky_bucket, fixed_window, sliding_window_log or sliding_window_counter)")
-            })?,
+            Some(a) => parse_algorithm(a).map_err(|e| format!("{at}.algorithm: {e}"))?,
         };
         let on_unavailable = match raw.on_unavailable.as_deref() {
             None | Some("open") => FailMode::Open,
@@ -749,6 +829,33 @@ mod tests {
                 .to_string();
             assert!(e.contains(want), "{yaml}: {e}");
         }
+    }
+
+    #[test]
+    fn the_digest_names_the_parsed_domains_not_their_bytes_or_files() {
+        const A: &str = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
+        const B: &str = "domain: b\ndescriptors:\n  - key: j\n";
+        let digest = |docs: &[(&str, &str)], algorithm| {
+            let docs: Vec<(&Path, &str)> = docs.iter().map(|(p, t)| (Path::new(*p), *t)).collect();
+            EnvoyConfig::from_documents(&docs, algorithm)
+                .unwrap()
+                .digest()
+        };
+        let fw = AlgorithmKind::FixedWindow;
+        let base = digest(&[("/etc/a.yaml", A), ("/etc/b.yaml", B)], fw);
+        // Other file names, another file order, comments, spacing and key order: the same.
+        let reworded = "# the same limit\ndescriptors:\n- rate_limit:\n    requests_per_unit: 2\n    unit: second\n  key: k\ndomain: a\n";
+        assert_eq!(
+            digest(&[("/srv/y.yml", B), ("/srv/x.yml", reworded)], fw),
+            base
+        );
+        // A number, a domain or the default algorithm: different.
+        assert_ne!(digest(&[("a", &A.replace('2', "3")), ("b", B)], fw), base);
+        assert_ne!(digest(&[("a", A)], fw), base);
+        assert_ne!(
+            digest(&[("a", A), ("b", B)], AlgorithmKind::SlidingWindowCounter),
+            base
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::envoy::EnvoyConfig;
 use super::{MatchLevel, Rule, RulesDoc};
 use crate::config::route::{Route, RoutePattern};
 
@@ -84,6 +85,8 @@ pub struct RuleSet {
     doc: Arc<RulesDoc>,
     /// [`RulesDoc::digest`] of `doc`, computed once.
     digest: u64,
+    /// The `[envoy]` section, parsed (empty without one).
+    envoy: Arc<EnvoyConfig>,
 }
 
 impl Default for RuleSet {
@@ -128,7 +131,20 @@ impl RuleSet {
             route_only,
             digest: doc.digest(),
             doc: Arc::new(doc),
+            envoy: Arc::default(),
         }
+    }
+
+    /// These rules with `envoy`, their `[envoy]` section parsed.
+    pub(super) fn with_envoy(mut self, envoy: EnvoyConfig) -> Self {
+        self.envoy = Arc::new(envoy);
+        self
+    }
+
+    /// The Envoy domains of the document's `[envoy]` section (none without one): what a
+    /// node without `--envoy-config` serves Envoy's RLS from.
+    pub fn envoy(&self) -> &Arc<EnvoyConfig> {
+        &self.envoy
     }
 
     /// The document these rules were built from.

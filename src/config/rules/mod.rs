@@ -159,7 +159,7 @@ mod parse;
 mod stored;
 mod versioned;
 
-pub use doc::{DocDefault, DocRule, RulesDoc, TierLimit};
+pub use doc::{DocDefault, DocEnvoy, DocRule, RulesDoc, TierLimit};
 pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
@@ -168,7 +168,7 @@ pub use parse::{
     MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
 pub use stored::{load_stored, store, StoreError, STORED_FILE};
-pub use versioned::{best_source, Advert, RulesSource, Stamp};
+pub use versioned::{best_source, Advert, EnvoyAdvert, RulesSource, Stamp};
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.
 pub const DEFAULT_RULE_NAME: &str = "default";

@@ -181,6 +181,10 @@ pub enum RulesError {
     /// Well-formed TOML with invalid rules; every problem found, in file order.
     #[error("{}", join_lines(.0))]
     Invalid(Vec<RuleIssue>),
+    /// The `[envoy]` section is invalid: the domain, and the key and line, as the
+    /// `--envoy-config` parser reports them.
+    #[error("{0}")]
+    Envoy(super::envoy::EnvoyConfigError),
 }
 
 impl RulesError {
@@ -376,6 +380,7 @@ impl fmt::Display for RuleRef {
 // The raw shapes are the public rule document (`doc.rs`): the same loose fields serve
 // the file, the API and what peers exchange.
 use super::doc::{DocDefault as RawDefault, DocRule as RawRule, RulesDoc as RawFile};
+use super::envoy::EnvoyConfig;
 
 /// The limit-related fields, shared by `[default]` and `[[rule]]`.
 struct RawSpec<'a> {
@@ -859,8 +864,14 @@ impl RuleSet {
         drop(selectors);
         match default {
             Some(default) if out.is_empty() => {
+                let envoy = match &raw.envoy {
+                    None => EnvoyConfig::default(),
+                    Some(section) => {
+                        EnvoyConfig::from_section(section).map_err(RulesError::Envoy)?
+                    }
+                };
                 rules.insert(0, default);
-                Ok(Self::index(rules, raw))
+                Ok(Self::index(rules, raw).with_envoy(envoy))
             }
             _ => Err(RulesError::Invalid(out)),
         }

@@ -108,6 +108,56 @@ impl Advert {
     }
 }
 
+/// What a node gossips about its Envoy configuration (key-value `envoy`), beside its
+/// [`Advert`]: `file 3 00000000deadbeef` (reloads since start, and
+/// [`EnvoyConfig::digest`](super::envoy::EnvoyConfig::digest)) for a node following its
+/// own `--envoy-config`, or `-` for one whose Envoy domains are its rule set's (the
+/// rules advert already covers those). A member that publishes no `envoy` key runs an
+/// older build and is not compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EnvoyAdvert {
+    /// No `--envoy-config`: the Envoy domains come with the rules.
+    FromRules,
+    /// `--envoy-config`: reloads since start and the digest of what is enforced.
+    File(Stamp),
+}
+
+impl EnvoyAdvert {
+    /// The gossip value.
+    pub fn encode(&self) -> String {
+        match self {
+            EnvoyAdvert::FromRules => "-".to_string(),
+            EnvoyAdvert::File(stamp) => format!("file {} {:016x}", stamp.version, stamp.digest),
+        }
+    }
+
+    /// Reads a gossip value; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text == "-" {
+            return Some(EnvoyAdvert::FromRules);
+        }
+        match Advert::parse(text)? {
+            Advert {
+                source: RulesSource::File,
+                stamp,
+            } => Some(EnvoyAdvert::File(stamp)),
+            _ => None,
+        }
+    }
+
+    /// Whether `theirs` enforces other Envoy domains than this node: two files with
+    /// different digests, or one node following a file and the other not (its domains
+    /// come from its rule set, so the two can only agree by accident). Two nodes without
+    /// a file are compared by their rules adverts instead.
+    pub fn drifts_from(&self, theirs: &EnvoyAdvert) -> bool {
+        match (self, theirs) {
+            (EnvoyAdvert::FromRules, EnvoyAdvert::FromRules) => false,
+            (EnvoyAdvert::File(a), EnvoyAdvert::File(b)) => a.digest != b.digest,
+            _ => true,
+        }
+    }
+}
+
 /// The peer to copy rules from: the one with the greatest stamp greater than ours (ties
 /// between peers holding the same stamp go to the first, by node id order of `peers`).
 pub fn best_source<'a>(
@@ -194,6 +244,29 @@ mod tests {
         let behind = advert(RulesSource::Cluster, 2, 0x5);
         assert!(!behind.drifts_from(&cluster));
         assert!(!cluster.should_pull(&mine), "never copies a file-mode node");
+    }
+
+    #[test]
+    fn envoy_adverts_round_trip_and_differing_files_drift() {
+        let file = |version, digest| EnvoyAdvert::File(Stamp { version, digest });
+        for a in [EnvoyAdvert::FromRules, file(3, 0xdead_beef)] {
+            assert_eq!(EnvoyAdvert::parse(&a.encode()), Some(a));
+        }
+        assert_eq!(file(3, 0xdead_beef).encode(), "file 3 00000000deadbeef");
+        for bad in ["", "cluster 1 00", "file 1", "--", "file 1 00 x"] {
+            assert_eq!(EnvoyAdvert::parse(bad), None, "{bad:?}");
+        }
+        assert!(
+            !file(1, 7).drifts_from(&file(9, 7)),
+            "reload counts differ, content does not"
+        );
+        assert!(file(1, 7).drifts_from(&file(1, 8)));
+        assert!(
+            file(1, 7).drifts_from(&EnvoyAdvert::FromRules),
+            "a file and none"
+        );
+        assert!(EnvoyAdvert::FromRules.drifts_from(&file(1, 7)));
+        assert!(!EnvoyAdvert::FromRules.drifts_from(&EnvoyAdvert::FromRules));
     }
 
     #[test]
