@@ -699,3 +699,58 @@ async fn in_memory_a_partitioned_member_rejoins_promptly_among_many_dead_identit
         node.shutdown().await;
     }
 }
+
+/// A transport whose sockets break on the first receive, as a socket whose descriptor
+/// went bad would: chitchat's gossip loop then ends for good.
+struct BrokenTransport;
+
+struct BrokenSocket(SocketAddr);
+
+#[tonic::async_trait]
+impl Transport for BrokenTransport {
+    async fn open(
+        &self,
+        listen_addr: SocketAddr,
+    ) -> anyhow::Result<Box<dyn chitchat::transport::Socket>> {
+        let port = if listen_addr.port() == 0 {
+            45_000
+        } else {
+            listen_addr.port()
+        };
+        Ok(Box::new(BrokenSocket(SocketAddr::new(
+            listen_addr.ip(),
+            port,
+        ))))
+    }
+}
+
+#[tonic::async_trait]
+impl chitchat::transport::Socket for BrokenSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.0)
+    }
+
+    async fn send(
+        &mut self,
+        _to: SocketAddr,
+        _envelope: chitchat::ChitchatEnvelope,
+    ) -> anyhow::Result<chitchat::transport::SendOutcome> {
+        Ok(chitchat::transport::SendOutcome { num_bytes_sent: 0 })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<chitchat::transport::RecvOutcome> {
+        anyhow::bail!("socket broken")
+    }
+}
+
+/// A node whose gossip loop ends on its own says so (the node then stops rather than
+/// serve a view nobody updates any more).
+#[tokio::test(start_paused = true)]
+async fn gossip_that_stops_on_its_own_is_reported() {
+    let node = start_node_on(&BrokenTransport, "broken", &[]).await;
+    let stopped = node.gossip_stopped();
+    timeout_at(Instant::now() + Duration::from_secs(5), stopped.cancelled())
+        .await
+        .expect("gossip_stopped fires once chitchat's loop ends");
+    node.shutdown().await;
+}
