@@ -693,7 +693,8 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
             let proof = signer
                 .keyring
                 .sign_call(request.uri().path(), &signer.me, now, nonce);
-            match http::HeaderValue::from_str(&proof) {
+            // From the String itself: its buffer becomes the header's, no copy.
+            match http::HeaderValue::try_from(proof) {
                 Ok(value) => {
                     request.headers_mut().insert(CALL_HEADER, value);
                 }
