@@ -156,7 +156,7 @@ impl Router {
     pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
-        let flat: Vec<&CheckItem> = checks.iter().flatten().collect();
+        let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
         let plan = policy::plan(
             &flat,
             &view,
@@ -192,10 +192,10 @@ impl Router {
         );
         self.decide_open(&flat, open, &mut answers).await?;
 
+        drop(flat);
         let answers = answers
             .into_iter()
-            .map(|a| a.expect("every descriptor answered"))
-            .collect();
+            .map(|a| a.expect("every descriptor answered"));
         let decided = policy::combine(checks, answers);
         self.refund(&decided).await?;
         Ok(decided)
@@ -207,7 +207,7 @@ impl Router {
     fn settle_remote(
         &self,
         flat: &[&CheckItem],
-        remote: &[(usize, crate::membership::Member)],
+        remote: &[(usize, &crate::membership::Member)],
         results: Vec<Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>>,
         view: &ClusterView,
         now: policy::Now,
