@@ -285,7 +285,7 @@ impl Router {
         }
         // The same policy as a client's batch, from the peer's side: everything is
         // decided here (never forwarded again), nothing is answered from the cache.
-        let refs: Vec<&CheckItem> = items.iter().collect();
+        let refs: smallvec::SmallVec<[&CheckItem; 4]> = items.iter().collect();
         let plan = policy::plan(
             &refs,
             &view,
