@@ -427,7 +427,11 @@ mod tests {
         assert_eq!(unhex_tag(&text[2..]), None, "too short");
         assert_eq!(unhex_tag(&format!("{text}00")), None, "too long");
         assert_eq!(unhex_tag(&text.replacen('0', "g", 1)), None, "not hex");
-        assert_eq!(unhex_tag(&text.replacen("00", "+0", 1)), None, "a sign is not a digit");
+        assert_eq!(
+            unhex_tag(&text.replacen("00", "+0", 1)),
+            None,
+            "a sign is not a digit"
+        );
     }
 
     const A: &str = "0123456789abcdefghijklmnopqrstuvwxyz";

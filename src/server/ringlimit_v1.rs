@@ -94,16 +94,14 @@ fn echoes(request: proto::CheckRequest) -> impl Iterator<Item = (String, String)
     let own_route = request.route;
     let inherit = request.descriptors.iter().any(|d| d.route.is_empty());
     let shared = inherit.then(|| own_route.clone());
-    std::iter::once((request.key, own_route)).chain(request.descriptors.into_iter().map(
-        move |d| {
-            let route = if d.route.is_empty() {
-                shared.clone().unwrap_or_default()
-            } else {
-                d.route
-            };
-            (d.key, route)
-        },
-    ))
+    std::iter::once((request.key, own_route)).chain(request.descriptors.into_iter().map(move |d| {
+        let route = if d.route.is_empty() {
+            shared.clone().unwrap_or_default()
+        } else {
+            d.route
+        };
+        (d.key, route)
+    }))
 }
 
 /// The wire answer for a verdict on `request`.
