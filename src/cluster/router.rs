@@ -296,39 +296,44 @@ impl Router {
             self.routing,
         );
         debug_assert!(plan.remote.is_empty() && plan.cached == 0);
-        self.decide_here(plan.local.iter().map(|&i| refs[i]), &view)
-            .await
+        let answers = self
+            .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+            .await?
+            .collect();
+        Ok(answers)
     }
 
-    /// Decide on this node's shards, each item on its own counter.
-    async fn decide_here<'a>(
-        &self,
-        items: impl ExactSizeIterator<Item = &'a CheckItem> + Clone,
-        view: &ClusterView,
-    ) -> Result<Vec<Answer>, ShardError> {
-        if items.len() == 0 {
-            return Ok(Vec::new());
-        }
-        let outcomes = self
-            .shards
-            .check(items.clone().map(|item| item.charge()).collect())
-            .await?;
-        Ok(items
-            .zip(outcomes)
-            .map(|(item, outcome)| {
-                if outcome.fresh && self.restarts_here(view, item.id.placement) {
-                    self.metrics.resets.increment(1);
-                }
-                policy::local_answer(
-                    item,
-                    &self.me,
-                    outcome.decision,
-                    outcome.sequence,
-                    outcome.at,
-                    item.charge(),
-                )
-            })
-            .collect())
+    /// Decide on this node's shards, each item on its own counter. The answers come
+    /// back as an iterator, so a client's check places them in its plan without a
+    /// vector of its own.
+    async fn decide_here<'a, 'r, I>(
+        &'r self,
+        items: I,
+        view: &'r ClusterView,
+    ) -> Result<impl Iterator<Item = Answer> + use<'a, 'r, I>, ShardError>
+    where
+        I: ExactSizeIterator<Item = &'a CheckItem> + Clone,
+    {
+        let outcomes = if items.len() == 0 {
+            Vec::new()
+        } else {
+            self.shards
+                .check(items.clone().map(|item| item.charge()).collect())
+                .await?
+        };
+        Ok(items.zip(outcomes).map(move |(item, outcome)| {
+            if outcome.fresh && self.restarts_here(view, item.id.placement) {
+                self.metrics.resets.increment(1);
+            }
+            policy::local_answer(
+                item,
+                &self.me,
+                outcome.decision,
+                outcome.sequence,
+                outcome.at,
+                item.charge(),
+            )
+        }))
     }
 
     /// Give back what was admitted for checks that another descriptor denied.
