@@ -1,13 +1,23 @@
 //! Heap allocations per check, counted by a global allocator wrapper (not timed).
 //!
-//! `cargo bench --bench allocations` starts nodes in this process and calls the public
-//! `ringlimit.v1` service directly (no HTTP/2 client, so the client's allocations are
-//! not counted), then prints allocations and bytes per check for three paths:
+//! `cargo bench --bench allocations` starts nodes in this process and prints
+//! allocations and bytes per check, measured two ways.
+//!
+//! In-process service calls (the public `ringlimit.v1` service called directly: no
+//! HTTP/2, no client; the request's two strings are built in the measured loop):
 //!
 //! - local: a unary `Check` whose key this node owns;
 //! - batch: `CheckBatch` of 32 local checks, per check;
 //! - forwarded: a unary `Check` sent to a node that does not own the key, so it goes one
 //!   hop over real HTTP/2 to its owner in the same process: entry and owner together.
+//!
+//! Over real HTTP/2 on loopback (issue 14's yardstick: a local check may cost at most 6
+//! allocations more than tonic's own health check on the same server): the bench's lean
+//! h2 client (`src/bench/lean.rs`, one connection, requests encoded from prebuilt
+//! messages) calls `grpc.health.v1.Health/Check` and then a local `Check`. Both figures
+//! include the client's allocations and the whole server stack (hyper, tonic, the
+//! node's layers); the client does the same work for both calls, so their difference is
+//! what the `ringlimit.v1` service costs above tonic's floor.
 //!
 //! Everything the process does meanwhile is counted too (gossip rounds, expiry ticks);
 //! over 20,000 checks that adds well under 0.1 per check.
@@ -22,6 +32,12 @@ use ringlimit::proto::rate_limiter_server::RateLimiter;
 use ringlimit::proto::{CheckBatchRequest, CheckRequest};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
+/// The load generator's h2 client, shared with `ringlimit bench` (it lives in the
+/// binary, not the library).
+#[allow(dead_code, unused_imports)]
+#[path = "../src/bench/lean.rs"]
+mod lean;
+
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
@@ -29,6 +45,9 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const CHECKS: usize = 20_000;
 /// Distinct keys, warmed before measuring (so no measured check creates a key).
 const KEYS: usize = 500;
+
+const CHECK_PATH: &str = "/ringlimit.v1.RateLimiter/Check";
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
 
 /// One million per hour: nothing measured is ever denied.
 const RULES: &str = r#"
@@ -51,11 +70,9 @@ fn service(node: &RunningNode) -> impl RateLimiter {
     node.public_service()
 }
 
-async fn per_check<F, Fut>(checks: usize, mut run: F) -> (f64, f64)
-where
-    F: FnMut(usize) -> Fut,
-    Fut: std::future::Future<Output = usize>,
-{
+/// Allocations and bytes per check while `run(i)` (returning how many checks it made)
+/// is called until `checks` are done.
+async fn per_check(checks: usize, mut run: impl AsyncFnMut(usize) -> usize) -> (f64, f64) {
     let region = Region::new(GLOBAL);
     let mut done = 0;
     let mut i = 0;
@@ -115,7 +132,7 @@ fn main() {
                 .expect("warm check");
         }
 
-        let (local, local_bytes) = per_check(CHECKS, |i| {
+        let (local, local_bytes) = per_check(CHECKS, |i: usize| {
             let req = request(&local_keys[i % KEYS]);
             let svc = &svc;
             async move {
@@ -124,7 +141,7 @@ fn main() {
             }
         })
         .await;
-        let (batch, batch_bytes) = per_check(CHECKS, |i| {
+        let (batch, batch_bytes) = per_check(CHECKS, |i: usize| {
             let checks = (0..32)
                 .map(|j| request(&local_keys[(i * 32 + j) % KEYS]))
                 .collect();
@@ -137,7 +154,7 @@ fn main() {
             }
         })
         .await;
-        let (forwarded, forwarded_bytes) = per_check(CHECKS / 4, |i| {
+        let (forwarded, forwarded_bytes) = per_check(CHECKS / 4, |i: usize| {
             let req = request(&remote_keys[i % KEYS]);
             let svc = &svc;
             async move {
@@ -147,10 +164,51 @@ fn main() {
             }
         })
         .await;
-        println!("allocations per check (server side, in-process service calls):");
+
+        // Over HTTP/2: the same client, one connection, for both calls.
+        let (mut client, connection) = lean::LeanClient::connect(&a.grpc_addr.to_string())
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        let health_request = tonic_health::pb::HealthCheckRequest::default();
+        let check_requests: Vec<CheckRequest> = local_keys.iter().map(|k| request(k)).collect();
+        for r in check_requests.iter().take(50) {
+            let _: ringlimit::proto::CheckResponse = client
+                .unary(CHECK_PATH, r)
+                .await
+                .expect("warm check over h2");
+        }
+        let (health, health_bytes) = per_check(CHECKS, async |_| {
+            let answer: tonic_health::pb::HealthCheckResponse = client
+                .unary(HEALTH_PATH, &health_request)
+                .await
+                .expect("health check");
+            assert_eq!(answer.status, 1, "SERVING");
+            1
+        })
+        .await;
+        let (h2_local, h2_local_bytes) = per_check(CHECKS, async |i| {
+            let answer: ringlimit::proto::CheckResponse = client
+                .unary(CHECK_PATH, &check_requests[i % KEYS])
+                .await
+                .expect("check over h2");
+            assert_eq!(answer.descriptors[0].hops, 0, "decided here");
+            1
+        })
+        .await;
+
+        println!("allocations per check, in-process service calls (server side only):");
         println!("  local unary      {local:>7.1} allocs  {local_bytes:>8.0} bytes");
         println!("  local batch 32   {batch:>7.1} allocs  {batch_bytes:>8.0} bytes");
         println!("  forwarded unary  {forwarded:>7.1} allocs  {forwarded_bytes:>8.0} bytes  (entry + owner, peer HTTP/2 included)");
+        println!("allocations per call over HTTP/2 on loopback (lean client + whole server):");
+        println!("  health check     {health:>7.1} allocs  {health_bytes:>8.0} bytes  (tonic's floor)");
+        println!("  local unary      {h2_local:>7.1} allocs  {h2_local_bytes:>8.0} bytes");
+        println!(
+            "  difference       {:>7.1} allocs  {:>8.0} bytes  (target: at most 6)",
+            h2_local - health,
+            h2_local_bytes - health_bytes
+        );
         b.shutdown().await;
         a.shutdown().await;
     });

@@ -13,7 +13,9 @@
 //!
 //! Pure: no I/O except [`Keyring::from_file`].
 
+use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Shortest secret accepted, in characters: 32 characters of base64 carry 192 bits.
 pub const MIN_SECRET_LEN: usize = 32;
@@ -206,8 +208,8 @@ pub enum CallRefused {
 /// What a verified call proves: who signed it, when, with which nonce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallProof {
-    /// The signing member's node id.
-    pub from: String,
+    /// The signing member's node id (shared with the replay guard's two records).
+    pub from: Arc<str>,
     /// Its clock when it signed, Unix ms.
     pub at: u64,
     /// Unique per call of that member.
@@ -231,7 +233,11 @@ impl Keyring {
                 &nonce.to_le_bytes(),
             ],
         );
-        format!("v1 {from} {at} {nonce:016x} {}", hex(&tag))
+        // One allocation, sized up front: this runs on every forwarded batch.
+        let mut header = String::with_capacity(4 + from.len() + 21 + 17 + 2 * TAG_LEN + 1);
+        write!(header, "v1 {from} {at} {nonce:016x} ").expect("writing to a String");
+        push_hex(&mut header, &tag);
+        header
     }
 
     /// Check a call's proof header against `path` and this node's clock `now`.
@@ -256,7 +262,7 @@ impl Keyring {
         };
         let at: u64 = at.parse().map_err(|_| CallRefused::Malformed)?;
         let nonce = u64::from_str_radix(nonce, 16).map_err(|_| CallRefused::Malformed)?;
-        let tag = unhex(tag).ok_or(CallRefused::Malformed)?;
+        let tag = unhex_tag(tag).ok_or(CallRefused::Malformed)?;
         let data: [&[u8]; 4] = [
             path.as_bytes(),
             from.as_bytes(),
@@ -270,7 +276,7 @@ impl Keyring {
             return Err(CallRefused::Stale { at });
         }
         Ok(CallProof {
-            from: from.to_string(),
+            from: Arc::from(from),
             at,
             nonce,
         })
@@ -283,8 +289,8 @@ impl Keyring {
 /// (a flood of valid calls needs the key).
 #[derive(Debug)]
 pub struct ReplayGuard {
-    seen: std::collections::HashSet<(String, u64)>,
-    order: std::collections::VecDeque<(u64, String, u64)>,
+    seen: std::collections::HashSet<(Arc<str>, u64)>,
+    order: std::collections::VecDeque<(u64, Arc<str>, u64)>,
     cap: usize,
 }
 
@@ -300,12 +306,13 @@ impl ReplayGuard {
 
     /// Admit `proof` at `now` once; a second time within the allowance is a replay.
     pub fn admit(&mut self, proof: &CallProof, now: u64) -> Result<(), CallRefused> {
-        while let Some((at, from, nonce)) = self.order.front() {
+        while let Some((at, _, _)) = self.order.front() {
             if now.saturating_sub(*at) <= 2 * CALL_SKEW_MS && self.order.len() < self.cap {
                 break;
             }
-            self.seen.remove(&(from.clone(), *nonce));
-            self.order.pop_front();
+            if let Some((_, from, nonce)) = self.order.pop_front() {
+                self.seen.remove(&(from, nonce));
+            }
         }
         if !self.seen.insert((proof.from.clone(), proof.nonce)) {
             return Err(CallRefused::Replayed);
@@ -316,17 +323,32 @@ impl ReplayGuard {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut text = String::with_capacity(2 * bytes.len());
+    push_hex(&mut text, bytes);
+    text
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
+/// Append `bytes` as lowercase hex, without an allocation per byte.
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        text.push(DIGITS[usize::from(b >> 4)] as char);
+        text.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+}
+
+/// A tag in hex, decoded in place: `None` unless exactly [`TAG_LEN`] bytes of hex.
+fn unhex_tag(text: &str) -> Option<[u8; TAG_LEN]> {
+    let text = text.as_bytes();
+    if text.len() != 2 * TAG_LEN {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
+    let digit = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    let mut tag = [0; TAG_LEN];
+    for (byte, pair) in tag.iter_mut().zip(text.chunks_exact(2)) {
+        *byte = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(tag)
 }
 
 #[cfg(test)]
@@ -340,7 +362,7 @@ mod tests {
         let header = ring.sign_call(path, "node-a", 1_000_000, 7);
         let proof = ring.verify_call(Some(&header), path, 1_000_500).unwrap();
         assert_eq!(
-            (proof.from.as_str(), proof.at, proof.nonce),
+            (&*proof.from, proof.at, proof.nonce),
             ("node-a", 1_000_000, 7)
         );
         let mut guard = ReplayGuard::new(100);
@@ -391,6 +413,24 @@ mod tests {
         assert!(
             guard.admit(&proof(1), 3 * CALL_SKEW_MS).is_ok(),
             "forgotten, and stale anyway"
+        );
+    }
+
+    #[test]
+    fn a_tag_travels_as_64_hex_digits_and_nothing_else_decodes() {
+        let tag: [u8; TAG_LEN] = std::array::from_fn(|i| (i * 37) as u8);
+        let text = hex(&tag);
+        assert_eq!(text.len(), 2 * TAG_LEN);
+        assert_eq!(&text[..6], "00254a");
+        assert_eq!(unhex_tag(&text), Some(tag));
+        assert_eq!(unhex_tag(&text.to_uppercase()), Some(tag));
+        assert_eq!(unhex_tag(&text[2..]), None, "too short");
+        assert_eq!(unhex_tag(&format!("{text}00")), None, "too long");
+        assert_eq!(unhex_tag(&text.replacen('0', "g", 1)), None, "not hex");
+        assert_eq!(
+            unhex_tag(&text.replacen("00", "+0", 1)),
+            None,
+            "a sign is not a digit"
         );
     }
 

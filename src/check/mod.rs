@@ -108,6 +108,15 @@ fn count_shadow_denials(verdict: &Verdict) {
     }
 }
 
+/// The verdict of one decided check, its shadow denials counted.
+fn verdict(decided: crate::cluster::Decided) -> Verdict {
+    let verdict = Verdict::combine(decided);
+    if verdict.shadow_denied {
+        count_shadow_denials(&verdict);
+    }
+    verdict
+}
+
 /// Decides checks for every front end: the seam under all of them.
 #[derive(Debug, Clone)]
 pub struct Checker {
@@ -248,8 +257,8 @@ impl Checker {
     ) -> Result<Verdict, CheckError> {
         let rules = self.rules.load();
         let planned = plan::plan_check(input, &rules, None, names)?;
-        let mut verdicts = self.decide(vec![planned]).await?;
-        Ok(verdicts.pop().expect("one verdict per check"))
+        let mut decided = self.router.decide(vec![planned]).await?;
+        Ok(verdict(decided.pop().expect("one answer per check")))
     }
 
     /// Decide a batch of independent checks, each exactly as [`Checker::check`] would.
@@ -268,15 +277,6 @@ impl Checker {
         planned: Vec<Vec<crate::cluster::CheckItem>>,
     ) -> Result<Vec<Verdict>, CheckError> {
         let decided = self.router.decide(planned).await?;
-        Ok(decided
-            .into_iter()
-            .map(|d| {
-                let verdict = Verdict::combine(d);
-                if verdict.shadow_denied {
-                    count_shadow_denials(&verdict);
-                }
-                verdict
-            })
-            .collect())
+        Ok(decided.into_iter().map(verdict).collect())
     }
 }

@@ -149,6 +149,9 @@ pub struct PulledRules {
 
 struct Pending {
     item: ForwardItem,
+    /// The rule this node matched for the item: the owner matches the same one (same
+    /// rules everywhere but during a reload), so its answer naming it costs no copy.
+    rule: Arc<str>,
     /// When the caller stops waiting for this check.
     deadline: tokio::time::Instant,
     reply: oneshot::Sender<Result<Remote, ForwardError>>,
@@ -228,6 +231,7 @@ impl PeerPool {
     /// for the same owner).
     pub async fn forward(&self, owner: &Member, item: &CheckItem) -> Result<Remote, ForwardError> {
         let link = self.link(owner);
+        let item_rule = item.rule.name.clone();
         let item = ForwardItem {
             key: item.client.to_string(),
             route: item.route.to_string(),
@@ -244,6 +248,7 @@ impl PeerPool {
         link.queue
             .try_send(Pending {
                 item,
+                rule: item_rule,
                 deadline,
                 reply,
             })
@@ -487,7 +492,7 @@ impl PeerPool {
                 rx,
                 client,
                 self.me.clone(),
-                owner.node_id.clone(),
+                Arc::from(owner.node_id.as_str()),
                 self.config.clone(),
                 self.cancel.clone(),
             ),
@@ -502,7 +507,7 @@ async fn batcher(
     mut rx: mpsc::Receiver<Pending>,
     client: PeerClient<Signed>,
     me: Arc<str>,
-    peer: String,
+    peer: Arc<str>,
     config: ForwardConfig,
     cancel: CancellationToken,
 ) {
@@ -561,7 +566,7 @@ async fn send(
     mut client: PeerClient<Signed>,
     batch: Vec<Pending>,
     me: Arc<str>,
-    peer: String,
+    peer: Arc<str>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     // The batch is due when its most urgent check is: the owner refuses it after that
@@ -571,7 +576,12 @@ async fn send(
         .map(|p| p.deadline)
         .min()
         .expect("batches are not empty");
-    let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+    let mut items = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for p in batch {
+        items.push(p.item);
+        replies.push((p.rule, p.reply));
+    }
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let deadline_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -584,44 +594,52 @@ async fn send(
     let result = match tokio::time::timeout_at(deadline, client.forward(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(ForwardError::Unreachable(
-            peer.clone(),
+            peer.to_string(),
             status.message().to_string(),
         )),
-        Err(_) => Err(ForwardError::Timeout(peer.clone())),
+        Err(_) => Err(ForwardError::Timeout(peer.to_string())),
     };
     match result {
         Ok(response) if response.outcomes.len() == replies.len() => {
+            // The owner is the peer this link was made for (unless a node with
+            // another id took its address): its id is shared, not copied.
+            let node_id = if *response.node_id == *peer {
+                peer
+            } else {
+                Arc::from(response.node_id.as_str())
+            };
             let decider = Decider {
-                node_id: Arc::from(response.node_id.as_str()),
+                node_id,
                 generation: response.generation,
             };
-            for (outcome, reply) in response.outcomes.into_iter().zip(replies) {
-                let _ = reply.send(Ok(remote(outcome, &decider)));
+            for (outcome, (rule, reply)) in response.outcomes.into_iter().zip(replies) {
+                let _ = reply.send(Ok(remote(outcome, &decider, rule)));
             }
         }
         Ok(response) => {
             let error = ForwardError::Unreachable(
-                peer,
+                peer.to_string(),
                 format!(
                     "{} answers for {} checks",
                     response.outcomes.len(),
                     replies.len()
                 ),
             );
-            for reply in replies {
+            for (_, reply) in replies {
                 let _ = reply.send(Err(error.clone()));
             }
         }
         Err(error) => {
-            for reply in replies {
+            for (_, reply) in replies {
                 let _ = reply.send(Err(error.clone()));
             }
         }
     }
 }
 
-/// Decode one owner's answer.
-fn remote(o: ForwardOutcome, decider: &Decider) -> Remote {
+/// Decode one owner's answer; `sent` is the rule this node matched, shared when the
+/// owner names the same.
+fn remote(o: ForwardOutcome, decider: &Decider, sent: Arc<str>) -> Remote {
     Remote {
         decision: Decision {
             allowed: o.allowed,
@@ -635,7 +653,11 @@ fn remote(o: ForwardOutcome, decider: &Decider) -> Remote {
         sequence: o.sequence,
         at: o.at,
         decider: decider.clone(),
-        rule: Arc::from(o.rule.as_str()),
+        rule: if *sent == *o.rule {
+            sent
+        } else {
+            Arc::from(o.rule.as_str())
+        },
         algorithm: AlgorithmKind::parse(&o.algorithm),
     }
 }
@@ -700,7 +722,8 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
             let proof = signer
                 .keyring
                 .sign_call(request.uri().path(), &signer.me, now, nonce);
-            match http::HeaderValue::from_str(&proof) {
+            // From the String itself: its buffer becomes the header's, no copy.
+            match http::HeaderValue::try_from(proof) {
                 Ok(value) => {
                     request.headers_mut().insert(CALL_HEADER, value);
                 }

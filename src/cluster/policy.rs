@@ -32,22 +32,27 @@ pub enum Origin {
 
 /// Where one descriptor is decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Place {
+pub enum Place<'v> {
     /// On this node's shards.
     Here,
-    /// On its owner, one hop away.
-    Owner(Member),
+    /// On its owner, one hop away (borrowed from the view: nothing is copied per
+    /// descriptor).
+    Owner(&'v Member),
 }
+
+/// Positions of a batch; inline for a unary check's few descriptors, so planning one
+/// allocates nothing.
+pub type Positions = smallvec::SmallVec<[usize; 4]>;
 
 /// The routing plan of a batch: every descriptor is in exactly one of the three.
 #[derive(Debug)]
-pub struct Plan {
+pub struct Plan<'v> {
     /// Answers already known (deny-cache hits), by position.
-    pub answers: Vec<Option<Answer>>,
+    pub answers: smallvec::SmallVec<[Option<Answer>; 1]>,
     /// Positions decided on this node's shards.
-    pub local: Vec<usize>,
-    /// Positions sent to their owner.
-    pub remote: Vec<(usize, Member)>,
+    pub local: Positions,
+    /// Positions sent to their owner, borrowed from the view the plan was made with.
+    pub remote: smallvec::SmallVec<[(usize, &'v Member); 2]>,
     /// How many answers came from the deny cache.
     pub cached: usize,
 }
@@ -60,18 +65,18 @@ pub struct Routing {
 }
 
 /// Where the descriptor at ring position `placement` is decided.
-pub fn place(
-    view: &ClusterView,
+pub fn place<'v>(
+    view: &'v ClusterView,
     me: &str,
     placement: u64,
     origin: Origin,
     routing: Routing,
-) -> Place {
+) -> Place<'v> {
     if origin == Origin::Peer || routing.broken_decide_locally {
         return Place::Here;
     }
     match view.owner_of_placement(placement) {
-        Some(owner) if owner.node_id != me => Place::Owner(owner.clone()),
+        Some(owner) if owner.node_id != me => Place::Owner(owner),
         // This node owns the key, or the ring is empty (every member leaving):
         // deciding here beats refusing.
         _ => Place::Here,
@@ -100,19 +105,19 @@ impl Now {
 
 /// Partition `items`: decided here, answered from `deny` (remote keys only: a local
 /// key is decided by its own shard at the same cost), or sent to the owner.
-pub fn plan(
+pub fn plan<'v>(
     items: &[&CheckItem],
-    view: &ClusterView,
+    view: &'v ClusterView,
     me: &str,
     deny: &DenyCache,
     now: Now,
     origin: Origin,
     routing: Routing,
-) -> Plan {
+) -> Plan<'v> {
     let mut plan = Plan {
-        answers: vec![None; items.len()],
-        local: Vec::new(),
-        remote: Vec::new(),
+        answers: smallvec::smallvec![None; items.len()],
+        local: Positions::new(),
+        remote: smallvec::SmallVec::new(),
         cached: 0,
     };
     for (i, item) in items.iter().enumerate() {
@@ -333,7 +338,10 @@ pub fn refunds(decided: &[Decided]) -> Refunds {
 }
 
 /// Split the flat answers of a batch back into its checks, with refund flags.
-pub fn combine(checks: Vec<Vec<CheckItem>>, answers: Vec<Answer>) -> Vec<Decided> {
+pub fn combine(
+    checks: Vec<Vec<CheckItem>>,
+    answers: impl IntoIterator<Item = Answer>,
+) -> Vec<Decided> {
     let mut answers = answers.into_iter();
     checks
         .into_iter()
@@ -465,7 +473,12 @@ mod tests {
         decided.descriptors.iter().map(|d| d.refunded).collect()
     }
 
-    fn plan_of(items: &[CheckItem], view: &ClusterView, deny: &DenyCache, origin: Origin) -> Plan {
+    fn plan_of<'v>(
+        items: &[CheckItem],
+        view: &'v ClusterView,
+        deny: &DenyCache,
+        origin: Origin,
+    ) -> Plan<'v> {
         let refs: Vec<&CheckItem> = items.iter().collect();
         plan(
             &refs,
@@ -489,7 +502,7 @@ mod tests {
         let mine = item(&key_of(&view, "a"), "/x", 1);
         let theirs = item(&key_of(&view, "c"), "/x", 1);
         let plan = plan_of(&[mine, theirs], &view, &DenyCache::new(10), Origin::Client);
-        assert_eq!(plan.local, vec![0]);
+        assert_eq!(&plan.local[..], [0]);
         assert_eq!(plan.remote.len(), 1);
         assert_eq!(
             (plan.remote[0].0, plan.remote[0].1.node_id.as_str()),
@@ -506,7 +519,7 @@ mod tests {
             item(&key_of(&view, "c"), "/x", 1),
         ];
         let plan = plan_of(&items, &view, &DenyCache::new(10), Origin::Peer);
-        assert_eq!(plan.local, vec![0, 1]);
+        assert_eq!(&plan.local[..], [0, 1]);
         assert!(plan.remote.is_empty());
         assert_eq!(strays(&items, &view, "a"), 2, "counted as decided off-ring");
     }

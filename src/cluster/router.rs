@@ -156,7 +156,7 @@ impl Router {
     pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
-        let flat: Vec<&CheckItem> = checks.iter().flatten().collect();
+        let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
         let plan = policy::plan(
             &flat,
             &view,
@@ -192,10 +192,10 @@ impl Router {
         );
         self.decide_open(&flat, open, &mut answers).await?;
 
+        drop(flat);
         let answers = answers
             .into_iter()
-            .map(|a| a.expect("every descriptor answered"))
-            .collect();
+            .map(|a| a.expect("every descriptor answered"));
         let decided = policy::combine(checks, answers);
         self.refund(&decided).await?;
         Ok(decided)
@@ -207,7 +207,7 @@ impl Router {
     fn settle_remote(
         &self,
         flat: &[&CheckItem],
-        remote: &[(usize, crate::membership::Member)],
+        remote: &[(usize, &crate::membership::Member)],
         results: Vec<Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>>,
         view: &ClusterView,
         now: policy::Now,
@@ -285,7 +285,7 @@ impl Router {
         }
         // The same policy as a client's batch, from the peer's side: everything is
         // decided here (never forwarded again), nothing is answered from the cache.
-        let refs: Vec<&CheckItem> = items.iter().collect();
+        let refs: smallvec::SmallVec<[&CheckItem; 4]> = items.iter().collect();
         let plan = policy::plan(
             &refs,
             &view,
@@ -296,39 +296,44 @@ impl Router {
             self.routing,
         );
         debug_assert!(plan.remote.is_empty() && plan.cached == 0);
-        self.decide_here(plan.local.iter().map(|&i| refs[i]), &view)
-            .await
+        let answers = self
+            .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+            .await?
+            .collect();
+        Ok(answers)
     }
 
-    /// Decide on this node's shards, each item on its own counter.
-    async fn decide_here<'a>(
-        &self,
-        items: impl ExactSizeIterator<Item = &'a CheckItem> + Clone,
-        view: &ClusterView,
-    ) -> Result<Vec<Answer>, ShardError> {
-        if items.len() == 0 {
-            return Ok(Vec::new());
-        }
-        let outcomes = self
-            .shards
-            .check(items.clone().map(|item| item.charge()).collect())
-            .await?;
-        Ok(items
-            .zip(outcomes)
-            .map(|(item, outcome)| {
-                if outcome.fresh && self.restarts_here(view, item.id.placement) {
-                    self.metrics.resets.increment(1);
-                }
-                policy::local_answer(
-                    item,
-                    &self.me,
-                    outcome.decision,
-                    outcome.sequence,
-                    outcome.at,
-                    item.charge(),
-                )
-            })
-            .collect())
+    /// Decide on this node's shards, each item on its own counter. The answers come
+    /// back as an iterator, so a client's check places them in its plan without a
+    /// vector of its own.
+    async fn decide_here<'a, 'r, I>(
+        &'r self,
+        items: I,
+        view: &'r ClusterView,
+    ) -> Result<impl Iterator<Item = Answer> + use<'a, 'r, I>, ShardError>
+    where
+        I: ExactSizeIterator<Item = &'a CheckItem> + Clone,
+    {
+        let outcomes = if items.len() == 0 {
+            Vec::new()
+        } else {
+            self.shards
+                .check(items.clone().map(|item| item.charge()).collect())
+                .await?
+        };
+        Ok(items.zip(outcomes).map(move |(item, outcome)| {
+            if outcome.fresh && self.restarts_here(view, item.id.placement) {
+                self.metrics.resets.increment(1);
+            }
+            policy::local_answer(
+                item,
+                &self.me,
+                outcome.decision,
+                outcome.sequence,
+                outcome.at,
+                item.charge(),
+            )
+        }))
     }
 
     /// Give back what was admitted for checks that another descriptor denied.

@@ -33,7 +33,7 @@
 //!   another address (an impostor, or a pod that moved) is refused and logged until
 //!   the incumbent is no longer live. The ring places by node id only, so the
 //!   restart does not move keys.
-//! * **Lost members are knocked on** ([`reconnect`]): a member that vanished without
+//! * **Lost members are knocked on** (`reconnect`): a member that vanished without
 //!   a leave is gossiped to directly, once a second (every round while this node is
 //!   alone), for ten minutes, so a healed partition rejoins in about a second however
 //!   many dead identities chitchat's random picks would have to get past.

@@ -86,8 +86,26 @@ pub(super) fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
     CheckInput { descriptors }
 }
 
-/// The wire answer for a verdict.
-fn response(verdict: Verdict) -> proto::CheckResponse {
+/// Each descriptor's (key, route) exactly as the request sent them, in request order:
+/// what a response echoes, moved out of the request rather than copied (the planned
+/// descriptors hold the same text). Only an extra descriptor that inherits the
+/// request's route takes a copy of it.
+fn echoes(request: proto::CheckRequest) -> impl Iterator<Item = (String, String)> {
+    let own_route = request.route;
+    let inherit = request.descriptors.iter().any(|d| d.route.is_empty());
+    let shared = inherit.then(|| own_route.clone());
+    std::iter::once((request.key, own_route)).chain(request.descriptors.into_iter().map(move |d| {
+        let route = if d.route.is_empty() {
+            shared.clone().unwrap_or_default()
+        } else {
+            d.route
+        };
+        (d.key, route)
+    }))
+}
+
+/// The wire answer for a verdict on `request`.
+fn response(verdict: Verdict, request: proto::CheckRequest) -> proto::CheckResponse {
     let wire_decider = |d: &crate::cluster::Decider| proto::Decider {
         node_id: d.node_id.to_string(),
         generation: d.generation,
@@ -110,11 +128,13 @@ fn response(verdict: Verdict) -> proto::CheckResponse {
         descriptors: verdict
             .descriptors
             .iter()
-            .map(|d| {
+            .zip(echoes(request))
+            .map(|(d, (key, route))| {
+                debug_assert!(*d.item.client == *key && *d.item.route == *route);
                 let (a, decision) = (&d.answer, &d.answer.decision);
                 proto::DescriptorResult {
-                    key: d.item.client.to_string(),
-                    route: d.item.route.to_string(),
+                    key,
+                    route,
                     allowed: decision.allowed,
                     limit: decision.limit,
                     remaining: decision.remaining,
@@ -146,7 +166,7 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
         let request = request.into_inner();
         let verdict = self.checker.check(&input(&request), &V1Names).await?;
         self.latency.record(started.elapsed().as_secs_f64());
-        Ok(Response::new(response(verdict)))
+        Ok(Response::new(response(verdict, request)))
     }
 
     async fn check_batch(
@@ -157,9 +177,14 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
         let batch = request.into_inner();
         let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
         let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
+        drop(inputs);
         self.latency.record(started.elapsed().as_secs_f64());
         Ok(Response::new(proto::CheckBatchResponse {
-            results: verdicts.into_iter().map(response).collect(),
+            results: verdicts
+                .into_iter()
+                .zip(batch.checks)
+                .map(|(verdict, request)| response(verdict, request))
+                .collect(),
         }))
     }
 
