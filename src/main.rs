@@ -342,6 +342,10 @@ enum RulesCommand {
         /// default fixed_window.
         #[arg(long, value_parser = parse_algorithm, requires = "envoy")]
         envoy_algorithm: Option<ringlimit::algorithms::AlgorithmKind>,
+        /// Let FILE (without an `[envoy]` section) remove the cluster's Envoy domains;
+        /// without this flag such a put is refused and nothing is sent.
+        #[arg(long, conflicts_with = "envoy", requires = "file")]
+        drop_envoy: bool,
         /// A node's ops HTTP address.
         #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
         addr: String,
@@ -379,6 +383,7 @@ fn main() -> ExitCode {
                     file,
                     envoy,
                     envoy_algorithm,
+                    drop_envoy,
                     addr,
                     admin_token_file,
                     if_match,
@@ -387,6 +392,7 @@ fn main() -> ExitCode {
             rt.block_on(cli::rules_put(
                 file.as_deref(),
                 envoy.as_deref().map(|p| (p, envoy_algorithm)),
+                drop_envoy,
                 &addr,
                 admin_token_file.as_deref(),
                 if_match,

@@ -1112,6 +1112,16 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     );
     assert_eq!(nodes[0].cluster_rules.current().version, 2, "nothing sent");
 
+    // A whole rule file without an [envoy] section would remove the cluster's Envoy
+    // domains: refused unless --drop-envoy, and nothing is sent.
+    let (code, _, err) = cli(put("2")).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("[envoy] section (1 domains)") && err.contains("--drop-envoy"),
+        "{err}"
+    );
+    assert_eq!(nodes[0].cluster_rules.current().version, 2, "nothing sent");
+
     // --dry-run: which rule and which decider, from the ops port; nothing charged.
     let dry_key = key_owned_by("n3", &["n1", "n2", "n3"], "dry_");
     let (code, out, err) = cli(vec![
@@ -1186,6 +1196,23 @@ async fn the_cli_gets_puts_and_diffs_rules_and_names_owners() {
     .await;
     assert_eq!(code, 0);
     assert!(out.starts_with(&format!("{key} is owned by n2@")), "{out}");
+
+    // With --drop-envoy the same file goes through and the domains are gone.
+    let mut drop = put("2");
+    drop.push("--drop-envoy".into());
+    let (code, out, err) = cli(drop).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("accepted: version 3 digest "), "{out}");
+    assert_eq!(
+        nodes[0]
+            .cluster_rules
+            .current()
+            .rules
+            .envoy()
+            .domains()
+            .count(),
+        0
+    );
     for n in nodes {
         n.shutdown().await;
     }

@@ -53,6 +53,7 @@ pub async fn rules_get(addr: &str, json: bool) -> anyhow::Result<ExitCode> {
 pub async fn rules_put(
     file: Option<&Path>,
     envoy: Option<(&Path, Option<AlgorithmKind>)>,
+    drop_envoy: bool,
     addr: &str,
     token_file: Option<&Path>,
     if_match: Option<u64>,
@@ -92,6 +93,18 @@ pub async fn rules_put(
                     return Ok(ExitCode::from(1));
                 }
             };
+            // A whole document replaces the cluster's, Envoy domains included: a rule
+            // file written before the domains moved into the rule set would silently
+            // switch those limits off. Refuse that unless asked for.
+            if doc.envoy.is_none() && !drop_envoy {
+                if let Some(domains) = cluster_envoy_domains(addr).await? {
+                    eprintln!(
+                        "refused: the cluster's rule set has an [envoy] section ({domains} domains) that {} does not have: putting it would remove them. Add them with --envoy DIR, or pass --drop-envoy to remove them. Nothing was sent.",
+                        file.display()
+                    );
+                    return Ok(ExitCode::from(1));
+                }
+            }
             // Sent as the file was written unless a section was spliced in.
             match (envoy, is_json) {
                 (None, true) => ("/v1/rules", "application/json", bytes),
@@ -131,6 +144,30 @@ pub async fn rules_put(
         body["digest"].as_str().unwrap_or("?")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many Envoy domains the cluster's rule set at `addr` holds, if it has an
+/// `[envoy]` section with any.
+async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<Option<usize>> {
+    let answer = http::request(
+        addr,
+        "GET",
+        "/v1/rules",
+        &[("Accept", "application/json".into())],
+        None,
+    )
+    .await?;
+    anyhow::ensure!(
+        answer.status == 200,
+        "reading the cluster's rules: {} {}",
+        answer.status,
+        answer.error_message()
+    );
+    let remote = RulesDoc::from_json_str(&answer.body)?;
+    Ok(remote
+        .envoy
+        .map(|section| section.domains.len())
+        .filter(|n| *n > 0))
 }
 
 /// The `[envoy]` section of the YAML at `path`, checked with the `--envoy-config`
