@@ -249,6 +249,11 @@ struct ServeArgs {
     /// Most HTTP/2 streams open on one connection; more are refused (REFUSED_STREAM).
     #[arg(long, default_value_t = GrpcLimits::default().max_concurrent_streams)]
     max_concurrent_streams: u32,
+    /// Items of CheckBatch / GetRateLimits answers decided but not yet read by their
+    /// clients, node-wide; a bulk call beyond it gets RESOURCE_EXHAUSTED before anything
+    /// is decided (about 400 bytes per item: the default bounds ~100 MB).
+    #[arg(long, default_value_t = GrpcLimits::default().max_unsent_answer_items)]
+    max_unsent_answer_items: u32,
     /// Server-side deadline of one gRPC call, in ms (a shorter grpc-timeout wins).
     #[arg(long, default_value_t = GrpcLimits::default().request_timeout.as_millis() as u64)]
     request_timeout_ms: u64,
@@ -494,6 +499,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.forward.max_in_flight = args.forward_max_in_flight;
     config.grpc.max_connections = args.max_connections;
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
+    config.grpc.max_unsent_answer_items = args.max_unsent_answer_items;
     config.grpc.request_timeout = std::time::Duration::from_millis(args.request_timeout_ms);
     config.broken_decide_locally = args.broken_decide_locally;
     config.insecure_cluster = args.insecure_cluster;

@@ -515,10 +515,10 @@ async fn a_request_that_never_finishes_is_cut_at_the_request_timeout() {
     node.shutdown().await;
 }
 
-/// Bounds (does not remove): "600 CheckBatch streams whose responses are never read
-/// held +174 MB". A client advertising a zero receive window reads no answer; the node
-/// holds at most 256 such answers per connection (the stream cap), and the rest of the
-/// client's 600 streams never reach it.
+/// "600 CheckBatch streams whose responses are never read held +174 MB": a client
+/// advertising a zero receive window reads no answer; the node holds at most 256 such
+/// answers per connection (the stream cap), and the rest of the client's 600 streams
+/// never reach it. Across connections the unsent-answer budget bounds them (next test).
 #[tokio::test]
 async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
     const STREAMS: usize = 600;
@@ -578,5 +578,109 @@ async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
     );
     drop((answered, responses, streams, send));
     conn.abort();
+    node.shutdown().await;
+}
+
+/// Closes "600 CheckBatch streams whose responses are never read held +174 MB" for good:
+/// answers decided but not yet read count against one node-wide budget of items
+/// (`--max-unsent-answer-items`). A client that never reads spends it and then gets
+/// `RESOURCE_EXHAUSTED` (reason `overloaded`) at once, before anything is decided, so
+/// nothing more is held or charged; once it goes away the budget is whole again.
+#[tokio::test]
+async fn unread_batch_answers_spend_a_node_wide_budget_and_then_are_refused_uncharged() {
+    const STREAMS: usize = 40;
+    const ITEMS: usize = 1000;
+    // Not while another test measures this process' RSS.
+    let _alone = RSS_MEASURED.lock().await;
+    let mut config = NodeConfig::for_test();
+    config.grpc.max_unsent_answer_items = 10 * ITEMS as u32;
+    let (node, _clock) = common::start_manual(config, 1_767_225_600_000).await;
+    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(connection);
+    let batch = ringlimit::proto::CheckBatchRequest {
+        checks: (0..ITEMS)
+            .map(|i| check(&format!("unread-{i}"), "/x", None))
+            .collect(),
+    };
+    let body = framed(&batch.encode_to_vec());
+    let mut streams = Vec::new();
+    let mut answered = Vec::new();
+    for _ in 0..STREAMS {
+        let mut send = send.clone();
+        let head = http::Request::post(format!(
+            "http://{}/ringlimit.v1.RateLimiter/CheckBatch",
+            node.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut out) = send.send_request(head, false).unwrap();
+        out.send_data(body.clone(), true).unwrap();
+        streams.push(out);
+        // One at a time, so which calls fit the budget is not a race.
+        let response = tokio::time::timeout(GUARD, response)
+            .await
+            .expect("an answer's headers")
+            .unwrap();
+        answered.push(response);
+    }
+    // Ten answers fit the budget (headers 200, bodies waiting on the zero window); the
+    // other thirty were refused with a trailers-only RESOURCE_EXHAUSTED.
+    let status = |r: &http::Response<h2::RecvStream>| {
+        r.headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let held = answered.iter().filter(|r| status(r).is_none()).count();
+    let refused: Vec<_> = answered
+        .iter()
+        .filter(|r| status(r).as_deref() == Some("8"))
+        .collect();
+    assert_eq!((held, refused.len()), (10, STREAMS - 10));
+    assert_eq!(
+        refused[0].headers().get("ringlimit-reason").unwrap(),
+        "overloaded"
+    );
+    // Another client's batch is refused too while the budget is spent; a unary check is not.
+    let mut c = client(&node).await;
+    let small = ringlimit::proto::CheckBatchRequest {
+        checks: vec![check("unread-0", "/x", None)],
+    };
+    let refused = c.check_batch(small.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let a = c
+        .check(check("unread-1", "/x", None))
+        .await
+        .unwrap()
+        .into_inner();
+    // Charged by the ten held batches only (and this check): 100 - 10 - 1.
+    assert_eq!(a.remaining, 89, "refused batches charged nothing");
+    // The reader goes away: its answers are dropped and the budget is whole again.
+    drop((answered, streams, send));
+    conn.abort();
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        match c.check_batch(small.clone()).await {
+            Ok(answer) => {
+                // unread-0: ten held batches and this one.
+                assert_eq!(answer.into_inner().results[0].remaining, 89);
+                break;
+            }
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "budget never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
     node.shutdown().await;
 }

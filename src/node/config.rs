@@ -347,6 +347,10 @@ pub struct GrpcLimits {
     /// Initial HTTP/2 flow-control window of a connection: the same across all streams
     /// of one connection (the bound on unread request bytes per connection).
     pub initial_connection_window: u32,
+    /// Items of bulk answers (`CheckBatch`, Gubernator `GetRateLimits`) decided but not
+    /// yet taken by their connections, node-wide; a bulk call beyond it is refused
+    /// before anything is decided (`crate::server::answer_budget`).
+    pub max_unsent_answer_items: u32,
 }
 
 impl Default for GrpcLimits {
@@ -364,6 +368,7 @@ impl Default for GrpcLimits {
             max_header_list_size: 16 * 1024,
             initial_stream_window: 256 * 1024,
             initial_connection_window: 1024 * 1024,
+            max_unsent_answer_items: crate::server::answer_budget::DEFAULT_MAX_UNSENT_ANSWER_ITEMS,
         }
     }
 }
@@ -376,6 +381,12 @@ impl GrpcLimits {
         }
         if self.max_concurrent_streams == 0 {
             return Err("max concurrent streams must be at least 1".into());
+        }
+        if (self.max_unsent_answer_items as usize) < crate::check::plan::MAX_BATCH {
+            return Err(format!(
+                "max unsent answer items must be at least one full batch ({})",
+                crate::check::plan::MAX_BATCH
+            ));
         }
         for (name, d) in [
             ("request timeout", self.request_timeout),
@@ -456,9 +467,10 @@ mod tests {
     fn default_grpc_limits_are_valid_and_switching_one_off_is_refused() {
         assert!(NodeConfig::default().validate().is_ok());
         assert!(NodeConfig::for_test().validate().is_ok());
-        let off: [fn(&mut GrpcLimits); 6] = [
+        let off: [fn(&mut GrpcLimits); 7] = [
             |l| l.max_connections = 0,
             |l| l.max_concurrent_streams = 0,
+            |l| l.max_unsent_answer_items = 999,
             |l| l.request_timeout = Duration::ZERO,
             |l| l.keepalive_timeout = Duration::ZERO,
             |l| l.max_frame_size = 1024,

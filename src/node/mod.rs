@@ -39,6 +39,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::proto::gubernator::v1_server::V1Server;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::server::answer_budget::{AnswerBudget, HoldUntilSentLayer};
 use crate::server::ops::OpsState;
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
@@ -490,11 +491,13 @@ async fn start_in_span(
     let checker = Checker::new(router.clone(), rules.clone())
         .with_envoy(envoy.clone())
         .with_inline(inline_rules.clone());
-    let public = RateLimitService::new(checker.clone());
+    // One budget of unsent bulk answers for every bulk front end of the node.
+    let answers = AnswerBudget::new(config.grpc.max_unsent_answer_items);
+    let public = RateLimitService::new(checker.clone()).with_answer_budget(answers.clone());
     // Gubernator's face only on request: its callers choose their own limits.
     let gubernator = config
         .gubernator
-        .then(|| GubernatorService::new(checker.clone()));
+        .then(|| GubernatorService::new(checker.clone()).with_answer_budget(answers));
     let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
     spawn_in_span(
         &tracker,
@@ -590,6 +593,7 @@ async fn serve_public(
     let max = MAX_MESSAGE_BYTES;
     let server = limited(limits)
         .layer(grpc::StatusMappingLayer)
+        .layer(HoldUntilSentLayer)
         .add_service(health_service.max_decoding_message_size(max))
         .add_service(reflection_v1.max_decoding_message_size(max))
         .add_service(reflection_v1alpha.max_decoding_message_size(max))

@@ -17,6 +17,7 @@ use std::time::Instant;
 use metrics::Histogram;
 use tonic::{Request, Response, Status};
 
+use super::answer_budget::{over_budget, AnswerBudget};
 use crate::check::gubernator::{RateLimitInput, RateLimitStatus};
 use crate::check::{CheckError, Checker};
 use crate::membership::ClusterView;
@@ -30,6 +31,7 @@ use crate::proto::gubernator::{
 pub struct GubernatorService {
     checker: Checker,
     latency: Histogram,
+    answers: AnswerBudget,
 }
 
 impl GubernatorService {
@@ -38,7 +40,15 @@ impl GubernatorService {
         Self {
             checker,
             latency: metrics::histogram!("ringlimit_gubernator_duration_seconds"),
+            answers: AnswerBudget::default(),
         }
+    }
+
+    /// Share `answers`, the node-wide budget of unsent bulk answers
+    /// ([`super::answer_budget`]), with the node's other bulk front ends.
+    pub fn with_answer_budget(mut self, answers: AnswerBudget) -> Self {
+        self.answers = answers;
+        self
     }
 }
 
@@ -95,12 +105,20 @@ impl v1_server::V1 for GubernatorService {
     ) -> Result<Response<GetRateLimitsResp>, Status> {
         let started = Instant::now();
         let request = request.into_inner();
+        // Before anything is decided: over budget, nothing is charged.
+        let items = request.requests.len();
+        let held = self
+            .answers
+            .try_hold(items)
+            .ok_or_else(|| over_budget(items, &self.answers))?;
         let inputs: Vec<RateLimitInput<'_>> = request.requests.iter().map(input).collect();
         let answers = self.checker.check_gubernator(&inputs).await?;
         self.latency.record(started.elapsed().as_secs_f64());
-        Ok(Response::new(GetRateLimitsResp {
+        let mut answer = Response::new(GetRateLimitsResp {
             responses: answers.into_iter().map(response).collect(),
-        }))
+        });
+        answer.extensions_mut().insert(held);
+        Ok(answer)
     }
 
     async fn health_check(

@@ -17,6 +17,7 @@
 //! This is the edge: the one place an error becomes a `tonic::Status`, so the mapping
 //! from "what went wrong" to "what the caller is told" is reviewed in one spot.
 
+pub mod answer_budget;
 pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;

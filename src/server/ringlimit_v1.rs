@@ -6,6 +6,7 @@
 //! tier or no cost inherits the request's; fields are named `key`, `descriptors[1].cost`,
 //! `checks[3].route`; and the descriptor limit counts the extra descriptors.
 
+use super::answer_budget::{over_budget, AnswerBudget};
 use std::time::Instant;
 
 use metrics::Histogram;
@@ -21,6 +22,7 @@ use crate::proto;
 pub struct RateLimitService {
     checker: Checker,
     latency: Histogram,
+    answers: AnswerBudget,
 }
 
 impl RateLimitService {
@@ -29,7 +31,15 @@ impl RateLimitService {
         Self {
             checker,
             latency: metrics::histogram!("ringlimit_check_duration_seconds"),
+            answers: AnswerBudget::default(),
         }
+    }
+
+    /// Share `answers`, the node-wide budget of unsent bulk answers
+    /// ([`super::answer_budget`]), with the node's other bulk front ends.
+    pub fn with_answer_budget(mut self, answers: AnswerBudget) -> Self {
+        self.answers = answers;
+        self
     }
 }
 
@@ -175,17 +185,24 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
     ) -> Result<Response<proto::CheckBatchResponse>, Status> {
         let started = Instant::now();
         let batch = request.into_inner();
+        // Before anything is decided: over budget, nothing is charged.
+        let held = self
+            .answers
+            .try_hold(batch.checks.len())
+            .ok_or_else(|| over_budget(batch.checks.len(), &self.answers))?;
         let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
         let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
         drop(inputs);
         self.latency.record(started.elapsed().as_secs_f64());
-        Ok(Response::new(proto::CheckBatchResponse {
+        let mut answer = Response::new(proto::CheckBatchResponse {
             results: verdicts
                 .into_iter()
                 .zip(batch.checks)
                 .map(|(verdict, request)| response(verdict, request))
                 .collect(),
-        }))
+        });
+        answer.extensions_mut().insert(held);
+        Ok(answer)
     }
 
     async fn topology(
