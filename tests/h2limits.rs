@@ -515,6 +515,22 @@ async fn a_request_that_never_finishes_is_cut_at_the_request_timeout() {
     node.shutdown().await;
 }
 
+/// Opens one `CheckBatch` stream on `send` with the framed request `body`.
+fn send_batch(
+    send: &h2::client::SendRequest<Bytes>,
+    addr: std::net::SocketAddr,
+    body: &Bytes,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let head = http::Request::post(format!("http://{addr}/ringlimit.v1.RateLimiter/CheckBatch"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut out) = send.clone().send_request(head, false).unwrap();
+    out.send_data(body.clone(), true).unwrap();
+    (response, out)
+}
+
 /// "600 CheckBatch streams whose responses are never read held +174 MB": a client
 /// advertising a zero receive window reads no answer; the node holds at most 256 such
 /// answers per connection (the stream cap), and the rest of the client's 600 streams
@@ -547,17 +563,7 @@ async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
     let mut responses = Vec::new();
     let mut streams = Vec::new();
     for _ in 0..STREAMS {
-        let mut send = send.clone();
-        let head = http::Request::post(format!(
-            "http://{}/ringlimit.v1.RateLimiter/CheckBatch",
-            node.grpc_addr
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (response, mut out) = send.send_request(head, false).unwrap();
-        out.send_data(body.clone(), true).unwrap();
+        let (response, out) = send_batch(&send, node.grpc_addr, &body);
         responses.push(response);
         streams.push(out);
     }
@@ -611,17 +617,7 @@ async fn unread_batch_answers_spend_a_node_wide_budget_and_then_are_refused_unch
     let mut streams = Vec::new();
     let mut answered = Vec::new();
     for _ in 0..STREAMS {
-        let mut send = send.clone();
-        let head = http::Request::post(format!(
-            "http://{}/ringlimit.v1.RateLimiter/CheckBatch",
-            node.grpc_addr
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (response, mut out) = send.send_request(head, false).unwrap();
-        out.send_data(body.clone(), true).unwrap();
+        let (response, out) = send_batch(&send, node.grpc_addr, &body);
         streams.push(out);
         // One at a time, so which calls fit the budget is not a race.
         let response = tokio::time::timeout(GUARD, response)

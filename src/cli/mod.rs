@@ -149,14 +149,7 @@ pub async fn rules_put(
 /// How many Envoy domains the cluster's rule set at `addr` holds, if it has an
 /// `[envoy]` section with any.
 async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<Option<usize>> {
-    let answer = http::request(
-        addr,
-        "GET",
-        "/v1/rules",
-        &[("Accept", "application/json".into())],
-        None,
-    )
-    .await?;
+    let answer = get_rules_json(addr).await?;
     anyhow::ensure!(
         answer.status == 200,
         "reading the cluster's rules: {} {}",
@@ -168,6 +161,18 @@ async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<Option<usize>> {
         .envoy
         .map(|section| section.domains.len())
         .filter(|n| *n > 0))
+}
+
+/// `GET /v1/rules` as JSON from the node at `addr`.
+async fn get_rules_json(addr: &str) -> anyhow::Result<http::Answer> {
+    http::request(
+        addr,
+        "GET",
+        "/v1/rules",
+        &[("Accept", "application/json".into())],
+        None,
+    )
+    .await
 }
 
 /// The `[envoy]` section of the YAML at `path`, checked with the `--envoy-config`
@@ -205,14 +210,7 @@ pub async fn rules_diff(file: &Path, addr: &str) -> anyhow::Result<ExitCode> {
     } else {
         RulesDoc::from_toml_str(text)?
     };
-    let answer = http::request(
-        addr,
-        "GET",
-        "/v1/rules",
-        &[("Accept", "application/json".into())],
-        None,
-    )
-    .await?;
+    let answer = get_rules_json(addr).await?;
     if answer.status != 200 {
         eprintln!("error: {} {}", answer.status, answer.error_message());
         return Ok(ExitCode::from(2));

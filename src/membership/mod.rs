@@ -99,6 +99,8 @@ pub use view::{
     KEY_PEER_ADDR,
 };
 
+/// Binds of a probed gossip port tried before giving up (module `resolve_listen_addr`).
+const BIND_ATTEMPTS: u32 = 5;
 /// Default gossip round period; see the module docs for the reasoning.
 pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(200);
 /// Default phi above which a peer is declared dead.
@@ -310,6 +312,28 @@ impl Membership {
         cancel: CancellationToken,
     ) -> Result<Membership, MembershipError> {
         config.validate()?;
+        // Port 0 is resolved by a probe socket that is closed before chitchat binds
+        // the port (see `resolve_listen_addr`); another process may take it in
+        // between. Then chitchat cannot bind: probe a new port and try again.
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(&config, transport, cancel.clone()).await {
+                Err(MembershipError::Start(error))
+                    if config.gossip_listen.port() == 0 && attempt < BIND_ATTEMPTS =>
+                {
+                    debug!(%error, attempt, "gossip port taken before chitchat bound it; probing another");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(
+        config: &MembershipConfig,
+        transport: &dyn Transport,
+        cancel: CancellationToken,
+    ) -> Result<Membership, MembershipError> {
         let listen_addr = resolve_listen_addr(transport, config.gossip_listen).await?;
         let mut gossip_addr = config.gossip_advertise.unwrap_or(listen_addr);
         if gossip_addr.port() == 0 {
