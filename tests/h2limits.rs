@@ -596,10 +596,11 @@ async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
 async fn unread_batch_answers_spend_a_node_wide_budget_and_then_are_refused_uncharged() {
     const STREAMS: usize = 40;
     const ITEMS: usize = 1000;
+    const BUDGET: u32 = 10_000;
     // Not while another test measures this process' RSS.
     let _alone = RSS_MEASURED.lock().await;
     let mut config = NodeConfig::for_test();
-    config.grpc.max_unsent_answer_items = 10 * ITEMS as u32;
+    config.grpc.max_unsent_answer_items = BUDGET;
     let (node, _clock) = common::start_manual(config, 1_767_225_600_000).await;
     let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
     let (send, connection) = h2::client::Builder::new()

@@ -56,7 +56,7 @@ pub async fn rules_put(
     drop_envoy: bool,
     addr: &str,
     token_file: Option<&Path>,
-    if_match: Option<u64>,
+    mut if_match: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
     let section = match envoy {
         None => None,
@@ -97,7 +97,11 @@ pub async fn rules_put(
             // file written before the domains moved into the rule set would silently
             // switch those limits off. Refuse that unless asked for.
             if doc.envoy.is_none() && !drop_envoy {
-                if let Some(domains) = cluster_envoy_domains(addr).await? {
+                let (domains, version) = cluster_envoy_domains(addr).await?;
+                // Put against the version just checked, so a section added meanwhile
+                // makes the put fail (412) instead of being removed unseen.
+                if_match = if_match.or(version);
+                if let Some(domains) = domains {
                     eprintln!(
                         "refused: the cluster's rule set has an [envoy] section ({domains} domains) that {} does not have: putting it would remove them. Add them with --envoy DIR, or pass --drop-envoy to remove them. Nothing was sent.",
                         file.display()
@@ -147,8 +151,8 @@ pub async fn rules_put(
 }
 
 /// How many Envoy domains the cluster's rule set at `addr` holds, if it has an
-/// `[envoy]` section with any.
-async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<Option<usize>> {
+/// `[envoy]` section with any, and the version read (its ETag).
+async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<(Option<usize>, Option<u64>)> {
     let answer = get_rules_json(addr).await?;
     anyhow::ensure!(
         answer.status == 200,
@@ -157,10 +161,14 @@ async fn cluster_envoy_domains(addr: &str) -> anyhow::Result<Option<usize>> {
         answer.error_message()
     );
     let remote = RulesDoc::from_json_str(&answer.body)?;
-    Ok(remote
+    let version = answer
+        .header("etag")
+        .and_then(|v| v.trim_matches('"').parse().ok());
+    let domains = remote
         .envoy
         .map(|section| section.domains.len())
-        .filter(|n| *n > 0))
+        .filter(|n| *n > 0);
+    Ok((domains, version))
 }
 
 /// `GET /v1/rules` as JSON from the node at `addr`.

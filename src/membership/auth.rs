@@ -295,6 +295,7 @@ impl Transport for AuthUdpTransport {
             socket,
             codec: None,
             pending: None,
+            codec_failing_since: None,
             buf: vec![0; RECV_BUF_LEN].into_boxed_slice(),
             datagram: Vec::with_capacity(MAX_DATAGRAM_LEN),
         }))
@@ -305,6 +306,8 @@ impl Transport for AuthUdpTransport {
 /// is synchronous, so this only expires for an authentic payload chitchat cannot
 /// decode (chitchat's socket then logs it and keeps waiting) or a starved process.
 const CODEC_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the codec may fail on every use before the socket counts as broken.
+const CODEC_GIVE_UP: Duration = Duration::from_secs(30);
 
 /// Chitchat's envelope encoding, borrowed from chitchat itself.
 ///
@@ -358,6 +361,8 @@ struct AuthUdpSocket {
     /// in it can never be taken for a later one.
     codec: Option<Codec>,
     pending: Option<Pending>,
+    /// Since when every use of the codec failed (`None` after a success).
+    codec_failing_since: Option<tokio::time::Instant>,
     buf: Box<[u8]>,
     datagram: Vec<u8>,
 }
@@ -394,6 +399,23 @@ async fn ensure(codec: &mut Option<Codec>) -> anyhow::Result<&mut Codec> {
 impl AuthUdpSocket {
     /// Drops the codec sockets (reopened on next use) and with them anything queued
     /// in them, including a pending payload, which is then lost like a dropped datagram.
+    /// A codec failure: the datagram is lost and the codec reopened next time. Only
+    /// once it has failed for [`CODEC_GIVE_UP`] without a single success is it an
+    /// error of the socket, which ends gossip (and so the node: a codec that never
+    /// works again would leave it deciding alone with a view nobody updates).
+    fn codec_failed(&mut self, error: anyhow::Error, now_ms: u64) -> anyhow::Result<()> {
+        self.reset_codec();
+        self.stats.note_codec_failure(&error, now_ms);
+        let now = tokio::time::Instant::now();
+        let since = *self.codec_failing_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= CODEC_GIVE_UP {
+            return Err(error.context(format!(
+                "gossip codec failed for {CODEC_GIVE_UP:?} without a success"
+            )));
+        }
+        Ok(())
+    }
+
     fn reset_codec(&mut self) {
         self.codec = None;
         self.pending = None;
@@ -421,6 +443,7 @@ impl AuthUdpSocket {
                 }
             }
         }
+        self.codec_failing_since = None;
         self.datagram.clear();
         self.datagram.extend_from_slice(&self.buf[..sent]);
         Ok(())
@@ -443,6 +466,7 @@ impl AuthUdpSocket {
             match tokio::time::timeout_at(deadline, codec.codec.recv()).await {
                 Ok(Ok(outcome)) if outcome.from_addr == tap_addr => {
                     self.pending = None;
+                    self.codec_failing_since = None;
                     return Ok(Some(RecvOutcome {
                         from_addr,
                         envelope: outcome.envelope,
@@ -453,8 +477,7 @@ impl AuthUdpSocket {
                 Ok(Err(error)) => {
                     // The codec's sockets failed, not the gossip socket: drop this
                     // datagram like a lost one and open a fresh codec for the next.
-                    self.reset_codec();
-                    self.stats.note_codec_failure(&error, now_ms());
+                    self.codec_failed(error, now_ms())?;
                     return Ok(None);
                 }
                 Err(_) => {
@@ -547,8 +570,7 @@ impl Socket for AuthUdpSocket {
                 Err(error) => Err(error),
             };
             if let Err(error) = handed {
-                self.reset_codec();
-                self.stats.note_codec_failure(&error, now);
+                self.codec_failed(error, now)?;
                 continue;
             }
             // Loopback delivery is synchronous: the payload is queued at the codec.

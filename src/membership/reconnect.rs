@@ -11,7 +11,7 @@
 //! So every node remembers, by gossip address, the members that dropped out of its
 //! view without announcing a leave, and for [`RECONNECT_FOR`] after the loss gossips
 //! to each of them directly every [`RECONNECT_EVERY`]; a node whose view holds only
-//! itself does so every tick. Both sides of a healed partition then exchange
+//! itself does so every tick, and forgets none of them while it stays alone. Both sides of a healed partition then exchange
 //! heartbeats at least once a second, well inside the failure detector's 2 s longest
 //! counted gap, and see each other again within a second or two whatever the number
 //! of dead identities. The same path makes a crashed member's restart at the same
@@ -75,10 +75,11 @@ impl Lost {
 
     /// The addresses to gossip to on a driver tick at `now`: every lost member lost
     /// less than [`RECONNECT_FOR`] ago, on every tick while this node is `alone` in
-    /// its view, else at most once per [`RECONNECT_EVERY`]. Forgets older losses.
+    /// its view, else at most once per [`RECONNECT_EVERY`]. Forgets older losses, but
+    /// never while alone: a partition longer than ten minutes must heal the same way.
     pub fn due(&mut self, now: Instant, alone: bool) -> Vec<SocketAddr> {
         self.since
-            .retain(|_, at| now.saturating_duration_since(*at) < RECONNECT_FOR);
+            .retain(|_, at| alone || now.saturating_duration_since(*at) < RECONNECT_FOR);
         if self.since.is_empty() {
             return Vec::new();
         }
@@ -147,8 +148,10 @@ mod tests {
         // ...but on every tick while we are alone.
         let t1 = t0 + RECONNECT_EVERY + Duration::from_millis(200);
         assert_eq!(lost.due(t1, true), vec![gossip(3)]);
-        // Forgotten after RECONNECT_FOR.
-        assert!(lost.due(t0 + RECONNECT_FOR, true).is_empty());
+        // Kept past RECONNECT_FOR while alone (a long partition), forgotten after it
+        // once this node has peers again.
+        assert_eq!(lost.due(t0 + RECONNECT_FOR * 2, true), vec![gossip(3)]);
+        assert!(lost.due(t0 + RECONNECT_FOR * 3, false).is_empty());
         assert!(lost.is_empty());
     }
 

@@ -382,10 +382,10 @@ impl GrpcLimits {
         if self.max_concurrent_streams == 0 {
             return Err("max concurrent streams must be at least 1".into());
         }
-        if (self.max_unsent_answer_items as usize) < crate::check::plan::MAX_BATCH {
+        let one_call = crate::server::answer_budget::MAX_ITEMS_PER_CALL;
+        if (self.max_unsent_answer_items as usize) < one_call {
             return Err(format!(
-                "max unsent answer items must be at least one full batch ({})",
-                crate::check::plan::MAX_BATCH
+                "max unsent answer items must be at least one full batch ({one_call})"
             ));
         }
         for (name, d) in [

@@ -26,8 +26,16 @@ use std::task::{Context, Poll};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Default budget: 262,144 items, about 100 MB of unsent answers node-wide.
+/// Default budget: 262,144 items, about 100 MB of unsent answers node-wide. An item is
+/// one answered check or descriptor (a `CheckBatch` check with three descriptors is four
+/// items), or one Gubernator request.
 pub const DEFAULT_MAX_UNSENT_ANSWER_ITEMS: u32 = 262_144;
+
+/// The most items one valid bulk call answers: a full `CheckBatch` whose every check
+/// carries the most descriptors. A larger call is invalid and refused as such by the
+/// check layer, so it never needs more than this; the budget must hold at least this.
+pub const MAX_ITEMS_PER_CALL: usize =
+    crate::check::plan::MAX_BATCH * (1 + crate::check::plan::MAX_DESCRIPTORS);
 
 /// The node-wide budget of unsent bulk-answer items (module docs).
 #[derive(Debug, Clone)]
@@ -47,10 +55,12 @@ impl AnswerBudget {
         }
     }
 
-    /// Permits for an answer of `items` items (at least one), or `None` when the budget
-    /// cannot spare them now.
+    /// Permits for an answer of `items` items (at least one, at most
+    /// [`MAX_ITEMS_PER_CALL`]: a call claiming more is invalid, and is held at that much
+    /// until the check layer refuses it as such), or `None` when the budget cannot spare
+    /// them now.
     pub fn try_hold(&self, items: usize) -> Option<HeldAnswer> {
-        let items = u32::try_from(items.max(1)).ok()?;
+        let items = u32::try_from(items.clamp(1, MAX_ITEMS_PER_CALL)).ok()?;
         self.items
             .clone()
             .try_acquire_many_owned(items)
@@ -179,5 +189,10 @@ mod tests {
         // An empty batch still holds one item; more than the budget never fits.
         assert!(budget.try_hold(0).is_some());
         assert!(budget.try_hold(1001).is_none());
+        // An invalid, oversized call holds at most one valid call's worth, so with the
+        // smallest budget allowed it still reaches the check layer and is refused as
+        // invalid rather than "overloaded".
+        let smallest = AnswerBudget::new(MAX_ITEMS_PER_CALL as u32);
+        assert!(smallest.try_hold(10 * MAX_ITEMS_PER_CALL).is_some());
     }
 }

@@ -185,11 +185,13 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
     ) -> Result<Response<proto::CheckBatchResponse>, Status> {
         let started = Instant::now();
         let batch = request.into_inner();
-        // Before anything is decided: over budget, nothing is charged.
+        // Before anything is decided: over budget, nothing is charged. One item per
+        // answered check and per descriptor (each echoes its key and route).
+        let items: usize = batch.checks.iter().map(|c| 1 + c.descriptors.len()).sum();
         let held = self
             .answers
-            .try_hold(batch.checks.len())
-            .ok_or_else(|| over_budget(batch.checks.len(), &self.answers))?;
+            .try_hold(items)
+            .ok_or_else(|| over_budget(items, &self.answers))?;
         let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
         let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
         drop(inputs);
