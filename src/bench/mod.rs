@@ -457,11 +457,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             p99(&ours),
             ra / rr
         );
-        let cpu = |v: &[RunResult]| {
-            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
-            (!c.is_empty()).then(|| median(c))
-        };
-        if let (Some(a), Some(r)) = (cpu(&aware), cpu(&ours)) {
+        if let (Some(a), Some(r)) = (median_cpu(&aware), median_cpu(&ours)) {
             println!(
                 "median server CPU per check: ring-aware {a:.1} µs, random-entry {r:.1} µs, ratio {:.2}",
                 a / r
@@ -479,11 +475,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             rate_ours / rate_theirs
         );
         println!("ratio ringlimit/redis p99: {:.2}", p99_ours / p99_theirs);
-        let cpu = |v: &[RunResult]| {
-            let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
-            (!c.is_empty()).then(|| median(c))
-        };
-        if let (Some(o), Some(t)) = (cpu(&ours), cpu(&theirs)) {
+        if let (Some(o), Some(t)) = (median_cpu(&ours), median_cpu(&theirs)) {
             println!("median server CPU per check: ringlimit {o:.1} µs, redis {t:.1} µs");
             println!("ratio ringlimit/redis cpu_per_check: {:.2}", o / t);
         }
@@ -648,6 +640,15 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// The median server CPU per check of `runs` that measured it.
+fn median_cpu(runs: &[RunResult]) -> Option<f64> {
+    let c: Vec<f64> = runs
+        .iter()
+        .filter_map(RunResult::cpu_us_per_check)
+        .collect();
+    (!c.is_empty()).then(|| median(c))
+}
+
 /// Median checks/s and server CPU per check of a front end (`front`, e.g. Envoy RLS)
 /// against the native `Check` rounds of the same run.
 fn print_front_ratio(name: &str, front: &[RunResult], native: &[RunResult]) {
@@ -660,11 +661,7 @@ fn print_front_ratio(name: &str, front: &[RunResult], native: &[RunResult]) {
         "median {name} checks/s {rate_front:.0}, native Check checks/s {rate_native:.0}, ratio {:.2}",
         rate_front / rate_native
     );
-    let cpu = |v: &[RunResult]| {
-        let c: Vec<f64> = v.iter().filter_map(RunResult::cpu_us_per_check).collect();
-        (!c.is_empty()).then(|| median(c))
-    };
-    if let (Some(f), Some(n)) = (cpu(front), cpu(native)) {
+    if let (Some(f), Some(n)) = (median_cpu(front), median_cpu(native)) {
         println!(
             "median server CPU per check: {name} {f:.1} µs, native {n:.1} µs, ratio {name}/native {:.2}",
             f / n
