@@ -243,6 +243,11 @@ struct ServeArgs {
     /// and leave together as one batch when a call returns.
     #[arg(long, default_value_t = 1)]
     forward_max_in_flight: usize,
+    /// Send forwarded batches as one unary `Peer/Forward` call each instead of on one
+    /// long-lived stream per peer (what a node does anyway for a peer of an older build):
+    /// to compare the two.
+    #[arg(long)]
+    forward_unary: bool,
     /// Most open gRPC connections; one more is closed at once (and counted).
     #[arg(long, default_value_t = GrpcLimits::default().max_connections)]
     max_connections: usize,
@@ -497,6 +502,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;
+    config.forward.stream = !args.forward_unary;
     config.grpc.max_connections = args.max_connections;
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
     config.grpc.max_unsent_answer_items = args.max_unsent_answer_items;

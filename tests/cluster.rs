@@ -584,6 +584,88 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
     }
 }
 
+/// The forward stream decides each batch like a `Forward` call: a batch that breaks a
+/// bound, or arrives after its deadline, is refused alone with the status `Forward` would
+/// answer and nothing of it is decided, and the stream goes on with the next batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes_on() {
+    use ringlimit::proto::peer::ForwardCall;
+    let (_dir, rules) = rules_file(RULES);
+    let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let victim = key_owned_by("b", &["a", "b", "c"], "s");
+    let mut peer = peer_client(&nodes[1]).await;
+    let item = ForwardItem {
+        key: victim.clone(),
+        route: "GET /t".into(),
+        tier: None,
+        cost: 1,
+        hops: 1,
+        named: None,
+        give_back: 0,
+        drain: false,
+        peek: false,
+    };
+    let call = |call, items, deadline_ms| ForwardCall {
+        call,
+        request: Some(ForwardRequest {
+            from_node: "a".into(),
+            items,
+            deadline_ms,
+        }),
+    };
+    let (calls, body) = tokio::sync::mpsc::channel(4);
+    let mut answers = peer
+        .forward_stream(tokio_stream::wrappers::ReceiverStream::new(body))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+
+    calls
+        .send(call(7, vec![item.clone(); 1001], 0))
+        .await
+        .unwrap();
+    let refused = answers.message().await.unwrap().expect("an answer");
+    assert_eq!(refused.call, 7);
+    assert_eq!(refused.code, tonic::Code::InvalidArgument as u32);
+    assert!(
+        refused.message.contains("at most 1000"),
+        "{}",
+        refused.message
+    );
+    assert!(refused.response.is_none());
+
+    // Due at 1 ms after the epoch: long past on any clock.
+    calls.send(call(8, vec![item.clone()], 1)).await.unwrap();
+    let stale = answers.message().await.unwrap().expect("an answer");
+    assert_eq!(
+        (stale.call, stale.code),
+        (8, tonic::Code::DeadlineExceeded as u32)
+    );
+
+    calls
+        .send(call(9, vec![item.clone(), item.clone()], 0))
+        .await
+        .unwrap();
+    let answered = answers.message().await.unwrap().expect("an answer");
+    assert_eq!((answered.call, answered.code), (9, 0));
+    let response = answered.response.expect("a decided batch has a response");
+    assert_eq!(response.node_id, "b");
+    let remaining: Vec<u64> = response.outcomes.iter().map(|o| o.remaining).collect();
+    assert_eq!(
+        remaining,
+        [LIMIT as u64 - 1, LIMIT as u64 - 2],
+        "only the third batch was decided"
+    );
+    drop(calls);
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the owner ends its side once the sender closes its own"
+    );
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
 /// Both sides of a forward compute the same counter identity: the entry node sends the
 /// route as received and the owner normalises it again, so query strings and paths sent
 /// through different entry nodes still spend one budget on the owner.

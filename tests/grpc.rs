@@ -889,6 +889,18 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
         body: r#"{"default": {"limit": 1000000000, "window": "1s"}}"#.into(),
     };
     unauthenticated(anonymous.write_rules(takeover.clone()).await);
+    // A forward stream is one call: refused whole before any batch on it is read.
+    let forwards = || {
+        tokio_stream::iter(vec![ringlimit::proto::peer::ForwardCall {
+            call: 1,
+            request: Some(ringlimit::proto::peer::ForwardRequest {
+                from_node: "intruder".into(),
+                items: vec![],
+                deadline_ms: 0,
+            }),
+        }])
+    };
+    unauthenticated(anonymous.forward_stream(forwards()).await);
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
@@ -906,6 +918,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
             .await,
     );
     unauthenticated(outsider.write_rules(takeover.clone()).await);
+    unauthenticated(outsider.forward_stream(forwards()).await);
 
     // A member's captured proof, sent again.
     let key = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();

@@ -103,6 +103,10 @@ pub struct BenchArgs {
     /// authenticating peer calls and gossip costs against the default.
     #[arg(long)]
     pub insecure_cluster: bool,
+    /// One more flag for every node the benchmark starts (repeat it; a value with its
+    /// flag as `--node-arg=--forward-unary`), to compare node settings in one run.
+    #[arg(long = "node-arg", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
     /// Concurrent callers.
     #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
@@ -287,6 +291,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.protocol.gubernator() {
             extra.push("--gubernator");
         }
+        extra.extend(args.node_args.iter().map(String::as_str));
         let nodes = start_nodes(
             args.nodes,
             &rules_dir,

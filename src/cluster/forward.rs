@@ -7,19 +7,37 @@
 //!
 //! Each peer has a batcher task fed by a bounded channel. It takes whatever checks are
 //! queued (up to `max_batch`), optionally waits `flush_delay` for more, and sends them
-//! as one `Peer/Forward` call. At most `max_in_flight` calls (default 1) are out at once on
-//! the one connection; while that many are out, new checks queue and leave together
-//! when a call returns. So an idle link sends each check at once, and under load the
-//! batches grow with the load instead of every check paying for a call of its own.
+//! as one batch. At most `max_in_flight` batches (default 1) are out at once to one
+//! peer; while that many are out, new checks queue and leave together when an answer
+//! returns. So an idle link sends each check at once, and under load the batches grow
+//! with the load instead of every check paying for a call of its own.
+//!
+//! Batches travel on one long-lived `Peer/ForwardStream` per peer (a [`Session`]): each
+//! is one message out and one back, numbered so the answers can come in any order. A
+//! unary call per batch would cost both nodes HTTP/2 headers, a new stream, a server
+//! task, the call's proof and its tower stack every time; on a stream they are paid
+//! once. The stream's driver task hands each answer straight to the callers of its
+//! batch, so a batch costs no task or channel of its own either (the unary path spawns
+//! one call per batch). A stream is replaced after `stream_max_age` (the old one finishes the
+//! batches it carries), so a server's connection age limit, which closes a connection
+//! 30 s after its GOAWAY by default, never cuts a stream in the middle of a batch; a
+//! broken stream fails the batches it carried (their checks fall back, as on any
+//! failed call) and the next batch opens a new one. A peer that does not know the
+//! stream (an older build answers `UNIMPLEMENTED`) gets unary `Peer/Forward` calls from
+//! then on; the one batch that found out falls back.
 //!
 //! Every forward has a deadline. A check whose owner does not answer in time comes
 //! back as [`ForwardError`]; the router then fails open (or closed, per rule). A batch
 //! carries its most urgent check's deadline, and checks whose caller already gave up
-//! are left out of the batch rather than charged on the owner.
+//! are left out of the batch rather than charged on the owner. A batch still waiting
+//! at its deadline gives its in-flight slot back, so an owner that stops answering
+//! without closing the stream (paused, partitioned) holds up no later batch.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -36,8 +54,9 @@ use crate::keyring::{Keyring, CALL_HEADER};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::{
-    ForwardItem, ForwardOutcome, ForwardRequest, InstallRequest, KeyState as WireState,
-    RefundItem as WireRefund, RefundRequest, RulesRequest, WriteRulesRequest,
+    ForwardAnswer, ForwardCall, ForwardItem, ForwardOutcome, ForwardRequest, ForwardResponse,
+    InstallRequest, KeyState as WireState, RefundItem as WireRefund, RefundRequest, RulesRequest,
+    WriteRulesRequest,
 };
 use crate::shard::Exported;
 
@@ -78,6 +97,13 @@ pub struct ForwardConfig {
     pub max_in_flight: usize,
     /// Checks queued per peer before new ones are failed over at once.
     pub queue: usize,
+    /// A forward stream is replaced once it is this old (see the module doc): keep it
+    /// well inside the grace a peer's server gives a connection's streams after its
+    /// GOAWAY (30 s by default).
+    pub stream_max_age: Duration,
+    /// Forward on one `ForwardStream` per peer; `false`: a unary `Forward` call per batch
+    /// (`--forward-unary`).
+    pub stream: bool,
     /// Source IP for outbound peer connections (so partition rules that match a
     /// node's address also match its outbound traffic); `None` lets the OS choose.
     pub local_ip: Option<IpAddr>,
@@ -97,6 +123,8 @@ impl Default for ForwardConfig {
             max_batch: 1000,
             max_in_flight: 1,
             queue: 16_384,
+            stream_max_age: Duration::from_secs(15),
+            stream: true,
             local_ip: None,
             keyring: None,
             tls: None,
@@ -163,6 +191,303 @@ struct Link {
     queue: mpsc::Sender<Pending>,
     client: PeerClient<Signed>,
     created: std::time::Instant,
+}
+
+/// Batches queued for one stream's request body. At most `max_in_flight` are out, so
+/// only an unlimited setting (0) can fill it; a batch that finds it full fails over.
+const STREAM_FRAMES: usize = 64;
+
+/// Where the answers of one peer's batches go.
+///
+/// Batches leave on the current [`Session`], a `ForwardStream`, replaced when it breaks
+/// or ages, or as unary calls once the peer turned out not to know the stream. A batch
+/// on a stream waits in `waiting` with its callers' reply channels; the stream's driver
+/// task hands each answer straight to those callers, so a batch costs no task and no
+/// channel of its own.
+struct Streams {
+    client: PeerClient<Signed>,
+    peer: Arc<str>,
+    max_age: Duration,
+    state: Mutex<StreamState>,
+    /// The peer answered `UNIMPLEMENTED`: send `Forward` calls.
+    unary: AtomicBool,
+    /// Ends every session's driver when the link goes (the batcher holds its guard).
+    cancel: CancellationToken,
+    opened: metrics::Counter,
+}
+
+#[derive(Default)]
+struct StreamState {
+    current: Option<Session>,
+    next_session: u64,
+    next_call: u64,
+    waiting: HashMap<u64, Waiting>,
+}
+
+/// One `ForwardStream`: its request body. The driver reading its answers holds the
+/// [`Streams`] but not this sender, so once a session is replaced the request body
+/// ends, the peer answers what it holds and ends its side, and the driver stops.
+struct Session {
+    id: u64,
+    frames: mpsc::Sender<ForwardCall>,
+    opened: std::time::Instant,
+}
+
+/// A batch sent and not answered yet.
+struct Waiting {
+    session: u64,
+    /// Per check, in order: the rule this node matched and the caller's reply.
+    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    deadline: tokio::time::Instant,
+    /// The batch's in-flight slot, free again when it is answered, fails or expires.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Waiting {
+    fn fail(self, error: &ForwardError) {
+        for (_, reply) in self.replies {
+            let _ = reply.send(Err(error.clone()));
+        }
+    }
+}
+
+impl Streams {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Send `request` on the current stream (opened first if there is none, it broke or
+    /// it aged); its answers go to `replies`. The batch fails over at once if the
+    /// stream's queue is full.
+    fn send(
+        self: &Arc<Self>,
+        request: ForwardRequest,
+        replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+        deadline: tokio::time::Instant,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) {
+        let mut state = self.lock();
+        Self::expire_locked(&mut state, tokio::time::Instant::now(), &self.peer);
+        let call = state.next_call;
+        state.next_call += 1;
+        let mut frame = ForwardCall {
+            call,
+            request: Some(request),
+        };
+        // A driver can end between two batches; nothing was sent on its stream then,
+        // so the batch goes on a fresh one.
+        for _ in 0..2 {
+            let session = self.current_locked(&mut state);
+            let id = session.id;
+            match session.frames.try_send(frame) {
+                Ok(()) => {
+                    state.waiting.insert(
+                        call,
+                        Waiting {
+                            session: id,
+                            replies,
+                            deadline,
+                            _slot: slot,
+                        },
+                    );
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    drop(state);
+                    let error = ForwardError::Overloaded(self.peer.to_string());
+                    for (_, reply) in replies {
+                        let _ = reply.send(Err(error.clone()));
+                    }
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(back)) => {
+                    frame = back;
+                    state.current = None;
+                }
+            }
+        }
+        drop(state);
+        let error =
+            ForwardError::Unreachable(self.peer.to_string(), "forward stream closed".into());
+        for (_, reply) in replies {
+            let _ = reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The session to send on, opening a new stream when needed.
+    fn current_locked<'a>(self: &Arc<Self>, state: &'a mut StreamState) -> &'a Session {
+        let fresh = state
+            .current
+            .as_ref()
+            .is_some_and(|s| s.opened.elapsed() < self.max_age);
+        if !fresh {
+            let (frames, body) = mpsc::channel(STREAM_FRAMES);
+            let id = state.next_session;
+            state.next_session += 1;
+            self.opened.increment(1);
+            tokio::spawn(tracing::Instrument::in_current_span(drive(
+                self.clone(),
+                id,
+                body,
+            )));
+            state.current = Some(Session {
+                id,
+                frames,
+                opened: std::time::Instant::now(),
+            });
+        }
+        state.current.as_ref().expect("just set")
+    }
+
+    /// Hand an answer to the callers of its batch (a batch that expired is gone).
+    fn deliver(&self, answer: ForwardAnswer) {
+        let Some(waiting) = self.lock().waiting.remove(&answer.call) else {
+            return;
+        };
+        let result = match answer.response {
+            Some(response) if answer.code == 0 => Ok(response),
+            _ if answer.code == 0 => Err(ForwardError::Unreachable(
+                self.peer.to_string(),
+                "an answer without a response".into(),
+            )),
+            _ => Err(ForwardError::Unreachable(
+                self.peer.to_string(),
+                answer.message,
+            )),
+        };
+        answer_callers(result, waiting.replies, &self.peer);
+    }
+
+    /// Session `id` ended: fail its batches still waiting, and open a new stream for
+    /// the next batch.
+    fn close(&self, id: u64, error: &ForwardError) {
+        let failed: Vec<Waiting> = {
+            let mut state = self.lock();
+            if state.current.as_ref().is_some_and(|s| s.id == id) {
+                state.current = None;
+            }
+            let calls: Vec<u64> = state
+                .waiting
+                .iter()
+                .filter(|(_, w)| w.session == id)
+                .map(|(&call, _)| call)
+                .collect();
+            calls
+                .into_iter()
+                .filter_map(|call| state.waiting.remove(&call))
+                .collect()
+        };
+        for waiting in failed {
+            waiting.fail(error);
+        }
+    }
+
+    /// Fail the batches past their deadline (their callers have stopped waiting), so
+    /// their in-flight slots are free again even if the peer never answers.
+    fn expire(&self, now: tokio::time::Instant) {
+        Self::expire_locked(&mut self.lock(), now, &self.peer);
+    }
+
+    fn expire_locked(state: &mut StreamState, now: tokio::time::Instant, peer: &str) {
+        if state.waiting.values().all(|w| w.deadline > now) {
+            return;
+        }
+        let error = ForwardError::Timeout(peer.to_string());
+        state.waiting.retain(|_, w| {
+            if w.deadline > now {
+                return true;
+            }
+            for (_, reply) in w.replies.drain(..) {
+                let _ = reply.send(Err(error.clone()));
+            }
+            false
+        });
+    }
+
+    /// When the most urgent waiting batch is due.
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        self.lock().waiting.values().map(|w| w.deadline).min()
+    }
+}
+
+/// Open one `ForwardStream` with `body` as its request stream and hand each answer to
+/// its batch until the stream ends, the link goes or the node stops; then fail what is
+/// still waiting on it.
+async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>) {
+    let read = async {
+        let mut client = streams.client.clone();
+        let mut answers = match client
+            .forward_stream(tokio_stream::wrappers::ReceiverStream::new(body))
+            .await
+        {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                streams.unary.store(true, Ordering::Relaxed);
+                tracing::info!(peer = %streams.peer, "peer does not stream forwards (an older build): using unary calls");
+                return status.message().to_string();
+            }
+            Err(status) => return status.message().to_string(),
+        };
+        loop {
+            match answers.message().await {
+                Ok(Some(answer)) => streams.deliver(answer),
+                Ok(None) => return "forward stream ended".to_string(),
+                Err(status) => return status.message().to_string(),
+            }
+        }
+    };
+    let why = tokio::select! {
+        why = read => why,
+        _ = streams.cancel.cancelled() => "link closed".to_string(),
+    };
+    streams.close(
+        id,
+        &ForwardError::Unreachable(streams.peer.to_string(), why),
+    );
+}
+
+/// Answer each check of a batch from the owner's response (or fail them all).
+fn answer_callers(
+    result: Result<ForwardResponse, ForwardError>,
+    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    peer: &Arc<str>,
+) {
+    match result {
+        Ok(response) if response.outcomes.len() == replies.len() => {
+            // The owner is the peer this link was made for (unless a node with
+            // another id took its address): its id is shared, not copied.
+            let node_id = if *response.node_id == **peer {
+                peer.clone()
+            } else {
+                Arc::from(response.node_id.as_str())
+            };
+            let decider = Decider {
+                node_id,
+                generation: response.generation,
+            };
+            for (outcome, (rule, reply)) in response.outcomes.into_iter().zip(replies) {
+                let _ = reply.send(Ok(remote(outcome, &decider, rule)));
+            }
+        }
+        Ok(response) => {
+            let error = ForwardError::Unreachable(
+                peer.to_string(),
+                format!(
+                    "{} answers for {} checks",
+                    response.outcomes.len(),
+                    replies.len()
+                ),
+            );
+            for (_, reply) in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+        Err(error) => {
+            for (_, reply) in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
 }
 
 /// A link that timed out is replaced by a fresh connection, but at most this often.
@@ -485,14 +810,24 @@ impl PeerPool {
             client: client.clone(),
             created: std::time::Instant::now(),
         });
-        // Replacing the link drops the old sender, which ends the old batcher.
+        // Replacing the link drops the old sender, which ends the old batcher, and with
+        // it (its guard cancels `streams.cancel`) the old link's stream drivers.
         self.links.insert(owner.node_id.clone(), link.clone());
+        let peer: Arc<str> = Arc::from(owner.node_id.as_str());
+        let streams = Arc::new(Streams {
+            client,
+            peer,
+            max_age: self.config.stream_max_age,
+            state: Mutex::default(),
+            unary: AtomicBool::new(!self.config.stream),
+            cancel: self.cancel.child_token(),
+            opened: metrics::counter!("ringlimit_forward_streams_opened_total"),
+        });
         self.tracker.spawn(tracing::Instrument::instrument(
             batcher(
                 rx,
-                client,
+                streams,
                 self.me.clone(),
-                Arc::from(owner.node_id.as_str()),
                 self.config.clone(),
                 self.cancel.clone(),
             ),
@@ -502,15 +837,16 @@ impl PeerPool {
     }
 }
 
-/// Coalesce queued checks for one peer into `Forward` calls.
+/// Coalesce queued checks for one peer into batches, sent on the peer's stream (or as
+/// `Forward` calls to a peer without it).
 async fn batcher(
     mut rx: mpsc::Receiver<Pending>,
-    client: PeerClient<Signed>,
+    streams: Arc<Streams>,
     me: Arc<str>,
-    peer: Arc<str>,
     config: ForwardConfig,
     cancel: CancellationToken,
 ) {
+    let _drivers = streams.cancel.clone().drop_guard();
     let max = config.max_batch.max(1);
     let batches = metrics::histogram!("ringlimit_forward_batch_size");
     let in_flight = (config.max_in_flight > 0)
@@ -521,11 +857,16 @@ async fn batcher(
             _ = cancel.cancelled() => return,
             received = rx.recv_many(&mut batch, max) => if received == 0 { return },
         }
-        // Wait for a free call slot; checks that arrive meanwhile join this batch.
+        // Wait for a free slot; checks that arrive meanwhile join this batch. A batch
+        // the peer never answers gives its slot back at its deadline.
         let permit = match &in_flight {
-            Some(slots) => tokio::select! {
-                _ = cancel.cancelled() => return,
-                permit = slots.clone().acquire_owned() => permit.ok(),
+            Some(slots) => loop {
+                let due = streams.next_deadline();
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    permit = slots.clone().acquire_owned() => break permit.ok(),
+                    _ = sleep_until_some(due) => streams.expire(tokio::time::Instant::now()),
+                }
             },
             None => None,
         };
@@ -552,22 +893,38 @@ async fn batcher(
             continue;
         }
         batches.record(batch.len() as f64);
-        tokio::spawn(tracing::Instrument::in_current_span(send(
-            client.clone(),
-            batch,
-            me.clone(),
-            peer.clone(),
-            permit,
-        )));
+        let (request, replies, deadline) = request_of(batch, &me);
+        if streams.unary.load(Ordering::Relaxed) {
+            tokio::spawn(tracing::Instrument::in_current_span(send_unary(
+                streams.clone(),
+                request,
+                replies,
+                deadline,
+                permit,
+            )));
+        } else {
+            streams.send(request, replies, deadline, permit);
+        }
     }
 }
 
-async fn send(
-    mut client: PeerClient<Signed>,
+/// Sleep until `due`, or forever without one.
+async fn sleep_until_some(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The `Forward` request of a batch, its callers' replies, and when it is due.
+#[allow(clippy::type_complexity)]
+fn request_of(
     batch: Vec<Pending>,
-    me: Arc<str>,
-    peer: Arc<str>,
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    me: &str,
+) -> (
+    ForwardRequest,
+    Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    tokio::time::Instant,
 ) {
     // The batch is due when its most urgent check is: the owner refuses it after that
     // (see `deadline_ms`), and no caller is still waiting for it.
@@ -591,6 +948,19 @@ async fn send(
         items,
         deadline_ms,
     };
+    (request, replies, deadline)
+}
+
+/// A batch as one unary `Forward` call (a peer without the stream, `--forward-unary`).
+async fn send_unary(
+    streams: Arc<Streams>,
+    request: ForwardRequest,
+    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    deadline: tokio::time::Instant,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let peer = &streams.peer;
+    let mut client = streams.client.clone();
     let result = match tokio::time::timeout_at(deadline, client.forward(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(ForwardError::Unreachable(
@@ -599,42 +969,7 @@ async fn send(
         )),
         Err(_) => Err(ForwardError::Timeout(peer.to_string())),
     };
-    match result {
-        Ok(response) if response.outcomes.len() == replies.len() => {
-            // The owner is the peer this link was made for (unless a node with
-            // another id took its address): its id is shared, not copied.
-            let node_id = if *response.node_id == *peer {
-                peer
-            } else {
-                Arc::from(response.node_id.as_str())
-            };
-            let decider = Decider {
-                node_id,
-                generation: response.generation,
-            };
-            for (outcome, (rule, reply)) in response.outcomes.into_iter().zip(replies) {
-                let _ = reply.send(Ok(remote(outcome, &decider, rule)));
-            }
-        }
-        Ok(response) => {
-            let error = ForwardError::Unreachable(
-                peer.to_string(),
-                format!(
-                    "{} answers for {} checks",
-                    response.outcomes.len(),
-                    replies.len()
-                ),
-            );
-            for (_, reply) in replies {
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
-        Err(error) => {
-            for (_, reply) in replies {
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
-    }
+    answer_callers(result, replies, peer);
 }
 
 /// Decode one owner's answer; `sent` is the rule this node matched, shared when the
@@ -736,5 +1071,247 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
             }
         }
         self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+    use crate::cluster::policy::testkit;
+    use crate::proto::peer::peer_server::{Peer, PeerServer};
+    use crate::proto::peer::{
+        InstallResponse, RefundResponse, RulesResponse, StatusRequest, StatusResponse,
+        WriteRulesResponse,
+    };
+
+    /// A peer that answers every item admitted, counting how it was asked; `streams`
+    /// false plays an older build without `ForwardStream`.
+    #[derive(Clone, Default)]
+    struct FakePeer {
+        streams: bool,
+        /// Take stream calls and never answer them (a paused owner).
+        silent: bool,
+        unary_calls: Arc<AtomicUsize>,
+        streams_opened: Arc<AtomicUsize>,
+        streams_ended: Arc<AtomicUsize>,
+        stream_calls: Arc<AtomicUsize>,
+    }
+
+    fn answer(request: &ForwardRequest) -> ForwardResponse {
+        ForwardResponse {
+            node_id: "owner".into(),
+            generation: 1,
+            outcomes: request
+                .items
+                .iter()
+                .map(|_| ForwardOutcome {
+                    allowed: true,
+                    limit: 100,
+                    remaining: 99,
+                    rule: "default".into(),
+                    algorithm: "token_bucket".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[tonic::async_trait]
+    impl Peer for FakePeer {
+        async fn forward(
+            &self,
+            request: Request<ForwardRequest>,
+        ) -> Result<Response<ForwardResponse>, Status> {
+            self.unary_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(Response::new(answer(request.get_ref())))
+        }
+
+        type ForwardStreamStream = ReceiverStream<Result<ForwardAnswer, Status>>;
+
+        async fn forward_stream(
+            &self,
+            request: Request<tonic::Streaming<ForwardCall>>,
+        ) -> Result<Response<Self::ForwardStreamStream>, Status> {
+            if !self.streams {
+                return Err(Status::unimplemented("not in this build"));
+            }
+            self.streams_opened.fetch_add(1, Ordering::SeqCst);
+            let mut calls = request.into_inner();
+            let (tx, rx) = mpsc::channel(4);
+            let me = self.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(call)) = calls.message().await {
+                    me.stream_calls.fetch_add(1, Ordering::SeqCst);
+                    if me.silent {
+                        continue;
+                    }
+                    let response = call.request.as_ref().map(answer);
+                    let sent = tx.send(Ok(ForwardAnswer {
+                        call: call.call,
+                        response,
+                        code: 0,
+                        message: String::new(),
+                    }));
+                    if sent.await.is_err() {
+                        break;
+                    }
+                }
+                me.streams_ended.fetch_add(1, Ordering::SeqCst);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+
+        async fn refund(
+            &self,
+            _: Request<RefundRequest>,
+        ) -> Result<Response<RefundResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn install(
+            &self,
+            _: Request<InstallRequest>,
+        ) -> Result<Response<InstallResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn status(
+            &self,
+            _: Request<StatusRequest>,
+        ) -> Result<Response<StatusResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn rules(&self, _: Request<RulesRequest>) -> Result<Response<RulesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn write_rules(
+            &self,
+            _: Request<WriteRulesRequest>,
+        ) -> Result<Response<WriteRulesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+    }
+
+    /// Serve `peer` on a loopback port; the member to forward to it.
+    async fn serve(peer: FakePeer) -> Member {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PeerServer::new(peer))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        testkit::member("owner", port)
+    }
+
+    fn pool(config: ForwardConfig) -> PeerPool {
+        PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                // Generous: a loaded test machine must not turn these into timeouts.
+                timeout: Duration::from_secs(5),
+                ..config
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_batch_the_owner_never_answers_frees_its_slot_at_its_deadline() {
+        let peer = FakePeer {
+            streams: true,
+            silent: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        // One batch in flight at a time (the default): a batch that kept its slot
+        // would hold every later one back.
+        let pool = PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                timeout: Duration::from_millis(100),
+                ..ForwardConfig::default()
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        let item = testkit::item("k", "GET /x", 1);
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await;
+            assert!(
+                matches!(answer, Err(ForwardError::Timeout(_))),
+                "{answer:?}"
+            );
+        }
+        // Each batch reached the owner: none waited behind an unanswered one.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while peer.stream_calls.load(Ordering::SeqCst) < 3 && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_older_peer_without_the_stream_gets_unary_forwards_after_one_failed_batch() {
+        let peer = FakePeer::default();
+        let owner = serve(peer.clone()).await;
+        let pool = pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(
+            matches!(first, Err(ForwardError::Unreachable(..))),
+            "the batch that finds out falls back: {first:?}"
+        );
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await.expect("a unary forward");
+            assert!(answer.decision.allowed);
+            assert_eq!(answer.decider.node_id.as_ref(), "owner");
+        }
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn batches_travel_on_one_stream_which_is_renewed_by_age_without_losing_a_batch() {
+        let peer = FakePeer {
+            streams: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = pool(ForwardConfig {
+            stream_max_age: Duration::from_millis(20),
+            ..ForwardConfig::default()
+        });
+        let item = testkit::item("k", "GET /x", 1);
+        let started = std::time::Instant::now();
+        let mut answered = 0;
+        while started.elapsed() < Duration::from_millis(300) {
+            let answer = pool
+                .forward(&owner, &item)
+                .await
+                .expect("every batch answered");
+            assert_eq!(answer.decision.remaining, 99);
+            answered += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 0, "no unary call");
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), answered);
+        let opened = peer.streams_opened.load(Ordering::SeqCst);
+        assert!(opened >= 2, "300 ms of 20 ms streams opened only {opened}");
+        // Every replaced stream ends (its sender let go): none is left open but the
+        // current one.
+        let ended = || peer.streams_ended.load(Ordering::SeqCst);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while ended() + 1 < opened && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ended() + 1, opened, "replaced streams were closed");
     }
 }

@@ -513,7 +513,8 @@ async fn start_in_span(
     );
     let peer_service = PeerService::new(router.clone(), rules.clone(), cluster_rules.clone())
         .with_envoy(envoy)
-        .with_inline(inline_rules);
+        .with_inline(inline_rules)
+        .with_shutdown(cancel.clone());
     spawn_in_span(
         &tracker,
         serve_peer(
@@ -741,6 +742,10 @@ fn describe_metrics() {
     describe_histogram!(
         "ringlimit_forward_batch_size",
         "Checks per forwarded batch."
+    );
+    describe_counter!(
+        "ringlimit_forward_streams_opened_total",
+        "Forward streams opened to peers (one per peer, renewed every 15 s; more means streams broke)."
     );
     describe_counter!(
         "ringlimit_forwarded_not_owner_total",

@@ -6,6 +6,12 @@
 
 use std::sync::Arc;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::algorithms::Implausible;
@@ -27,9 +33,10 @@ use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::InlineRule as WireInline;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
-    ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest, InstallResponse,
-    KeyState as WireState, MemberStatus, RefundRequest, RefundResponse, RulesRequest,
-    RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest, WriteRulesResponse,
+    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest,
+    InstallResponse, KeyState as WireState, MemberStatus, RefundRequest, RefundResponse,
+    RulesRequest, RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest,
+    WriteRulesResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
 use std::num::NonZeroU64;
@@ -322,7 +329,55 @@ pub struct PeerService {
     /// Per [`Implausible`] reason: handed-over states refused, never merged.
     refused: [metrics::Counter; Implausible::ALL.len()],
     stale: metrics::Counter,
+    shutdown: CancellationToken,
 }
+
+/// The answers of one `ForwardStream`, as its response body: polling it reads the
+/// calls, decides them (at most [`STREAM_IN_FLIGHT`] at once; beyond that the stream is
+/// not read, and HTTP/2 flow control holds its sender) and yields each answer as soon as
+/// it is ready. The body is polled by the server's own task for the stream, so a batch
+/// costs no task or channel of ours. It ends once the sender has closed its side (or
+/// the stream broke, or the node is shutting down) and every call taken is answered.
+pub struct ForwardAnswers {
+    service: Arc<PeerService>,
+    calls: tonic::Streaming<ForwardCall>,
+    pending: FuturesUnordered<Pin<Box<dyn Future<Output = ForwardAnswer> + Send>>>,
+    reading: bool,
+    shutdown: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl futures_util::Stream for ForwardAnswers {
+    type Item = Result<ForwardAnswer, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.reading && this.shutdown.as_mut().poll(cx).is_ready() {
+            this.reading = false;
+        }
+        while this.reading && this.pending.len() < STREAM_IN_FLIGHT {
+            match Pin::new(&mut this.calls).poll_next(cx) {
+                Poll::Ready(Some(Ok(call))) => {
+                    let service = this.service.clone();
+                    this.pending.push(Box::pin(service.answer(call)));
+                }
+                // The sender closed its side, or the stream broke.
+                Poll::Ready(Some(Err(_)) | None) => this.reading = false,
+                Poll::Pending => break,
+            }
+        }
+        match this.pending.poll_next_unpin(cx) {
+            Poll::Ready(Some(answer)) => Poll::Ready(Some(Ok(answer))),
+            Poll::Ready(None) if !this.reading => Poll::Ready(None),
+            // Nothing pending, and the calls (or the shutdown) will wake us.
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Calls of one `ForwardStream` decided at once. A member keeps at most its
+/// `--forward-max-in-flight` batches out per peer (default 1), so this only bounds what
+/// a misbehaving sender can make the node hold.
+const STREAM_IN_FLIGHT: usize = 16;
 
 impl PeerService {
     /// A peer service deciding on `router`'s shards, serving `cluster_rules` to peers
@@ -339,6 +394,7 @@ impl PeerService {
                 metrics::counter!("ringlimit_handoff_refused_total", "reason" => reason.as_str())
             }),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -354,15 +410,19 @@ impl PeerService {
         self.envoy = envoy;
         self
     }
-}
 
-#[tonic::async_trait]
-impl Peer for PeerService {
-    async fn forward(
-        &self,
-        request: Request<ForwardRequest>,
-    ) -> Result<Response<ForwardResponse>, Status> {
-        let request = request.into_inner();
+    /// This service ending its forward streams when `shutdown` is cancelled (the node's
+    /// token): a graceful shutdown waits for open streams, and a peer keeps its stream
+    /// open for as long as it forwards.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Decide one forwarded batch: the work of a `Forward` call and of each call on a
+    /// `ForwardStream`. The batch is refused whole (nothing decided) if it breaks a
+    /// bound or arrives after its deadline.
+    async fn forward_batch(&self, request: ForwardRequest) -> Result<ForwardResponse, Status> {
         // The bounds first: an oversized batch is refused whenever it arrives.
         at_most("items", request.items.len(), MAX_BATCH)?;
         if policy::arrived_too_late(request.deadline_ms, self.router.now_ms()) {
@@ -399,10 +459,61 @@ impl Peer for PeerService {
             })
             .collect();
         let me = self.router.me();
-        Ok(Response::new(ForwardResponse {
+        Ok(ForwardResponse {
             node_id: me.node_id.to_string(),
             generation: me.generation,
             outcomes,
+        })
+    }
+
+    /// The answer to one call of a `ForwardStream`: what `Forward` would have answered.
+    async fn answer(self: Arc<Self>, call: ForwardCall) -> ForwardAnswer {
+        let result = match call.request {
+            Some(request) => self.forward_batch(request).await,
+            None => Err(Status::invalid_argument(
+                "request: a call must carry a batch",
+            )),
+        };
+        match result {
+            Ok(response) => ForwardAnswer {
+                call: call.call,
+                response: Some(response),
+                code: 0,
+                message: String::new(),
+            },
+            Err(status) => ForwardAnswer {
+                call: call.call,
+                response: None,
+                code: status.code() as u32,
+                message: status.message().to_string(),
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn forward(
+        &self,
+        request: Request<ForwardRequest>,
+    ) -> Result<Response<ForwardResponse>, Status> {
+        self.forward_batch(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type ForwardStreamStream = ForwardAnswers;
+
+    async fn forward_stream(
+        &self,
+        request: Request<tonic::Streaming<ForwardCall>>,
+    ) -> Result<Response<Self::ForwardStreamStream>, Status> {
+        Ok(Response::new(ForwardAnswers {
+            service: Arc::new(self.clone()),
+            calls: request.into_inner(),
+            pending: FuturesUnordered::new(),
+            reading: true,
+            shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
         }))
     }
 
