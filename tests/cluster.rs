@@ -261,8 +261,10 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
             give_back: 0,
             drain: false,
             peek: false,
+            rule_hash: 0,
         }],
         deadline_ms,
+        compact: false,
     };
     let response = peer.forward(forward_one(0)).await.unwrap().into_inner();
     assert_eq!(response.node_id, "b");
@@ -540,11 +542,13 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
         give_back: 0,
         drain: false,
         peek: false,
+        rule_hash: 0,
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),
         items,
         deadline_ms: 0,
+        compact: false,
     };
     let refused = peer
         .forward(forward(vec![item(None); 150_000]))
@@ -604,6 +608,7 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
         give_back: 0,
         drain: false,
         peek: false,
+        rule_hash: 0,
     };
     let call = |call, items, deadline_ms| ForwardCall {
         call,
@@ -611,6 +616,7 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
             from_node: "a".into(),
             items,
             deadline_ms,
+            compact: false,
         }),
     };
     let (calls, body) = tokio::sync::mpsc::channel(4);
@@ -656,6 +662,35 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
         [LIMIT as u64 - 1, LIMIT as u64 - 2],
         "only the third batch was decided"
     );
+    // Uncompact (an older sender): the owner names rule and algorithm.
+    assert!(response
+        .outcomes
+        .iter()
+        .all(|o| o.rule == "t" && o.algorithm == "fixed_window" && !o.same_rule));
+
+    // Compact: the rule the sender matched is not named back, the algorithm is a number.
+    let hashed = |name: &str| ForwardItem {
+        rule_hash: ringlimit::cluster::forward::rule_hash(name),
+        ..item.clone()
+    };
+    let compact = ForwardCall {
+        call: 10,
+        request: Some(ForwardRequest {
+            from_node: "a".into(),
+            items: vec![hashed("t"), hashed("another rule")],
+            deadline_ms: 0,
+            compact: true,
+        }),
+    };
+    calls.send(compact).await.unwrap();
+    let answered = answers.message().await.unwrap().expect("an answer");
+    let outcomes = answered.response.expect("decided").outcomes;
+    let fixed_window = ringlimit::algorithms::AlgorithmKind::FixedWindow.index() as u32 + 1;
+    assert!(outcomes[0].same_rule && outcomes[0].rule.is_empty());
+    assert!(!outcomes[1].same_rule && outcomes[1].rule == "t");
+    assert!(outcomes
+        .iter()
+        .all(|o| o.algorithm.is_empty() && o.algorithm_index == fixed_window));
     drop(calls);
     assert!(
         answers.message().await.unwrap().is_none(),

@@ -897,6 +897,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
                 from_node: "intruder".into(),
                 items: vec![],
                 deadline_ms: 0,
+                compact: false,
             }),
         }])
     };

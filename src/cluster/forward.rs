@@ -233,11 +233,13 @@ struct Session {
     opened: std::time::Instant,
 }
 
+/// Per check of a batch, in order: the rule this node matched and the caller's reply.
+type Replies = Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>;
+
 /// A batch sent and not answered yet.
 struct Waiting {
     session: u64,
-    /// Per check, in order: the rule this node matched and the caller's reply.
-    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    replies: Replies,
     deadline: tokio::time::Instant,
     /// The batch's in-flight slot, free again when it is answered, fails or expires.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -262,7 +264,7 @@ impl Streams {
     fn send(
         self: &Arc<Self>,
         request: ForwardRequest,
-        replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+        replies: Replies,
         deadline: tokio::time::Instant,
         slot: Option<tokio::sync::OwnedSemaphorePermit>,
     ) {
@@ -449,7 +451,7 @@ async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>
 /// Answer each check of a batch from the owner's response (or fail them all).
 fn answer_callers(
     result: Result<ForwardResponse, ForwardError>,
-    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    replies: Replies,
     peer: &Arc<str>,
 ) {
     match result {
@@ -567,6 +569,7 @@ impl PeerPool {
             give_back: item.give_back.map_or(0, NonZeroU64::get),
             drain: item.drain,
             peek: item.peek,
+            rule_hash: rule_hash(&item_rule),
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.config.timeout;
@@ -917,15 +920,7 @@ async fn sleep_until_some(due: Option<tokio::time::Instant>) {
 }
 
 /// The `Forward` request of a batch, its callers' replies, and when it is due.
-#[allow(clippy::type_complexity)]
-fn request_of(
-    batch: Vec<Pending>,
-    me: &str,
-) -> (
-    ForwardRequest,
-    Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
-    tokio::time::Instant,
-) {
+fn request_of(batch: Vec<Pending>, me: &str) -> (ForwardRequest, Replies, tokio::time::Instant) {
     // The batch is due when its most urgent check is: the owner refuses it after that
     // (see `deadline_ms`), and no caller is still waiting for it.
     let deadline = batch
@@ -947,6 +942,7 @@ fn request_of(
         from_node: me.to_string(),
         items,
         deadline_ms,
+        compact: true,
     };
     (request, replies, deadline)
 }
@@ -955,7 +951,7 @@ fn request_of(
 async fn send_unary(
     streams: Arc<Streams>,
     request: ForwardRequest,
-    replies: Vec<(Arc<str>, oneshot::Sender<Result<Remote, ForwardError>>)>,
+    replies: Replies,
     deadline: tokio::time::Instant,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
@@ -988,13 +984,21 @@ fn remote(o: ForwardOutcome, decider: &Decider, sent: Arc<str>) -> Remote {
         sequence: o.sequence,
         at: o.at,
         decider: decider.clone(),
-        rule: if *sent == *o.rule {
+        rule: if o.same_rule || *sent == *o.rule {
             sent
         } else {
             Arc::from(o.rule.as_str())
         },
-        algorithm: AlgorithmKind::parse(&o.algorithm),
+        algorithm: match o.algorithm_index {
+            0 => AlgorithmKind::parse(&o.algorithm),
+            i => AlgorithmKind::ALL.get(i as usize - 1).copied(),
+        },
     }
+}
+
+/// What a compact forward sends for the rule it matched (see `ForwardItem.rule_hash`).
+pub fn rule_hash(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
 
 /// A channel to a peer that signs every call with the cluster key: the proof header

@@ -285,26 +285,42 @@ fn wire_cost() -> impl Strategy<Value = u64> {
 }
 
 fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
-    let item = (text(), route(), tier(), wire_cost(), any::<u32>()).prop_map(
-        |(key, route, tier, cost, hops)| peer::ForwardItem {
-            key,
-            route,
-            tier,
-            cost,
-            hops,
-            named: None,
-            give_back: 0,
-            drain: false,
-            peek: false,
-        },
-    );
-    (text(), prop::collection::vec(item, 0..12), any::<u64>()).prop_map(
-        |(from_node, items, deadline_ms)| peer::ForwardRequest {
-            from_node,
-            items,
-            deadline_ms,
-        },
+    let item = (
+        text(),
+        route(),
+        tier(),
+        wire_cost(),
+        any::<u32>(),
+        any::<u64>(),
     )
+        .prop_map(
+            |(key, route, tier, cost, hops, rule_hash)| peer::ForwardItem {
+                key,
+                route,
+                tier,
+                cost,
+                hops,
+                named: None,
+                give_back: 0,
+                drain: false,
+                peek: false,
+                rule_hash,
+            },
+        );
+    (
+        text(),
+        prop::collection::vec(item, 0..12),
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(from_node, items, deadline_ms, compact)| peer::ForwardRequest {
+                from_node,
+                items,
+                deadline_ms,
+                compact,
+            },
+        )
 }
 
 fn refund_request() -> impl Strategy<Value = peer::RefundRequest> {

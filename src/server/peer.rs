@@ -23,7 +23,7 @@ use crate::check::plan::{plan_forwarded, MAX_BATCH};
 use crate::check::{CheckError, DescriptorInput, Leaf};
 use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
 use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
-use crate::cluster::{policy, CheckItem, Router};
+use crate::cluster::{forward, policy, CheckItem, Router};
 use crate::cluster::{InlineRule, InlineRules, NamedRule};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
@@ -442,20 +442,42 @@ impl PeerService {
             .decide_forwarded(&items)
             .await
             .map_err(CheckError::from)?;
+        // A compact answer names neither the rule the sender matched too nor the
+        // algorithm: two allocations per item on each side saved.
         let outcomes = answers
             .into_iter()
-            .map(|a| ForwardOutcome {
-                allowed: a.decision.allowed,
-                limit: a.decision.limit,
-                remaining: a.decision.remaining,
-                retry_after_ms: a.decision.retry_after_ms,
-                reset_at: a.decision.reset_at_ms,
-                window_id: a.decision.window_id,
-                delay_ms: a.decision.delay_ms,
-                sequence: a.sequence,
-                at: a.at,
-                rule: a.rule.to_string(),
-                algorithm: a.algorithm.as_str().to_string(),
+            .zip(&request.items)
+            .map(|(a, item)| {
+                let same_rule = request.compact
+                    && item.rule_hash != 0
+                    && item.rule_hash == forward::rule_hash(&a.rule);
+                ForwardOutcome {
+                    allowed: a.decision.allowed,
+                    limit: a.decision.limit,
+                    remaining: a.decision.remaining,
+                    retry_after_ms: a.decision.retry_after_ms,
+                    reset_at: a.decision.reset_at_ms,
+                    window_id: a.decision.window_id,
+                    delay_ms: a.decision.delay_ms,
+                    sequence: a.sequence,
+                    at: a.at,
+                    rule: if same_rule {
+                        String::new()
+                    } else {
+                        a.rule.to_string()
+                    },
+                    algorithm: if request.compact {
+                        String::new()
+                    } else {
+                        a.algorithm.as_str().to_string()
+                    },
+                    same_rule,
+                    algorithm_index: if request.compact {
+                        a.algorithm.index() as u32 + 1
+                    } else {
+                        0
+                    },
+                }
             })
             .collect();
         let me = self.router.me();
@@ -691,6 +713,7 @@ mod tests {
             give_back: 0,
             drain: false,
             peek: false,
+            rule_hash: 0,
         }
     }
 
@@ -699,6 +722,7 @@ mod tests {
             from_node: "a".into(),
             items,
             deadline_ms: 0,
+            compact: false,
         }
     }
 
