@@ -63,6 +63,8 @@ run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"
 # 3-node cluster: random entry (about 2/3 forwarded), batched, and the ring-aware client
 # (each round also runs a random-entry round first, for a ratio within one run).
 run cluster3-unary-c50 --nodes 3 "${common[@]}"
+# The same with one unary Peer/Forward call per batch instead of the per-peer stream.
+run cluster3-unary-forward-calls-c50 --nodes 3 --node-arg=--forward-unary "${common[@]}"
 run cluster3-batch32-c50 --nodes 3 "${common[@]}" --batch 32
 run single-batch32-c50 --nodes 1 "${common[@]}" --batch 32
 run cluster3-ring-aware --nodes 3 --client ring-aware "${common[@]}" --rounds "$ROUNDS"
