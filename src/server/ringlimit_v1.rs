@@ -5,17 +5,27 @@
 //! Wire semantics that are this API's own: an extra descriptor with an empty route, no
 //! tier or no cost inherits the request's; fields are named `key`, `descriptors[1].cost`,
 //! `checks[3].route`; and the descriptor limit counts the extra descriptors.
+//!
+//! Answers are [`CheckAnswer`] and [`BatchAnswer`]: the verdicts themselves, encoded as
+//! `CheckResponse` / `CheckBatchResponse` when the answer is written (see
+//! [`super::codec::AnswerCodec`]). The echoed key and route, the rule, the algorithm and
+//! the decider's id are written from the text the verdict already holds, so an answer
+//! costs no allocation of its own; the bytes are exactly prost's for the same message
+//! (a proptest below compares them).
 
 use super::answer_budget::{over_budget, AnswerBudget};
 use std::time::Instant;
 
 use metrics::Histogram;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
 use crate::check::{
-    At, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf, Verdict,
+    At, CheckInput, Checker, DescriptorInput, DescriptorVerdict, Descriptors, FieldNames, Leaf,
+    Verdict,
 };
 use crate::proto;
+use crate::proto::v1_server::rate_limiter_server::RateLimiter;
+use wire::{Message as _, Sink as _};
 
 /// The public gRPC face of a node.
 #[derive(Debug, Clone)]
@@ -96,93 +106,219 @@ pub(super) fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
     CheckInput { descriptors }
 }
 
-/// Each descriptor's (key, route) exactly as the request sent them, in request order:
-/// what a response echoes, moved out of the request rather than copied (the planned
-/// descriptors hold the same text). Only an extra descriptor that inherits the
-/// request's route takes a copy of it.
-fn echoes(request: proto::CheckRequest) -> impl Iterator<Item = (String, String)> {
-    let own_route = request.route;
-    let inherit = request.descriptors.iter().any(|d| d.route.is_empty());
-    let shared = inherit.then(|| own_route.clone());
-    std::iter::once((request.key, own_route)).chain(request.descriptors.into_iter().map(move |d| {
-        let route = if d.route.is_empty() {
-            shared.clone().unwrap_or_default()
-        } else {
-            d.route
-        };
-        (d.key, route)
-    }))
+/// The answer to one `Check`: its verdict, written as a `CheckResponse`.
+#[derive(Debug)]
+pub struct CheckAnswer {
+    verdict: Verdict,
 }
 
-/// The wire answer for a verdict on `request`.
-fn response(verdict: Verdict, request: proto::CheckRequest) -> proto::CheckResponse {
-    let wire_decider = |d: &crate::cluster::Decider| proto::Decider {
-        node_id: d.node_id.to_string(),
-        generation: d.generation,
-    };
-    let reset_at = |ms: u64| ms.min(i64::MAX as u64) as i64;
-    proto::CheckResponse {
-        allowed: verdict.allowed,
-        limit: verdict.limit,
-        remaining: verdict.remaining,
-        retry_after_ms: verdict.retry_after_ms,
-        reset_at: reset_at(verdict.reset_at_ms),
-        rule: verdict.rule.to_string(),
-        decider: Some(wire_decider(&verdict.decider)),
-        window_id: verdict.window_id,
-        sequence: verdict.sequence,
-        degraded: verdict.degraded,
-        delay_ms: verdict.delay_ms,
-        window_ms: verdict.window_ms,
-        shadow_denied: verdict.shadow_denied,
-        descriptors: verdict
-            .descriptors
-            .iter()
-            .zip(echoes(request))
-            .map(|(d, (key, route))| {
-                debug_assert!(*d.item.client == *key && *d.item.route == *route);
-                let (a, decision) = (&d.answer, &d.answer.decision);
-                proto::DescriptorResult {
-                    key,
-                    route,
-                    allowed: decision.allowed,
-                    limit: decision.limit,
-                    remaining: decision.remaining,
-                    retry_after_ms: decision.retry_after_ms,
-                    reset_at: reset_at(decision.reset_at_ms),
-                    rule: a.rule.to_string(),
-                    algorithm: a.algorithm.as_str().to_string(),
-                    window_id: decision.window_id,
-                    sequence: a.sequence,
-                    decider: Some(wire_decider(&a.decider)),
-                    degraded: a.degraded,
-                    delay_ms: decision.delay_ms,
-                    refunded: d.refunded,
-                    hops: a.hops,
-                    shadow_denied: d.shadow_denied(),
-                }
-            })
-            .collect(),
+impl CheckAnswer {
+    /// The verdict this answer carries.
+    pub fn verdict(&self) -> &Verdict {
+        &self.verdict
+    }
+}
+
+/// The answer to one `CheckBatch`: one verdict per check, in request order, written as
+/// a `CheckBatchResponse`.
+#[derive(Debug)]
+pub struct BatchAnswer {
+    verdicts: Vec<Verdict>,
+}
+
+impl BatchAnswer {
+    /// The verdicts this answer carries.
+    pub fn verdicts(&self) -> &[Verdict] {
+        &self.verdicts
+    }
+}
+
+impl super::codec::WireAnswer for CheckAnswer {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        WireResponse(&self.verdict).fields(&mut wire::Writer(buf));
+    }
+}
+
+impl super::codec::WireAnswer for BatchAnswer {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        let mut writer = wire::Writer(buf);
+        for verdict in &self.verdicts {
+            writer.message(1, &WireResponse(verdict));
+        }
+    }
+}
+
+/// A `reset_at` on the wire is an `int64`; a later time than it can say is clamped.
+fn reset_at(ms: u64) -> i64 {
+    ms.min(i64::MAX as u64) as i64
+}
+
+/// `ringlimit.v1.Decider`.
+struct WireDecider<'a>(&'a crate::cluster::Decider);
+
+impl wire::Message for WireDecider<'_> {
+    fn fields<S: wire::Sink>(&self, s: &mut S) {
+        s.text(1, &self.0.node_id);
+        s.uint(2, self.0.generation);
+    }
+}
+
+/// `ringlimit.v1.DescriptorResult`: the key and route are the planned item's, which
+/// hold the text exactly as the request sent it (an inherited route included).
+struct WireDescriptor<'a>(&'a DescriptorVerdict);
+
+impl wire::Message for WireDescriptor<'_> {
+    fn fields<S: wire::Sink>(&self, s: &mut S) {
+        let d = self.0;
+        let (a, decision) = (&d.answer, &d.answer.decision);
+        s.text(1, &d.item.client);
+        s.text(2, &d.item.route);
+        s.flag(3, decision.allowed);
+        s.uint(4, decision.limit);
+        s.uint(5, decision.remaining);
+        s.uint(6, decision.retry_after_ms);
+        s.int(7, reset_at(decision.reset_at_ms));
+        s.text(8, &a.rule);
+        s.text(9, a.algorithm.as_str());
+        s.optional(10, decision.window_id);
+        s.uint(11, a.sequence);
+        s.message(12, &WireDecider(&a.decider));
+        s.flag(13, a.degraded);
+        s.uint(14, decision.delay_ms);
+        s.flag(15, d.refunded);
+        s.uint(16, u64::from(a.hops));
+        s.flag(17, d.shadow_denied());
+    }
+}
+
+/// `ringlimit.v1.CheckResponse`, fields in the order prost writes them: by field number
+/// (the proto declares `shadow_denied = 13` before `descriptors = 12`).
+struct WireResponse<'a>(&'a Verdict);
+
+impl wire::Message for WireResponse<'_> {
+    fn fields<S: wire::Sink>(&self, s: &mut S) {
+        let v = self.0;
+        s.flag(1, v.allowed);
+        s.uint(2, v.limit);
+        s.uint(3, v.remaining);
+        s.uint(4, v.retry_after_ms);
+        s.int(5, reset_at(v.reset_at_ms));
+        s.text(6, &v.rule);
+        s.message(7, &WireDecider(&v.decider));
+        s.optional(8, v.window_id);
+        s.uint(9, v.sequence);
+        s.flag(10, v.degraded);
+        s.uint(11, v.delay_ms);
+        for d in &v.descriptors {
+            s.message(12, &WireDescriptor(d));
+        }
+        s.flag(13, v.shadow_denied);
+        s.uint(14, v.window_ms);
+    }
+}
+
+/// Protobuf writing for answers that are views of domain types: each message lists its
+/// fields once ([`Message::fields`]), against a [`Sink`] that either counts the bytes
+/// ([`Length`], for a nested message's length prefix) or writes them ([`Writer`]), so
+/// a length and its bytes cannot disagree. Proto3 rules: a scalar or string at its
+/// default is not written; an `optional` scalar and a present message always are.
+mod wire {
+    use bytes::BufMut;
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+
+    /// A message's fields, written in order to a sink.
+    pub(super) trait Message {
+        fn fields<S: Sink>(&self, s: &mut S);
+    }
+
+    /// Where fields go.
+    pub(super) trait Sink: Sized {
+        /// A varint field (`uint64`, `uint32`, `bool`, and `int64` as two's complement).
+        fn varint(&mut self, tag: u32, value: u64);
+        /// A length-delimited field of `len` bytes, `body` writing them.
+        fn delimited(&mut self, tag: u32, len: usize, body: impl FnOnce(&mut Self));
+        /// Raw bytes inside a length-delimited field.
+        fn bytes(&mut self, bytes: &[u8]);
+
+        fn uint(&mut self, tag: u32, value: u64) {
+            if value != 0 {
+                self.varint(tag, value);
+            }
+        }
+        fn int(&mut self, tag: u32, value: i64) {
+            self.uint(tag, value as u64);
+        }
+        fn flag(&mut self, tag: u32, value: bool) {
+            self.uint(tag, u64::from(value));
+        }
+        fn optional(&mut self, tag: u32, value: Option<u64>) {
+            if let Some(value) = value {
+                self.varint(tag, value);
+            }
+        }
+        fn text(&mut self, tag: u32, value: &str) {
+            if !value.is_empty() {
+                self.delimited(tag, value.len(), |s| s.bytes(value.as_bytes()));
+            }
+        }
+        fn message(&mut self, tag: u32, message: &impl Message) {
+            let mut length = Length(0);
+            message.fields(&mut length);
+            self.delimited(tag, length.0, |s| message.fields(s));
+        }
+    }
+
+    /// Counts the bytes a message's fields take.
+    pub(super) struct Length(pub usize);
+
+    impl Sink for Length {
+        fn varint(&mut self, tag: u32, value: u64) {
+            self.0 += key_len(tag) + encoded_len_varint(value);
+        }
+        fn delimited(&mut self, tag: u32, len: usize, _body: impl FnOnce(&mut Self)) {
+            self.0 += key_len(tag) + encoded_len_varint(len as u64) + len;
+        }
+        fn bytes(&mut self, bytes: &[u8]) {
+            self.0 += bytes.len();
+        }
+    }
+
+    /// Writes a message's fields.
+    pub(super) struct Writer<B>(pub B);
+
+    impl<B: BufMut> Sink for Writer<B> {
+        fn varint(&mut self, tag: u32, value: u64) {
+            encode_key(tag, WireType::Varint, &mut self.0);
+            encode_varint(value, &mut self.0);
+        }
+        fn delimited(&mut self, tag: u32, len: usize, body: impl FnOnce(&mut Self)) {
+            encode_key(tag, WireType::LengthDelimited, &mut self.0);
+            encode_varint(len as u64, &mut self.0);
+            body(self);
+        }
+        fn bytes(&mut self, bytes: &[u8]) {
+            self.0.put_slice(bytes);
+        }
     }
 }
 
 #[tonic::async_trait]
-impl proto::rate_limiter_server::RateLimiter for RateLimitService {
+impl RateLimiter for RateLimitService {
     async fn check(
         &self,
         request: Request<proto::CheckRequest>,
-    ) -> Result<Response<proto::CheckResponse>, Status> {
+    ) -> Result<tonic::Response<CheckAnswer>, Status> {
         let started = Instant::now();
         let request = request.into_inner();
         let verdict = self.checker.check(&input(&request), &V1Names).await?;
         self.latency.record(started.elapsed().as_secs_f64());
-        Ok(Response::new(response(verdict, request)))
+        Ok(tonic::Response::new(CheckAnswer { verdict }))
     }
 
     async fn check_batch(
         &self,
         request: Request<proto::CheckBatchRequest>,
-    ) -> Result<Response<proto::CheckBatchResponse>, Status> {
+    ) -> Result<tonic::Response<BatchAnswer>, Status> {
         let started = Instant::now();
         let batch = request.into_inner();
         // Before anything is decided: over budget, nothing is charged. One item per
@@ -196,13 +332,8 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
         let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
         drop(inputs);
         self.latency.record(started.elapsed().as_secs_f64());
-        let mut answer = Response::new(proto::CheckBatchResponse {
-            results: verdicts
-                .into_iter()
-                .zip(batch.checks)
-                .map(|(verdict, request)| response(verdict, request))
-                .collect(),
-        });
+        drop(batch);
+        let mut answer = tonic::Response::new(BatchAnswer { verdicts });
         answer.extensions_mut().insert(held);
         Ok(answer)
     }
@@ -210,7 +341,7 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
     async fn topology(
         &self,
         _request: Request<proto::TopologyRequest>,
-    ) -> Result<Response<proto::TopologyResponse>, Status> {
+    ) -> Result<tonic::Response<proto::TopologyResponse>, Status> {
         let view = self.checker.view();
         let members = view
             .members
@@ -222,7 +353,7 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
                 generation: m.generation,
             })
             .collect();
-        Ok(Response::new(proto::TopologyResponse {
+        Ok(tonic::Response::new(proto::TopologyResponse {
             members,
             vnodes: view.ring.vnodes(),
             placement_version: crate::ring::PLACEMENT,
@@ -234,10 +365,20 @@ impl proto::rate_limiter_server::RateLimiter for RateLimitService {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU64;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use prost::Message as _;
+
     use super::*;
+    use crate::algorithms::{AlgorithmKind, Decision};
     use crate::check::plan::{plan_check, MAX_DESCRIPTORS};
     use crate::check::CheckError;
+    use crate::cluster::{Answer, Charged, CheckItem};
+    use crate::config::route::Route;
     use crate::config::rules::RuleSet;
+    use crate::server::codec::WireAnswer;
 
     fn request(key: &str, route: &str) -> proto::CheckRequest {
         proto::CheckRequest {
@@ -289,6 +430,187 @@ mod tests {
         r.descriptors[0].cost = None;
         r.descriptors[0].key = String::new();
         assert_eq!(field(refused(&r, Some(1))), "checks[1].descriptors[0].key");
+    }
+
+    /// The answer as prost would write it, built field by field from the verdict: the
+    /// reference the encoder is held to.
+    fn reference(verdict: &Verdict) -> proto::CheckResponse {
+        let wire_decider = |d: &crate::cluster::Decider| proto::Decider {
+            node_id: d.node_id.to_string(),
+            generation: d.generation,
+        };
+        proto::CheckResponse {
+            allowed: verdict.allowed,
+            limit: verdict.limit,
+            remaining: verdict.remaining,
+            retry_after_ms: verdict.retry_after_ms,
+            reset_at: reset_at(verdict.reset_at_ms),
+            rule: verdict.rule.to_string(),
+            decider: Some(wire_decider(&verdict.decider)),
+            window_id: verdict.window_id,
+            sequence: verdict.sequence,
+            degraded: verdict.degraded,
+            delay_ms: verdict.delay_ms,
+            window_ms: verdict.window_ms,
+            shadow_denied: verdict.shadow_denied,
+            descriptors: verdict
+                .descriptors
+                .iter()
+                .map(|d| {
+                    let (a, decision) = (&d.answer, &d.answer.decision);
+                    proto::DescriptorResult {
+                        key: d.item.client.to_string(),
+                        route: d.item.route.to_string(),
+                        allowed: decision.allowed,
+                        limit: decision.limit,
+                        remaining: decision.remaining,
+                        retry_after_ms: decision.retry_after_ms,
+                        reset_at: reset_at(decision.reset_at_ms),
+                        rule: a.rule.to_string(),
+                        algorithm: a.algorithm.as_str().to_string(),
+                        window_id: decision.window_id,
+                        sequence: a.sequence,
+                        decider: Some(wire_decider(&a.decider)),
+                        degraded: a.degraded,
+                        delay_ms: decision.delay_ms,
+                        refunded: d.refunded,
+                        hops: a.hops,
+                        shadow_denied: d.shadow_denied(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn encoded(answer: &impl WireAnswer) -> Vec<u8> {
+        let mut buf = Vec::new();
+        answer.encode_to(&mut buf);
+        buf
+    }
+
+    /// Zero (not written on the wire) as often as anything else.
+    fn number() -> impl Strategy<Value = u64> {
+        prop_oneof![Just(0), 1..300u64, Just(u64::MAX), any::<u64>()]
+    }
+
+    fn decider() -> impl Strategy<Value = crate::cluster::Decider> {
+        ("[a-z0-9-]{0,12}", number()).prop_map(|(id, generation)| crate::cluster::Decider {
+            node_id: Arc::from(id.as_str()),
+            generation,
+        })
+    }
+
+    fn decision() -> impl Strategy<Value = Decision> {
+        (
+            any::<bool>(),
+            (number(), number(), number(), number()),
+            proptest::option::of(number()),
+            number(),
+        )
+            .prop_map(
+                |(
+                    allowed,
+                    (limit, remaining, retry_after_ms, reset_at_ms),
+                    window_id,
+                    delay_ms,
+                )| {
+                    Decision {
+                        allowed,
+                        limit,
+                        remaining,
+                        retry_after_ms,
+                        reset_at_ms,
+                        window_id,
+                        delay_ms,
+                    }
+                },
+            )
+    }
+
+    prop_compose! {
+        fn outcome()(
+            key in "[a-zA-Z0-9:_é☃]{1,24}",
+            route in prop::sample::select(vec!["/x", "GET /a/b?q=1#f", "POST /v1/charges", "/%C3%BC"]),
+            shadow in any::<bool>(),
+            decision in decision(),
+            (sequence, hops) in (number(), any::<u32>()),
+            decider in decider(),
+            rule in "[a-z_.]{0,16}",
+            algorithm in prop::sample::select(AlgorithmKind::ALL.to_vec()),
+            (degraded, refunded) in (any::<bool>(), any::<bool>()),
+        ) -> DescriptorVerdict {
+            let mut matched = (**RuleSet::builtin().default_rule()).clone();
+            matched.shadow = shadow;
+            DescriptorVerdict {
+                item: CheckItem::new(
+                    Arc::new(matched),
+                    &key,
+                    Route::parse(route).unwrap(),
+                    None,
+                    NonZeroU64::MIN,
+                ),
+                answer: Answer {
+                    decision,
+                    sequence,
+                    at: 0,
+                    decider,
+                    degraded,
+                    hops,
+                    rule: Arc::from(rule.as_str()),
+                    algorithm,
+                    charged: Charged::Nothing,
+                },
+                refunded,
+            }
+        }
+    }
+
+    prop_compose! {
+        fn verdict()(
+            descriptors in prop::collection::vec(outcome(), 1..=MAX_DESCRIPTORS),
+            top in decision(),
+            (sequence, window_ms) in (number(), number()),
+            decider in decider(),
+            rule in "[a-z_]{0,16}",
+            (degraded, shadow_denied) in (any::<bool>(), any::<bool>()),
+        ) -> Verdict {
+            Verdict {
+                allowed: top.allowed,
+                limit: top.limit,
+                remaining: top.remaining,
+                retry_after_ms: top.retry_after_ms,
+                reset_at_ms: top.reset_at_ms,
+                rule: Arc::from(rule.as_str()),
+                decider,
+                window_id: top.window_id,
+                sequence,
+                degraded,
+                delay_ms: top.delay_ms,
+                window_ms,
+                shadow_denied,
+                descriptors,
+            }
+        }
+    }
+
+    proptest! {
+        /// Clients see exactly the bytes prost would have written for the same answer.
+        #[test]
+        fn a_check_answer_is_encoded_byte_for_byte_as_prost_would(verdict in verdict()) {
+            let expected = reference(&verdict).encode_to_vec();
+            prop_assert_eq!(encoded(&CheckAnswer { verdict }), expected);
+        }
+
+        #[test]
+        fn a_batch_answer_is_encoded_byte_for_byte_as_prost_would(
+            verdicts in prop::collection::vec(verdict(), 0..4),
+        ) {
+            let expected = proto::CheckBatchResponse {
+                results: verdicts.iter().map(reference).collect(),
+            }
+            .encode_to_vec();
+            prop_assert_eq!(encoded(&BatchAnswer { verdicts }), expected);
+        }
     }
 
     #[test]
