@@ -55,7 +55,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The public `ringlimit.v1` server a second time, server side only, with the check
     // answers mapped to types of `server::ringlimit_v1` that encode themselves straight
-    // from the verdict (no per-field String copies): see `server::codec::AnswerCodec`.
+    // from the verdict (no per-field String copies: see `server::codec::AnswerCodec`),
+    // and the check requests to types whose strings are slices of the received body.
     // Every other message is the one generated above (`crate::proto`), so clients and
     // the wire format are unchanged.
     let lean = out.join("v1_server");
@@ -70,6 +71,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(
             ".ringlimit.v1.CheckBatchResponse",
             "crate::server::ringlimit_v1::BatchAnswer",
+        )
+        .extern_path(
+            ".ringlimit.v1.CheckRequest",
+            "crate::server::ringlimit_v1::V1Request",
+        )
+        .extern_path(
+            ".ringlimit.v1.CheckBatchRequest",
+            "crate::server::ringlimit_v1::V1BatchRequest",
         );
     tonic_prost_build::configure()
         .build_client(false)

@@ -32,7 +32,8 @@ use std::time::Duration;
 use ringlimit::node::NodeConfig;
 use ringlimit::node::{self, RunningNode};
 use ringlimit::proto::v1_server::rate_limiter_server::RateLimiter;
-use ringlimit::proto::{CheckBatchRequest, CheckRequest};
+use ringlimit::proto::CheckRequest;
+use ringlimit::server::ringlimit_v1::{V1BatchRequest, V1Request};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 /// The load generator's h2 client, shared with `ringlimit bench` (it lives in the
@@ -60,7 +61,18 @@ limit = 1000000
 window = "1h"
 "#;
 
-fn request(key: &str) -> CheckRequest {
+/// A check as the service receives it in-process (its two strings built here, as a
+/// decoded request's would be).
+fn request(key: &str) -> V1Request {
+    V1Request {
+        key: key.into(),
+        route: "POST /v1/charges".into(),
+        ..Default::default()
+    }
+}
+
+/// The same check as a client sends it.
+fn wire_request(key: &str) -> CheckRequest {
     CheckRequest {
         key: key.into(),
         route: "POST /v1/charges".into(),
@@ -150,7 +162,7 @@ fn main() {
                 .collect();
             let svc = &svc;
             async move {
-                svc.check_batch(tonic::Request::new(CheckBatchRequest { checks }))
+                svc.check_batch(tonic::Request::new(V1BatchRequest { checks }))
                     .await
                     .expect("batch");
                 32
@@ -178,7 +190,8 @@ fn main() {
             .expect("connect");
         tokio::spawn(connection);
         let health_request = tonic_health::pb::HealthCheckRequest::default();
-        let check_requests: Vec<CheckRequest> = local_keys.iter().map(|k| request(k)).collect();
+        let check_requests: Vec<CheckRequest> =
+            local_keys.iter().map(|k| wire_request(k)).collect();
         for r in check_requests.iter().take(50) {
             let _: ringlimit::proto::CheckResponse = client
                 .unary(CHECK_PATH, r)

@@ -84,26 +84,332 @@ impl FieldNames for V1Names {
 
 /// The check input of one request: its own descriptor first, then the extra ones with
 /// what they inherit filled in.
-pub(super) fn input(request: &proto::CheckRequest) -> CheckInput<'_> {
+pub(super) fn input(request: &V1Request) -> CheckInput<'_> {
     let own = DescriptorInput {
-        key: &request.key,
-        route: &request.route,
-        tier: request.tier.as_deref(),
+        key: request.key.as_str(),
+        route: request.route.as_str(),
+        tier: request.tier.as_ref().map(Text::as_str),
         cost: request.cost,
     };
     let mut descriptors = Descriptors::with_capacity(1 + request.descriptors.len());
     descriptors.push(own);
     descriptors.extend(request.descriptors.iter().map(|d| DescriptorInput {
-        key: &d.key,
+        key: d.key.as_str(),
         route: if d.route.is_empty() {
             own.route
         } else {
-            &d.route
+            d.route.as_str()
         },
-        tier: d.tier.as_deref().or(own.tier),
+        tier: d.tier.as_ref().map(Text::as_str).or(own.tier),
         cost: d.cost.or(own.cost),
     }));
     CheckInput { descriptors }
+}
+
+/// A string field of a request, kept as a slice of the received body rather than copied
+/// into a `String`: decoding a check costs no allocation per field. Checked to be UTF-8
+/// when decoded, as prost checks a `string`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Text(bytes::Bytes);
+
+impl Text {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // Only `merge_text` builds a non-empty `Text`, after checking the bytes.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Self {
+        Self(bytes::Bytes::copy_from_slice(text.as_bytes()))
+    }
+}
+
+/// `ringlimit.v1.CheckRequest` as the server decodes it: the same fields, strings as
+/// [`Text`]. Decoding accepts and refuses exactly what prost's `proto::CheckRequest`
+/// does, with the same error text (a proptest in `decode_fuzz` holds it to that).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct V1Request {
+    /// Who is limited.
+    pub key: Text,
+    /// What is called.
+    pub route: Text,
+    /// Units this request consumes.
+    pub cost: Option<i64>,
+    /// Tier used for rule matching.
+    pub tier: Option<Text>,
+    /// Further descriptors.
+    pub descriptors: Vec<V1Descriptor>,
+}
+
+/// `ringlimit.v1.Descriptor` as the server decodes it (see [`V1Request`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct V1Descriptor {
+    /// Who is limited.
+    pub key: Text,
+    /// What is called; empty inherits the request's.
+    pub route: Text,
+    /// Tier; unset inherits the request's.
+    pub tier: Option<Text>,
+    /// Units; unset inherits the request's.
+    pub cost: Option<i64>,
+}
+
+/// `ringlimit.v1.CheckBatchRequest` as the server decodes it (see [`V1Request`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct V1BatchRequest {
+    /// The checks, in order.
+    pub checks: Vec<V1Request>,
+}
+
+/// Hand-written prost messages for the request types above, field for field what
+/// prost-derive generates for the proto, except that a string is merged as
+/// [`Text`]: `bytes::merge` takes a slice of the body (tonic's decode buffer), then the
+/// bytes are checked to be UTF-8.
+mod request {
+    use bytes::{Buf, BufMut};
+    use prost::encoding::{self, DecodeContext, WireType};
+    use prost::DecodeError;
+
+    use super::{Text, V1BatchRequest, V1Descriptor, V1Request};
+
+    /// Merge one string field into `text`; `message` and `field` name it in an error.
+    fn merge_text(
+        text: &mut Text,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+        at: (&'static str, &'static str),
+    ) -> Result<(), DecodeError> {
+        let named = |mut error: DecodeError| {
+            error.push(at.0, at.1);
+            error
+        };
+        encoding::bytes::merge(wire_type, &mut text.0, buf, ctx).map_err(named)?;
+        if std::str::from_utf8(&text.0).is_err() {
+            return Err(named(not_utf8(&text.0)));
+        }
+        Ok(())
+    }
+
+    /// prost's own error for a `string` field holding `bytes`, so a refusal reads the
+    /// same as it did when requests were decoded by prost.
+    #[cold]
+    fn not_utf8(bytes: &[u8]) -> DecodeError {
+        let mut framed = Vec::with_capacity(bytes.len() + 10);
+        encoding::encode_varint(bytes.len() as u64, &mut framed);
+        framed.extend_from_slice(bytes);
+        match encoding::string::merge(
+            WireType::LengthDelimited,
+            &mut String::new(),
+            &mut &framed[..],
+            DecodeContext::default(),
+        ) {
+            Err(error) => error,
+            Ok(()) => unreachable!("bytes that are not UTF-8 decode as a string"),
+        }
+    }
+
+    fn merge_int(
+        value: &mut Option<i64>,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+        at: (&'static str, &'static str),
+    ) -> Result<(), DecodeError> {
+        encoding::int64::merge(wire_type, value.get_or_insert(0), buf, ctx).map_err(|mut e| {
+            e.push(at.0, at.1);
+            e
+        })
+    }
+
+    fn text_len(tag: u32, text: &Text) -> usize {
+        if text.is_empty() {
+            0
+        } else {
+            encoding::bytes::encoded_len(tag, &text.0)
+        }
+    }
+
+    fn encode_text(tag: u32, text: &Text, buf: &mut impl BufMut) {
+        if !text.is_empty() {
+            encoding::bytes::encode(tag, &text.0, buf);
+        }
+    }
+
+    impl prost::Message for V1Descriptor {
+        fn encode_raw(&self, buf: &mut impl BufMut) {
+            encode_text(1, &self.key, buf);
+            encode_text(2, &self.route, buf);
+            if let Some(tier) = &self.tier {
+                encoding::bytes::encode(3, &tier.0, buf);
+            }
+            if let Some(cost) = &self.cost {
+                encoding::int64::encode(4, cost, buf);
+            }
+        }
+
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: WireType,
+            buf: &mut impl Buf,
+            ctx: DecodeContext,
+        ) -> Result<(), DecodeError> {
+            const NAME: &str = "Descriptor";
+            match tag {
+                1 => merge_text(&mut self.key, wire_type, buf, ctx, (NAME, "key")),
+                2 => merge_text(&mut self.route, wire_type, buf, ctx, (NAME, "route")),
+                3 => merge_text(
+                    self.tier.get_or_insert_with(Text::default),
+                    wire_type,
+                    buf,
+                    ctx,
+                    (NAME, "tier"),
+                ),
+                4 => merge_int(&mut self.cost, wire_type, buf, ctx, (NAME, "cost")),
+                _ => encoding::skip_field(wire_type, tag, buf, ctx),
+            }
+        }
+
+        fn encoded_len(&self) -> usize {
+            text_len(1, &self.key)
+                + text_len(2, &self.route)
+                + self
+                    .tier
+                    .as_ref()
+                    .map_or(0, |t| encoding::bytes::encoded_len(3, &t.0))
+                + self
+                    .cost
+                    .as_ref()
+                    .map_or(0, |c| encoding::int64::encoded_len(4, c))
+        }
+
+        fn clear(&mut self) {
+            *self = Self::default();
+        }
+    }
+
+    impl prost::Message for V1Request {
+        fn encode_raw(&self, buf: &mut impl BufMut) {
+            encode_text(1, &self.key, buf);
+            encode_text(2, &self.route, buf);
+            if let Some(cost) = &self.cost {
+                encoding::int64::encode(3, cost, buf);
+            }
+            if let Some(tier) = &self.tier {
+                encoding::bytes::encode(4, &tier.0, buf);
+            }
+            for d in &self.descriptors {
+                encoding::message::encode(5, d, buf);
+            }
+        }
+
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: WireType,
+            buf: &mut impl Buf,
+            ctx: DecodeContext,
+        ) -> Result<(), DecodeError> {
+            const NAME: &str = "CheckRequest";
+            match tag {
+                1 => merge_text(&mut self.key, wire_type, buf, ctx, (NAME, "key")),
+                2 => merge_text(&mut self.route, wire_type, buf, ctx, (NAME, "route")),
+                3 => merge_int(&mut self.cost, wire_type, buf, ctx, (NAME, "cost")),
+                4 => merge_text(
+                    self.tier.get_or_insert_with(Text::default),
+                    wire_type,
+                    buf,
+                    ctx,
+                    (NAME, "tier"),
+                ),
+                5 => encoding::message::merge_repeated(wire_type, &mut self.descriptors, buf, ctx)
+                    .map_err(|mut e| {
+                        e.push(NAME, "descriptors");
+                        e
+                    }),
+                _ => encoding::skip_field(wire_type, tag, buf, ctx),
+            }
+        }
+
+        fn encoded_len(&self) -> usize {
+            text_len(1, &self.key)
+                + text_len(2, &self.route)
+                + self
+                    .cost
+                    .as_ref()
+                    .map_or(0, |c| encoding::int64::encoded_len(3, c))
+                + self
+                    .tier
+                    .as_ref()
+                    .map_or(0, |t| encoding::bytes::encoded_len(4, &t.0))
+                + encoding::message::encoded_len_repeated(5, &self.descriptors)
+        }
+
+        fn clear(&mut self) {
+            *self = Self::default();
+        }
+    }
+
+    impl prost::Message for V1BatchRequest {
+        fn encode_raw(&self, buf: &mut impl BufMut) {
+            for check in &self.checks {
+                encoding::message::encode(1, check, buf);
+            }
+        }
+
+        fn merge_field(
+            &mut self,
+            tag: u32,
+            wire_type: WireType,
+            buf: &mut impl Buf,
+            ctx: DecodeContext,
+        ) -> Result<(), DecodeError> {
+            match tag {
+                1 => encoding::message::merge_repeated(wire_type, &mut self.checks, buf, ctx)
+                    .map_err(|mut e| {
+                        e.push("CheckBatchRequest", "checks");
+                        e
+                    }),
+                _ => encoding::skip_field(wire_type, tag, buf, ctx),
+            }
+        }
+
+        fn encoded_len(&self) -> usize {
+            encoding::message::encoded_len_repeated(1, &self.checks)
+        }
+
+        fn clear(&mut self) {
+            *self = Self::default();
+        }
+    }
+
+    impl prost::Name for V1Descriptor {
+        const NAME: &'static str = "Descriptor";
+        const PACKAGE: &'static str = "ringlimit.v1";
+    }
+
+    impl prost::Name for V1Request {
+        const NAME: &'static str = "CheckRequest";
+        const PACKAGE: &'static str = "ringlimit.v1";
+    }
+
+    impl prost::Name for V1BatchRequest {
+        const NAME: &'static str = "CheckBatchRequest";
+        const PACKAGE: &'static str = "ringlimit.v1";
+    }
 }
 
 /// The answer to one `Check`: its verdict, written as a `CheckResponse`.
@@ -306,7 +612,7 @@ mod wire {
 impl RateLimiter for RateLimitService {
     async fn check(
         &self,
-        request: Request<proto::CheckRequest>,
+        request: Request<V1Request>,
     ) -> Result<tonic::Response<CheckAnswer>, Status> {
         let started = Instant::now();
         let request = request.into_inner();
@@ -317,7 +623,7 @@ impl RateLimiter for RateLimitService {
 
     async fn check_batch(
         &self,
-        request: Request<proto::CheckBatchRequest>,
+        request: Request<V1BatchRequest>,
     ) -> Result<tonic::Response<BatchAnswer>, Status> {
         let started = Instant::now();
         let batch = request.into_inner();
@@ -380,8 +686,8 @@ mod tests {
     use crate::config::rules::RuleSet;
     use crate::server::codec::WireAnswer;
 
-    fn request(key: &str, route: &str) -> proto::CheckRequest {
-        proto::CheckRequest {
+    fn request(key: &str, route: &str) -> V1Request {
+        V1Request {
             key: key.into(),
             route: route.into(),
             ..Default::default()
@@ -389,7 +695,7 @@ mod tests {
     }
 
     /// The error `plan_check` gives for `r` (as check `batch` of a batch, if any).
-    fn refused(r: &proto::CheckRequest, batch: Option<usize>) -> CheckError {
+    fn refused(r: &V1Request, batch: Option<usize>) -> CheckError {
         plan_check(&input(r), &RuleSet::builtin(), batch, &V1Names).unwrap_err()
     }
 
@@ -417,7 +723,7 @@ mod tests {
         let mut r = request("a", "GET /x");
         r.cost = Some(3);
         r.tier = Some("gold".into());
-        r.descriptors = vec![proto::Descriptor {
+        r.descriptors = vec![V1Descriptor {
             key: "ip:10.0.0.1".into(),
             ..Default::default()
         }];
@@ -428,7 +734,7 @@ mod tests {
         r.descriptors[0].cost = Some(0);
         assert_eq!(field(refused(&r, None)), "descriptors[0].cost");
         r.descriptors[0].cost = None;
-        r.descriptors[0].key = String::new();
+        r.descriptors[0].key = Text::default();
         assert_eq!(field(refused(&r, Some(1))), "checks[1].descriptors[0].key");
     }
 
@@ -617,8 +923,8 @@ mod tests {
     fn too_many_descriptors_are_refused_counting_the_extra_ones() {
         let mut r = request("a", "/x");
         r.descriptors = (0..MAX_DESCRIPTORS)
-            .map(|i| proto::Descriptor {
-                key: format!("ip{i}"),
+            .map(|i| V1Descriptor {
+                key: Text::from(format!("ip{i}").as_str()),
                 ..Default::default()
             })
             .collect();
