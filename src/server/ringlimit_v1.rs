@@ -11,7 +11,8 @@
 //! [`super::codec::AnswerCodec`]). The echoed key and route, the rule, the algorithm and
 //! the decider's id are written from the text the verdict already holds, so an answer
 //! costs no allocation of its own; the bytes are exactly prost's for the same message
-//! (a proptest below compares them).
+//! (a proptest below compares them). Requests are decoded as [`V1Request`] /
+//! [`V1BatchRequest`], whose strings are slices of the received body.
 
 use super::answer_budget::{over_budget, AnswerBudget};
 use std::time::Instant;
