@@ -52,5 +52,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .codec_path("crate::server::codec::NamedProstCodec")
         .compile_fds_with_config(fds, prost_config)?;
+
+    // The public `ringlimit.v1` server a second time, server side only, with the check
+    // answers mapped to types of `server::ringlimit_v1` that encode themselves straight
+    // from the verdict (no per-field String copies: see `server::codec::AnswerCodec`),
+    // and the check requests to types whose strings are slices of the received body.
+    // Every other message is the one generated above (`crate::proto`), so clients and
+    // the wire format are unchanged.
+    let lean = out.join("v1_server");
+    std::fs::create_dir_all(&lean)?;
+    let mut lean_config = prost_build::Config::new();
+    lean_config
+        .extern_path(".ringlimit.v1", "crate::proto")
+        .extern_path(
+            ".ringlimit.v1.CheckResponse",
+            "crate::server::ringlimit_v1::CheckAnswer",
+        )
+        .extern_path(
+            ".ringlimit.v1.CheckBatchResponse",
+            "crate::server::ringlimit_v1::BatchAnswer",
+        )
+        .extern_path(
+            ".ringlimit.v1.CheckRequest",
+            "crate::server::ringlimit_v1::V1Request",
+        )
+        .extern_path(
+            ".ringlimit.v1.CheckBatchRequest",
+            "crate::server::ringlimit_v1::V1BatchRequest",
+        );
+    tonic_prost_build::configure()
+        .build_client(false)
+        .out_dir(&lean)
+        .codec_path("crate::server::codec::AnswerCodec")
+        .compile_fds_with_config(
+            protox::compile(["proto/ringlimit.proto"], ["proto"])?,
+            lean_config,
+        )?;
     Ok(())
 }

@@ -6,6 +6,15 @@
 
 tonic::include_proto!("ringlimit.v1");
 
+/// The public `ringlimit.v1` server as a node serves it: the same service, generated
+/// server side only with the check answers mapped to
+/// [`CheckAnswer`](crate::server::ringlimit_v1::CheckAnswer) and
+/// [`BatchAnswer`](crate::server::ringlimit_v1::BatchAnswer), which encode the wire
+/// messages straight from a verdict (see `build.rs`). Every other type is this module's.
+pub mod v1_server {
+    include!(concat!(env!("OUT_DIR"), "/v1_server/ringlimit.v1.rs"));
+}
+
 /// The node-to-node API (`proto/peer.proto`).
 pub mod peer {
     tonic::include_proto!("ringlimit.peer.v1");

@@ -38,7 +38,7 @@ use crate::membership::{ClusterView, Membership};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::gubernator::v1_server::V1Server;
 use crate::proto::peer::peer_server::PeerServer;
-use crate::proto::rate_limiter_server::RateLimiterServer;
+use crate::proto::v1_server::rate_limiter_server::RateLimiterServer;
 use crate::server::answer_budget::{AnswerBudget, HoldUntilSentLayer};
 use crate::server::ops::OpsState;
 use crate::server::peer_auth::PeerAuthLayer;

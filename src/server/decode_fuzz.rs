@@ -6,6 +6,10 @@
 //! handed-over state `decode_install`, `handoff::with_rules` and the store's install and
 //! check. Never a panic; always a plan or an `InvalidArgument` naming a field; and no
 //! state that gets past validation can freeze a key for longer than its rule allows.
+//! The `ringlimit.v1` requests are decoded as the server decodes them (strings as slices
+//! of the body, `ringlimit_v1::V1Request`), and every case is also decoded by prost as
+//! the reference: the same bytes accepted with the same fields, or refused with the same
+//! error text.
 //!
 //! Fast by default (512 cases per test, under a second). A longer run, printing what
 //! the cases reached (how many decoded as each message, were planned or refused, and
@@ -19,7 +23,7 @@ use proptest::test_runner::TestCaseError;
 use prost::Message;
 
 use super::peer::{decode_install, plan_forward, plan_refund};
-use super::ringlimit_v1::{input, V1Names};
+use super::ringlimit_v1::{input, V1BatchRequest, V1Names, V1Request};
 use crate::algorithms::AlgorithmKind;
 use crate::check::plan::{plan_batch, plan_check};
 use crate::check::CheckError;
@@ -143,14 +147,43 @@ fn clear<T>(what: &str, result: Result<T, CheckError>) -> Result<(), TestCaseErr
     }
 }
 
+/// `bytes` decoded as the server decodes `ringlimit.v1` requests (`L`, strings as slices
+/// of the body), held to prost's decoding of the generated message `P` as the reference:
+/// the same bytes are accepted with the same fields (compared as `P`'s encoding), and
+/// refused with the same error text.
+fn decoded_as_prost_would<
+    L: Message + Default + std::fmt::Debug,
+    P: Message + Default + PartialEq + std::fmt::Debug,
+>(
+    bytes: &[u8],
+) -> Result<Result<L, prost::DecodeError>, TestCaseError> {
+    let lean = L::decode(bytes::Bytes::copy_from_slice(bytes));
+    match (&lean, P::decode(bytes)) {
+        (Ok(lean), Ok(reference)) => {
+            // Re-encoded, both are canonical: equal fields give equal bytes.
+            let lean = P::decode(&lean.encode_to_vec()[..]).map_err(|e| {
+                TestCaseError::fail(format!("a decoded request does not re-encode: {e}"))
+            })?;
+            prop_assert!(lean == reference, "fields differ from prost's");
+        }
+        (Err(lean), Err(reference)) => prop_assert_eq!(lean.to_string(), reference.to_string()),
+        (lean, reference) => {
+            return Err(TestCaseError::fail(format!(
+                "accepted differently: server {lean:?}, prost {reference:?}"
+            )))
+        }
+    }
+    Ok(lean)
+}
+
 /// Decode `bytes` as every request message and push whatever decodes down the path its
 /// adapter would.
 fn exercise(bytes: &[u8], rules: &RuleSet) -> Result<(), TestCaseError> {
-    if let Ok(request) = proto::CheckRequest::decode(bytes) {
+    if let Ok(request) = decoded_as_prost_would::<V1Request, proto::CheckRequest>(bytes)? {
         note(|r| r.decoded[0] += 1);
         clear("Check", plan_check(&input(&request), rules, None, &V1Names))?;
     }
-    if let Ok(batch) = proto::CheckBatchRequest::decode(bytes) {
+    if let Ok(batch) = decoded_as_prost_would::<V1BatchRequest, proto::CheckBatchRequest>(bytes)? {
         note(|r| r.decoded[1] += 1);
         let inputs: Vec<_> = batch.checks.iter().map(input).collect();
         clear("CheckBatch", plan_batch(&inputs, rules, &V1Names))?;
