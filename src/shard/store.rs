@@ -867,6 +867,11 @@ impl Store {
         let mut state = KeyState::from_pair(slot.kind(), slot.words())
             .expect("only packable kinds are stored packed");
         let result = f(&mut state);
+        // The usual case: the same kind, still packable. Only the words change.
+        if let (Some(pair), true) = (state.to_pair(), state.kind() == slot.kind()) {
+            self.slots[i].words = split(pair);
+            return result;
+        }
         self.put_state(i, state);
         result
     }
