@@ -12,7 +12,7 @@
 //! returns. So an idle link sends each check at once, and under load the batches grow
 //! with the load instead of every check paying for a call of its own.
 //!
-//! Batches travel on one long-lived `Peer/ForwardStream` per peer (a [`Session`]): each
+//! Batches travel on one long-lived `Peer/ForwardStream` per peer (a `Session`): each
 //! is one message out and one back, numbered so the answers can come in any order. A
 //! unary call per batch would cost both nodes HTTP/2 headers, a new stream, a server
 //! task, the call's proof and its tower stack every time; on a stream they are paid

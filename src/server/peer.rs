@@ -333,7 +333,7 @@ pub struct PeerService {
 }
 
 /// The answers of one `ForwardStream`, as its response body: polling it reads the
-/// calls, decides them (at most [`STREAM_IN_FLIGHT`] at once; beyond that the stream is
+/// calls, decides them (at most `STREAM_IN_FLIGHT` at once; beyond that the stream is
 /// not read, and HTTP/2 flow control holds its sender) and yields each answer as soon as
 /// it is ready. The body is polled by the server's own task for the stream, so a batch
 /// costs no task or channel of ours. It ends once the sender has closed its side (or
