@@ -211,8 +211,16 @@ struct Streams {
     state: Mutex<StreamState>,
     /// The peer answered `UNIMPLEMENTED`: send `Forward` calls.
     unary: AtomicBool,
-    /// Ends every session's driver when the link goes (the batcher holds its guard).
+    /// How long a stream may take to open, and how long a retired link's driver
+    /// still waits for answers: the forward deadline, after which no caller waits.
+    patience: Duration,
+    /// The node's shutdown: ends every driver at once.
     cancel: CancellationToken,
+    /// Cancelled when the link's batcher ends (the link was replaced): no batch will be
+    /// sent any more, and the drivers end once what they carry is answered or due.
+    retired: CancellationToken,
+    /// Where the drivers and unary calls run, so the node's shutdown waits for them.
+    tracker: TaskTracker,
     opened: metrics::Counter,
 }
 
@@ -327,11 +335,12 @@ impl Streams {
             let id = state.next_session;
             state.next_session += 1;
             self.opened.increment(1);
-            tokio::spawn(tracing::Instrument::in_current_span(drive(
-                self.clone(),
-                id,
-                body,
-            )));
+            self.tracker
+                .spawn(tracing::Instrument::in_current_span(drive(
+                    self.clone(),
+                    id,
+                    body,
+                )));
             state.current = Some(Session {
                 id,
                 frames,
@@ -418,10 +427,18 @@ impl Streams {
 async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>) {
     let read = async {
         let mut client = streams.client.clone();
-        let mut answers = match client
-            .forward_stream(tokio_stream::wrappers::ReceiverStream::new(body))
-            .await
-        {
+        // An owner that accepted the connection but never answers the stream's headers
+        // (paused, or the connection at its stream limit) must not keep the session
+        // current: every batch on it would wait for its deadline.
+        let opened = tokio::time::timeout(
+            streams.patience,
+            client.forward_stream(tokio_stream::wrappers::ReceiverStream::new(body)),
+        )
+        .await;
+        let Ok(opened) = opened else {
+            return "the forward stream did not open in time".to_string();
+        };
+        let mut answers = match opened {
             Ok(response) => response.into_inner(),
             Err(status) if status.code() == tonic::Code::Unimplemented => {
                 streams.unary.store(true, Ordering::Relaxed);
@@ -438,9 +455,14 @@ async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>
             }
         }
     };
+    let retired = async {
+        streams.retired.cancelled().await;
+        tokio::time::sleep(streams.patience).await;
+    };
     let why = tokio::select! {
         why = read => why,
-        _ = streams.cancel.cancelled() => "link closed".to_string(),
+        _ = streams.cancel.cancelled() => "node shutting down".to_string(),
+        _ = retired => "link replaced".to_string(),
     };
     streams.close(
         id,
@@ -589,9 +611,16 @@ impl PeerPool {
             )),
             Err(_) => Err(ForwardError::Timeout(owner.node_id.clone())),
         };
-        if result.is_err() && link.created.elapsed() >= RECONNECT_AFTER {
+        // A full queue says nothing about the connection; a timeout or a failed call may.
+        let suspect = matches!(
+            result,
+            Err(ForwardError::Timeout(_) | ForwardError::Unreachable(..))
+        );
+        if suspect && link.created.elapsed() >= RECONNECT_AFTER {
             // Drop the link only if it is still the one that failed (not already
             // replaced by a concurrent caller); the next forward connects afresh.
+            // Batches already on the old link's stream still get their answers: its
+            // driver goes on until the owner has answered them (or they are due).
             self.links
                 .remove_if(&owner.node_id, |_, current| current.created == link.created);
         }
@@ -813,8 +842,9 @@ impl PeerPool {
             client: client.clone(),
             created: std::time::Instant::now(),
         });
-        // Replacing the link drops the old sender, which ends the old batcher, and with
-        // it (its guard cancels `streams.cancel`) the old link's stream drivers.
+        // Replacing the link drops the old sender, which ends the old batcher; its
+        // `Retire` guard closes the old stream, whose driver ends once the owner has
+        // answered what it carries (or that is due).
         self.links.insert(owner.node_id.clone(), link.clone());
         let peer: Arc<str> = Arc::from(owner.node_id.as_str());
         let streams = Arc::new(Streams {
@@ -823,7 +853,10 @@ impl PeerPool {
             max_age: self.config.stream_max_age,
             state: Mutex::default(),
             unary: AtomicBool::new(!self.config.stream),
-            cancel: self.cancel.child_token(),
+            patience: self.config.timeout,
+            cancel: self.cancel.clone(),
+            retired: CancellationToken::new(),
+            tracker: self.tracker.clone(),
             opened: metrics::counter!("ringlimit_forward_streams_opened_total"),
         });
         self.tracker.spawn(tracing::Instrument::instrument(
@@ -849,7 +882,7 @@ async fn batcher(
     config: ForwardConfig,
     cancel: CancellationToken,
 ) {
-    let _drivers = streams.cancel.clone().drop_guard();
+    let _retire = Retire(streams.clone());
     let max = config.max_batch.max(1);
     let batches = metrics::histogram!("ringlimit_forward_batch_size");
     let in_flight = (config.max_in_flight > 0)
@@ -898,16 +931,29 @@ async fn batcher(
         batches.record(batch.len() as f64);
         let (request, replies, deadline) = request_of(batch, &me);
         if streams.unary.load(Ordering::Relaxed) {
-            tokio::spawn(tracing::Instrument::in_current_span(send_unary(
-                streams.clone(),
-                request,
-                replies,
-                deadline,
-                permit,
-            )));
+            streams
+                .tracker
+                .spawn(tracing::Instrument::in_current_span(send_unary(
+                    streams.clone(),
+                    request,
+                    replies,
+                    deadline,
+                    permit,
+                )));
         } else {
             streams.send(request, replies, deadline, permit);
         }
+    }
+}
+
+/// Retires a link's [`Streams`] when its batcher ends, however it ends: the current
+/// stream's request body closes (the owner answers what it holds, then ends its side).
+struct Retire(Arc<Streams>);
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        self.0.lock().current = None;
+        self.0.retired.cancel();
     }
 }
 
@@ -1100,6 +1146,8 @@ mod tests {
         streams: bool,
         /// Take stream calls and never answer them (a paused owner).
         silent: bool,
+        /// Never answer a stream's headers (an owner paused after accepting).
+        hang_open: bool,
         unary_calls: Arc<AtomicUsize>,
         streams_opened: Arc<AtomicUsize>,
         streams_ended: Arc<AtomicUsize>,
@@ -1145,6 +1193,9 @@ mod tests {
                 return Err(Status::unimplemented("not in this build"));
             }
             self.streams_opened.fetch_add(1, Ordering::SeqCst);
+            if self.hang_open {
+                std::future::pending::<()>().await;
+            }
             let mut calls = request.into_inner();
             let (tx, rx) = mpsc::channel(4);
             let me = self.clone();
@@ -1261,6 +1312,35 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_never_opens_is_given_up_at_the_forward_deadline() {
+        let peer = FakePeer {
+            streams: true,
+            hang_open: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                timeout: Duration::from_millis(100),
+                ..ForwardConfig::default()
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(matches!(first, Err(ForwardError::Timeout(_))), "{first:?}");
+        // Once the open is given up, the next batch tries a new stream instead of
+        // queueing on the dead one for the stream's whole age (15 s).
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while peer.streams_opened.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < until {
+            let _ = pool.forward(&owner, &item).await;
+        }
+        assert!(peer.streams_opened.load(Ordering::SeqCst) >= 2);
     }
 
     #[tokio::test]
