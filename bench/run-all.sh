@@ -124,7 +124,8 @@ cargo bench --bench decision 2>/dev/null | tee -a "$OUT/micro.txt"
     echo "== allocations: cargo bench --bench allocations"
     grep -iE 'alloc' "$OUT/allocations.txt" || true
     echo "== microbenchmarks: cargo bench --bench decision"
-    grep -E 'time:' -B1 "$OUT/micro.txt" | grep -v '^--' || true
+    # divan's table: name, fastest, slowest, median, mean, samples, iterations.
+    grep -E '[0-9.]+ (ns|µs|ms) +│' "$OUT/micro.txt" || true
 } >>"$OUT/summary.txt"
 
 echo
