@@ -433,7 +433,7 @@ pub struct Store {
 }
 
 impl Store {
-    /// An empty store holding at most `cap` keys (at least 1, at most ~3.7 billion: see
+    /// An empty store holding at most `cap` keys (at least 1, at most ~1.7 billion: see
     /// `positions::MAX_LEN`).
     /// `seed` drives eviction sampling, so tests are reproducible.
     pub fn new(cap: usize, seed: u64) -> Self {
