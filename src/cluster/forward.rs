@@ -1279,6 +1279,19 @@ mod tests {
         )
     }
 
+    /// A pool whose forwards give up after 100 ms, for owners that never answer.
+    fn impatient_pool() -> PeerPool {
+        PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                timeout: Duration::from_millis(100),
+                ..ForwardConfig::default()
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        )
+    }
+
     #[tokio::test]
     async fn a_batch_the_owner_never_answers_frees_its_slot_at_its_deadline() {
         let peer = FakePeer {
@@ -1289,15 +1302,7 @@ mod tests {
         let owner = serve(peer.clone()).await;
         // One batch in flight at a time (the default): a batch that kept its slot
         // would hold every later one back.
-        let pool = PeerPool::new(
-            "entry".into(),
-            ForwardConfig {
-                timeout: Duration::from_millis(100),
-                ..ForwardConfig::default()
-            },
-            TaskTracker::new(),
-            CancellationToken::new(),
-        );
+        let pool = impatient_pool();
         let item = testkit::item("k", "GET /x", 1);
         for _ in 0..3 {
             let answer = pool.forward(&owner, &item).await;
@@ -1322,15 +1327,7 @@ mod tests {
             ..FakePeer::default()
         };
         let owner = serve(peer.clone()).await;
-        let pool = PeerPool::new(
-            "entry".into(),
-            ForwardConfig {
-                timeout: Duration::from_millis(100),
-                ..ForwardConfig::default()
-            },
-            TaskTracker::new(),
-            CancellationToken::new(),
-        );
+        let pool = impatient_pool();
         let item = testkit::item("k", "GET /x", 1);
         let first = pool.forward(&owner, &item).await;
         assert!(matches!(first, Err(ForwardError::Timeout(_))), "{first:?}");
