@@ -691,6 +691,20 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
     assert!(outcomes
         .iter()
         .all(|o| o.algorithm.is_empty() && o.algorithm_index == fixed_window));
+
+    // A call without a batch is refused alone, and the stream still goes on.
+    calls
+        .send(ForwardCall {
+            call: 11,
+            request: None,
+        })
+        .await
+        .unwrap();
+    let empty = answers.message().await.unwrap().expect("an answer");
+    assert_eq!(
+        (empty.call, empty.code),
+        (11, tonic::Code::InvalidArgument as u32)
+    );
     drop(calls);
     assert!(
         answers.message().await.unwrap().is_none(),
