@@ -203,6 +203,10 @@ fn shard_round_trip(bencher: Bencher) {
         drain: false,
         peek: false,
     };
-    bencher.bench_local(|| runtime.block_on(shards.check(vec![item.clone()])).unwrap());
+    bencher.bench_local(|| {
+        runtime
+            .block_on(shards.check(smallvec::smallvec![item.clone()]))
+            .unwrap()
+    });
     cancel.cancel();
 }

@@ -568,7 +568,7 @@ mod tests {
         let named = p.item.named.as_ref().unwrap();
         let owner = inline_rule(named.inline.as_ref().unwrap()).unwrap();
         assert_eq!(owner, p.item.rule);
-        let again = inline_item(owner, &p.item.client, p.item.cost, named.inline.unwrap());
+        let again = inline_item(owner, p.item.client(), p.item.cost, named.inline.unwrap());
         assert_eq!(again.id, p.item.id, "same counter on the owner");
         // (a, bc) and (ab, c) are different counters.
         assert_ne!(counter_key("a", "bc"), counter_key("ab", "c"));

@@ -171,7 +171,7 @@ impl Checker {
             return Ok(domain::domain_verdict(plan, &[]));
         }
         let items = plan.items.clone();
-        let mut verdicts = self.decide(vec![items]).await?;
+        let mut verdicts = self.decide(smallvec::smallvec![items]).await?;
         let verdict = verdicts.pop().expect("one verdict per check");
         let me = self.router.me();
         if let Some(i) = verdict
@@ -209,7 +209,7 @@ impl Checker {
             .iter()
             .map(|input| gubernator::plan_item(input, &self.inline))
             .collect();
-        let checks: Vec<Vec<crate::cluster::CheckItem>> = planned
+        let checks: crate::cluster::Checks = planned
             .iter()
             .filter_map(|p| p.as_ref().ok().map(|p| vec![p.item.clone()]))
             .collect();
@@ -257,7 +257,7 @@ impl Checker {
     ) -> Result<Verdict, CheckError> {
         let rules = self.rules.load();
         let planned = plan::plan_check(input, &rules, None, names)?;
-        let mut decided = self.router.decide(vec![planned]).await?;
+        let mut decided = self.router.decide(smallvec::smallvec![planned]).await?;
         Ok(verdict(decided.pop().expect("one answer per check")))
     }
 
@@ -269,13 +269,10 @@ impl Checker {
         names: &dyn FieldNames,
     ) -> Result<Vec<Verdict>, CheckError> {
         let planned = plan::plan_batch(inputs, &self.rules.load(), names)?;
-        self.decide(planned).await
+        self.decide(planned.into()).await
     }
 
-    async fn decide(
-        &self,
-        planned: Vec<Vec<crate::cluster::CheckItem>>,
-    ) -> Result<Vec<Verdict>, CheckError> {
+    async fn decide(&self, planned: crate::cluster::Checks) -> Result<Vec<Verdict>, CheckError> {
         let decided = self.router.decide(planned).await?;
         Ok(decided.into_iter().map(verdict).collect())
     }

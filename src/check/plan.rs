@@ -290,7 +290,7 @@ mod tests {
         assert_eq!(planned.len(), 1);
         assert_eq!(planned[0].cost.get(), 1);
         assert_eq!(&*planned[0].rule.name, "default");
-        assert_eq!(&*planned[0].client, "cust_42");
+        assert_eq!(planned[0].client(), "cust_42");
     }
 
     const SCOPES: &str = r#"
@@ -320,7 +320,7 @@ mod tests {
     fn the_identity_is_computed_once_at_planning_from_rule_and_client_with_no_route() {
         let planned = plan(&one("cust_42", "POST /v1/charges")).unwrap();
         assert_eq!(planned[0].id, KeyId::of("default", b"cust_42", ""));
-        assert_eq!(&*planned[0].route, "POST /v1/charges", "the route as sent");
+        assert_eq!(planned[0].route(), "POST /v1/charges", "the route as sent");
         assert_eq!(
             planned[0].id.placement,
             crate::ring::Ring::key_hash(b"cust_42"),
@@ -366,7 +366,7 @@ mod tests {
         assert_ne!(id_of(&rules, "c", "POST /each/a"), a, "the method counts");
         let planned = plan_check(&one("c", "GET /each/a?x=1"), &rules, None, &Plain).unwrap();
         assert_eq!(planned[0].normalised_route(), "GET /each/a");
-        assert_eq!(&*planned[0].route, "GET /each/a?x=1");
+        assert_eq!(planned[0].route(), "GET /each/a?x=1");
     }
 
     #[test]
@@ -394,8 +394,8 @@ mod tests {
             let sent = plan_check(&one(key, route), &rules, None, &Plain).unwrap();
             // The owner plans what the sender forwards: key and route as sent.
             let input = DescriptorInput {
-                key: &sent[0].client,
-                route: &sent[0].route,
+                key: sent[0].client(),
+                route: sent[0].route(),
                 tier: None,
                 cost: None,
             };

@@ -582,8 +582,8 @@ impl PeerPool {
         let link = self.link(owner);
         let item_rule = item.rule.name.clone();
         let item = ForwardItem {
-            key: item.client.to_string(),
-            route: item.route.to_string(),
+            key: item.client().to_string(),
+            route: item.route().to_string(),
             tier: item.tier.as_deref().map(str::to_string),
             cost: item.cost.get(),
             hops: 1,
@@ -640,8 +640,8 @@ impl PeerPool {
         let items = items
             .iter()
             .map(|(item, at)| WireRefund {
-                key: item.client.to_string(),
-                route: item.route.to_string(),
+                key: item.client().to_string(),
+                route: item.route().to_string(),
                 tier: item.tier.as_deref().map(str::to_string),
                 cost: item.cost.get(),
                 at: *at,

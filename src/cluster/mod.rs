@@ -56,12 +56,12 @@ pub struct CheckItem {
     pub id: KeyId,
     /// The rule that matched (name, numbers, algorithm).
     pub rule: Arc<Rule>,
-    /// The client key.
-    pub client: Arc<str>,
-    /// The route as sent, query string included: echoed in the answer and forwarded to
-    /// the owner, which plans it again and so normalises it the same way.
-    pub route: Arc<str>,
-    /// Length of the normalised route (method + path), a prefix of `route`.
+    /// The client key followed by the route as sent, in one allocation (a check's only
+    /// one for its strings): see [`CheckItem::client`] and [`CheckItem::route`].
+    text: Arc<str>,
+    /// Length of the client key, the prefix of `text`.
+    client_len: usize,
+    /// Length of the normalised route (method + path), a prefix of the route.
     normalised_len: usize,
     /// The tier the caller sent (the owner re-matches rules with it when forwarded).
     pub tier: Option<Arc<str>>,
@@ -220,6 +220,9 @@ impl CheckItem {
         cost: NonZeroU64,
     ) -> Self {
         let normalised = route.as_str();
+        let mut text = String::with_capacity(client.len() + route.sent().len());
+        text.push_str(client);
+        text.push_str(route.sent());
         Self {
             id: KeyId::of(
                 &rule.name,
@@ -227,8 +230,8 @@ impl CheckItem {
                 rule.per.route_part(normalised),
             ),
             rule,
-            client: Arc::from(client),
-            route: Arc::from(route.sent()),
+            text: Arc::from(text),
+            client_len: client.len(),
             normalised_len: normalised.len(),
             tier: tier.map(Arc::from),
             cost,
@@ -253,10 +256,21 @@ impl CheckItem {
         self
     }
 
+    /// The client key.
+    pub fn client(&self) -> &str {
+        &self.text[..self.client_len]
+    }
+
+    /// The route as sent, query string included: echoed in the answer and forwarded to
+    /// the owner, which plans it again and so normalises it the same way.
+    pub fn route(&self) -> &str {
+        &self.text[self.client_len..]
+    }
+
     /// The route as counted by a `per = "route"` rule: method + path, without the query
     /// string or fragment it was sent with.
     pub fn normalised_route(&self) -> &str {
-        &self.route[..self.normalised_len]
+        &self.route()[..self.normalised_len]
     }
 
     /// What this node's shard needs to decide it: identity, rule and cost.
@@ -276,7 +290,7 @@ impl CheckItem {
     pub fn under(&self, rule: Arc<Rule>) -> Charge {
         let route = rule.per.route_part(self.normalised_route());
         Charge {
-            id: KeyId::of(&rule.name, self.client.as_bytes(), route),
+            id: KeyId::of(&rule.name, self.client().as_bytes(), route),
             rule,
             cost: self.cost,
             give_back: self.give_back,
@@ -342,6 +356,13 @@ impl DescriptorOutcome {
         self.answer.decision.allowed || self.item.rule.shadow
     }
 }
+
+/// The planned descriptors of the checks of one call, one vector per check. Inline for
+/// one check (a unary call), so a unary check costs no vector to hold its one vector.
+pub type Checks = smallvec::SmallVec<[Vec<CheckItem>; 1]>;
+
+/// The decided checks of one call, in request order; inline for one, like [`Checks`].
+pub type DecidedChecks = smallvec::SmallVec<[Decided; 1]>;
 
 /// One check's descriptors with their answers after refunds (one vector per check:
 /// the verdict keeps it as it is).

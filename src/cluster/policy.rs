@@ -339,9 +339,9 @@ pub fn refunds(decided: &[Decided]) -> Refunds {
 
 /// Split the flat answers of a batch back into its checks, with refund flags.
 pub fn combine(
-    checks: Vec<Vec<CheckItem>>,
+    checks: super::Checks,
     answers: impl IntoIterator<Item = Answer>,
-) -> Vec<Decided> {
+) -> super::DecidedChecks {
     let mut answers = answers.into_iter();
     checks
         .into_iter()
@@ -748,7 +748,10 @@ mod tests {
                 )
             },
         ];
-        let decided = combine(vec![vec![here.clone(), there, denied, cachedd]], answers);
+        let decided = combine(
+            smallvec::smallvec![vec![here.clone(), there, denied, cachedd]],
+            answers,
+        );
         assert_eq!(flags(&decided[0]), vec![true, true, false, false]);
         let refunds = refunds(&decided);
         assert_eq!(refunds.here.len(), 1);
@@ -769,7 +772,7 @@ mod tests {
             |i: &CheckItem| local_answer(i, &decider("a"), decision(false, 9), 1, 0, i.charge());
         // Two checks in one batch: the second's denial does not refund the first.
         let decided = combine(
-            vec![vec![a.clone()], vec![b.clone(), a.clone()]],
+            smallvec::smallvec![vec![a.clone()], vec![b.clone(), a.clone()]],
             vec![allow(&a), deny(&b), allow(&a)],
         );
         assert_eq!(flags(&decided[0]), vec![false]);

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::forward::PeerPool;
 use crate::cluster::policy::{self, Fallback, Origin, Routing};
-use crate::cluster::{Answer, CheckItem, Decided, Decider};
+use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::Rule;
 use crate::membership::ClusterView;
 use crate::ring::RingDiff;
@@ -153,7 +153,7 @@ impl Router {
 
     /// Decide checks that a client sent to this node: each descriptor on its owner,
     /// then refund the admitted descriptors of every check that another one denied.
-    pub async fn decide(&self, checks: Vec<Vec<CheckItem>>) -> Result<Vec<Decided>, ShardError> {
+    pub async fn decide(&self, checks: Checks) -> Result<DecidedChecks, ShardError> {
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
         let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
@@ -230,7 +230,7 @@ impl Router {
                 }
                 Err(error) => {
                     self.metrics.forward_errors.increment(1);
-                    tracing::debug!(%error, key = %item.client, "owner unreachable; falling back");
+                    tracing::debug!(%error, key = %item.client(), "owner unreachable; falling back");
                     match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
                         Fallback::Closed(answer) => {
                             self.metrics.degraded_closed.increment(1);
@@ -257,7 +257,7 @@ impl Router {
         if open.is_empty() {
             return Ok(());
         }
-        let (positions, charges): (Vec<usize>, Vec<Charge>) = open.into_iter().unzip();
+        let (positions, charges): (Vec<usize>, crate::shard::Charges) = open.into_iter().unzip();
         let outcomes = self.shards.check(charges.clone()).await?;
         for ((i, charge), outcome) in positions.into_iter().zip(charges).zip(outcomes) {
             let mut answer = policy::local_answer(
@@ -315,7 +315,7 @@ impl Router {
         I: ExactSizeIterator<Item = &'a CheckItem> + Clone,
     {
         let outcomes = if items.len() == 0 {
-            Vec::new()
+            crate::shard::Outcomes::new()
         } else {
             self.shards
                 .check(items.clone().map(|item| item.charge()).collect())

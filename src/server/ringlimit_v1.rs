@@ -478,8 +478,8 @@ impl wire::Message for WireDescriptor<'_> {
     fn fields<S: wire::Sink>(&self, s: &mut S) {
         let d = self.0;
         let (a, decision) = (&d.answer, &d.answer.decision);
-        s.text(1, &d.item.client);
-        s.text(2, &d.item.route);
+        s.text(1, d.item.client());
+        s.text(2, d.item.route());
         s.flag(3, decision.allowed);
         s.uint(4, decision.limit);
         s.uint(5, decision.remaining);
@@ -729,7 +729,7 @@ mod tests {
             ..Default::default()
         }];
         let planned = plan_check(&input(&r), &RuleSet::builtin(), None, &V1Names).unwrap();
-        assert_eq!(&*planned[1].route, "GET /x");
+        assert_eq!(planned[1].route(), "GET /x");
         assert_eq!(planned[1].cost.get(), 3);
         assert_eq!(planned[1].tier.as_deref(), Some("gold"));
         r.descriptors[0].cost = Some(0);
@@ -766,8 +766,8 @@ mod tests {
                 .map(|d| {
                     let (a, decision) = (&d.answer, &d.answer.decision);
                     proto::DescriptorResult {
-                        key: d.item.client.to_string(),
-                        route: d.item.route.to_string(),
+                        key: d.item.client().to_string(),
+                        route: d.item.route().to_string(),
                         allowed: decision.allowed,
                         limit: decision.limit,
                         remaining: decision.remaining,

@@ -132,6 +132,13 @@ pub struct Outcome {
     pub fresh: bool,
 }
 
+/// The charges of one [`Shards::check`] call. Most checks carry one descriptor, kept
+/// inline: a unary check reaches its shard and back without a vector on the heap.
+pub type Charges = smallvec::SmallVec<[Charge; 1]>;
+
+/// A shard's answers to [`Charges`], in the same order (inline for one, likewise).
+pub type Outcomes = smallvec::SmallVec<[Outcome; 1]>;
+
 /// An admitted charge to give back.
 #[derive(Debug, Clone)]
 pub struct Refund {
@@ -154,8 +161,8 @@ pub enum ShardError {
 
 enum Command {
     Check {
-        items: Vec<Charge>,
-        reply: oneshot::Sender<Vec<Outcome>>,
+        items: Charges,
+        reply: oneshot::Sender<Outcomes>,
     },
     Refund {
         items: Vec<Refund>,
@@ -263,13 +270,13 @@ impl Shards {
     /// Decide `items`; answers come back in the same order.
     ///
     /// Items are grouped so each shard gets one message; shards decide concurrently.
-    pub async fn check(&self, items: Vec<Charge>) -> Result<Vec<Outcome>, ShardError> {
+    pub async fn check(&self, items: Charges) -> Result<Outcomes, ShardError> {
         if let [item] = items.as_slice() {
             // The common case: one descriptor, one shard, no regrouping.
             let shard = self.shard_of_placement(item.id.placement);
             return self.ask(shard, items).await;
         }
-        let mut groups: Vec<(Vec<usize>, Vec<Charge>)> = vec![Default::default(); self.len()];
+        let mut groups: Vec<(Vec<usize>, Charges)> = vec![Default::default(); self.len()];
         for (position, item) in items.into_iter().enumerate() {
             let group = &mut groups[self.shard_of_placement(item.id.placement)];
             group.0.push(position);
@@ -386,7 +393,7 @@ impl Shards {
         Ok(installed)
     }
 
-    async fn ask(&self, shard: usize, items: Vec<Charge>) -> Result<Vec<Outcome>, ShardError> {
+    async fn ask(&self, shard: usize, items: Charges) -> Result<Outcomes, ShardError> {
         let (_, reply) = self.send_check(shard, items)?;
         reply.await.map_err(|_| ShardError::Stopped(shard))
     }
@@ -394,8 +401,8 @@ impl Shards {
     fn send_check(
         &self,
         shard: usize,
-        items: Vec<Charge>,
-    ) -> Result<(usize, oneshot::Receiver<Vec<Outcome>>), ShardError> {
+        items: Charges,
+    ) -> Result<(usize, oneshot::Receiver<Outcomes>), ShardError> {
         let (reply, rx) = oneshot::channel();
         self.inboxes[shard]
             .try_send(Command::Check { items, reply })
@@ -543,7 +550,7 @@ impl Actor {
         match command {
             Command::Check { items, reply } => {
                 let mut churn = Churn::default();
-                let outcomes = items
+                let outcomes: Outcomes = items
                     .iter()
                     .map(|item| {
                         if let Some(units) = item.give_back {
