@@ -6,7 +6,8 @@
 # Scenarios: native Check and CheckBatch 32 against Redis + the reference Lua; Envoy RLS
 # and Gubernator against the native Check on the same node; 3-node cluster with random
 # entry and with the ring-aware client (plain and coalescing); half-peak latency (open
-# loop at half the closed-loop peak just measured) on one node and on the 3-node cluster;
+# loop at half the closed-loop peak just measured) on one node (Redis beside it at the same
+# rate, as the control) and on the 3-node cluster;
 # a hot key through a node that does not own it; memory per key at 1,000,000 keys for
 # every algorithm; allocations per check; the store and algorithm microbenchmarks.
 #
@@ -72,7 +73,9 @@ run cluster3-ring-aware-coalesce --nodes 3 --client ring-aware --coalesce "${com
 
 # Latency at half of the peak just measured (open loop: no coordinated omission).
 one_peak=$(peak unary-c50 ringlimit)
-run half-peak-one-node --rate "$(awk -v p="$one_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
+# Redis at the same open-loop rate is the control: what the machine and the load
+# generator sharing its cores add to any server's tail at this load.
+run half-peak-one-node --compare-redis --rate "$(awk -v p="$one_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
 cluster_peak=$(peak cluster3-unary-c50 ringlimit)
 run half-peak-cluster3 --nodes 3 --rate "$(awk -v p="$cluster_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
 fronts_peak=$(peak fronts-c50 envoy-rls)
