@@ -262,6 +262,10 @@ struct ServeArgs {
     /// Server-side deadline of one gRPC call, in ms (a shorter grpc-timeout wins).
     #[arg(long, default_value_t = GrpcLimits::default().request_timeout.as_millis() as u64)]
     request_timeout_ms: u64,
+    /// On stop (SIGTERM, Ctrl-C): how long, in ms, the gRPC servers wait for open
+    /// connections to finish their calls before the node stops without them.
+    #[arg(long, default_value_t = GrpcLimits::default().shutdown_grace.as_millis() as u64)]
+    shutdown_grace_ms: u64,
     /// The cluster key: a file of secrets, one per line (the first signs, all verify;
     /// see docs/security.md). Required when the peer or gossip listener is beyond
     /// loopback, or to join (--seed).
@@ -507,6 +511,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
     config.grpc.max_unsent_answer_items = args.max_unsent_answer_items;
     config.grpc.request_timeout = std::time::Duration::from_millis(args.request_timeout_ms);
+    config.grpc.shutdown_grace = std::time::Duration::from_millis(args.shutdown_grace_ms);
     config.broken_decide_locally = args.broken_decide_locally;
     config.insecure_cluster = args.insecure_cluster;
     config.cluster_key = args

@@ -588,6 +588,149 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
     }
 }
 
+/// A member that sends forward batches on its stream but reads none of the answers gets
+/// only a bounded number of them decided: at most `STREAM_IN_FLIGHT` (16) batches being
+/// decided, plus the answers tonic encodes into one body chunk (it stops at 32 KiB) before
+/// HTTP/2 flow control stops the owner sending. Then the owner stops reading the stream,
+/// the sender is held by flow control, and the batches it sent meanwhile charge nothing.
+/// Public checks go on, and once the sender goes away nothing more is decided.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forward_stream_whose_answers_are_never_read_gets_a_bounded_number_of_batches_decided() {
+    use prost::Message;
+    use ringlimit::proto::peer::{ForwardAnswer, ForwardCall, ForwardOutcome, ForwardResponse};
+    const CALLS: u64 = 200;
+    const ITEMS: u64 = 100;
+    const IN_FLIGHT: usize = 16;
+    const CHUNK: usize = 32 * 1024;
+    const MANY: u64 = 1_000_000;
+    let (_dir, rules) = rules_file(&format!(
+        "[[rule]]\nname = \"u\"\nroute = \"GET /u\"\nalgorithm = \"fixed_window\"\n\
+         limit = {MANY}\nwindow = \"1h\"\n"
+    ));
+    let mut config = member_config("b", &[], Some(&rules));
+    config.grpc.shutdown_grace = Duration::from_millis(300);
+    let node = start(config).await;
+    let key = |call: u64, item: u64| format!("unread-{call}-{item}");
+    // The most answers one chunk can hold: the smallest answer a batch of ITEMS gets.
+    let smallest = ForwardAnswer {
+        call: 1,
+        response: Some(ForwardResponse {
+            node_id: "b".into(),
+            generation: 1,
+            outcomes: vec![
+                ForwardOutcome {
+                    rule: "u".into(),
+                    algorithm: "fixed_window".into(),
+                    ..Default::default()
+                };
+                ITEMS as usize
+            ],
+        }),
+        code: 0,
+        message: String::new(),
+    }
+    .encoded_len();
+    let bound = IN_FLIGHT + CHUNK.div_ceil(smallest) + 1;
+
+    // A receive window of one byte: the owner can begin one answer, and no more.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.peer_addr))
+        .unwrap()
+        .initial_stream_window_size(1)
+        .connect()
+        .await
+        .unwrap();
+    let keyring = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
+    let mut silent = PeerClient::new(Signed::new(channel, Some(keyring), "a".into()));
+    let (calls, body) = tokio::sync::mpsc::channel(CALLS as usize);
+    for call in 0..CALLS {
+        let items = (0..ITEMS)
+            .map(|i| ForwardItem {
+                key: key(call, i),
+                route: "GET /u".into(),
+                tier: None,
+                cost: 1,
+                hops: 1,
+                named: None,
+                give_back: 0,
+                drain: false,
+                peek: false,
+                rule_hash: 0,
+            })
+            .collect();
+        let request = ForwardRequest {
+            from_node: "a".into(),
+            items,
+            deadline_ms: 0,
+            compact: false,
+        };
+        calls
+            .send(ForwardCall {
+                call,
+                request: Some(request),
+            })
+            .await
+            .unwrap();
+    }
+    let unread = silent
+        .forward_stream(tokio_stream::wrappers::ReceiverStream::new(body))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+
+    // Which batches were charged: a public batch checks the first key of each once more
+    // (its own charge is the `passes`-th; a batch is decided whole or not at all).
+    let mut public = client(&node).await;
+    let mut passes = 0;
+    let mut decided = async || {
+        passes += 1;
+        let batch = ringlimit::proto::CheckBatchRequest {
+            checks: (0..CALLS)
+                .map(|c| check(&key(c, 0), "GET /u", None))
+                .collect(),
+        };
+        let answers = public
+            .check_batch(batch)
+            .await
+            .expect("a public batch answers")
+            .into_inner()
+            .results;
+        answers
+            .iter()
+            .filter(|a| a.remaining < MANY - passes)
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while decided().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream decided nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Ample time for a node that kept reading to decide all of them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = decided().await;
+    eprintln!("{held} of {CALLS} unread batches decided (bound {bound})");
+    assert!(
+        held <= bound,
+        "{held} of {CALLS} unread batches were decided (bound {bound})"
+    );
+
+    // The sender goes away: what it sent and the owner never read is dropped, uncharged.
+    drop((unread, calls, silent));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        decided().await,
+        held,
+        "nothing unread was decided afterwards"
+    );
+    // The sender's stream still holds its connection open (the calls the owner never
+    // read cannot leave); the node stops anyway, after its shutdown grace.
+    tokio::time::timeout(Duration::from_secs(10), node.shutdown())
+        .await
+        .expect("the node stops within its shutdown grace");
+}
+
 /// The forward stream decides each batch like a `Forward` call: a batch that breaks a
 /// bound, or arrives after its deadline, is refused alone with the status `Forward` would
 /// answer and nothing of it is decided, and the stream goes on with the next batch.

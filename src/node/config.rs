@@ -337,6 +337,11 @@ pub struct GrpcLimits {
     pub max_connection_age: Duration,
     /// Time calls in flight get to finish after the GOAWAY of `max_connection_age`.
     pub max_connection_age_grace: Duration,
+    /// When the node stops: how long its gRPC servers wait for open connections to
+    /// finish their calls before they stop waiting. Without it one client that holds a
+    /// stream open (an answer it never reads) would hold the node's stop until that
+    /// connection's `max_connection_age` + grace.
+    pub shutdown_grace: Duration,
     /// HTTP/2 SETTINGS_MAX_FRAME_SIZE we accept.
     pub max_frame_size: u32,
     /// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE: request headers, decoded, at most.
@@ -364,6 +369,7 @@ impl Default for GrpcLimits {
             keepalive_timeout: Duration::from_secs(10),
             max_connection_age: Duration::from_secs(30 * 60),
             max_connection_age_grace: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
             max_frame_size: 16 * 1024,
             max_header_list_size: 16 * 1024,
             initial_stream_window: 256 * 1024,

@@ -605,12 +605,42 @@ async fn serve_public(
             grpc::incoming(listener, limits),
             cancel.clone().cancelled_owned(),
         );
+    let grace = limits.shutdown_grace;
     Ok(async move {
-        if let Err(error) = server.await {
+        if let Some(Err(error)) = within_grace(server, &cancel, grace, "public").await {
             tracing::error!(%error, "public gRPC server failed");
             cancel.cancel();
         }
     })
+}
+
+/// Runs a gRPC server whose graceful shutdown starts when `cancel` fires, until it ends
+/// or `grace` after that, whichever is first (`None`: the grace ran out). tonic waits for
+/// every connection to close, and one a client holds open (a stream whose answers it
+/// never reads, so its last bytes never leave) would otherwise hold the node's stop
+/// until that connection's maximum age. Connections still open are then no longer
+/// waited for; they end with the process.
+async fn within_grace<F: std::future::Future>(
+    server: F,
+    cancel: &CancellationToken,
+    grace: Duration,
+    face: &'static str,
+) -> Option<F::Output> {
+    let grace_over = async {
+        cancel.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        done = server => Some(done),
+        () = grace_over => {
+            tracing::warn!(
+                face,
+                grace_ms = grace.as_millis() as u64,
+                "connections still open after the shutdown grace; stopping without them"
+            );
+            None
+        }
+    }
 }
 
 /// The cluster face: the peer service alone, on its own listener, with the same
@@ -643,7 +673,7 @@ async fn serve_peer(
             grpc::incoming(listener, &limits),
             cancel.clone().cancelled_owned(),
         );
-    if let Err(error) = server.await {
+    if let Some(Err(error)) = within_grace(server, &cancel, limits.shutdown_grace, "peer").await {
         tracing::error!(%error, "peer gRPC server failed");
         cancel.cancel();
     }

@@ -376,7 +376,10 @@ impl futures_util::Stream for ForwardAnswers {
 
 /// Calls of one `ForwardStream` decided at once. A member keeps at most its
 /// `--forward-max-in-flight` batches out per peer (default 1), so this only bounds what
-/// a misbehaving sender can make the node hold.
+/// a misbehaving sender can make the node hold. With a sender that reads no answers, the
+/// decided calls are these plus the answers tonic encodes into one body chunk (it stops
+/// at 32 KiB) before flow control stops the stream: then the body is not polled, no
+/// call is read, and nothing more is charged.
 const STREAM_IN_FLIGHT: usize = 16;
 
 impl PeerService {
