@@ -681,3 +681,35 @@ async fn unread_batch_answers_spend_a_node_wide_budget_and_then_are_refused_unch
     }
     node.shutdown().await;
 }
+
+/// A client that holds a stream open with an answer it never reads (a zero receive
+/// window) does not hold the node's stop: its servers wait for open connections at most
+/// `shutdown_grace`, then stop without them. Before, tonic waited for every connection,
+/// so such a client held the stop until its connection's maximum age (30 min).
+#[tokio::test]
+async fn a_client_that_never_reads_its_answer_does_not_hold_the_node_s_stop() {
+    let mut config = NodeConfig::for_test();
+    config.grpc.shutdown_grace = Duration::from_millis(300);
+    let node = start(config).await;
+    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(connection);
+    let batch = ringlimit::proto::CheckBatchRequest {
+        checks: (0..100)
+            .map(|i| check(&format!("held-{i}"), "/x", None))
+            .collect(),
+    };
+    let (response, _out) = send_batch(&send, node.grpc_addr, &framed(&batch.encode_to_vec()));
+    let _headers = tokio::time::timeout(GUARD, response)
+        .await
+        .expect("the answer's headers")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), node.shutdown())
+        .await
+        .expect("the node stops within its shutdown grace");
+    conn.abort();
+}
