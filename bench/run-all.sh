@@ -55,6 +55,9 @@ common=(--concurrency 50 --duration "$DURATION")
 # One node: the native API against Redis + Lua, unary and batched.
 run unary-c50 --compare-redis "${common[@]}" --rounds "$ROUNDS"
 run batch32-c50 --compare-redis "${common[@]}" --batch 32 --rounds "$ROUNDS"
+# The same with the node on one worker thread (`serve --threads 1`), like single-threaded
+# Redis: on cores it shares with the load generator, no wake-ups between its own threads.
+run unary-c50-threads1 --compare-redis --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
 run unary-c10 --compare-redis --concurrency 10 --duration "$DURATION" --rounds "$ROUNDS"
 run zipf-unary-c50 --compare-redis "${common[@]}" --distribution zipf --zipf-s 1.1
 
@@ -66,6 +69,8 @@ run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"
 run cluster3-unary-c50 --nodes 3 "${common[@]}"
 # The same with one unary Peer/Forward call per batch instead of the per-peer stream.
 run cluster3-unary-forward-calls-c50 --nodes 3 --node-arg=--forward-unary "${common[@]}"
+# Each node on one worker thread: three sidecars sharing two cores.
+run cluster3-unary-threads1-c50 --nodes 3 --node-arg=--threads=1 "${common[@]}"
 run cluster3-batch32-c50 --nodes 3 "${common[@]}" --batch 32
 run single-batch32-c50 --nodes 1 "${common[@]}" --batch 32
 run cluster3-ring-aware --nodes 3 --client ring-aware "${common[@]}" --rounds "$ROUNDS"

@@ -195,6 +195,11 @@ struct ServeArgs {
     /// Number of shard actors (default: number of cores).
     #[arg(long)]
     shards: Option<usize>,
+    /// Threads that run the node (the async runtime's workers; default: the cores this
+    /// process may use). A sidecar given one core does best with `--threads 1`: no
+    /// wake-ups and task steals between threads on a core they share (bench/RESULTS.md).
+    #[arg(long, env = "RINGLIMIT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
     /// Most keys this node holds; beyond it the least-harm keys are evicted, never an
     /// exhausted one while another can go (and every eviction is counted).
     #[arg(long, default_value_t = 1_000_000)]
@@ -449,7 +454,16 @@ fn parse_algorithm(text: &str) -> Result<ringlimit::algorithms::AlgorithmKind, S
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    runtime_with(None)
+}
+
+/// The async runtime, with `threads` workers (default: tokio's, the usable cores).
+fn runtime_with(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads);
+    }
+    builder
         .enable_all()
         .build()
         .context("starting the async runtime")
@@ -520,7 +534,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .map(ringlimit::keyring::Keyring::from_file)
         .transpose()?;
     config.peer_tls = args.peer_tls.load()?;
-    runtime()?.block_on(async move {
+    runtime_with(args.threads.map(usize::from))?.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
         tokio::spawn(async move {
