@@ -170,7 +170,7 @@ impl Checker {
         if plan.items.is_empty() {
             return Ok(domain::domain_verdict(plan, &[]));
         }
-        let items = plan.items.clone();
+        let items = plan.items.iter().cloned().collect();
         let mut verdicts = self.decide(smallvec::smallvec![items]).await?;
         let verdict = verdicts.pop().expect("one verdict per check");
         let me = self.router.me();
@@ -211,7 +211,7 @@ impl Checker {
             .collect();
         let checks: crate::cluster::Checks = planned
             .iter()
-            .filter_map(|p| p.as_ref().ok().map(|p| vec![p.item.clone()]))
+            .filter_map(|p| p.as_ref().ok().map(|p| smallvec::smallvec![p.item.clone()]))
             .collect();
         let mut verdicts = if checks.is_empty() {
             Vec::new()

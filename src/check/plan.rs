@@ -94,7 +94,7 @@ pub fn plan_check(
     rules: &RuleSet,
     check: Option<usize>,
     names: &dyn FieldNames,
-) -> Result<Vec<CheckItem>, CheckError> {
+) -> Result<crate::cluster::Items, CheckError> {
     if input.descriptors.len() > MAX_DESCRIPTORS {
         return Err(CheckError::invalid(
             names.descriptors(check),
@@ -124,7 +124,7 @@ pub fn plan_batch(
     inputs: &[CheckInput<'_>],
     rules: &RuleSet,
     names: &dyn FieldNames,
-) -> Result<Vec<Vec<CheckItem>>, CheckError> {
+) -> Result<Vec<crate::cluster::Items>, CheckError> {
     if inputs.len() > MAX_BATCH {
         return Err(CheckError::invalid(
             names.checks(),
@@ -273,14 +273,14 @@ mod tests {
         }
     }
 
-    fn invalid_field(result: Result<Vec<CheckItem>, CheckError>) -> String {
+    fn invalid_field(result: Result<crate::cluster::Items, CheckError>) -> String {
         match result {
             Err(CheckError::InvalidArgument { field, .. }) => field,
             other => panic!("expected InvalidArgument, got {other:?}"),
         }
     }
 
-    fn plan(input: &CheckInput<'_>) -> Result<Vec<CheckItem>, CheckError> {
+    fn plan(input: &CheckInput<'_>) -> Result<crate::cluster::Items, CheckError> {
         plan_check(input, &RuleSet::builtin(), None, &Plain)
     }
 

@@ -47,7 +47,7 @@ pub struct Verdict {
     /// it): see [`Rule::shadow`](crate::config::rules::Rule::shadow).
     pub shadow_denied: bool,
     /// Every descriptor, in request order.
-    pub descriptors: Vec<DescriptorVerdict>,
+    pub descriptors: crate::cluster::DescriptorOutcomes,
 }
 
 /// What a caller needs for the 429 contract (headers): the client crate's type, so a

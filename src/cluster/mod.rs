@@ -220,9 +220,12 @@ impl CheckItem {
         cost: NonZeroU64,
     ) -> Self {
         let normalised = route.as_str();
-        let mut text = String::with_capacity(client.len() + route.sent().len());
-        text.push_str(client);
-        text.push_str(route.sent());
+        // Joined on the stack and copied once into the `Arc` (from a `String`, `Arc::from`
+        // would copy it again into an allocation of its own).
+        let mut joined: smallvec::SmallVec<[u8; 192]> = smallvec::SmallVec::new();
+        joined.extend_from_slice(client.as_bytes());
+        joined.extend_from_slice(route.sent().as_bytes());
+        let text = std::str::from_utf8(&joined).expect("two strings joined are a string");
         Self {
             id: KeyId::of(
                 &rule.name,
@@ -359,7 +362,13 @@ impl DescriptorOutcome {
 
 /// The planned descriptors of the checks of one call, one vector per check. Inline for
 /// one check (a unary call), so a unary check costs no vector to hold its one vector.
-pub type Checks = smallvec::SmallVec<[Vec<CheckItem>; 1]>;
+pub type Checks = smallvec::SmallVec<[Items; 1]>;
+
+/// One check's planned descriptors: inline for one, the common case.
+pub type Items = smallvec::SmallVec<[CheckItem; 1]>;
+
+/// One check's decided descriptors, in request order: inline for one, like [`Items`].
+pub type DescriptorOutcomes = smallvec::SmallVec<[DescriptorOutcome; 1]>;
 
 /// The decided checks of one call, in request order; inline for one, like [`Checks`].
 pub type DecidedChecks = smallvec::SmallVec<[Decided; 1]>;
@@ -369,7 +378,7 @@ pub type DecidedChecks = smallvec::SmallVec<[Decided; 1]>;
 #[derive(Debug)]
 pub struct Decided {
     /// In request order.
-    pub descriptors: Vec<DescriptorOutcome>,
+    pub descriptors: DescriptorOutcomes,
 }
 
 /// An owner's answer to one forwarded descriptor, as the peer client adapter decodes it.

@@ -346,7 +346,7 @@ pub fn combine(
     checks
         .into_iter()
         .map(|items| {
-            let mut descriptors: Vec<DescriptorOutcome> = items
+            let mut descriptors: super::DescriptorOutcomes = items
                 .into_iter()
                 .map(|item| DescriptorOutcome {
                     item,
@@ -749,7 +749,7 @@ mod tests {
             },
         ];
         let decided = combine(
-            smallvec::smallvec![vec![here.clone(), there, denied, cachedd]],
+            smallvec::smallvec![smallvec::smallvec![here.clone(), there, denied, cachedd]],
             answers,
         );
         assert_eq!(flags(&decided[0]), vec![true, true, false, false]);
@@ -772,7 +772,10 @@ mod tests {
             |i: &CheckItem| local_answer(i, &decider("a"), decision(false, 9), 1, 0, i.charge());
         // Two checks in one batch: the second's denial does not refund the first.
         let decided = combine(
-            smallvec::smallvec![vec![a.clone()], vec![b.clone(), a.clone()]],
+            smallvec::smallvec![
+                smallvec::smallvec![a.clone()],
+                smallvec::smallvec![b.clone(), a.clone()]
+            ],
             vec![allow(&a), deny(&b), allow(&a)],
         );
         assert_eq!(flags(&decided[0]), vec![false]);

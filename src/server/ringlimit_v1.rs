@@ -895,7 +895,7 @@ mod tests {
                 delay_ms: top.delay_ms,
                 window_ms,
                 shadow_denied,
-                descriptors,
+                descriptors: descriptors.into(),
             }
         }
     }
