@@ -39,6 +39,22 @@ on_unavailable = "closed"
 
 const LIMIT: usize = 20;
 
+/// A forwarded item as a member sends it: `key` on `route`, cost 1, one hop, no tier.
+fn forward_item(key: String, route: &str) -> ForwardItem {
+    ForwardItem {
+        key,
+        route: route.into(),
+        tier: None,
+        cost: 1,
+        hops: 1,
+        named: None,
+        give_back: 0,
+        drain: false,
+        peek: false,
+        rule_hash: 0,
+    }
+}
+
 /// A client of `node`'s `Peer` service (on its own listener), as another member would
 /// call it: the one place that knows where the peer API is served.
 async fn peer_client(node: &RunningNode) -> PeerClient<Signed> {
@@ -251,18 +267,7 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
     let mut peer = peer_client(&nodes[1]).await;
     let forward_one = |deadline_ms: u64| ringlimit::proto::peer::ForwardRequest {
         from_node: "a".into(),
-        items: vec![ringlimit::proto::peer::ForwardItem {
-            key: key.clone(),
-            route: "GET /t".into(),
-            tier: None,
-            cost: 1,
-            hops: 1,
-            named: None,
-            give_back: 0,
-            drain: false,
-            peek: false,
-            rule_hash: 0,
-        }],
+        items: vec![forward_item(key.clone(), "GET /t")],
         deadline_ms,
         compact: false,
     };
@@ -533,16 +538,8 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
     let victim = key_owned_by("b", &["a", "b", "c"], "v");
     let mut peer = peer_client(&nodes[1]).await;
     let item = |tier: Option<String>| ForwardItem {
-        key: victim.clone(),
-        route: "GET /t".into(),
         tier,
-        cost: 1,
-        hops: 1,
-        named: None,
-        give_back: 0,
-        drain: false,
-        peek: false,
-        rule_hash: 0,
+        ..forward_item(victim.clone(), "GET /t")
     };
     let forward = |items| ForwardRequest {
         from_node: "a".into(),
@@ -644,18 +641,7 @@ async fn a_forward_stream_whose_answers_are_never_read_gets_a_bounded_number_of_
     let (calls, body) = tokio::sync::mpsc::channel(CALLS as usize);
     for call in 0..CALLS {
         let items = (0..ITEMS)
-            .map(|i| ForwardItem {
-                key: key(call, i),
-                route: "GET /u".into(),
-                tier: None,
-                cost: 1,
-                hops: 1,
-                named: None,
-                give_back: 0,
-                drain: false,
-                peek: false,
-                rule_hash: 0,
-            })
+            .map(|i| forward_item(key(call, i), "GET /u"))
             .collect();
         let request = ForwardRequest {
             from_node: "a".into(),
@@ -741,18 +727,7 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
     let nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
     let victim = key_owned_by("b", &["a", "b", "c"], "s");
     let mut peer = peer_client(&nodes[1]).await;
-    let item = ForwardItem {
-        key: victim.clone(),
-        route: "GET /t".into(),
-        tier: None,
-        cost: 1,
-        hops: 1,
-        named: None,
-        give_back: 0,
-        drain: false,
-        peek: false,
-        rule_hash: 0,
-    };
+    let item = forward_item(victim.clone(), "GET /t");
     let call = |call, items, deadline_ms| ForwardCall {
         call,
         request: Some(ForwardRequest {

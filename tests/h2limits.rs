@@ -515,6 +515,24 @@ async fn a_request_that_never_finishes_is_cut_at_the_request_timeout() {
     node.shutdown().await;
 }
 
+/// An HTTP/2 client of `addr` that reads no answer: it advertises a receive window of
+/// zero (and does not count resets), its connection driven by a task of its own.
+async fn zero_window_client(
+    addr: std::net::SocketAddr,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .max_concurrent_reset_streams(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    (send, tokio::spawn(connection))
+}
+
 /// Opens one `CheckBatch` stream on `send` with the framed request `body`.
 fn send_batch(
     send: &h2::client::SendRequest<Bytes>,
@@ -546,14 +564,7 @@ async fn unread_batch_answers_are_held_at_most_for_the_stream_cap() {
         .await
         .unwrap();
     let before = vm_rss_kb();
-    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
-    let (send, connection) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .max_concurrent_reset_streams(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(connection);
+    let (send, conn) = zero_window_client(node.grpc_addr).await;
     let batch = ringlimit::proto::CheckBatchRequest {
         checks: (0..1000)
             .map(|i| check(&format!("unread-{i}"), "/x", None))
@@ -602,13 +613,7 @@ async fn unread_batch_answers_spend_a_node_wide_budget_and_then_are_refused_unch
     let mut config = NodeConfig::for_test();
     config.grpc.max_unsent_answer_items = BUDGET;
     let (node, _clock) = common::start_manual(config, 1_767_225_600_000).await;
-    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
-    let (send, connection) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(connection);
+    let (send, conn) = zero_window_client(node.grpc_addr).await;
     let batch = ringlimit::proto::CheckBatchRequest {
         checks: (0..ITEMS)
             .map(|i| check(&format!("unread-{i}"), "/x", None))
@@ -691,13 +696,7 @@ async fn a_client_that_never_reads_its_answer_does_not_hold_the_node_s_stop() {
     let mut config = NodeConfig::for_test();
     config.grpc.shutdown_grace = Duration::from_millis(300);
     let node = start(config).await;
-    let tcp = TcpStream::connect(node.grpc_addr).await.unwrap();
-    let (send, connection) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(connection);
+    let (send, conn) = zero_window_client(node.grpc_addr).await;
     let batch = ringlimit::proto::CheckBatchRequest {
         checks: (0..100)
             .map(|i| check(&format!("held-{i}"), "/x", None))
