@@ -590,7 +590,7 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
 /// decided, plus the answers tonic encodes into one body chunk (it stops at 32 KiB) before
 /// HTTP/2 flow control stops the owner sending. Then the owner stops reading the stream,
 /// the sender is held by flow control, and the batches it sent meanwhile charge nothing.
-/// Public checks go on, and once the sender goes away nothing more is decided.
+/// Public checks go on, and once the sender drops its handles nothing more is decided.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forward_stream_whose_answers_are_never_read_gets_a_bounded_number_of_batches_decided() {
     use prost::Message;
@@ -702,7 +702,8 @@ async fn a_forward_stream_whose_answers_are_never_read_gets_a_bounded_number_of_
         "{held} of {CALLS} unread batches were decided (bound {bound})"
     );
 
-    // The sender goes away: what it sent and the owner never read is dropped, uncharged.
+    // The sender drops its handles. Its stream stays open (the calls the owner never read
+    // cannot leave), and they are never decided.
     drop((unread, calls, silent));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
