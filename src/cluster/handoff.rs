@@ -85,6 +85,8 @@ impl Handoff {
         cancel: CancellationToken,
     ) {
         let mut current = views.borrow_and_update().clone();
+        // A node's first rings inherit nothing from a dead member.
+        self.inherited.accounted(current.ring.digest());
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -166,6 +168,7 @@ impl Handoff {
             self.inherited
                 .record(inherited_from_dead, self.clock.now_ms());
         }
+        self.inherited.accounted(new.ring.digest());
         if share_from_me > 0.0 {
             self.push_away(new).await;
         }

@@ -28,17 +28,42 @@ const INHERITED_MEMORY_MS: u64 = 10 * 60 * 1000;
 
 /// Ranges of the hash space this node inherited from a node that died, and when:
 /// keys there restart from empty, and each such restart is counted.
+///
+/// The router sees a new ring as soon as membership publishes it; the handoff watcher
+/// records what it inherited a moment later. So it also says which ring it has
+/// accounted for ([`Inherited::accounted`]): under a ring not yet accounted for, a key
+/// that starts from empty counts as a restart (the safe side of that moment).
 #[derive(Debug, Default)]
 pub struct Inherited {
     moves: Mutex<Vec<(RingDiff, Millis)>>,
+    /// Digest of the last ring whose inherited ranges are recorded.
+    accounted: std::sync::atomic::AtomicU64,
 }
 
 impl Inherited {
+    /// Nothing inherited yet, the node's first ring (digest `ring`) accounted for.
+    pub fn new(ring: u64) -> Self {
+        let inherited = Self::default();
+        inherited.accounted(ring);
+        inherited
+    }
+
     /// Remember `diff` (moves from a dead node to this one) as of `now`.
     pub fn record(&self, diff: RingDiff, now: Millis) {
         let mut moves = self.moves.lock().expect("not poisoned");
         moves.retain(|(_, at)| now.saturating_sub(*at) < INHERITED_MEMORY_MS);
         moves.push((diff, now));
+    }
+
+    /// Everything the ring with digest `ring` gave this node from a dead one is recorded.
+    pub fn accounted(&self, ring: u64) {
+        self.accounted
+            .store(ring, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the inherited ranges of the ring with digest `ring` are recorded.
+    fn accounted_for(&self, ring: u64) -> bool {
+        self.accounted.load(std::sync::atomic::Ordering::Acquire) == ring
     }
 
     /// Whether ring position `placement` was inherited from a dead node lately.
@@ -357,13 +382,16 @@ impl Router {
     /// Whether a key that starts from empty here is (probably) a count that restarts:
     /// its range was inherited from a node that died, or this node's own ring still
     /// names another owner (a peer with a newer view forwarded it here, so this node
-    /// is an extra decider for the key). Over-counting a genuinely new key in those
-    /// moments is the safe side: a silent reset is the failure to avoid.
+    /// is an extra decider for the key), or this ring's inherited ranges are not
+    /// recorded yet. Over-counting a genuinely new key in those moments is the safe
+    /// side: a silent reset is the failure to avoid.
     fn restarts_here(&self, view: &ClusterView, placement: u64) -> bool {
         let stray = view
             .owner_of_placement(placement)
             .is_some_and(|owner| owner.node_id != *self.me.node_id);
-        stray || self.inherited.contains(placement)
+        stray
+            || !self.inherited.accounted_for(view.ring.digest())
+            || self.inherited.contains(placement)
     }
 
     /// The fail-open stand-in for `item`'s rule, built once per (rule, ring size).
@@ -372,5 +400,25 @@ impl Router {
             .entry((item.rule.name.clone(), item.rule.fingerprint, nodes))
             .or_insert_with(|| Arc::new(policy::fallback_rule(&item.rule, nodes)))
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Inherited;
+
+    /// The window `tests/cluster_process.rs` fell into once: the router saw the ring
+    /// without the dead node before the handoff watcher recorded what it inherited.
+    #[test]
+    fn a_newer_ring_is_unaccounted_until_the_handoff_watcher_records_it() {
+        let inherited = Inherited::new(1);
+        assert!(
+            inherited.accounted_for(1),
+            "the first ring inherits nothing"
+        );
+        assert!(!inherited.accounted_for(2), "published, not yet recorded");
+        inherited.accounted(2);
+        assert!(inherited.accounted_for(2));
+        assert!(!inherited.accounted_for(1));
     }
 }

@@ -413,7 +413,7 @@ async fn start_in_span(
             cancel.clone(),
         ),
     );
-    let inherited = Arc::new(Inherited::default());
+    let inherited = Arc::new(Inherited::new(membership.view().borrow().ring.digest()));
     let mut router = Router::new(
         decider.clone(),
         shards.clone(),
