@@ -860,13 +860,7 @@ impl PeerPool {
             opened: metrics::counter!("ringlimit_forward_streams_opened_total"),
         });
         self.tracker.spawn(tracing::Instrument::instrument(
-            batcher(
-                rx,
-                streams,
-                self.me.clone(),
-                self.config.clone(),
-                self.cancel.clone(),
-            ),
+            batcher(rx, streams, self.config.clone(), self.cancel.clone()),
             self.span.clone(),
         ));
         link
@@ -878,7 +872,6 @@ impl PeerPool {
 async fn batcher(
     mut rx: mpsc::Receiver<Pending>,
     streams: Arc<Streams>,
-    me: Arc<str>,
     config: ForwardConfig,
     cancel: CancellationToken,
 ) {
@@ -887,8 +880,10 @@ async fn batcher(
     let batches = metrics::histogram!("ringlimit_forward_batch_size");
     let in_flight = (config.max_in_flight > 0)
         .then(|| Arc::new(tokio::sync::Semaphore::new(config.max_in_flight)));
+    // One buffer for every batch: a `Pending` is a few hundred bytes, and a buffer per
+    // batch was the largest allocation of a forwarded check.
+    let mut batch = Vec::with_capacity(64);
     loop {
-        let mut batch = Vec::with_capacity(64);
         tokio::select! {
             _ = cancel.cancelled() => return,
             received = rx.recv_many(&mut batch, max) => if received == 0 { return },
@@ -929,7 +924,7 @@ async fn batcher(
             continue;
         }
         batches.record(batch.len() as f64);
-        let (request, replies, deadline) = request_of(batch, &me);
+        let (request, replies, deadline) = request_of(batch.drain(..));
         if streams.unary.load(Ordering::Relaxed) {
             streams
                 .tracker
@@ -966,10 +961,13 @@ async fn sleep_until_some(due: Option<tokio::time::Instant>) {
 }
 
 /// The `Forward` request of a batch, its callers' replies, and when it is due.
-fn request_of(batch: Vec<Pending>, me: &str) -> (ForwardRequest, Replies, tokio::time::Instant) {
+fn request_of(
+    batch: std::vec::Drain<'_, Pending>,
+) -> (ForwardRequest, Replies, tokio::time::Instant) {
     // The batch is due when its most urgent check is: the owner refuses it after that
     // (see `deadline_ms`), and no caller is still waiting for it.
     let deadline = batch
+        .as_slice()
         .iter()
         .map(|p| p.deadline)
         .min()
@@ -985,7 +983,9 @@ fn request_of(batch: Vec<Pending>, me: &str) -> (ForwardRequest, Replies, tokio:
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| (d + left).as_millis() as u64);
     let request = ForwardRequest {
-        from_node: me.to_string(),
+        // The call's proof (or its stream's) names the sender; the owner reads no name
+        // from the batch, so none is copied into every one.
+        from_node: String::new(),
         items,
         deadline_ms,
         compact: true,

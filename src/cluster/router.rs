@@ -23,6 +23,11 @@ use crate::membership::ClusterView;
 use crate::ring::RingDiff;
 use crate::shard::{Charge, ShardError, Shards};
 
+/// The owners' answers to one check's forwarded descriptors, in plan order: inline for
+/// one (a unary check's usual case).
+type Remotes =
+    smallvec::SmallVec<[Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>; 1]>;
+
 /// How long ranges inherited from a dead node are remembered for counting resets.
 const INHERITED_MEMORY_MS: u64 = 10 * 60 * 1000;
 
@@ -200,8 +205,18 @@ impl Router {
             .remote
             .iter()
             .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
-        let (local_answers, remote_results) =
-            tokio::join!(self.decide_here(local, &view), join_all(remote_calls));
+        let (local_answers, remote_results) = if let [(i, owner)] = plan.remote.as_slice() {
+            // The common remote case, one descriptor: `join_all` would box and collect.
+            let (local, remote) = tokio::join!(
+                self.decide_here(local, &view),
+                self.peers.forward(owner, flat[*i])
+            );
+            (local, Remotes::from_buf([remote]))
+        } else {
+            let (local, remote) =
+                tokio::join!(self.decide_here(local, &view), join_all(remote_calls));
+            (local, Remotes::from_vec(remote))
+        };
         for (&i, answer) in plan.local.iter().zip(local_answers?) {
             answers[i] = Some(answer);
         }
@@ -233,7 +248,7 @@ impl Router {
         &self,
         flat: &[&CheckItem],
         remote: &[(usize, &crate::membership::Member)],
-        results: Vec<Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>>,
+        results: Remotes,
         view: &ClusterView,
         now: policy::Now,
         answers: &mut [Option<Answer>],
@@ -300,8 +315,14 @@ impl Router {
     }
 
     /// Decide descriptors a peer forwarded here: on this node's shards, whatever this
-    /// node's ring says (forwarding again could loop).
-    pub async fn decide_forwarded(&self, items: &[CheckItem]) -> Result<Vec<Answer>, ShardError> {
+    /// node's ring says (forwarding again could loop). Each answer, in `items` order,
+    /// goes through `wire` straight into the result: the peer service builds its wire
+    /// answers without a vector of [`Answer`]s between.
+    pub async fn decide_forwarded<T>(
+        &self,
+        items: &[CheckItem],
+        wire: impl FnMut(Answer) -> T,
+    ) -> Result<Vec<T>, ShardError> {
         let view = self.view();
         let strays = policy::strays(items, &view, &self.me.node_id);
         if strays > 0 {
@@ -324,6 +345,7 @@ impl Router {
         let answers = self
             .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
             .await?
+            .map(wire)
             .collect();
         Ok(answers)
     }

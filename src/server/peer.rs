@@ -440,17 +440,13 @@ impl PeerService {
             &self.envoy.load(),
             &self.inline,
         )?;
-        let answers = self
-            .router
-            .decide_forwarded(&items)
-            .await
-            .map_err(CheckError::from)?;
         // A compact answer names neither the rule the sender matched too nor the
         // algorithm: two allocations per item on each side saved.
-        let outcomes = answers
-            .into_iter()
-            .zip(&request.items)
-            .map(|(a, item)| {
+        let mut sent = request.items.iter();
+        let outcomes = self
+            .router
+            .decide_forwarded(&items, |a| {
+                let item = sent.next().expect("one answer per item");
                 let same_rule = request.compact
                     && item.rule_hash != 0
                     && item.rule_hash == forward::rule_hash(&a.rule);
@@ -482,7 +478,8 @@ impl PeerService {
                     },
                 }
             })
-            .collect();
+            .await
+            .map_err(CheckError::from)?;
         let me = self.router.me();
         Ok(ForwardResponse {
             node_id: me.node_id.to_string(),
