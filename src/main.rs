@@ -259,6 +259,16 @@ struct ServeArgs {
     /// Most HTTP/2 streams open on one connection; more are refused (REFUSED_STREAM).
     #[arg(long, default_value_t = GrpcLimits::default().max_concurrent_streams)]
     max_concurrent_streams: u32,
+    /// HTTP/2 flow-control window of one stream, in bytes (or KiB/MiB): request bytes a
+    /// client may send before the node reads them. Neither HTTP/2's 64 KiB nor 1 MiB
+    /// changed CPU per check beyond noise (bench/h2-settings.sh, bench/RESULTS.md
+    /// "HTTP/2 settings"), so the default is the bound, not the speed.
+    #[arg(long, value_parser = parse_window, default_value_t = GrpcLimits::default().initial_stream_window)]
+    h2_stream_window: u32,
+    /// HTTP/2 flow-control window of one connection, across its streams: the bound on
+    /// unread request bytes per connection.
+    #[arg(long, value_parser = parse_window, default_value_t = GrpcLimits::default().initial_connection_window)]
+    h2_connection_window: u32,
     /// Items of CheckBatch / GetRateLimits answers decided but not yet read by their
     /// clients, node-wide; a bulk call beyond it gets RESOURCE_EXHAUSTED before anything
     /// is decided (about 400 bytes per item: the default bounds ~100 MB).
@@ -524,6 +534,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.grpc.max_connections = args.max_connections;
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
     config.grpc.max_unsent_answer_items = args.max_unsent_answer_items;
+    config.grpc.initial_stream_window = args.h2_stream_window;
+    config.grpc.initial_connection_window = args.h2_connection_window;
     config.grpc.request_timeout = std::time::Duration::from_millis(args.request_timeout_ms);
     config.grpc.shutdown_grace = std::time::Duration::from_millis(args.shutdown_grace_ms);
     config.broken_decide_locally = args.broken_decide_locally;
@@ -1049,6 +1061,15 @@ fn rules_check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
 }
 
 /// A byte count: digits, optionally followed by `KiB`, `MiB` or `GiB`.
+/// An HTTP/2 flow-control window: a byte count of 1..=2^31-1 (RFC 9113 6.9.2).
+fn parse_window(text: &str) -> Result<u32, String> {
+    let bytes = parse_bytes(text)?;
+    u32::try_from(bytes)
+        .ok()
+        .filter(|&w| w >= 1 && w <= i32::MAX as u32)
+        .ok_or_else(|| format!("{text:?}: a window is 1 to 2147483647 bytes"))
+}
+
 fn parse_bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
@@ -1075,7 +1096,7 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_window};
 
     #[test]
     fn byte_counts_take_binary_suffixes_and_refuse_nonsense() {
@@ -1085,5 +1106,16 @@ mod tests {
         assert!(parse_bytes("12MB").unwrap_err().contains("unknown unit"));
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn http2_windows_stay_within_what_http2_allows() {
+        assert_eq!(parse_window("64KiB"), Ok(65_536));
+        assert_eq!(parse_window("2147483647"), Ok(i32::MAX as u32));
+        assert!(parse_window("0").is_err());
+        assert!(parse_window("2GiB")
+            .unwrap_err()
+            .contains("1 to 2147483647"));
+        assert!(parse_window("8GiB").is_err());
     }
 }
