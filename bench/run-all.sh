@@ -9,7 +9,8 @@
 # loop at half the closed-loop peak just measured) on one node (Redis beside it at the same
 # rate, as the control) and on the 3-node cluster;
 # a hot key through a node that does not own it; memory per key at 1,000,000 keys for
-# every algorithm; allocations per check; the store and algorithm microbenchmarks.
+# every algorithm; the HTTP/2 window settings (bench/h2-settings.sh); allocations per
+# check; the store and algorithm microbenchmarks.
 #
 # Takes about 25 minutes on 2 cores with the defaults. Needs nothing but a release build
 # (made if missing) and Debian's redis-server (installed by `ringlimit bench` if missing).
@@ -122,6 +123,13 @@ for algorithm in token_bucket leaky_bucket fixed_window sliding_window_counter s
         grep -iE 'bytes' "$OUT/memory-$algorithm.txt" || true
     } >>"$OUT/summary.txt"
 done
+
+# HTTP/2 flow-control windows: the measurement behind the defaults (its own script).
+OUT="$OUT" DURATION="$DURATION" bash bench/h2-settings.sh >/dev/null
+{
+    echo "== h2-settings: bench/h2-settings.sh (CPU per check and checks/s, medians)"
+    sed -n '/^# medians/,$p' "$OUT/h2-settings.txt"
+} >>"$OUT/summary.txt"
 
 # Allocations per check (a counting allocator, not timed) and the microbenchmarks.
 echo "== allocations: cargo bench --bench allocations" | tee "$OUT/allocations.txt"
