@@ -23,7 +23,7 @@ OUT=${OUT:-target/bench-results}
 mkdir -p "$OUT"
 [ -x "$BIN" ] || cargo build --release
 
-# stream window, connection window: HTTP/2's initial 64 KiB for both, ringlimit's
+# stream window, connection window: HTTP/2's initial 65,535 bytes for both, ringlimit's
 # defaults, and hyper's server defaults and larger.
 settings=("65535 65535" "262144 1048576" "1048576 4194304")
 loads=("unary:--concurrency 50" "batch32:--concurrency 50 --batch 32" "cluster3:--nodes 3 --concurrency 50")
@@ -41,21 +41,30 @@ for round in $(seq "$ROUNDS"); do
             read -r stream conn <<<"$setting"
             out=$("$BIN" bench "${args[@]}" --duration "$DURATION" --warmup 1 \
                 --node-arg=--h2-stream-window="$stream" \
-                --node-arg=--h2-connection-window="$conn" 2>/dev/null)
-            cpu=$(grep -E '^ringlimit +server CPU' <<<"$out" | awk '{print $4}')
-            rate=$(grep -E '^ringlimit +checks/s' <<<"$out" | awk '{print $3}')
+                --node-arg=--h2-connection-window="$conn" 2>/dev/null || true)
+            # A run that failed shows as n/a (left out of the medians), not as the end
+            # of the measurement.
+            cpu=$(grep -E '^ringlimit +server CPU' <<<"$out" | awk '{print $4}' || true)
+            rate=$(grep -E '^ringlimit +checks/s' <<<"$out" | awk '{print $3}' || true)
+            cpu=${cpu:-n/a} rate=${rate:-n/a}
             echo "round $round $name stream=$stream conn=$conn cpu_us_per_check $cpu checks_per_s $rate" | tee -a "$raw"
         done
     done
 done
 
-median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR + 1) / 2)]}'; }
+# The median of the numbers on stdin (the mean of the middle two for an even count).
+median() {
+    { grep -E '^[0-9.]+$' || true; } | sort -n | awk '{v[NR]=$1} END {
+        if (NR == 0) print "n/a";
+        else if (NR % 2) print v[(NR + 1) / 2];
+        else printf "%.1f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 echo "# medians over $ROUNDS rounds" | tee -a "$raw"
 for load in "${loads[@]}"; do
     name=${load%%:*}
     for setting in "${settings[@]}"; do
         read -r stream conn <<<"$setting"
-        sel=$(grep -E "^round [0-9]+ $name stream=$stream conn=$conn " "$raw")
+        sel=$(grep -E "^round [0-9]+ $name stream=$stream conn=$conn " "$raw" || true)
         cpu=$(awk '{print $7}' <<<"$sel" | median)
         rate=$(awk '{print $9}' <<<"$sel" | median)
         printf '%-9s stream %8s conn %8s  CPU %5s us/check  %7s checks/s\n' "$name" "$stream" "$conn" "$cpu" "$rate" | tee -a "$raw"

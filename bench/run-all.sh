@@ -12,10 +12,11 @@
 # every algorithm; the HTTP/2 window settings (bench/h2-settings.sh); allocations per
 # check; the store and algorithm microbenchmarks.
 #
-# Takes about 25 minutes on 2 cores with the defaults. Needs nothing but a release build
+# Takes about 30 minutes on 2 cores with the defaults. Needs nothing but a release build
 # (made if missing) and Debian's redis-server (installed by `ringlimit bench` if missing).
-# DURATION (s per run, default 8) and ROUNDS (alternating rounds, default 2) trade time
-# for spread. Run it on a quiet machine: compare ratios within one run, not across runs.
+# DURATION (s per run, default 8) and ROUNDS (alternating rounds, default 2; H2_ROUNDS,
+# default 3, for bench/h2-settings.sh) trade time for spread. Run it on a quiet machine:
+# compare ratios within one run, not across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release/ringlimit
@@ -125,7 +126,7 @@ for algorithm in token_bucket leaky_bucket fixed_window sliding_window_counter s
 done
 
 # HTTP/2 flow-control windows: the measurement behind the defaults (its own script).
-OUT="$OUT" DURATION="$DURATION" bash bench/h2-settings.sh >/dev/null
+OUT="$OUT" DURATION="$DURATION" ROUNDS="${H2_ROUNDS:-3}" bash bench/h2-settings.sh >/dev/null
 {
     echo "== h2-settings: bench/h2-settings.sh (CPU per check and checks/s, medians)"
     sed -n '/^# medians/,$p' "$OUT/h2-settings.txt"

@@ -983,8 +983,8 @@ fn request_of(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| (d + left).as_millis() as u64);
     let request = ForwardRequest {
-        // The call's proof (or its stream's) names the sender; the owner reads no name
-        // from the batch, so none is copied into every one.
+        // The call's proof (or its stream's) names the sender where the cluster has a
+        // key; the owner reads no name from a batch, so none is copied into every one.
         from_node: String::new(),
         items,
         deadline_ms,
