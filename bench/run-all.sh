@@ -3,7 +3,8 @@
 # of each in $OUT (default target/bench-results), plus $OUT/summary.txt: one line per
 # figure with checks/s, p50/p99/p99.9 and server CPU per check, and the command.
 #
-# Scenarios: native Check and CheckBatch 32 against Redis + the reference Lua; Envoy RLS
+# Scenarios: native Check and CheckBatch 32 against Redis + the reference Lua; tonic's
+# health check beside them (the floor of a unary gRPC call); Envoy RLS
 # and Gubernator against the native Check on the same node; 3-node cluster with random
 # entry and with the ring-aware client (plain and coalescing); half-peak latency (open
 # loop at half the closed-loop peak just measured) on one node (Redis beside it at the same
@@ -42,7 +43,7 @@ run() { # name, bench args...
     {
         echo "== $name: ringlimit bench --warmup $WARMUP $*"
         # Every measured run's figure line and every ratio line of the scenario.
-        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware) +(checks/s|server CPU)|^median|^ratio' "$OUT/$name.txt" || true
+        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware|health) +(checks/s|server CPU)|^median|^ratio' "$OUT/$name.txt" || true
     } >>"$OUT/summary.txt"
 }
 
@@ -62,6 +63,11 @@ run batch32-c50 --compare-redis "${common[@]}" --batch 32 --rounds "$ROUNDS"
 run unary-c50-threads1 --compare-redis --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
 run unary-c10 --compare-redis --concurrency 10 --duration "$DURATION" --rounds "$ROUNDS"
 run zipf-unary-c50 --compare-redis "${common[@]}" --distribution zipf --zipf-s 1.1
+
+# The floor: tonic's own health check (a call that decides nothing) beside the native
+# Check and Redis, alternating on one node: what any unary gRPC call costs this server.
+run health-floor-c50 --protocol health --compare-redis "${common[@]}" --rounds "$ROUNDS"
+run health-floor-threads1-c50 --protocol health --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
 
 # One node: Envoy RLS and Gubernator against the native Check, alternating on one node.
 run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"

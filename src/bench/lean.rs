@@ -159,6 +159,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(refused.contains("grpc-status"), "{refused}");
+        // tonic's health check, the floor `--protocol health` measures: the node serves.
+        let health: tonic_health::pb::HealthCheckResponse = c
+            .unary(
+                "/grpc.health.v1.Health/Check",
+                &tonic_health::pb::HealthCheckRequest::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            health.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
         node.shutdown().await;
     }
 

@@ -73,6 +73,10 @@ pub enum Protocol {
     /// Envoy RLS, Gubernator and the native `Check` against the same nodes, alternating
     /// rounds, with each front end's ratio to the native path.
     All,
+    /// tonic's own `grpc.health.v1.Health/Check` and the native `Check`, alternating on
+    /// the same nodes: the floor any unary gRPC call pays on this server, beside what a
+    /// check pays (with `--compare-redis`, Redis too).
+    Health,
 }
 
 impl Protocol {
@@ -85,7 +89,10 @@ impl Protocol {
     }
 
     fn native(self) -> bool {
-        matches!(self, Protocol::Ringlimit | Protocol::Both | Protocol::All)
+        matches!(
+            self,
+            Protocol::Ringlimit | Protocol::Both | Protocol::All | Protocol::Health
+        )
     }
 }
 
@@ -263,8 +270,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "--coalesce is an option of --client ring-aware"
     );
     anyhow::ensure!(
-        !(args.protocol != Protocol::Ringlimit && args.compare_redis),
-        "--compare-redis compares the native path; use --protocol ringlimit"
+        !args.compare_redis || matches!(args.protocol, Protocol::Ringlimit | Protocol::Health),
+        "--compare-redis compares the native path; use --protocol ringlimit (or health)"
     );
     if args.memory {
         return memory(&args).await;
@@ -370,6 +377,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut theirs = Vec::new();
     let mut envoy = Vec::new();
     let mut gubernator = Vec::new();
+    let mut health = Vec::new();
     let mut aware = Vec::new();
     // The random-entry baseline of a ring-aware run: today's lean client.
     let random_entry = BenchArgs {
@@ -421,6 +429,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             result.print();
             gubernator.push(result);
         }
+        if args.protocol == Protocol::Health {
+            println!("round {}: tonic health check", round + 1);
+            let result = drive(&args, &keys, Target::Health(&targets), &pids, None).await?;
+            result.print();
+            health.push(result);
+        }
         if !args.protocol.native() {
             continue;
         }
@@ -452,6 +466,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     print_front_ratio("envoy-rls", &envoy, &ours);
     print_front_ratio("gubernator", &gubernator, &ours);
+    print_front_ratio("health", &health, &ours);
     if !aware.is_empty() && !ours.is_empty() {
         let rate = |v: &[RunResult]| median(v.iter().map(RunResult::rate).collect());
         let p99 = |v: &[RunResult]| median(v.iter().map(|r| r.ms(0.99)).collect());
@@ -483,6 +498,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if let (Some(o), Some(t)) = (median_cpu(&ours), median_cpu(&theirs)) {
             println!("median server CPU per check: ringlimit {o:.1} µs, redis {t:.1} µs");
             println!("ratio ringlimit/redis cpu_per_check: {:.2}", o / t);
+            if let Some(h) = median_cpu(&health) {
+                println!("ratio health/redis cpu_per_call: {:.2}", h / t);
+            }
         }
     }
     for node in &mut nodes {
@@ -497,6 +515,8 @@ enum Target<'a> {
     RingAware(&'a [String]),
     Envoy(&'a [String]),
     Gubernator(&'a [String]),
+    /// tonic's health check on the nodes (no check at all).
+    Health(&'a [String]),
     Redis(&'a str, &'a str),
 }
 
@@ -553,6 +573,7 @@ async fn drive(
             envoy: matches!(target, Target::Envoy(_))
                 .then(|| (args.domain.clone(), args.descriptor_key.clone())),
             gubernator: matches!(target, Target::Gubernator(_)),
+            health: matches!(target, Target::Health(_)),
             checks: checks.clone(),
             allowed: allowed.clone(),
             errors: errors.clone(),
@@ -560,7 +581,10 @@ async fn drive(
             stop: stop.clone(),
         };
         workers.push(match &target {
-            Target::Ringlimit(targets) | Target::Envoy(targets) | Target::Gubernator(targets) => {
+            Target::Ringlimit(targets)
+            | Target::Envoy(targets)
+            | Target::Gubernator(targets)
+            | Target::Health(targets) => {
                 let addr = format!("http://{}", targets[worker % targets.len()]);
                 tokio::spawn(ctx.ringlimit(addr))
             }
@@ -625,6 +649,7 @@ async fn drive(
             Target::RingAware(_) => "ring-aware",
             Target::Envoy(_) => "envoy-rls",
             Target::Gubernator(_) => "gubernator",
+            Target::Health(_) => "health",
             Target::Redis(..) => "redis",
         },
         server_cpu_s: match (cpu_before, cpu_after) {
@@ -692,6 +717,8 @@ struct Worker {
     envoy: Option<(String, String)>,
     /// Send `GetRateLimits` instead of `Check`.
     gubernator: bool,
+    /// Send tonic's `Health/Check` instead of `Check` (a call that decides nothing).
+    health: bool,
     checks: Arc<AtomicU64>,
     allowed: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
@@ -789,9 +816,26 @@ impl Worker {
         const CHECK_BATCH: &str = "/ringlimit.v1.RateLimiter/CheckBatch";
         const RLS: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
         const GUBERNATOR: &str = "/pb.gubernator.V1/GetRateLimits";
+        const HEALTH: &str = "/grpc.health.v1.Health/Check";
         while !self.stop.load(Ordering::Relaxed) {
             let started = self.pace().await;
-            if self.gubernator {
+            if self.health {
+                let request = tonic_health::pb::HealthCheckRequest::default();
+                match client
+                    .unary::<_, tonic_health::pb::HealthCheckResponse>(HEALTH, &request)
+                    .await
+                {
+                    // A serving node "allows"; any other status counts as a denial.
+                    Ok(a) => {
+                        let serving =
+                            tonic_health::pb::health_check_response::ServingStatus::Serving;
+                        self.record(latency, started, 1, u64::from(a.status == serving as i32));
+                    }
+                    Err(_) => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            } else if self.gubernator {
                 let request = self.gubernator_request();
                 match client
                     .unary::<_, GetRateLimitsResp>(GUBERNATOR, &request)
