@@ -665,9 +665,16 @@ async fn drive(
 }
 
 /// The median of `values` (upper median of an even count).
+/// The median of `values` (not empty): for an even count the mean of the middle two, so
+/// two rounds report their mean rather than the better or the worse of them.
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
+    let mid = values.len() / 2;
+    if values.len() % 2 == 0 {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    }
 }
 
 /// The median server CPU per check of `runs` that measured it.
@@ -1364,4 +1371,17 @@ async fn memory(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0]), 3.0);
+        assert_eq!(median(vec![5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(vec![40_803.0, 39_953.0]), 40_378.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }
