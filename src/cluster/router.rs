@@ -201,10 +201,6 @@ impl Router {
 
         // The one step with I/O: this node's shards and the owners, concurrently.
         let local = plan.local.iter().map(|&i| flat[i]);
-        let remote_calls = plan
-            .remote
-            .iter()
-            .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
         let (local_answers, remote_results) = if let [(i, owner)] = plan.remote.as_slice() {
             // The common remote case, one descriptor: `join_all` would box and collect.
             let (local, remote) = tokio::join!(
@@ -213,6 +209,10 @@ impl Router {
             );
             (local, Remotes::from_buf([remote]))
         } else {
+            let remote_calls = plan
+                .remote
+                .iter()
+                .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
             let (local, remote) =
                 tokio::join!(self.decide_here(local, &view), join_all(remote_calls));
             (local, Remotes::from_vec(remote))
