@@ -3,7 +3,7 @@
 #
 #  1. `promtool check rules` and `promtool test rules` (alerts.test.yml).
 #  2. Three `ringlimit serve` processes on 127.0.0.1, every port chosen by the OS, in file
-#     mode with a small key cap; Debian's `prometheus` scraping their ops ports every second
+#     mode with a small key cap; Debian's `prometheus` scraping their ops ports every 2 s
 #     with alerts.yml loaded.
 #  3. Healthy traffic (denials, deny-cache hits, forwards): every alert expression must
 #     return nothing.
@@ -77,7 +77,7 @@ start_node() { # start_node I [SEED]
         --gossip-listen 127.0.0.1:0 --peer-listen 127.0.0.1:0
         --cluster-secret-file "$work/cluster.secret"
         --rules "$work/rules-$i.toml" --envoy-config "$work/envoy-$i.yaml"
-        --max-keys 24 --shards 2 --threads 1)
+        --max-keys 24 --shards 2 --threads 1 --forward-timeout-ms 1000)
     [ -n "$seed" ] && args+=(--seed "$seed")
     "$bin" "${args[@]}" >"$work/node-$i.out" 2>"$work/node-$i.log" &
     pids+=($!)
@@ -105,7 +105,7 @@ say "nodes: ops ${ops[1]} ${ops[2]} ${ops[3]}"
 # Every node sees three members before traffic starts (no forward lands on a joiner).
 for i in 1 2 3; do
     for _ in $(seq 100); do
-        members=$(curl -sf "http://${ops[$i]}/v1/cluster" | grep -o '"node_id"' | wc -l || true)
+        members=$(curl -sf "http://${ops[$i]}/v1/cluster" | jq '.members | length' || echo 0)
         [ "$members" -ge 3 ] && break
         sleep 0.1
     done
@@ -115,9 +115,9 @@ done
 # --- Prometheus ----------------------------------------------------------------------
 cat >"$work/prometheus.yml" <<EOF
 global:
-  scrape_interval: 1s
-  scrape_timeout: 900ms
-  evaluation_interval: 1s
+  scrape_interval: 2s
+  scrape_timeout: 2s
+  evaluation_interval: 2s
 rule_files:
   - $here/alerts.yml
 scrape_configs:
@@ -127,23 +127,18 @@ scrape_configs:
 EOF
 "$promtool" check config "$work/prometheus.yml" >/dev/null
 
-# A free port from the OS; Prometheus binds it a moment later, so retry on a collision.
+# Port 0: the OS picks a free port, which Prometheus logs ("Listening on" address=...).
+"$prometheus" --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+    --web.listen-address=127.0.0.1:0 >"$work/prometheus.log" 2>&1 &
+prom_pid=$!
+pids+=($prom_pid)
 prom=""
-for _ in 1 2 3; do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$prometheus" --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-        --web.listen-address="127.0.0.1:$port" >"$work/prometheus.log" 2>&1 &
-    prom_pid=$!
-    pids+=($prom_pid)
-    for _ in $(seq 100); do
-        if curl -sf "http://127.0.0.1:$port/-/ready" >/dev/null 2>&1; then
-            prom="127.0.0.1:$port"
-            break
-        fi
-        kill -0 "$prom_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    [ -n "$prom" ] && break
+for _ in $(seq 150); do
+    prom=$(sed -n 's/.*msg="Listening on" address=\([0-9.:]*\).*/\1/p' "$work/prometheus.log" | head -n1)
+    [ -n "$prom" ] && curl -sf "http://$prom/-/ready" >/dev/null 2>&1 && break
+    kill -0 "$prom_pid" 2>/dev/null || fail "prometheus exited"
+    prom=""
+    sleep 0.1
 done
 [ -n "$prom" ] || fail "prometheus did not start"
 say "prometheus on $prom"
@@ -219,7 +214,8 @@ pending=()
 for _ in $(seq 60); do
     pending=()
     for i in "${!alert_exprs[@]}"; do
-        [ "$(query "${alert_exprs[$i]}")" -ge 1 ] || pending+=("${alert_names[$i]}")
+        n=$(query "${alert_exprs[$i]}")
+        [ "$n" -ge 1 ] || pending+=("${alert_names[$i]}")
     done
     [ ${#pending[@]} -eq 0 ] && break
     sleep 0.5
@@ -234,15 +230,17 @@ mapfile -t panel_queries < <(jq -r '.. | objects | select(has("expr")) | .expr' 
 scraped_since "$fault_end" 2 # node 3 is paused: two answer
 empty=()
 for q in "${panel_queries[@]}"; do
-    # Grafana's variables, as Grafana fills them for "All" over a 1 s scrape interval.
+    # Grafana's variables, as Grafana fills them for "All" (any range over two scrapes will do).
     q=${q//\$__rate_interval/1m}
     q=${q//\$__interval/1m}
     q=${q//\$instance/.+}
-    [ "$(query "$q")" -ge 1 ] || empty+=("$q")
+    n=$(query "$q")
+    [ "$n" -ge 1 ] || empty+=("$q")
 done
 [ ${#empty[@]} -eq 0 ] || fail "dashboard queries without a series: $(printf '\n  %s' "${empty[@]}")"
 # The instance variable's query, label_values(ringlimit_build_info, instance).
-values=$(curl -sfG --data-urlencode 'match[]=ringlimit_build_info' "http://$prom/api/v1/label/instance/values" | jq '.data | length')
+values=$(curl -sfG --data-urlencode 'match[]=ringlimit_build_info' "http://$prom/api/v1/label/instance/values" |
+    jq '.data | length') || fail "the label values API refused label_values(ringlimit_build_info, instance)"
 [ "$values" -ge 3 ] || fail "label_values(ringlimit_build_info, instance) lists $values instances"
 say "dashboard: all ${#panel_queries[@]} queries return series"
 say "PASSED in $(($(date +%s) - started)) s"
