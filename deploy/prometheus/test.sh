@@ -13,12 +13,13 @@
 #     forward errors, ownership resets, a failed scrape). Every alert expression must then
 #     return at least one series, and so must every query of grafana-dashboard.json.
 #
-# Usage: deploy/prometheus/test.sh   (RINGLIMIT_BIN: the binary, default target/debug/ringlimit;
+# Usage: deploy/prometheus/test.sh   (RINGLIMIT_BIN: the binary, default target/debug/ringlimit
+# under $CARGO_TARGET_DIR or the checkout, as `cargo test` leaves it;
 # PROMETHEUS / PROMTOOL: the Prometheus binaries, default from PATH). Exits 0 on success.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-bin=${RINGLIMIT_BIN:-$root/target/debug/ringlimit}
+bin=${RINGLIMIT_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/ringlimit}
 prometheus=${PROMETHEUS:-prometheus}
 promtool=${PROMTOOL:-promtool}
 started=$(date +%s)
