@@ -90,7 +90,7 @@ pub struct RunningNode {
     pub peer_addr: SocketAddr,
     /// The bound ops HTTP address (`/metrics`, health, the rules API), if any.
     pub http_addr: Option<SocketAddr>,
-    /// The same address under its old name (the port used to serve only `/metrics`).
+    /// The same address, by the name of its `/metrics` endpoint.
     pub metrics_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
     pub gossip_addr: SocketAddr,
