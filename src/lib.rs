@@ -8,7 +8,7 @@
 //! Each floor imports only floors below it; the arrows are the only ones there are.
 //!
 //! ```text
-//! main (binary)  CLI → node::run
+//! main (binary)  clap → cli/<subcommand> → node::run; bench/ (load generator)
 //! node           composition root: binds listeners, wires every subsystem, node config
 //!   │
 //! server         wire adapters: ringlimit.v1, Envoy RLS, Gubernator V1 (public), peer
@@ -40,18 +40,20 @@
 //! - [`check`]: the seam under every front end: [`check::Checker`].
 //! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec;
 //!   the ops HTTP face.
-//! - [`client`]: what a gateway does with a verdict (429 headers).
-//! - [`node`]: starts and stops a node; `node::grpc` bounds what one client can make
-//!   the gRPC listener hold.
+//! - [`node`]: starts and stops a node as named steps, and wires its three faces
+//!   (public gRPC, peer, ops HTTP) with their authentication; `node::grpc` bounds what
+//!   one client can make the gRPC listener hold.
 //! - [`proto`]: generated wire types, used only by `server`, `cluster::forward` and
 //!   tools.
+//!
+//! What a gateway does with a verdict (the 429 contract, the ring-aware client) is the
+//! `ringlimit-client` crate (`client/`); gateways and the CLI import it directly.
 //!
 //! `proto` sits beside the floors: nothing in `algorithms`, `ring`, `shard`,
 //! `membership`, `config`, `clock`, `check` or the routing core imports it.
 
 pub mod algorithms;
 pub mod check;
-pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
