@@ -5,7 +5,10 @@
 //! The link is built like quinn-proto's `Connection` or raft-rs's `Ready`: its protocol
 //! lives in plain structs with no task, channel, socket or clock inside, fed events and
 //! the current time and returning what to send and whom to answer; the async code around
-//! them only moves events between sockets, timers and those structs.
+//! them only moves events between sockets, timers and those structs. Time is a
+//! `tokio::time::Instant` handed in by the caller, never read inside: a simulator
+//! builds instants as one origin plus durations, with no runtime, and drives
+//! [`batcher::Batcher`] and [`session::Session`] step by step.
 //!
 //! - [`batcher`]: checks queued for one peer, cut into batches (`max_batch`,
 //!   `max_in_flight`, `flush_delay`), leaving out checks whose caller gave up.
