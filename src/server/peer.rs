@@ -4,7 +4,7 @@
 //! check layer validate them and the cluster wing decide them, and encodes the answers.
 //! With `cluster::link` (the client side), the only code that sees peer prost types.
 //! Serving a `ForwardStream` (how much of it is taken on, and its answers as a response
-//! body) is in [`stream`].
+//! body) is in `peer/stream.rs` ([`ForwardAnswers`], [`Intake`]).
 
 use std::sync::Arc;
 
