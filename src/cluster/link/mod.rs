@@ -158,3 +158,96 @@ pub struct PulledRules {
     /// The document, canonical JSON.
     pub document: String,
 }
+
+#[cfg(test)]
+mod tests {
+    //! The batcher and the session driven together, as the shell (or a simulator) does.
+
+    use tokio::time::Instant;
+
+    use super::batcher::{Batcher, Next, Queued};
+    use super::session::{Answered, Delivery, Route, Session};
+    use super::*;
+
+    /// A queued check: its caller's name and deadline.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Check(&'static str, Instant);
+
+    impl Queued for Check {
+        fn deadline(&self) -> Instant {
+            self.1
+        }
+        fn gave_up(&self) -> bool {
+            false
+        }
+    }
+
+    /// An answer with one outcome per check.
+    #[derive(Debug)]
+    struct Answer(usize);
+
+    impl Answered for Answer {
+        fn outcomes(&self) -> usize {
+            self.0
+        }
+    }
+
+    /// Cut a batch and hand it to the session: its route and its callers.
+    fn send(b: &mut Batcher<Check>, s: &mut Session<&'static str>, now: Instant) -> Route {
+        let (deadline, batch) = b.take().expect("a batch");
+        let replies: Vec<&'static str> = batch.map(|c| c.0).collect();
+        s.send(now, replies, deadline)
+    }
+
+    #[test]
+    fn an_owner_that_never_answers_holds_up_the_next_batch_only_until_the_deadline() {
+        let t = Instant::now();
+        let timeout = Duration::from_millis(250);
+        let mut b = Batcher::new(100, 1, Duration::ZERO);
+        let mut s = Session::new("owner".into(), Duration::from_secs(15), false);
+
+        b.push(Check("a", t + timeout)).unwrap();
+        assert_eq!(b.next(t, s.in_flight()), Next::Send);
+        let first = send(&mut b, &mut s, t);
+        assert!(matches!(
+            first,
+            Route::Stream {
+                call: 0,
+                open: true,
+                ..
+            }
+        ));
+
+        // Two more checks queue behind the unanswered batch.
+        let later = t + Duration::from_millis(10);
+        b.push(Check("b", later + timeout)).unwrap();
+        b.push(Check("c", later + timeout)).unwrap();
+        assert_eq!(b.next(later, s.in_flight()), Next::WaitSlot);
+        assert_eq!(s.next_deadline(), Some(t + timeout), "the timer to arm");
+
+        // At the deadline the first batch fails and its slot is free: the two queued
+        // checks leave together on the same stream.
+        let due = t + timeout;
+        let failed = s.expire(due).expect("the first batch is due");
+        assert_eq!(failed.batches, vec![vec!["a"]]);
+        assert_eq!(failed.error, ForwardError::Timeout("owner".into()));
+        assert_eq!(b.next(due, s.in_flight()), Next::Send);
+        let second = send(&mut b, &mut s, due);
+        assert_eq!(
+            second,
+            Route::Stream {
+                stream: 0,
+                call: 1,
+                open: false
+            }
+        );
+
+        // The first batch's answer arrives late and is ignored; the second's is delivered.
+        assert!(s.answer(0, Ok(Answer(1))).is_none());
+        match s.answer(1, Ok(Answer(2))) {
+            Some(Delivery::Answer { replies, .. }) => assert_eq!(replies, vec!["b", "c"]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(b.next(due, s.in_flight()), Next::Idle);
+    }
+}
