@@ -2,15 +2,12 @@
 //!
 //! Decodes forwarded checks, refunds and handed-over state into domain types, has the
 //! check layer validate them and the cluster wing decide them, and encodes the answers.
-//! With `cluster::forward` (the client side), the only code that sees peer prost types.
+//! With `cluster::link` (the client side), the only code that sees peer prost types.
+//! Serving a `ForwardStream` (how much of it is taken on, and its answers as a response
+//! body) is in `peer/stream.rs` ([`ForwardAnswers`], [`Intake`]).
 
 use std::sync::Arc;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -40,6 +37,9 @@ use crate::proto::peer::{
 };
 use crate::shard::{Exported, KeyId, Refund};
 use std::num::NonZeroU64;
+
+mod stream;
+pub use stream::{ForwardAnswers, Intake, STREAM_IN_FLIGHT};
 
 /// Plan one forwarded (or refunded) item, named `items[i]` in errors. An item with a
 /// named rule (an Envoy descriptor) takes that rule from the Envoy configuration, and its
@@ -332,56 +332,6 @@ pub struct PeerService {
     shutdown: CancellationToken,
 }
 
-/// The answers of one `ForwardStream`, as its response body: polling it reads the
-/// calls, decides them (at most `STREAM_IN_FLIGHT` at once; beyond that the stream is
-/// not read, and HTTP/2 flow control holds its sender) and yields each answer as soon as
-/// it is ready. The body is polled by the server's own task for the stream, so a batch
-/// costs no task or channel of ours. It ends once the sender has closed its side (or
-/// the stream broke, or the node is shutting down) and every call taken is answered.
-pub struct ForwardAnswers {
-    service: Arc<PeerService>,
-    calls: tonic::Streaming<ForwardCall>,
-    pending: FuturesUnordered<Pin<Box<dyn Future<Output = ForwardAnswer> + Send>>>,
-    reading: bool,
-    shutdown: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-}
-
-impl futures_util::Stream for ForwardAnswers {
-    type Item = Result<ForwardAnswer, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if this.reading && this.shutdown.as_mut().poll(cx).is_ready() {
-            this.reading = false;
-        }
-        while this.reading && this.pending.len() < STREAM_IN_FLIGHT {
-            match Pin::new(&mut this.calls).poll_next(cx) {
-                Poll::Ready(Some(Ok(call))) => {
-                    let service = this.service.clone();
-                    this.pending.push(Box::pin(service.answer(call)));
-                }
-                // The sender closed its side, or the stream broke.
-                Poll::Ready(Some(Err(_)) | None) => this.reading = false,
-                Poll::Pending => break,
-            }
-        }
-        match this.pending.poll_next_unpin(cx) {
-            Poll::Ready(Some(answer)) => Poll::Ready(Some(Ok(answer))),
-            Poll::Ready(None) if !this.reading => Poll::Ready(None),
-            // Nothing pending, and the calls (or the shutdown) will wake us.
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-/// Calls of one `ForwardStream` decided at once. A member keeps at most its
-/// `--forward-max-in-flight` batches out per peer (default 1), so this only bounds what
-/// a misbehaving sender can make the node hold. With a sender that reads no answers, the
-/// decided calls are these plus the answers tonic encodes into one body chunk (it stops
-/// at 32 KiB) before flow control stops the stream: then the body is not polled, no
-/// call is read, and nothing more is charged.
-const STREAM_IN_FLIGHT: usize = 16;
-
 impl PeerService {
     /// A peer service deciding on `router`'s shards, serving `cluster_rules` to peers
     /// that pull them.
@@ -530,13 +480,10 @@ impl Peer for PeerService {
         &self,
         request: Request<tonic::Streaming<ForwardCall>>,
     ) -> Result<Response<Self::ForwardStreamStream>, Status> {
-        Ok(Response::new(ForwardAnswers {
-            service: Arc::new(self.clone()),
-            calls: request.into_inner(),
-            pending: FuturesUnordered::new(),
-            reading: true,
-            shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
-        }))
+        Ok(Response::new(ForwardAnswers::new(
+            Arc::new(self.clone()),
+            request.into_inner(),
+        )))
     }
 
     async fn refund(
