@@ -239,3 +239,78 @@ fn plan_inline(
 fn counter_key(key: &str, index: usize) -> Result<(), CheckError> {
     bounded(Text::CounterKey, key, || format!("items[{index}].key"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(key: &str) -> ForwardedInput<'_> {
+        ForwardedInput {
+            key,
+            route: "GET /t",
+            tier: None,
+            cost: 1,
+            named: None,
+            give_back: 0,
+            drain: false,
+            peek: false,
+        }
+    }
+
+    fn refusal(items: &[ForwardedInput<'_>], envoy: &EnvoyConfig) -> String {
+        let owner = OwnerRules {
+            rules: &RuleSet::builtin(),
+            envoy,
+            known: &InlineRules::default(),
+        };
+        plan_batch(items.iter().copied(), owner)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_refused_item_is_named_by_its_index_then_the_bound_it_breaks() {
+        let envoy = EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+            AlgorithmKind::FixedWindow,
+        )
+        .unwrap();
+        let long_tier = "t".repeat(65);
+        let mut tiered = plain("k");
+        tiered.tier = Some(&long_tier);
+        assert_eq!(
+            refusal(&[plain("a"), plain("b"), tiered], &envoy),
+            "items[2].tier: 65 bytes is over the limit of 64"
+        );
+        let named = NamedInput {
+            name: "d.k",
+            override_limit: 0,
+            override_unit_seconds: 0,
+            inline: None,
+        };
+        let long_key = "k".repeat(crate::config::bounds::MAX_COUNTER_KEY + 1);
+        let mut item = plain(&long_key);
+        item.named = Some(named);
+        assert_eq!(
+            refusal(&[plain("a"), item], &envoy),
+            "items[1].key: 1025 bytes is over the limit of 1024"
+        );
+        let inline = NamedInput {
+            inline: Some(InlineInput {
+                algorithm: "fixed_window",
+                limit: 10,
+                window_ms: 1000,
+                burst: 0,
+            }),
+            ..named
+        };
+        let mut item = plain("");
+        item.named = Some(inline);
+        assert_eq!(refusal(&[item], &envoy), "items[0].key: must not be empty");
+        let over = vec![plain("a"); MAX_FORWARD_ITEMS + 1];
+        assert_eq!(
+            refusal(&over, &envoy),
+            "items: 1001 items in one call; at most 1000 are allowed"
+        );
+    }
+}
