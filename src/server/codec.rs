@@ -470,4 +470,32 @@ mod tests {
             format!("items[1].key: {NOT_UTF8}")
         );
     }
+
+    /// `checks[3].descriptors[1].key`: names, each with an optional index.
+    fn is_path(path: &str) -> bool {
+        path.split('.').all(|part| {
+            let (name, index) = part.split_once('[').unwrap_or((part, "]"));
+            let index = index.strip_suffix(']');
+            !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                && index.is_some_and(|i| i.is_empty() || i.parse::<usize>().is_ok())
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes, a refusal starts with a field path or the message's name.
+        #[test]
+        fn any_malformed_body_is_named_by_a_path_or_its_message(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48),
+        ) {
+            if V1BatchRequest::decode(&body[..]).is_err() {
+                let text = refusal::<V1BatchRequest>(&body);
+                let (path, _) = text.split_once(": invalid protobuf: ").expect("the form");
+                proptest::prop_assert!(
+                    path == "ringlimit.v1.CheckBatchRequest" || is_path(path),
+                    "{}", text
+                );
+            }
+        }
+    }
 }
