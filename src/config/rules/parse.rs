@@ -41,7 +41,7 @@ pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Longest client key or tier name a rule may name; matches the bound on keys in checks.
-pub const MAX_KEY_LEN: usize = 256;
+pub const MAX_KEY_LEN: usize = crate::config::bounds::MAX_KEY_BYTES;
 
 /// Longest rule name; names appear in every answer and metric label.
 pub const MAX_NAME_LEN: usize = 64;
@@ -83,9 +83,9 @@ pub enum DurationError {
     Overflow,
 }
 
-/// Longest tier a rule may name. A check's tier is refused beyond 64 bytes
-/// (`check::plan::MAX_TIER_BYTES`), so a longer tier in a rule could never match.
-pub const MAX_TIER_LEN: usize = 64;
+/// Longest tier a rule may name: a check's tier is refused beyond the same bound, so a
+/// longer tier in a rule could never match.
+pub const MAX_TIER_LEN: usize = crate::config::bounds::MAX_TIER_BYTES;
 
 // ---------------------------------------------------------------------------------------------
 // Raw file shape. Numbers are read as i64 and names as strings so that 0, negatives and
@@ -1318,10 +1318,9 @@ mod tests {
 
     #[test]
     fn rule_bounds_match_the_request_bounds() {
-        // The loader may not accept a tier or client key a check cannot carry (test-only
-        // reference to the check layer, which sits above config).
-        assert_eq!(MAX_TIER_LEN, crate::check::plan::MAX_TIER_BYTES);
-        assert_eq!(MAX_KEY_LEN, crate::check::plan::MAX_KEY_BYTES);
+        // The loader may not accept a tier or client key a check cannot carry.
+        assert_eq!(MAX_TIER_LEN, crate::config::bounds::MAX_TIER_BYTES);
+        assert_eq!(MAX_KEY_LEN, crate::config::bounds::MAX_KEY_BYTES);
     }
 
     #[test]
