@@ -484,7 +484,7 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
         .unwrap();
     let key = ringlimit::keyring::Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET)
         .unwrap();
-    let mut peer = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut peer = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(key),
         "member".into(),
@@ -935,7 +935,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
-    let mut outsider = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut outsider = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel.clone(),
         Some(other),
         "intruder".into(),
@@ -984,7 +984,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     unauthenticated(misused.refund(refund.clone()).await);
 
     // A member's own signed calls are served.
-    let mut member = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut member = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(key),
         "member".into(),

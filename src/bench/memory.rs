@@ -120,7 +120,7 @@ async fn held_keys(peer: &str, dir: &Path) -> anyhow::Result<u64> {
         .connect()
         .await?;
     let keyring = ringlimit::keyring::Keyring::from_file(&secret_path(dir))?;
-    Ok(PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    Ok(PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(keyring),
         "ringlimit-bench".into(),

@@ -74,7 +74,7 @@ async fn status(
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
     let mut client = ringlimit::proto::peer::peer_client::PeerClient::new(
-        ringlimit::cluster::forward::Signed::new(channel, keyring, "ringlimit-cli".into()),
+        ringlimit::cluster::link::Signed::new(channel, keyring, "ringlimit-cli".into()),
     );
     let status = client
         .status(ringlimit::proto::peer::StatusRequest {})

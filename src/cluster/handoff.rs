@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::algorithms::{Implausible, Millis};
 use crate::clock::Clock;
-use crate::cluster::forward::PeerPool;
+use crate::cluster::link::PeerPool;
 use crate::cluster::Inherited;
 use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;

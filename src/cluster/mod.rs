@@ -27,10 +27,6 @@ pub mod router;
 pub mod rules;
 pub mod rules_edit;
 
-/// The peer link under its former name, for the callers outside the cluster wing
-/// (`main`, `bench`, test harnesses) that name `cluster::forward::Signed`.
-pub use link as forward;
-
 use std::num::NonZeroU64;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::algorithms::AlgorithmKind;
-use crate::cluster::forward::ForwardConfig;
+use crate::cluster::link::ForwardConfig;
 use crate::membership::MembershipConfig;
 use crate::shard::ShardConfig;
 

@@ -18,7 +18,7 @@ use crate::check::gubernator::inline_rule;
 use crate::check::CheckError;
 use crate::cluster::handoff;
 use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
-use crate::cluster::{forward, policy, CheckItem, Router};
+use crate::cluster::{link, policy, CheckItem, Router};
 use crate::cluster::{InlineRule, InlineRules};
 use crate::config::bounds::{MAX_FORWARD_ITEMS, MAX_INSTALL_STATES};
 use crate::config::rules::envoy::EnvoyConfig;
@@ -297,7 +297,7 @@ impl PeerService {
                 let item = sent.next().expect("one answer per item");
                 let same_rule = request.compact
                     && item.rule_hash != 0
-                    && item.rule_hash == forward::rule_hash(&a.rule);
+                    && item.rule_hash == link::rule_hash(&a.rule);
                 ForwardOutcome {
                     allowed: a.decision.allowed,
                     limit: a.decision.limit,

@@ -1,5 +1,5 @@
 //! The `ringlimit.v1.RateLimiter` front end: `Check` and `CheckBatch` mapped onto the
-//! [`Checker`], and its [`Verdict`] mapped back. Nothing else: validation, rule
+//! [`Checker`], and its [`Verdict`](crate::check::Verdict) mapped back. Nothing else: validation, rule
 //! matching, refunds and the overall verdict are the check layer's.
 //!
 //! Wire semantics that are this API's own: an extra descriptor with an empty route, no
