@@ -102,10 +102,7 @@ impl CheckError {
 /// The label is bounded by the rule set (fail-open stand-ins count under their rule).
 fn count_shadow_denials(verdict: &Verdict) {
     for d in verdict.descriptors.iter().filter(|d| d.shadow_denied()) {
-        let name = d.item.rule.name.as_ref();
-        let rule = name
-            .split_once(crate::config::rules::FALLBACK_SUFFIX)
-            .map_or(name, |(base, _)| base);
+        let rule = d.item.rule.base_name();
         metrics::counter!("ringlimit_shadow_denials_total", "rule" => rule.to_string())
             .increment(1);
     }

@@ -1397,7 +1397,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_sliding_logs_stays_in_the_byte_budget_and_never_frees_an_exhausted_log() {
-        // The attack of issue 10: sliding logs grow ~16 bytes per admitted unit, so a key
+        // The attack: sliding logs grow ~16 bytes per admitted unit, so a key
         // cap alone does not bound memory. An exhausted log holds ~16 kB here; the flood
         // of single-hit logs must evict its own keys, not it.
         let budget = 64 * 1024;

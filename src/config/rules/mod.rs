@@ -121,6 +121,14 @@ impl Rule {
         self.name.contains(FALLBACK_SUFFIX)
     }
 
+    /// The name metrics count this rule under: a fail-open stand-in counts under the rule
+    /// it stands in for, so a label never grows with the ring sizes a node has seen.
+    pub fn base_name(&self) -> &str {
+        self.name
+            .split_once(FALLBACK_SUFFIX)
+            .map_or(&*self.name, |(base, _)| base)
+    }
+
     /// The precedence level this rule matches at, derived from its selector alone; reported
     /// with decisions so operators can see why a rule applied.
     pub fn level(&self) -> MatchLevel {
@@ -636,6 +644,16 @@ mod tests {
         assert_eq!(fallback.spec.window(), rules.default_rule().spec.window());
         assert_eq!(rules.default_rule().fallback(1000).spec.limit().get(), 1);
         assert_ne!(fallback.fingerprint, rules.default_rule().fingerprint);
+    }
+
+    #[test]
+    fn a_fallback_counts_under_the_name_of_the_rule_it_stands_in_for() {
+        let rules = RuleSet::builtin();
+        let rule = rules.default_rule();
+        assert_eq!(rule.base_name(), "default");
+        assert_eq!(rule.fallback(3).base_name(), "default");
+        assert_eq!(rule.fallback(1000).base_name(), "default");
+        assert!(rule.fallback(3).is_node_local() && !rule.is_node_local());
     }
 
     const FP_A: &str = r#"
