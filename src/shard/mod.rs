@@ -13,6 +13,7 @@
 //! A full inbox is an explicit [`ShardError::Overloaded`] answer, never an unbounded
 //! queue: a limiter that queues without bound under overload stops protecting anything.
 
+pub mod identity;
 pub mod store;
 
 use std::num::NonZeroU64;
@@ -29,7 +30,8 @@ use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::clock::{Clamped, Clock};
 use crate::config::rules::Rule;
 use crate::ring::Ring;
-pub use store::{Churn, Counter, Exported, KeyId, StateKey, Store};
+pub use identity::{KeyId, StateKey};
+pub use store::{Churn, Counter, Exported, Store};
 
 /// Seed for the shard-selection hash. Distinct from the ring's, so a node's keys
 /// (which share ring ranges) still spread evenly over its shards.
