@@ -44,7 +44,8 @@
 //!                             owner, the deny cache, a fallback): Decision + who, how
 //! cluster::DescriptorOutcome  a planned item with its Answer (and whether refunded);
 //! cluster::Decided            one check's DescriptorOutcomes
-//! check::Verdict              the check's verdict: overall + one DescriptorVerdict each
+//! check::Verdict              the check's verdict: the overall numbers + every
+//!                             DescriptorOutcome (one name, not two, for that)
 //! check::domain::DomainVerdict, check::gubernator::RateLimitStatus
 //!                             the same Verdict in Envoy's and Gubernator's terms
 //! server::ringlimit_v1::CheckAnswer, proto messages

@@ -32,7 +32,7 @@ use crate::config::{SharedEnvoy, SharedRules};
 use crate::shard::ShardError;
 pub use domain::{DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride};
 pub use plan::{At, FieldNames, Leaf};
-pub use verdict::{DescriptorVerdict, Verdict};
+pub use verdict::Verdict;
 
 /// One descriptor to check, as a front end hands it over: wire-independent and
 /// borrowed from the request, so mapping a request onto it copies nothing.

@@ -11,10 +11,6 @@ use std::sync::Arc;
 use crate::algorithms::Millis;
 use crate::cluster::{Decided, Decider, DescriptorOutcome};
 
-/// One descriptor's part of a verdict: the planned descriptor, its answer (who
-/// decided, the numbers, degraded or not, hops) and whether it was refunded.
-pub type DescriptorVerdict = DescriptorOutcome;
-
 /// The answer to one check.
 #[derive(Debug, Clone)]
 pub struct Verdict {

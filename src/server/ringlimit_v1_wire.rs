@@ -7,7 +7,8 @@
 //! prost's bytes (the proptests below compare them). The adapter that maps these onto
 //! the check layer is [`super::ringlimit_v1`].
 
-use crate::check::{DescriptorVerdict, Verdict};
+use crate::check::Verdict;
+use crate::cluster::DescriptorOutcome;
 use wire::{Message as _, Sink as _};
 
 /// A string field of a request, kept as a slice of the received body rather than copied
@@ -376,7 +377,7 @@ impl wire::Message for WireDecider<'_> {
 
 /// `ringlimit.v1.DescriptorResult`: the key and route are the planned item's, which
 /// hold the text exactly as the request sent it (an inherited route included).
-struct WireDescriptor<'a>(&'a DescriptorVerdict);
+struct WireDescriptor<'a>(&'a DescriptorOutcome);
 
 impl wire::Message for WireDescriptor<'_> {
     fn fields<S: wire::Sink>(&self, s: &mut S) {
@@ -636,10 +637,10 @@ mod tests {
             rule in "[a-z_.]{0,16}",
             algorithm in prop::sample::select(AlgorithmKind::ALL.to_vec()),
             (degraded, refunded) in (any::<bool>(), any::<bool>()),
-        ) -> DescriptorVerdict {
+        ) -> DescriptorOutcome {
             let mut matched = (**RuleSet::builtin().default_rule()).clone();
             matched.shadow = shadow;
-            DescriptorVerdict {
+            DescriptorOutcome {
                 item: CheckItem::new(
                     Arc::new(matched),
                     &key,
