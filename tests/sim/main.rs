@@ -70,6 +70,38 @@ fn line(o: &scenario::Outcome) -> String {
     )
 }
 
+/// Run `seeds` on every core (each seed is one thread's own world, so threads change
+/// nothing about a run), in seed order.
+fn run_seeds(seeds: &[u64], broken: bool) -> Vec<scenario::Outcome> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    let chunk = seeds.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = seeds
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&seed| {
+                            let mut o = scenario::run(seed, broken);
+                            if o.violations() == 0 {
+                                // Only a failing seed's history is written out.
+                                o.history = Vec::new();
+                            }
+                            o
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a seed's thread panicked"))
+            .collect()
+    })
+}
+
 /// Every seed of this run (or the one to replay) must pass every property.
 #[test]
 fn seeds() {
@@ -80,8 +112,11 @@ fn seeds() {
     };
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
-    for &seed in &seeds {
-        let o = scenario::run(seed, broken);
+    let (mut simulating, mut checking) = (0.0, 0.0);
+    for o in run_seeds(&seeds, broken) {
+        let seed = o.seed;
+        simulating += o.took.0.as_secs_f64();
+        checking += o.took.1.as_secs_f64();
         println!("{}", line(&o));
         if o.violations() > 0 {
             let path = write_history(&o, broken);
@@ -106,7 +141,7 @@ fn seeds() {
         }
     }
     println!(
-        "sim: {} seed(s) in {:.1} s, {} failed",
+        "sim: {} seed(s) in {:.1} s ({simulating:.1} s simulating, {checking:.1} s checking), {} failed",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         failed.len()
@@ -152,5 +187,78 @@ fn deciding_locally_is_caught_within_20_seeds() {
     assert!(
         caught.is_some(),
         "20 seeds of a cluster deciding locally passed S5 and S3-owner"
+    );
+}
+
+/// Past this machine: a 50-node cluster's convergence after a join and after a kill,
+/// the share of keys that move, and bytes per node per second (docs/ownership.md).
+#[test]
+fn fifty_nodes() {
+    let f = scale::measure(env_u64("RINGLIMIT_SIM_SEED").unwrap_or(50), 50);
+    println!(
+        "sim 50 nodes: boot converged in {} ms; join: rings agree after {} ms, {:.2}% of the \
+         hash space moved ({:.2}% of 10,000 keys), {} states handed over; kill: rings \
+         agree after {} ms, {:.2}% moved ({:.2}% of keys); at {:.0} checks/s: gossip \
+         {:.0} B/node/s, peer {:.0} B/node/s",
+        f.boot_ms,
+        f.join_ms,
+        100.0 * f.join_moved,
+        100.0 * f.join_keys_moved,
+        f.handed_over,
+        f.kill_ms,
+        100.0 * f.kill_moved,
+        100.0 * f.kill_keys_moved,
+        f.checks_per_s,
+        f.gossip_bytes_per_node_s,
+        f.peer_bytes_per_node_s
+    );
+    assert_eq!(f.nodes, 50);
+    // A joiner takes about 1/51 of the keys, a dead node's 1/51 spreads over the rest.
+    assert!(
+        f.join_keys_moved > 0.005 && f.join_keys_moved < 0.06,
+        "{f:?}"
+    );
+    assert!(
+        f.kill_keys_moved > 0.005 && f.kill_keys_moved < 0.06,
+        "{f:?}"
+    );
+    // Failure detection (<= 2.5 s) plus dissemination: seconds, not tens of seconds.
+    assert!(f.join_ms < 10_000 && f.kill_ms < 10_000, "{f:?}");
+    assert!(f.gossip_bytes_per_node_s > 0.0 && f.peer_bytes_per_node_s > 0.0);
+}
+
+/// The handoff runs for real in the simulator: when a node joins, the old owners export
+/// the live counters the new ring gives it, and it vets and installs them.
+#[test]
+fn a_joiner_installs_the_state_of_the_keys_it_takes_over() {
+    use std::sync::Arc;
+    let rules =
+        Arc::new(ringlimit::config::rules::RuleSet::from_toml_str(scenario::RULES).expect("rules"));
+    let ids = ["n1", "n2", "n3"].map(String::from);
+    let mut w = world::World::new(7, rules, scenario::node_config(false, ids.to_vec()));
+    for id in &ids {
+        w.start(id);
+    }
+    assert!(w.run_while_not(20_000, world::World::converged).is_some());
+    for id in &ids {
+        w.serve(id);
+    }
+    let workload = workload::Workload {
+        zipf_keys: 2000,
+        ..workload::Workload::standard()
+    };
+    w.start_clients(8, workload);
+    w.run_for(3000);
+    w.start_serving("n4");
+    assert!(w.run_while_not(10_000, world::World::converged).is_some());
+    w.run_for(500);
+    let handed: u64 = ids
+        .iter()
+        .map(|id| w.node(id).unwrap().stats.handed_over)
+        .sum();
+    let installed = w.node("n4").unwrap().stats.installed;
+    assert!(
+        handed > 0 && installed > 0 && installed <= handed,
+        "handed over {handed}, installed {installed}"
     );
 }

@@ -110,7 +110,7 @@ impl Addrs {
 /// One node's gossip about one incarnation.
 #[derive(Clone, Debug)]
 pub struct GossipEntry {
-    pub id: String,
+    pub id: Arc<str>,
     pub generation: u64,
     pub heartbeat: u64,
     pub addrs: Addrs,
@@ -120,10 +120,11 @@ pub struct GossipEntry {
 /// What travels between nodes.
 #[derive(Debug)]
 pub enum Msg {
-    /// Gossip round opener: the sender's digests (UDP).
-    GossipSyn(Vec<GossipEntry>),
+    /// Gossip round opener: the sender's digests (UDP; one vector shared by the round's
+    /// messages).
+    GossipSyn(Arc<Vec<GossipEntry>>),
     /// Gossip reply: the receiver's digests (UDP).
-    GossipAck(Vec<GossipEntry>),
+    GossipAck(Arc<Vec<GossipEntry>>),
     /// A forwarded batch (TCP, on the peer stream).
     Forward(ForwardCall),
     /// Its answer, for the sender incarnation `to_inc`.
@@ -247,7 +248,6 @@ pub struct NodeConfig {
 
 pub struct Node {
     pub id: Arc<str>,
-    pub inc: u64,
     pub generation: u64,
     pub addrs: Addrs,
     me: Decider,
@@ -261,7 +261,7 @@ pub struct Node {
     fallbacks: BTreeMap<(String, u64, u64), Arc<Rule>>,
     heartbeat: u64,
     /// Node id → generation → what this node heard of that incarnation.
-    known: BTreeMap<String, BTreeMap<u64, Known>>,
+    known: BTreeMap<Arc<str>, BTreeMap<u64, Known>>,
     /// A hash of the live set the view was last built from.
     live_key: u64,
     link: Link,
@@ -276,7 +276,6 @@ impl Node {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: &str,
-        inc: u64,
         generation: u64,
         addrs: Addrs,
         time: Arc<AtomicU64>,
@@ -301,7 +300,6 @@ impl Node {
         };
         Node {
             id: Arc::from(id),
-            inc,
             generation,
             addrs,
             me: Decider {
@@ -371,17 +369,21 @@ impl Node {
     pub fn on_msg(&mut self, from: &str, msg: Msg) -> Vec<Out> {
         match msg {
             Msg::GossipSyn(entries) => {
-                let mut out = self.merge(entries);
+                let (mut out, revived) = self.merge(&entries);
                 out.push(Out::Send {
                     to: from.to_string(),
-                    msg: Msg::GossipAck(self.digests()),
+                    msg: Msg::GossipAck(Arc::new(self.digests())),
                 });
-                out.extend(self.refresh_view());
+                if revived {
+                    out.extend(self.refresh_view());
+                }
                 out
             }
             Msg::GossipAck(entries) => {
-                let mut out = self.merge(entries);
-                out.extend(self.refresh_view());
+                let (mut out, revived) = self.merge(&entries);
+                if revived {
+                    out.extend(self.refresh_view());
+                }
                 out
             }
             Msg::Forward(call) => self.on_forward(from, call),
@@ -931,7 +933,7 @@ impl Node {
 
     fn own_entry(&self) -> GossipEntry {
         GossipEntry {
-            id: self.id.to_string(),
+            id: self.id.clone(),
             generation: self.generation,
             heartbeat: self.heartbeat,
             addrs: self.addrs,
@@ -958,32 +960,39 @@ impl Node {
     }
 
     /// Take every newer heartbeat (a heartbeat heard second-hand counts: that is how
-    /// chitchat's failure detector hears a node it does not gossip with).
-    fn merge(&mut self, entries: Vec<GossipEntry>) -> Vec<Out> {
+    /// chitchat's failure detector hears a node it does not gossip with). Also says
+    /// whether the live set may have changed (an incarnation new, revived or leaving);
+    /// one dying is noticed at the next round.
+    fn merge(&mut self, entries: &[GossipEntry]) -> (Vec<Out>, bool) {
         let now = self.clock.monotonic_ms();
+        let fd = self.cfg.fd_timeout_ms;
         let mut new_kvs = 0;
+        let mut revived = false;
         for e in entries {
             if *e.id == *self.id {
                 continue;
             }
             let found = self
                 .known
-                .get_mut(e.id.as_str())
+                .get_mut(&*e.id)
                 .and_then(|gens| gens.get_mut(&e.generation));
             match found {
                 Some(k) => {
                     if e.heartbeat > k.heartbeat {
+                        revived |= now.saturating_sub(k.last_heard) >= fd;
                         k.heartbeat = e.heartbeat;
                         k.last_heard = now;
                     }
                     if e.leaving != k.leaving {
                         k.leaving = e.leaving;
                         new_kvs += 1;
+                        revived = true;
                     }
                 }
                 None => {
                     new_kvs += 1;
-                    self.known.entry(e.id).or_default().insert(
+                    revived = true;
+                    self.known.entry(e.id.clone()).or_default().insert(
                         e.generation,
                         Known {
                             heartbeat: e.heartbeat,
@@ -995,19 +1004,20 @@ impl Node {
                 }
             }
         }
-        if new_kvs > 0 {
+        let out = if new_kvs > 0 {
             vec![Out::GossipDelta(new_kvs * GOSSIP_DELTA)]
         } else {
             Vec::new()
-        }
+        };
+        (out, revived)
     }
 
     /// One gossip round: beat, pick peers (live ones, sometimes a dead one or a seed),
     /// send them this node's digests, re-run failure detection.
     fn gossip_round(&mut self) -> Vec<Out> {
         self.heartbeat += 1;
-        let mut live: BTreeSet<String> = BTreeSet::new();
-        let mut dead: BTreeSet<String> = BTreeSet::new();
+        let mut live: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut dead: BTreeSet<Arc<str>> = BTreeSet::new();
         for (id, gens) in &self.known {
             if gens.values().any(|k| self.live(k)) {
                 live.insert(id.clone());
@@ -1015,9 +1025,9 @@ impl Node {
                 dead.insert(id.clone());
             }
         }
-        let dead: Vec<String> = dead.difference(&live).cloned().collect();
-        let mut live: Vec<String> = live.into_iter().collect();
-        let mut targets: Vec<String> = Vec::new();
+        let dead: Vec<Arc<str>> = dead.difference(&live).cloned().collect();
+        let mut live: Vec<Arc<str>> = live.into_iter().collect();
+        let mut targets: Vec<Arc<str>> = Vec::new();
         while targets.len() < FANOUT && !live.is_empty() {
             let i = self.rng.index(live.len());
             targets.push(live.swap_remove(i));
@@ -1026,12 +1036,12 @@ impl Node {
         if !dead.is_empty() && self.rng.chance(dead.len() as f64 / (live_n + 1) as f64) {
             targets.push(dead[self.rng.index(dead.len())].clone());
         }
-        let seeds: Vec<String> = self
+        let seeds: Vec<Arc<str>> = self
             .cfg
             .seeds
             .iter()
-            .filter(|s| **s != *self.id && !targets.contains(s))
-            .cloned()
+            .filter(|s| ***s != *self.id && !targets.iter().any(|t| **t == ***s))
+            .map(|s| Arc::from(s.as_str()))
             .collect();
         if !seeds.is_empty()
             && (live_n < self.cfg.seeds.len()
@@ -1041,11 +1051,11 @@ impl Node {
         {
             targets.push(seeds[self.rng.index(seeds.len())].clone());
         }
-        let digests = self.digests();
+        let digests = Arc::new(self.digests());
         let mut out: Vec<Out> = targets
             .into_iter()
             .map(|to| Out::Send {
-                to,
+                to: to.to_string(),
                 msg: Msg::GossipSyn(digests.clone()),
             })
             .collect();
@@ -1091,7 +1101,7 @@ impl Node {
         for (id, gens) in &self.known {
             for (generation, k) in gens.iter().filter(|(_, k)| self.live(k)) {
                 live.push(LiveNode {
-                    node_id: id.clone(),
+                    node_id: id.to_string(),
                     generation: *generation,
                     gossip_addr: k.addrs.gossip,
                     kvs: kvs(&k.addrs, k.leaving),
@@ -1105,10 +1115,5 @@ impl Node {
         let old = std::mem::replace(&mut self.view, Arc::new(new));
         let new = self.view.clone();
         self.view_changed(&old, new)
-    }
-
-    /// Keys held over every shard (for the figures).
-    pub fn keys(&self) -> usize {
-        self.shards.iter().map(|s| s.store.len()).sum()
     }
 }

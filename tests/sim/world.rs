@@ -37,8 +37,9 @@ pub struct Slot {
     pub inc: u64,
     /// Events that arrived while the process was stopped, in arrival order.
     deferred: Vec<Ev>,
-    /// Kill-replaced or never to be sampled again.
-    pub retired: bool,
+    /// Clients send to it (the harness's `serving`: set once its ring held every
+    /// running node after a start).
+    pub serving: bool,
 }
 
 #[derive(Debug)]
@@ -143,6 +144,7 @@ pub struct World {
     clients_on: bool,
     workload: Option<(Workload, Zipf)>,
     next_op: u64,
+    completed: u64,
     sampling: bool,
     round: u64,
     pub bytes: BTreeMap<String, Bytes>,
@@ -167,6 +169,7 @@ impl World {
             clients_on: false,
             workload: None,
             next_op: 1,
+            completed: 0,
             sampling: false,
             round: 0,
             bytes: BTreeMap::new(),
@@ -209,6 +212,11 @@ impl World {
     /// Run until `done` holds (checked every 100 ms, like the harness's polling) or
     /// `timeout` ms pass; returns how long it took.
     pub fn run_while_not(&mut self, timeout: u64, done: impl Fn(&World) -> bool) -> Option<u64> {
+        self.poll(100, timeout, done)
+    }
+
+    /// [`World::run_while_not`], checking every `every` ms.
+    pub fn poll(&mut self, every: u64, timeout: u64, done: impl Fn(&World) -> bool) -> Option<u64> {
         let start = self.now;
         loop {
             if done(self) {
@@ -217,7 +225,30 @@ impl World {
             if self.now - start >= timeout {
                 return None;
             }
-            self.run_for(100);
+            self.run_for(every);
+        }
+    }
+
+    /// Start `id` as the harness does: wait (polling every 50 ms, at most 15 s) until
+    /// its ring holds every running node, then let clients send to it.
+    pub fn start_serving(&mut self, id: &str) {
+        self.start(id);
+        let joined = |w: &World| {
+            let running = w.running();
+            w.node(id).is_some_and(|n| {
+                running
+                    .iter()
+                    .all(|r| n.view.members.iter().any(|m| m.node_id == *r && !m.leaving))
+            })
+        };
+        self.poll(50, 15_000, joined);
+        self.serve(id);
+    }
+
+    /// Let clients send to `id`.
+    pub fn serve(&mut self, id: &str) {
+        if let Some(s) = self.slots.get_mut(id) {
+            s.serving = true;
         }
     }
 
@@ -235,12 +266,12 @@ impl World {
         let generation = self.now * 1_000_000 + inc;
         let addrs = Addrs::of_index(index);
         let node_rng = self.rng.split(index as u64 * 1000 + inc);
-        // Each process's failure detector settles on its own timeout (~1-2.5 s).
+        // Each process's failure detector settles on its own timeout: 1.0-1.4 s, around
+        // the 1.08-1.31 s measured on loopback (docs/ownership.md).
         let mut cfg = self.cfg.clone();
-        cfg.fd_timeout_ms += self.rng.range(0, 1500);
+        cfg.fd_timeout_ms += self.rng.range(0, 400);
         let mut node = Node::new(
             id,
-            inc,
             generation,
             addrs,
             self.time.clone(),
@@ -257,7 +288,7 @@ impl World {
                 state: State::Up,
                 inc,
                 deferred: Vec::new(),
-                retired: false,
+                serving: false,
             },
         );
         self.log(Entry::Spawn {
@@ -462,6 +493,7 @@ impl World {
         }
         let inc = slot.inc;
         let node = slot.node.as_mut().expect("up");
+        let view_before = node.view.clone();
         let outs = match what {
             NodeEv::Timer(t) => node.on_timer(t),
             NodeEv::Check {
@@ -489,6 +521,15 @@ impl World {
                 outs
             }
         };
+        let changed = !Arc::ptr_eq(&view_before, &node.view);
+        if changed && self.sampling {
+            // Every view a node publishes is sampled (in the current round): the
+            // process suite's 200 ms sampler can miss a short one, such as the view a
+            // resumed node builds from its stale failure detector before it hears any
+            // gossip.
+            let entry = self.ring_entry(&id);
+            self.log(entry);
+        }
         self.apply(&id, inc, outs);
     }
 
@@ -583,6 +624,11 @@ impl World {
         self.clients_on = false;
     }
 
+    /// Ops completed so far (ok, fail or info).
+    pub fn ops_completed(&self) -> u64 {
+        self.completed
+    }
+
     pub fn clients_idle(&self) -> bool {
         self.clients.iter().all(|c| c.pending.is_none())
     }
@@ -594,7 +640,7 @@ impl World {
         let targets: Vec<String> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.state != State::Down && !s.retired)
+            .filter(|(_, s)| s.state != State::Down && s.serving)
             .map(|(id, _)| id.clone())
             .collect();
         let (workload, zipf) = self.workload.as_ref().expect("started");
@@ -644,6 +690,7 @@ impl World {
             return;
         }
         client.pending = None;
+        self.completed += 1;
         match &mut entry {
             Entry::Ok { t, .. } | Entry::Fail { t, .. } | Entry::Info { t, .. } => *t = self.now,
             _ => {}
@@ -670,14 +717,30 @@ impl World {
             return;
         }
         self.round += 1;
-        let mut entries = Vec::new();
-        for (id, s) in &self.slots {
-            let Some(n) = s.node.as_ref() else { continue };
-            entries.push(if s.state == State::Up {
+        let ids: Vec<String> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.node.is_some())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let entry = self.ring_entry(&id);
+            self.log(entry);
+        }
+        self.at(self.now + SAMPLE_MS, Ev::Sample);
+    }
+
+    /// What `Status` on `id` says now (a paused node does not answer).
+    fn ring_entry(&self, id: &str) -> Entry {
+        let s = &self.slots[id];
+        let n = s.node.as_ref().expect("running");
+        let id = id.to_string();
+        {
+            if s.state == State::Up {
                 Entry::Ring {
                     t: self.now,
                     round: self.round,
-                    node: id.clone(),
+                    node: id,
                     generation: n.generation,
                     ok: true,
                     members: n
@@ -697,18 +760,14 @@ impl World {
                 Entry::Ring {
                     t: self.now,
                     round: self.round,
-                    node: id.clone(),
+                    node: id,
                     generation: n.generation,
                     ok: false,
                     members: Vec::new(),
                     digest: 0,
                     error: "status: deadline exceeded".into(),
                 }
-            });
+            }
         }
-        for e in entries {
-            self.log(e);
-        }
-        self.at(self.now + SAMPLE_MS, Ev::Sample);
     }
 }
