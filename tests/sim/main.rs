@@ -262,3 +262,50 @@ fn a_joiner_installs_the_state_of_the_keys_it_takes_over() {
         "handed over {handed}, installed {installed}"
     );
 }
+
+/// The membership driver's stall hold, shown by the simulator: a node that wakes from a
+/// pause must not publish a view without its peers (it would own their keys; finding 5
+/// of docs/chaos.md, which seed 70 found again before the simulator mirrored the hold).
+/// Without the hold it does; with it, it never does.
+#[test]
+fn a_resumed_node_keeps_its_peers_only_with_the_stall_hold() {
+    use std::sync::Arc;
+    let lonely_views = |stall_hold: bool| {
+        let rules = Arc::new(
+            ringlimit::config::rules::RuleSet::from_toml_str(scenario::RULES).expect("rules"),
+        );
+        let ids = ["n1", "n2", "n3"].map(String::from);
+        let mut cfg = scenario::node_config(false, ids.to_vec());
+        cfg.stall_hold = stall_hold;
+        let mut w = world::World::new(11, rules, cfg);
+        for id in &ids {
+            w.start(id);
+        }
+        assert!(w.run_while_not(20_000, world::World::converged).is_some());
+        w.start_sampler();
+        // Which comes first after SIGCONT, the driver's tick or a peer's gossip, depends
+        // on when in its round the node was stopped: pause it ten times.
+        for i in 0..10 {
+            w.pause("n2");
+            w.run_for(1500 + 137 * i);
+            w.resume("n2");
+            w.run_for(2000);
+        }
+        w.history
+            .iter()
+            .filter(|e| {
+                matches!(e, history::Entry::Ring { node, ok: true, members, .. }
+                    if node == "n2" && members.len() < 3)
+            })
+            .count()
+    };
+    assert!(
+        lonely_views(false) > 0,
+        "without the hold, n2 wakes up alone"
+    );
+    assert_eq!(
+        lonely_views(true),
+        0,
+        "with the hold, n2 never publishes itself alone"
+    );
+}

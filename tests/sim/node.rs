@@ -53,6 +53,10 @@ const SHARD_CAP: usize = 100_000;
 const FANOUT: usize = 3;
 /// Bytes of a gossip message before its digests: cluster id, sender, auth tag.
 const GOSSIP_HEADER: usize = 64;
+/// A gap this long between two runs of the membership driver means the process was
+/// frozen (`membership::STALL`): removals are then held for `STALL_HOLD_MS`.
+const STALL_MS: u64 = 1000;
+const STALL_HOLD_MS: u64 = 1500;
 /// Bytes of one node's key-values (grpc and peer address, leaving) in a gossip delta.
 const GOSSIP_DELTA: usize = 96;
 
@@ -242,6 +246,9 @@ pub struct NodeConfig {
     pub delta_ms: u64,
     pub link: LinkConfig,
     pub broken: bool,
+    /// Hold removals after a stall, as the membership driver does (off only to show
+    /// what it prevents).
+    pub stall_hold: bool,
     /// Ids gossiped with when the node knows too few live peers.
     pub seeds: Vec<String>,
 }
@@ -264,6 +271,10 @@ pub struct Node {
     known: BTreeMap<Arc<str>, BTreeMap<u64, Known>>,
     /// A hash of the live set the view was last built from.
     live_key: u64,
+    /// When the membership driver last ran, and until when removals are held after a
+    /// stall (the real driver's `note_stall`).
+    last_run: u64,
+    hold_removals_until: Option<u64>,
     link: Link,
     pending: BTreeMap<u64, Pending>,
     next_check: u64,
@@ -319,6 +330,8 @@ impl Node {
             heartbeat: 0,
             known: BTreeMap::new(),
             live_key: 0,
+            last_run: 0,
+            hold_removals_until: None,
             link: Link::new(cfg.link),
             pending: BTreeMap::new(),
             next_check: 1,
@@ -330,6 +343,7 @@ impl Node {
 
     /// The timers a fresh incarnation starts with.
     pub fn boot(&mut self, now: u64) -> Vec<Out> {
+        self.last_run = now;
         let phase = self.rng.range(1, self.cfg.gossip_ms);
         vec![
             Out::Timer {
@@ -1016,6 +1030,13 @@ impl Node {
     /// send them this node's digests, re-run failure detection.
     fn gossip_round(&mut self) -> Vec<Out> {
         self.heartbeat += 1;
+        // The membership driver's tick: notice a stall, end a hold that is over.
+        self.note_stall();
+        let now = self.clock.monotonic_ms();
+        if self.hold_removals_until.is_some_and(|until| now >= until) {
+            self.hold_removals_until = None;
+            self.live_key = 0;
+        }
         let mut live: BTreeSet<Arc<str>> = BTreeSet::new();
         let mut dead: BTreeSet<Arc<str>> = BTreeSet::new();
         for (id, gens) in &self.known {
@@ -1067,9 +1088,21 @@ impl Node {
         out
     }
 
-    /// Rebuild the view from the live incarnations (with the node's own
-    /// `build_view_after`) when the live set changed; hand state over if the ring moved.
+    /// The membership driver's `note_stall`: a gap of `STALL_MS` since it last ran
+    /// means this process was frozen; hold removals for a while.
+    fn note_stall(&mut self) {
+        let now = self.clock.monotonic_ms();
+        if self.cfg.stall_hold && now.saturating_sub(self.last_run) >= STALL_MS {
+            self.hold_removals_until = Some(now + STALL_HOLD_MS);
+        }
+        self.last_run = now;
+    }
+
+    /// The membership driver's `publish`: rebuild the view from the live incarnations
+    /// (with the node's own `build_view_after`) when the live set changed, keeping
+    /// vanished members while removals are held; hand state over if the ring moved.
     fn refresh_view(&mut self) -> Vec<Out> {
+        self.note_stall();
         let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
         for (id, gens) in &self.known {
             for (g, k) in gens.iter().filter(|(_, k)| self.live(k)) {
@@ -1106,6 +1139,26 @@ impl Node {
                     gossip_addr: k.addrs.gossip,
                     kvs: kvs(&k.addrs, k.leaving),
                 });
+            }
+        }
+        let now = self.clock.monotonic_ms();
+        if self.hold_removals_until.is_some_and(|until| now < until) {
+            for old in &self.view.members {
+                if !live.iter().any(|n| n.node_id == old.node_id) {
+                    live.push(LiveNode {
+                        node_id: old.node_id.clone(),
+                        generation: old.generation,
+                        gossip_addr: old.gossip_addr,
+                        kvs: kvs(
+                            &Addrs {
+                                gossip: old.gossip_addr,
+                                grpc: old.grpc_addr,
+                                peer: old.peer_addr,
+                            },
+                            old.leaving,
+                        ),
+                    });
+                }
             }
         }
         let new = build_view_after(Some(&self.view), live);

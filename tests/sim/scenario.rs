@@ -210,6 +210,7 @@ pub fn node_config(broken: bool, seeds: Vec<String>) -> NodeConfig {
         delta_ms: 100,
         link: LinkConfig::default(),
         broken,
+        stall_hold: true,
         seeds,
     }
 }
