@@ -425,7 +425,7 @@ impl Node {
     // ---- the shard actor -------------------------------------------------------------
 
     fn shard_of(placement: u64) -> usize {
-        (xxhash_rust::xxh3::xxh3_64_with_seed(&placement.to_le_bytes(), 0x5348_4152_44)
+        (xxhash_rust::xxh3::xxh3_64_with_seed(&placement.to_le_bytes(), 0x0053_4841_5244)
             % SHARDS as u64) as usize
     }
 

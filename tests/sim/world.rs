@@ -438,7 +438,7 @@ impl World {
 
     fn handle(&mut self, ev: Ev) {
         match ev {
-            Ev::Node { id, inc, what } => self.to_node(id, inc, what),
+            Ev::Node { id, inc, what } => self.at_node(id, inc, what),
             Ev::ClientWake(c) => self.client_wake(c),
             Ev::ClientDone { client, op, entry } => self.client_done(client, op, entry),
             Ev::ClientDeadline { client, op } => {
@@ -453,7 +453,7 @@ impl World {
         }
     }
 
-    fn to_node(&mut self, id: String, inc: Option<u64>, what: NodeEv) {
+    fn at_node(&mut self, id: String, inc: Option<u64>, what: NodeEv) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
