@@ -115,6 +115,10 @@ fn seeds() {
     let (mut simulating, mut checking) = (0.0, 0.0);
     for o in run_seeds(&seeds, broken) {
         let seed = o.seed;
+        if seeds.len() == 1 {
+            // A replay shows the whole summary, passing or not.
+            println!("schedule: {:?}\n{}", o.schedule, o.report.summary);
+        }
         simulating += o.took.0.as_secs_f64();
         checking += o.took.1.as_secs_f64();
         println!("{}", line(&o));
