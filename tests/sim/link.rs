@@ -260,15 +260,6 @@ impl Link {
             .min()
     }
 
-    /// Checks in flight or queued, for tests.
-    #[allow(dead_code)]
-    pub fn waiting(&self) -> usize {
-        self.peers
-            .values()
-            .map(|p| p.queue.len() + p.in_flight.values().map(|b| b.waiters.len()).sum::<usize>())
-            .sum()
-    }
-
     /// Drop queued checks whose caller gave up, then send batches while slots are free.
     fn pump(&mut self, peer_id: &str, now: Now) -> Effects {
         let mut fx = Effects::default();
@@ -321,5 +312,141 @@ impl Link {
             ));
         }
         fx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringlimit::check::plan::plan_forwarded;
+    use ringlimit::check::DescriptorInput;
+    use ringlimit::config::rules::RuleSet;
+    use ringlimit::proto::peer::{ForwardOutcome, ForwardResponse};
+
+    fn item(key: &str) -> CheckItem {
+        let rules = RuleSet::from_toml_str(crate::scenario::RULES).unwrap();
+        let input = DescriptorInput {
+            key,
+            route: "GET /fw",
+            tier: None,
+            cost: Some(1),
+        };
+        plan_forwarded(&input, &rules, |l| l.as_str().to_string()).unwrap()
+    }
+
+    fn owner() -> Member {
+        let a = crate::node::Addrs::of_index(2);
+        Member {
+            node_id: "n2".into(),
+            generation: 7,
+            grpc_addr: a.grpc,
+            peer_addr: a.peer,
+            gossip_addr: a.gossip,
+            leaving: false,
+        }
+    }
+
+    fn at(ms: u64) -> Now {
+        Now {
+            wall: 1_000_000 + ms,
+            mono: ms,
+        }
+    }
+
+    fn waiter(check: u64) -> Waiter {
+        Waiter { check, pos: 0 }
+    }
+
+    fn allowed(call: u64, n: usize) -> ForwardAnswer {
+        let outcome = ForwardOutcome {
+            allowed: true,
+            limit: 10,
+            remaining: 9,
+            sequence: 1,
+            same_rule: true,
+            algorithm_index: 1,
+            ..Default::default()
+        };
+        ForwardAnswer {
+            call,
+            response: Some(ForwardResponse {
+                node_id: "n2".into(),
+                generation: 7,
+                outcomes: vec![outcome; n],
+            }),
+            code: 0,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn one_batch_in_flight_and_the_queue_leaves_together_when_it_returns() {
+        let mut link = Link::new(LinkConfig::default());
+        let first = link.forward(at(0), &owner(), &item("a"), waiter(1));
+        assert_eq!(first.send.len(), 1, "an idle link sends at once");
+        let call = first.send[0].1.call;
+        let deadline = first.send[0].1.request.as_ref().unwrap().deadline_ms;
+        assert_eq!(
+            deadline,
+            1_000_000 + 250,
+            "the deadline on the sender's wall clock"
+        );
+        assert!(link
+            .forward(at(1), &owner(), &item("b"), waiter(2))
+            .send
+            .is_empty());
+        assert!(link
+            .forward(at(2), &owner(), &item("c"), waiter(3))
+            .send
+            .is_empty());
+        let fx = link.on_answer(at(5), "n2", allowed(call, 1));
+        assert_eq!(fx.done.len(), 1);
+        let remote = fx.done[0].1.as_ref().unwrap();
+        assert_eq!((remote.decider.generation, &*remote.rule), (7, "fw"));
+        assert_eq!(fx.send.len(), 1, "the queued two leave as one batch");
+        assert_eq!(fx.send[0].1.request.as_ref().unwrap().items.len(), 2);
+    }
+
+    #[test]
+    fn a_batch_fails_whole_at_its_deadline_and_a_late_answer_is_dropped() {
+        let mut link = Link::new(LinkConfig::default());
+        let call = link.forward(at(0), &owner(), &item("a"), waiter(1)).send[0]
+            .1
+            .call;
+        link.forward(at(100), &owner(), &item("b"), waiter(2));
+        assert_eq!(link.next_deadline(), Some(250));
+        assert!(link.on_tick(at(249)).done.is_empty());
+        let fx = link.on_tick(at(250));
+        assert_eq!(fx.done.len(), 1);
+        assert!(fx.done[0].1.is_err());
+        assert_eq!(fx.send.len(), 1, "the freed slot sends the queued check");
+        assert!(link
+            .on_answer(at(260), "n2", allowed(call, 1))
+            .done
+            .is_empty());
+    }
+
+    #[test]
+    fn a_reset_stream_fails_what_it_carried_and_a_refusal_fails_every_item() {
+        let mut link = Link::new(LinkConfig::default());
+        link.forward(at(0), &owner(), &item("a"), waiter(1));
+        let fx = link.reset(at(1), "n2");
+        assert_eq!(fx.done.len(), 1);
+        assert!(fx.done[0].1.is_err());
+        let call = link.forward(at(2), &owner(), &item("b"), waiter(2)).send[0]
+            .1
+            .call;
+        let refused = ForwardAnswer {
+            call,
+            response: None,
+            code: 4,
+            message: "forwarded batch arrived after its deadline".into(),
+        };
+        let fx = link.on_answer(at(3), "n2", refused);
+        assert!(fx.done[0]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .contains("after its deadline"));
     }
 }
