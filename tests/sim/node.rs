@@ -365,7 +365,14 @@ impl Node {
         match timer {
             Timer::Gossip => self.gossip_round(),
             Timer::Deltas => {
-                // `Handoff::flush_deltas`: every 100 ms, push late admissions.
+                // The shard actors' expiry tick (every 100 ms, a sixteenth of the keys
+                // and at least 1024 per tick), then `Handoff::flush_deltas` (every
+                // 100 ms, push late admissions).
+                for shard in &mut self.shards {
+                    let now = shard.clock.now_ms();
+                    let budget = (shard.store.len() / 16).max(1024);
+                    shard.store.expire(now, budget);
+                }
                 let mut out = self.flush_deltas();
                 out.push(Out::Timer {
                     at: self.clock.monotonic_ms() + self.cfg.delta_ms,
