@@ -5,26 +5,50 @@
 //!
 //! # Floors, in the direction a check flows
 //!
-//! Each floor imports only floors below it; the arrows are the only ones there are.
+//! Each floor imports only floors below it; `tests/floors.rs` holds every module to the
+//! arrows drawn here.
 //!
 //! ```text
-//! main (binary)  CLI → node::run
+//! main (binary)  clap → cli/<subcommand> → node::run; bench/ (load generator)
 //! node           composition root: binds listeners, wires every subsystem, node config
 //!   │
-//! server         wire adapters: ringlimit.v1, Envoy RLS, Gubernator V1 (public), peer
-//!   │            (cluster), ops (HTTP); Status at the edge
-//!   │      prost types stop here and in cluster::forward
-//! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict
-//!   │
-//! cluster        router = pure policy + one async step; forward (peer client adapter),
-//!   │            handoff, deny cache, rules (the versioned cluster rule set); Decider,
-//!   │            Answer, CheckItem (identity computed once)
+//! server         wire adapters: ringlimit.v1 (+ its wire codec), Envoy RLS, Gubernator V1
+//!   │            (public), peer (cluster), ops (HTTP); Status at the edge
+//!   │      prost types stop here and in cluster::link's adapter files (wire, calls, shell)
+//! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict;
+//!   │            forwarded items are planned here by the same code as public ones
+//! cluster        router = pure policy + one async step; link (peer client: batcher and
+//!   │            stream session as state machines, a thin tonic shell), handoff, deny
+//!   │            cache, rules (the versioned cluster rule set); CheckItem (identity once)
 //! shard          actor handles + tasks; the store; counter identity (KeyId)
 //!   │
-//! config  membership  clock        rules and routes; gossip → ClusterView; time
-//!   │     keyring                  the cluster key (pure)
+//! config  membership               rules, routes and every input bound (config::bounds);
+//!   │                              gossip → ClusterView
+//! clock  keyring                   time (clamped wall-clock ms); the cluster key (pure)
 //!   │
 //! algorithms  ring                 pure: the five limiters; the consistent-hash ring
+//! ```
+//!
+//! `proto` (generated wire types) sits beside the floors: only `server` and the link's
+//! adapter files use it, and its generated services name `server`'s codec.
+//!
+//! # One result, one name per floor
+//!
+//! What a check's answer is called on each floor, bottom to top:
+//!
+//! ```text
+//! algorithms::Decision        one algorithm's verdict and numbers on one counter
+//! shard::Outcome              a Decision with the shard's facts (sequence, clock, fresh)
+//! cluster::Remote             an owner's Outcome as the link decodes it from the wire
+//! cluster::Answer             one descriptor's answer wherever it was decided (here, the
+//!                             owner, the deny cache, a fallback): Decision + who, how
+//! cluster::DescriptorOutcome  a planned item with its Answer (and whether refunded);
+//! cluster::Decided            one check's DescriptorOutcomes
+//! check::Verdict              the check's verdict: overall + one DescriptorVerdict each
+//! check::domain::DomainVerdict, check::gubernator::RateLimitStatus
+//!                             the same Verdict in Envoy's and Gubernator's terms
+//! server::ringlimit_v1::CheckAnswer, proto messages
+//!                             the wire message a front end sends
 //! ```
 //!
 //! - [`algorithms`]: the five limiters as pure state machines (`now` is an argument).
@@ -40,18 +64,17 @@
 //! - [`check`]: the seam under every front end: [`check::Checker`].
 //! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec;
 //!   the ops HTTP face.
-//! - [`client`]: what a gateway does with a verdict (429 headers).
-//! - [`node`]: starts and stops a node; `node::grpc` bounds what one client can make
-//!   the gRPC listener hold.
-//! - [`proto`]: generated wire types, used only by `server`, `cluster::forward` and
-//!   tools.
+//! - [`node`]: starts and stops a node as named steps, and wires its three faces
+//!   (public gRPC, peer, ops HTTP) with their authentication; `node::grpc` bounds what
+//!   one client can make the gRPC listener hold.
+//! - [`proto`]: generated wire types, used only by `server`, `cluster::link`'s adapter
+//!   files and tools.
 //!
-//! `proto` sits beside the floors: nothing in `algorithms`, `ring`, `shard`,
-//! `membership`, `config`, `clock`, `check` or the routing core imports it.
+//! What a gateway does with a verdict (the 429 contract, the ring-aware client) is the
+//! `ringlimit-client` crate (`client/`); gateways and the CLI import it directly.
 
 pub mod algorithms;
 pub mod check;
-pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;

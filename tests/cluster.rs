@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ringlimit::cluster::forward::Signed;
+use ringlimit::cluster::link::Signed;
 use ringlimit::config::rules::RuleSet;
 use ringlimit::keyring::Keyring;
 use ringlimit::node::config::TEST_CLUSTER_SECRET;
@@ -789,7 +789,7 @@ async fn a_refused_batch_on_a_forward_stream_decides_nothing_and_the_stream_goes
 
     // Compact: the rule the sender matched is not named back, the algorithm is a number.
     let hashed = |name: &str| ForwardItem {
-        rule_hash: ringlimit::cluster::forward::rule_hash(name),
+        rule_hash: ringlimit::cluster::link::rule_hash(name),
         ..item.clone()
     };
     let compact = ForwardCall {

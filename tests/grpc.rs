@@ -104,6 +104,36 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_charges_nothing() {
     node.shutdown().await;
 }
 
+/// The messages a caller reads are pinned: each starts with the field's path (a
+/// batch's check and descriptor indices included), then says what is wrong.
+#[tokio::test]
+async fn refusals_name_the_field_path_then_the_bound() {
+    let node = start(NodeConfig::for_test()).await;
+    let mut c = client(&node).await;
+    let status = c
+        .check(check(&"k".repeat(257), "/x", None))
+        .await
+        .unwrap_err();
+    assert_eq!(status.message(), "key: 257 bytes is over the limit of 256");
+    let mut bad = check("k", "/x", None);
+    bad.descriptors = vec![descriptor("ip"), descriptor("")];
+    let checks = vec![check("a", "/x", None), check("b", "/x", None), bad];
+    let status = c
+        .check_batch(CheckBatchRequest { checks })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "checks[2].descriptors[1].key: must not be empty"
+    );
+    let mut tier = check("k", "/x", None);
+    tier.tier = Some("t".repeat(65));
+    let status = c.check(tier).await.unwrap_err();
+    assert_eq!(status.message(), "tier: 65 bytes is over the limit of 64");
+    node.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_denied_descriptor_refunds_the_ones_that_allowed() {
     let (node, _clock) = start_manual(NodeConfig::for_test(), T0).await;
@@ -454,7 +484,7 @@ async fn the_public_port_neither_serves_nor_advertises_the_peer_service() {
         .unwrap();
     let key = ringlimit::keyring::Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET)
         .unwrap();
-    let mut peer = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut peer = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(key),
         "member".into(),
@@ -905,7 +935,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
 
     // A proof made with another key.
     let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
-    let mut outsider = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut outsider = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel.clone(),
         Some(other),
         "intruder".into(),
@@ -954,7 +984,7 @@ async fn peer_calls_without_the_cluster_key_are_unauthenticated() {
     unauthenticated(misused.refund(refund.clone()).await);
 
     // A member's own signed calls are served.
-    let mut member = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut member = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(key),
         "member".into(),

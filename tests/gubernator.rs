@@ -249,7 +249,7 @@ async fn one_bad_item_is_its_own_error_and_the_rest_are_decided() {
         .responses;
     let errors: Vec<&str> = answers.iter().map(|r| r.error.as_str()).collect();
     assert_eq!(errors[0], "");
-    assert!(errors[1].starts_with("unique_key:"), "{errors:?}");
+    assert_eq!(errors[1], "unique_key: must not be empty");
     assert!(errors[2].starts_with("duration:"), "{errors:?}");
     assert!(errors[3].starts_with("limit:"), "{errors:?}");
     assert!(errors[4].starts_with("algorithm:"), "{errors:?}");

@@ -280,9 +280,9 @@ fn percent_decoded(s: &str) -> String {
 
 /// Closes: "malformed protobuf is answered INTERNAL, which a gateway may treat as
 /// limiter down, fail open". Invalid UTF-8 in a string, a truncated field and a wrong
-/// wire type are the caller's error: INVALID_ARGUMENT naming the message.
+/// wire type are the caller's error: INVALID_ARGUMENT starting with the field's path.
 #[tokio::test]
-async fn malformed_request_bodies_are_invalid_argument_naming_the_message() {
+async fn malformed_request_bodies_are_invalid_argument_naming_the_field() {
     let node = start(NodeConfig::for_test()).await;
     let cases: [(&str, &[u8]); 3] = [
         // field 1 (key), length 2, bytes that are not UTF-8
@@ -292,15 +292,10 @@ async fn malformed_request_bodies_are_invalid_argument_naming_the_message() {
         // field 1 sent as a varint although it is a string
         ("wrong wire type", &[0x08, 0x01]),
     ];
-    for (path, message) in [
-        (
-            "/ringlimit.v1.RateLimiter/Check",
-            "ringlimit.v1.CheckRequest",
-        ),
-        (
-            "/ringlimit.v1.RateLimiter/CheckBatch",
-            "ringlimit.v1.CheckBatchRequest",
-        ),
+    // Each case breaks field 1: a check's key, a batch's first check.
+    for (path, field) in [
+        ("/ringlimit.v1.RateLimiter/Check", "key"),
+        ("/ringlimit.v1.RateLimiter/CheckBatch", "checks[0]"),
     ] {
         for (what, payload) in cases {
             let (status, text) = call_raw(node.grpc_addr, path, framed(payload)).await;
@@ -310,7 +305,7 @@ async fn malformed_request_bodies_are_invalid_argument_naming_the_message() {
                 "{path} {what}: INVALID_ARGUMENT, got {status} {text}"
             );
             assert!(
-                text.starts_with(&format!("{message}: invalid protobuf: ")),
+                text.starts_with(&format!("{field}: invalid protobuf: ")),
                 "{path} {what}: {text}"
             );
         }

@@ -67,7 +67,7 @@ async fn status(addr: std::net::SocketAddr, tls: Option<ClientTlsConfig>) -> Res
     }
     let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
     let keyring = Keyring::from_text(TEST_CLUSTER_SECRET).unwrap();
-    let mut peer = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut peer = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(keyring),
         "test-cli".into(),

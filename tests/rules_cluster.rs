@@ -563,7 +563,7 @@ async fn nodes_following_different_rule_files_report_drift_and_refuse_writes() {
     assert!(common::metric_sum("ringlimit_rules_drift_nodes") >= 1.0);
     // The peer face's status (what `ringlimit cluster status` prints) flags it too.
     let mut peer = ringlimit::proto::peer::peer_client::PeerClient::new(
-        ringlimit::cluster::forward::Signed::new(
+        ringlimit::cluster::link::Signed::new(
             tonic::transport::Endpoint::from_shared(format!("http://{}", a.peer_addr))
                 .unwrap()
                 .connect()

@@ -3,7 +3,7 @@
 //! tonic's `Channel` puts a tower `Buffer` task between the caller and the connection,
 //! and hyper's HTTP/2 client adds a dispatch channel and a body-pipe task per call, so
 //! one unary call wakes three or four tasks on the client side. The bench client shares
-//! the two cores with the node it measures, and that overhead was taken from the node
+//! the two cores with the node it measures, so that overhead is taken from the node
 //! (the Redis side of the bench talks RESP straight over its socket). Here a worker polls
 //! its own HTTP/2 connection in its own task and writes the one-frame request body
 //! itself: one task per connection, as on the Redis side. The wire traffic is ordinary

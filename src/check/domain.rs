@@ -24,22 +24,18 @@
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use crate::check::plan::MAX_DESCRIPTORS;
+use crate::check::plan::bounded;
 use crate::check::CheckError;
 use crate::cluster::{CheckItem, DescriptorOutcome, NamedRule};
 use crate::config::route::Route;
 use crate::config::rules::envoy::{
     envoy_rule, envoy_spec, override_rule_name, EnvoyConfig, EnvoyLimit, EnvoyMatch, EnvoyUnit,
-    MAX_ENVOY_TEXT,
 };
 use crate::config::rules::Rule;
 
-/// Longest domain, entry key or entry value accepted in a request, in bytes.
-pub const MAX_ENTRY_BYTES: usize = 4096;
-/// Most entries in one descriptor (deeper than any configuration can nest).
-pub const MAX_ENTRIES: usize = 16;
-/// Counter keys longer than this are replaced by a 128-bit hash of themselves.
-pub const MAX_COUNTER_KEY: usize = 1024;
+use crate::config::bounds::Text;
+/// The bounds of a domain request, defined with every other input bound.
+pub use crate::config::bounds::{MAX_COUNTER_KEY, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES};
 
 /// A request's override of one descriptor's limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,25 +137,11 @@ pub struct DomainVerdict {
     pub statuses: Vec<DomainStatus>,
 }
 
-fn text(field: impl FnOnce() -> String, value: &str) -> Result<(), CheckError> {
-    if value.is_empty() {
-        return Err(CheckError::invalid(field(), "must not be empty"));
-    }
-    if value.len() > MAX_ENTRY_BYTES {
-        return Err(CheckError::invalid(
-            field(),
-            format!(
-                "{} bytes is over the limit of {MAX_ENTRY_BYTES}",
-                value.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Bounded counter keys: a long one is replaced by its 128-bit hash (marked so it can
-/// never equal a key that was not hashed).
-fn bounded_key(counter: String) -> String {
+/// never equal a key that was not hashed). Every counter key a request builds (Envoy's
+/// entries, Gubernator's name and unique key) passes here, so a peer never forwards
+/// one longer than [`MAX_COUNTER_KEY`].
+pub fn bounded_key(counter: String) -> String {
     if counter.len() <= MAX_COUNTER_KEY {
         return counter;
     }
@@ -216,18 +198,42 @@ pub fn plan_domain(
     input: &DomainInput<'_>,
     config: &EnvoyConfig,
 ) -> Result<DomainPlan, CheckError> {
-    if input.domain.is_empty() {
-        return Err(CheckError::invalid("domain", "must not be empty"));
+    validate(input)?;
+    let request_hits = if input.hits == 0 {
+        1
+    } else {
+        u64::from(input.hits)
+    };
+    let matched: Vec<(EnvoyMatch, u64)> = input
+        .descriptors
+        .iter()
+        .map(|d| {
+            let hits = d.hits.unwrap_or(request_hits);
+            (config.matching(input.domain, &d.entries), hits)
+        })
+        .collect();
+    let replaced = replaced_limits(&matched);
+    let mut plan = DomainPlan {
+        descriptors: Vec::with_capacity(matched.len()),
+        items: Vec::new(),
+    };
+    let mut refused_any = false;
+    for ((m, hits), d) in matched.into_iter().zip(&input.descriptors) {
+        let planned = match counted_limit(input.domain, m, d, config, &replaced) {
+            Ok((limit, counter)) => plan_counted(limit, counter, hits, d, &mut plan.items),
+            Err(planned) => planned,
+        };
+        // A shadow limit that could never admit denies nothing: the others still count.
+        refused_any |= matches!(&planned, Planned::Refused(limit) if !limit.shadow);
+        plan.descriptors.push(planned);
     }
-    if input.domain.len() > MAX_ENVOY_TEXT {
-        return Err(CheckError::invalid(
-            "domain",
-            format!(
-                "{} bytes is over the limit of {MAX_ENVOY_TEXT}",
-                input.domain.len()
-            ),
-        ));
-    }
+    mark_probes(&mut plan, refused_any);
+    Ok(plan)
+}
+
+/// The request's bounds: domain, descriptor count, entries, the unit of an override.
+fn validate(input: &DomainInput<'_>) -> Result<(), CheckError> {
+    bounded(Text::Domain, input.domain, || "domain".into())?;
     if input.descriptors.is_empty() {
         return Err(CheckError::invalid(
             "descriptors",
@@ -243,12 +249,6 @@ pub fn plan_domain(
             ),
         ));
     }
-    let request_hits = if input.hits == 0 {
-        1
-    } else {
-        u64::from(input.hits)
-    };
-    let mut matched = Vec::with_capacity(input.descriptors.len());
     for (i, d) in input.descriptors.iter().enumerate() {
         if d.entries.is_empty() {
             return Err(CheckError::invalid(
@@ -266,143 +266,152 @@ pub fn plan_domain(
             ));
         }
         for (j, (key, value)) in d.entries.iter().enumerate() {
-            text(|| format!("descriptors[{i}].entries[{j}].key"), key)?;
-            text(|| format!("descriptors[{i}].entries[{j}].value"), value)?;
+            bounded(Text::Entry, key, || {
+                format!("descriptors[{i}].entries[{j}].key")
+            })?;
+            bounded(Text::Entry, value, || {
+                format!("descriptors[{i}].entries[{j}].value")
+            })?;
         }
-        if let Some(o) = d.limit {
-            if o.unit.is_none() {
-                return Err(CheckError::invalid(
-                    format!("descriptors[{i}].limit.unit"),
-                    "must be SECOND, MINUTE, HOUR or DAY (UNKNOWN, MONTH and YEAR are not \
-                     supported: ringlimit windows are at most 7 days)",
-                ));
-            }
+        if d.limit.is_some_and(|o| o.unit.is_none()) {
+            return Err(CheckError::invalid(
+                format!("descriptors[{i}].limit.unit"),
+                "must be SECOND, MINUTE, HOUR or DAY (UNKNOWN, MONTH and YEAR are not \
+                 supported: ringlimit windows are at most 7 days)",
+            ));
         }
-        let hits = d.hits.unwrap_or(request_hits);
-        matched.push((config.matching(input.domain, &d.entries), hits));
     }
+    Ok(())
+}
 
-    // `replaces`: a limit named by another matched limit's `replaces` is dropped.
-    let replaced: Vec<Arc<str>> = matched
+/// `replaces`: the limits named by another matched limit's `replaces`, to be dropped.
+fn replaced_limits(matched: &[(EnvoyMatch, u64)]) -> Vec<Arc<str>> {
+    matched
         .iter()
         .filter_map(|(m, _)| match m {
             EnvoyMatch::Limited { limit, .. } => Some(limit.replaces.iter().cloned()),
             _ => None,
         })
         .flatten()
-        .collect();
+        .collect()
+}
 
-    let mut planned = Vec::with_capacity(matched.len());
-    let mut pending = Vec::new();
-    let mut refused_any = false;
-    for ((m, hits), d) in matched.into_iter().zip(&input.descriptors) {
-        let (mut limit, counter) = match m {
-            // As the reference: an override limits a descriptor of a known domain even
-            // when no configured limit matches it.
-            EnvoyMatch::NoLimit if d.limit.is_some() => {
-                let Some(base) = config.override_base(input.domain) else {
-                    planned.push(Planned::NoLimit);
-                    continue;
-                };
-                let o = d.limit.expect("checked");
-                let limit = EnvoyLimit {
-                    rule: Some(base.clone()),
-                    requests_per_unit: o.requests_per_unit,
-                    unit: o.unit.expect("validated above"),
-                    name: Arc::from(format!("{}.override", input.domain)),
-                    configured_name: None,
-                    replaces: Vec::new(),
-                    shadow: false,
-                };
-                (limit, EnvoyConfig::counter_key(input.domain, &d.entries))
-            }
-            EnvoyMatch::NoLimit => {
-                planned.push(Planned::NoLimit);
-                continue;
-            }
-            EnvoyMatch::Unlimited => {
-                planned.push(Planned::Unlimited);
-                continue;
-            }
-            EnvoyMatch::Limited { limit, counter } => (limit, counter),
-        };
-        if limit
-            .configured_name
-            .as_ref()
-            .is_some_and(|n| replaced.contains(n))
-        {
-            planned.push(Planned::NoLimit);
-            continue;
-        }
-        let mut named = NamedRule {
-            name: limit.name.clone(),
-            override_limit: None,
-            inline: None,
-        };
-        if let Some(rule) = &limit.rule {
-            named.name = rule.name.clone();
-        }
-        if let Some(LimitOverride {
-            requests_per_unit,
-            unit: Some(unit),
-        }) = d.limit
-        {
-            let base = limit.rule.clone();
-            limit.requests_per_unit = requests_per_unit;
-            limit.unit = unit;
-            limit.rule = match &base {
-                Some(base) => override_rule(base, requests_per_unit, unit),
-                None => None,
+/// The limit a matched descriptor is counted under, and its counter key; `Err` is what
+/// the descriptor becomes when no limit counts it.
+fn counted_limit(
+    domain: &str,
+    m: EnvoyMatch,
+    d: &EntriesInput<'_>,
+    config: &EnvoyConfig,
+    replaced: &[Arc<str>],
+) -> Result<(EnvoyLimit, String), Planned> {
+    let (limit, counter) = match (m, d.limit) {
+        // As the reference: an override limits a descriptor of a known domain even
+        // when no configured limit matches it.
+        (EnvoyMatch::NoLimit, Some(o)) => {
+            let base = config.override_base(domain).ok_or(Planned::NoLimit)?;
+            let limit = EnvoyLimit {
+                rule: Some(base.clone()),
+                requests_per_unit: o.requests_per_unit,
+                unit: o.unit.expect("validated"),
+                name: Arc::from(format!("{domain}.override")),
+                configured_name: None,
+                replaces: Vec::new(),
+                shadow: false,
             };
-            named.override_limit = Some((requests_per_unit, unit.window().as_secs()));
+            (limit, EnvoyConfig::counter_key(domain, &d.entries))
         }
-        // A shadow limit that could never admit denies nothing: the others still count.
-        let Some(rule) = limit.rule.clone() else {
-            refused_any |= !limit.shadow;
-            planned.push(Planned::Refused(limit));
-            continue;
-        };
-        let probe = hits == 0;
-        let cost = NonZeroU64::new(hits.max(1)).expect("at least 1");
-        if cost.get() > rule.limiter.max_cost() {
-            refused_any |= !limit.shadow;
-            planned.push(Planned::Refused(limit));
-            continue;
-        }
-        let item = entries_item(rule, &bounded_key(counter), cost, named);
-        planned.push(Planned::Counted {
-            limit,
-            item: pending.len(),
-            probe,
-        });
-        pending.push(item);
+        (EnvoyMatch::NoLimit, None) => return Err(Planned::NoLimit),
+        (EnvoyMatch::Unlimited, _) => return Err(Planned::Unlimited),
+        (EnvoyMatch::Limited { limit, counter }, _) => (limit, counter),
+    };
+    if limit
+        .configured_name
+        .as_ref()
+        .is_some_and(|n| replaced.contains(n))
+    {
+        return Err(Planned::NoLimit);
     }
-    // A request that is denied already charges nothing: its counted descriptors only
-    // report (and are decided at a cost of 1, given back, to report their numbers).
+    Ok((limit, counter))
+}
+
+/// A descriptor under a limit: refused if the limit could never admit its hits, else
+/// its item is added to `items` (under the request's override, if any).
+fn plan_counted(
+    limit: EnvoyLimit,
+    counter: String,
+    hits: u64,
+    d: &EntriesInput<'_>,
+    items: &mut Vec<CheckItem>,
+) -> Planned {
+    let (limit, named) = overridden(limit, d.limit);
+    let Some(rule) = limit.rule.clone() else {
+        return Planned::Refused(limit);
+    };
+    let probe = hits == 0;
+    let cost = NonZeroU64::new(hits.max(1)).expect("at least 1");
+    if cost.get() > rule.limiter.max_cost() {
+        return Planned::Refused(limit);
+    }
+    items.push(entries_item(rule, &bounded_key(counter), cost, named));
+    Planned::Counted {
+        limit,
+        item: items.len() - 1,
+        probe,
+    }
+}
+
+/// `limit` under the request's override, if any, and the name the owner rebuilds its
+/// rule from.
+fn overridden(mut limit: EnvoyLimit, o: Option<LimitOverride>) -> (EnvoyLimit, NamedRule) {
+    let mut named = NamedRule {
+        name: limit
+            .rule
+            .as_ref()
+            .map_or_else(|| limit.name.clone(), |rule| rule.name.clone()),
+        override_limit: None,
+        inline: None,
+    };
+    if let Some(LimitOverride {
+        requests_per_unit,
+        unit: Some(unit),
+    }) = o
+    {
+        limit.requests_per_unit = requests_per_unit;
+        limit.unit = unit;
+        limit.rule = limit
+            .rule
+            .take()
+            .and_then(|base| override_rule(&base, requests_per_unit, unit));
+        named.override_limit = Some((requests_per_unit, unit.window().as_secs()));
+    }
+    (limit, named)
+}
+
+/// A request that is denied already charges nothing: its counted descriptors only
+/// report (decided at a cost of 1, given back, to report their numbers). Otherwise only
+/// the descriptors that asked to (0 hits) are probes.
+fn mark_probes(plan: &mut DomainPlan, refused_any: bool) {
     if refused_any {
-        for p in &mut planned {
+        for p in &mut plan.descriptors {
             if let Planned::Counted { probe, .. } = p {
                 *probe = true;
             }
         }
-        for item in &mut pending {
+        for item in &mut plan.items {
             item.cost = NonZeroU64::MIN;
             item.probe = true;
         }
-    } else {
-        for p in &planned {
-            if let Planned::Counted {
-                item, probe: true, ..
-            } = p
-            {
-                pending[*item].probe = true;
-            }
+        return;
+    }
+    for p in &plan.descriptors {
+        if let Planned::Counted {
+            item, probe: true, ..
+        } = p
+        {
+            plan.items[*item].probe = true;
         }
     }
-    Ok(DomainPlan {
-        descriptors: planned,
-        items: pending,
-    })
 }
 
 /// The statuses of a planned request from the router's answers to its items.

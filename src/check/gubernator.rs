@@ -46,15 +46,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithms::AlgorithmKind;
-use crate::check::domain::{MAX_COUNTER_KEY, MAX_ENTRY_BYTES};
+use crate::check::domain::bounded_key;
+use crate::check::plan::bounded;
 use crate::check::CheckError;
 use crate::cluster::{CheckItem, DescriptorOutcome, InlineRule, NamedRule};
 use crate::config::route::Route;
 use crate::config::rules::{AlgorithmSpec, CountPer, FailMode, Rule, MAX_LIMIT, MAX_WINDOW};
 
-/// Most items in one `GetRateLimits` call (Gubernator's own bound).
-pub const MAX_ITEMS: usize = 1000;
 pub use crate::cluster::{InlineRules, MAX_INLINE_RULES};
+use crate::config::bounds::Text;
+/// Most items in one `GetRateLimits` call (Gubernator's own bound).
+pub use crate::config::bounds::MAX_GUBERNATOR_ITEMS as MAX_ITEMS;
 /// The route part of every Gubernator counter: see the module docs.
 pub const GUBERNATOR_ROUTE: &str = "/gubernator";
 
@@ -154,22 +156,6 @@ fn invalid(field: &str, reason: impl Into<String>) -> CheckError {
     CheckError::invalid(field, reason)
 }
 
-fn text(field: &str, value: &str) -> Result<(), CheckError> {
-    if value.is_empty() {
-        return Err(invalid(field, "cannot be empty"));
-    }
-    if value.len() > MAX_ENTRY_BYTES {
-        return Err(invalid(
-            field,
-            format!(
-                "{} bytes is over the limit of {MAX_ENTRY_BYTES}",
-                value.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// The window of a calendar unit (Gubernator's `GregorianMinutes` … `GregorianYears`),
 /// for the units that are aligned windows of a fixed length in UTC.
 fn gregorian(unit: i64) -> Result<u64, CheckError> {
@@ -241,12 +227,11 @@ pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
 /// The counter key of (name, unique_key): length-prefixed, so no two pairs collide, and
 /// bounded like every counter key.
 fn counter_key(name: &str, unique_key: &str) -> String {
-    let key = format!("{}:{name}{}:{unique_key}", name.len(), unique_key.len());
-    if key.len() <= MAX_COUNTER_KEY {
-        key
-    } else {
-        format!("#{:032x}", xxhash_rust::xxh3::xxh3_128(key.as_bytes()))
-    }
+    bounded_key(format!(
+        "{}:{name}{}:{unique_key}",
+        name.len(),
+        unique_key.len()
+    ))
 }
 
 /// The item for a Gubernator counter under an inline rule: what the sender plans and
@@ -269,8 +254,33 @@ pub fn plan_item(
     input: &RateLimitInput<'_>,
     known: &InlineRules,
 ) -> Result<PlannedItem, CheckError> {
-    text("name", input.name)?;
-    text("unique_key", input.unique_key)?;
+    bounded(Text::Entry, input.name, || "name".into())?;
+    bounded(Text::Entry, input.unique_key, || "unique_key".into())?;
+    let (algorithm, inline) = validated_rule(input)?;
+    let rule = known
+        .rule(&inline, inline_rule)
+        .map_err(|reason| invalid("limit", reason))?;
+    let charge = charge(input, algorithm, rule.limiter.max_cost());
+    let mut item = inline_item(
+        rule,
+        &counter_key(input.name, input.unique_key),
+        charge.cost,
+        inline,
+    );
+    item.peek = charge.probe;
+    item.give_back = charge.give_back;
+    item.drain = charge.drain;
+    Ok(PlannedItem {
+        item,
+        over_anyway: charge.over_anyway,
+        limit: input.limit,
+    })
+}
+
+/// The item's algorithm and the numbers of its inline rule, each validated.
+fn validated_rule(
+    input: &RateLimitInput<'_>,
+) -> Result<(GubernatorAlgorithm, InlineRule), CheckError> {
     let algorithm = GubernatorAlgorithm::of(input.algorithm).ok_or_else(|| {
         invalid(
             "algorithm",
@@ -286,12 +296,11 @@ pub fn plan_item(
             format!("{:#x} has flags Gubernator does not define", input.behavior),
         ));
     }
-    let has = |flag: i32| input.behavior & flag != 0;
     if input.limit < 1 || input.limit as u64 > MAX_LIMIT {
         return Err(invalid("limit", format!("must be 1..={MAX_LIMIT}")));
     }
     let limit = input.limit as u64;
-    let window_ms = if has(behavior::DURATION_IS_GREGORIAN) {
+    let window_ms = if input.behavior & behavior::DURATION_IS_GREGORIAN != 0 {
         gregorian(input.duration)?
     } else if input.duration < 1 || input.duration as u128 > MAX_WINDOW.as_millis() {
         return Err(invalid(
@@ -327,10 +336,23 @@ pub fn plan_item(
             }
         }
     };
-    let rule = known
-        .rule(&inline, inline_rule)
-        .map_err(|reason| invalid("limit", reason))?;
-    let capacity = rule.limiter.max_cost();
+    Ok((algorithm, inline))
+}
+
+/// What an item does to its counter, from its hits and behaviours.
+struct Charge {
+    cost: NonZeroU64,
+    /// Report, change nothing (after any give-back).
+    probe: bool,
+    /// OVER_LIMIT whatever the counter says.
+    over_anyway: bool,
+    give_back: Option<NonZeroU64>,
+    drain: bool,
+}
+
+/// The charge of an item whose counter holds at most `capacity`.
+fn charge(input: &RateLimitInput<'_>, algorithm: GubernatorAlgorithm, capacity: u64) -> Charge {
+    let has = |flag: i32| input.behavior & flag != 0;
     let reset = has(behavior::RESET_REMAINING);
     let drain = has(behavior::DRAIN_OVER_LIMIT);
     // Gubernator's token bucket answers a reset with the full budget, ignoring hits.
@@ -356,21 +378,13 @@ pub fn plan_item(
         }
         (1, true, false)
     };
-    let cost = NonZeroU64::new(cost).expect("at least 1");
-    let mut item = inline_item(
-        rule,
-        &counter_key(input.name, input.unique_key),
-        cost,
-        inline,
-    );
-    item.peek = probe;
-    item.give_back = give_back;
-    item.drain = drain && !probe;
-    Ok(PlannedItem {
-        item,
+    Charge {
+        cost: NonZeroU64::new(cost).expect("at least 1"),
+        probe,
         over_anyway,
-        limit: input.limit,
-    })
+        give_back,
+        drain: drain && !probe,
+    }
 }
 
 /// Gubernator's answer for a planned item from the router's outcome.

@@ -9,6 +9,8 @@
 //! - [`plan`]: validation with field paths named by the front end ([`FieldNames`]),
 //!   rule matching, and each counter's identity, computed once.
 //! - [`verdict`]: the pure combination of descriptor answers into the overall verdict.
+//! - [`forwarded`]: what a peer forwards (checks, refunds), re-planned by the owner with
+//!   the same code.
 //! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
 //!   is invalid) and has the cluster decide it.
 //!
@@ -18,6 +20,7 @@
 //! which carry their rule, so neither needs a new path below planning.
 
 pub mod domain;
+pub mod forwarded;
 pub mod gubernator;
 pub mod plan;
 pub mod verdict;
@@ -99,10 +102,7 @@ impl CheckError {
 /// The label is bounded by the rule set (fail-open stand-ins count under their rule).
 fn count_shadow_denials(verdict: &Verdict) {
     for d in verdict.descriptors.iter().filter(|d| d.shadow_denied()) {
-        let name = d.item.rule.name.as_ref();
-        let rule = name
-            .split_once(crate::config::rules::FALLBACK_SUFFIX)
-            .map_or(name, |(base, _)| base);
+        let rule = d.item.rule.base_name();
         metrics::counter!("ringlimit_shadow_denials_total", "rule" => rule.to_string())
             .increment(1);
     }
@@ -173,16 +173,8 @@ impl Checker {
         let items = plan.items.iter().cloned().collect();
         let mut verdicts = self.decide(smallvec::smallvec![items]).await?;
         let verdict = verdicts.pop().expect("one verdict per check");
-        let me = self.router.me();
-        if let Some(i) = verdict
-            .descriptors
-            .iter()
-            .position(|d| crate::cluster::policy::is_fail_closed(&d.answer, me))
-        {
-            return Err(CheckError::Unavailable {
-                descriptor: plan.request_index(i),
-                rule: verdict.descriptors[i].item.rule.name.to_string(),
-            });
+        if let Some(error) = self.unavailable(&verdict, |i| plan.request_index(i)) {
+            return Err(error);
         }
         Ok(domain::domain_verdict(plan, &verdict.descriptors))
     }
@@ -219,23 +211,38 @@ impl Checker {
             self.decide(checks).await?
         }
         .into_iter();
-        let me = self.router.me();
         Ok(planned
             .into_iter()
             .enumerate()
             .map(|(i, p)| {
                 let p = p?;
                 let verdict = verdicts.next().expect("one verdict per valid item");
-                let outcome = &verdict.descriptors[0];
-                if crate::cluster::policy::is_fail_closed(&outcome.answer, me) {
-                    return Err(CheckError::Unavailable {
-                        descriptor: i,
-                        rule: outcome.item.rule.name.to_string(),
-                    });
+                if let Some(error) = self.unavailable(&verdict, |_| i) {
+                    return Err(error);
                 }
-                Ok(gubernator::status(&p, outcome))
+                Ok(gubernator::status(&p, &verdict.descriptors[0]))
             })
             .collect())
+    }
+
+    /// The refusal of a check one of whose descriptors' owner could not be reached
+    /// under a rule that fails closed (said as `UNAVAILABLE` by the front ends whose
+    /// callers have a failure mode of their own); `index` maps the verdict's descriptor
+    /// to its place in the request.
+    fn unavailable(
+        &self,
+        verdict: &Verdict,
+        index: impl FnOnce(usize) -> usize,
+    ) -> Option<CheckError> {
+        let me = self.router.me();
+        let i = verdict
+            .descriptors
+            .iter()
+            .position(|d| crate::cluster::policy::is_fail_closed(&d.answer, me))?;
+        Some(CheckError::Unavailable {
+            descriptor: index(i),
+            rule: verdict.descriptors[i].item.rule.name.to_string(),
+        })
     }
 
     /// The cluster as this node sees it (members, ring), for the read-only topology

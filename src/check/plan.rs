@@ -20,17 +20,12 @@ use crate::cluster::CheckItem;
 use crate::config::route::Route;
 use crate::config::rules::RuleSet;
 
-/// Longest client key accepted, in bytes. Keys are part of every counter's identity; a
-/// bound keeps one caller from spending the node's memory or hashing time on key bytes.
-pub const MAX_KEY_BYTES: usize = 256;
-/// Longest tier name accepted, in bytes.
-pub const MAX_TIER_BYTES: usize = 64;
-/// Descriptors per check, the request's own (key, route) included.
-pub const MAX_DESCRIPTORS: usize = 8;
-/// Checks per batch call.
-pub const MAX_BATCH: usize = 1000;
-/// Largest cost accepted at all (a rule may admit less: see `Limiter::max_cost`).
-pub const MAX_COST: i64 = 1_000_000_000;
+use crate::config::bounds::{self, Text};
+/// The bounds a check's input is held to, defined once for every front end and the
+/// peer face (`config::bounds`).
+pub use crate::config::bounds::{
+    MAX_BATCH, MAX_COST, MAX_DESCRIPTORS, MAX_KEY_BYTES, MAX_TIER_BYTES,
+};
 
 /// A field of one descriptor that validation can refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,16 +188,12 @@ fn validated(
 }
 
 fn parse_key(key: &str, name: impl Fn(Leaf) -> String) -> Result<(), CheckError> {
-    if key.is_empty() {
-        return Err(CheckError::invalid(name(Leaf::Key), "must not be empty"));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(CheckError::invalid(
-            name(Leaf::Key),
-            format!("{} bytes is over the limit of {MAX_KEY_BYTES}", key.len()),
-        ));
-    }
-    Ok(())
+    bounded(Text::Key, key, || name(Leaf::Key))
+}
+
+/// Check one bounded text of kind `kind`, naming the field (built only on a refusal).
+pub fn bounded(kind: Text, value: &str, field: impl FnOnce() -> String) -> Result<(), CheckError> {
+    bounds::text(kind, value).map_err(|e| CheckError::invalid(field(), e.to_string()))
 }
 
 fn parse_route<'a>(text: &'a str, name: impl Fn(Leaf) -> String) -> Result<Route<'a>, CheckError> {
@@ -219,11 +210,7 @@ fn parse_tier(
             name(Leaf::Tier),
             "must not be empty when set",
         )),
-        Some(t) if t.len() > MAX_TIER_BYTES => Err(CheckError::invalid(
-            name(Leaf::Tier),
-            format!("{} bytes is over the limit of {MAX_TIER_BYTES}", t.len()),
-        )),
-        Some(t) => Ok(Some(t)),
+        Some(t) => bounded(Text::Tier, t, || name(Leaf::Tier)).map(|()| Some(t)),
     }
 }
 

@@ -7,14 +7,14 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// An answer: status, headers (names lower-cased), body.
-pub struct Answer {
+/// The ops port's response to one request: status, headers (names lower-cased), body.
+pub struct OpsResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
 }
 
-impl Answer {
+impl OpsResponse {
     /// The first header called `name` (lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
@@ -39,7 +39,7 @@ pub async fn request(
     path: &str,
     headers: &[(&str, String)],
     body: Option<&[u8]>,
-) -> anyhow::Result<Answer> {
+) -> anyhow::Result<OpsResponse> {
     let host = addr
         .strip_prefix("http://")
         .unwrap_or(addr)
@@ -68,7 +68,7 @@ pub async fn request(
     parse(&raw).with_context(|| format!("malformed HTTP answer from {host}"))
 }
 
-fn parse(raw: &[u8]) -> anyhow::Result<Answer> {
+fn parse(raw: &[u8]) -> anyhow::Result<OpsResponse> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -91,7 +91,7 @@ fn parse(raw: &[u8]) -> anyhow::Result<Answer> {
     if chunked {
         body = dechunk(&body).context("bad chunked body")?;
     }
-    Ok(Answer {
+    Ok(OpsResponse {
         status,
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::algorithms::{Implausible, Millis};
 use crate::clock::Clock;
-use crate::cluster::forward::PeerPool;
+use crate::cluster::link::PeerPool;
 use crate::cluster::Inherited;
 use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;
@@ -34,7 +34,7 @@ use crate::shard::{Exported, NewOwner, Shards};
 /// States per `Install` call: the sender pushes at most this many at once and the
 /// receiver refuses a call with more, so one call cannot make a node hold (or validate)
 /// an unbounded number of states. Equal to the public batch maximum.
-pub const MAX_INSTALL_STATES: usize = crate::check::plan::MAX_BATCH;
+pub use crate::config::bounds::MAX_INSTALL_STATES;
 
 /// How far ahead of the receiver's clock a handed-over state's window or timestamps may
 /// be, in ms (see "Clock skew at a handoff" in `docs/ownership.md`). Members' clocks are

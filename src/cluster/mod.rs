@@ -5,23 +5,27 @@
 //!   answered from the deny cache or sent to their owner; fail-open and fail-closed
 //!   answers; which admissions to refund where). Unit-tested without sockets.
 //! - [`router`]: the one async step around that policy: shards and forwards.
-//! - [`forward`]: the peer client adapter (one batched HTTP/2 channel per peer). With
-//!   the peer server adapter in `server::peer`, it is the only code here that sees
-//!   prost types; everything else speaks the domain types below.
+//! - [`link`]: the peer client adapter (one batched HTTP/2 channel per peer): state
+//!   machines with no I/O inside and a thin tonic shell around them. With the peer
+//!   server adapter in `server::peer`, it is the only code here that sees prost types;
+//!   everything else speaks the domain types below.
 //! - [`handoff`]: pushes state to new owners on ring changes.
 //! - [`deny_cache`]: "denied until T", answered without a hop.
 //! - [`rules`]: the rule set as cluster state: versioned, written through the API,
 //!   copied between members over the peer face, persisted.
+//! - [`rules_edit`]: a rules write as it travels (what `rules` applies and `link`
+//!   carries), so neither of those two imports the other for it.
 //!
 //! Dependencies point down: `shard`, `membership`, `ring`, `config`, `clock`,
 //! `algorithms`; nothing here knows a front end.
 
 pub mod deny_cache;
-pub mod forward;
 pub mod handoff;
+pub mod link;
 pub mod policy;
 pub mod router;
 pub mod rules;
+pub mod rules_edit;
 
 use std::num::NonZeroU64;
 use std::sync::Arc;

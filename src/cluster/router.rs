@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::algorithms::Millis;
 use crate::clock::Clock;
 use crate::cluster::deny_cache::DenyCache;
-use crate::cluster::forward::PeerPool;
+use crate::cluster::link::PeerPool;
 use crate::cluster::policy::{self, Fallback, Origin, Routing};
 use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::Rule;
@@ -26,7 +26,7 @@ use crate::shard::{Charge, ShardError, Shards};
 /// The owners' answers to one check's forwarded descriptors, in plan order: inline for
 /// one (a unary check's usual case).
 type Remotes =
-    smallvec::SmallVec<[Result<crate::cluster::Remote, crate::cluster::forward::ForwardError>; 1]>;
+    smallvec::SmallVec<[Result<crate::cluster::Remote, crate::cluster::link::ForwardError>; 1]>;
 
 /// How long ranges inherited from a dead node are remembered for counting resets.
 const INHERITED_MEMORY_MS: u64 = 10 * 60 * 1000;

@@ -42,11 +42,12 @@ use arc_swap::ArcSwap;
 use tokio::sync::{watch, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::forward::{PeerPool, PulledRules, RemoteWriteError};
+use crate::cluster::link::{PeerPool, PulledRules, RemoteWriteError};
+pub use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::{
     best_source, store, Advert, DocEnvoy, EnvoyAdvert, RuleSet, RulesDoc, RulesError, RulesSource,
-    Stamp, StoreError, TierLimit,
+    Stamp, StoreError,
 };
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Member, MemberValues};
@@ -60,32 +61,6 @@ pub const COORDINATOR_KEY: &[u8] = b"ringlimit/rules";
 /// members come and go. `None` with an empty ring.
 pub fn coordinator(view: &ClusterView) -> Option<&Member> {
     view.owner_of_placement(Ring::key_hash(COORDINATOR_KEY))
-}
-
-/// One change to the rule document, as the API expresses it. It travels to the
-/// coordinator as an edit, not as a finished document, so it applies to the
-/// coordinator's copy: two edits of different tiers made on two nodes both survive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RulesEdit {
-    /// `PUT /v1/rules`: the whole document.
-    Replace(RulesDoc),
-    /// `PUT /v1/limits/{tier}`: create or replace one tier rule.
-    PutTierLimit {
-        /// The tier.
-        tier: String,
-        /// The rule.
-        limit: TierLimit,
-    },
-    /// `DELETE /v1/limits/{tier}?route_pattern=…`.
-    DeleteTierLimit {
-        /// The tier.
-        tier: String,
-        /// The route pattern; `None`: the tier's rule without a route.
-        route: Option<String>,
-    },
-    /// `PUT /v1/rules/envoy`: replace the `[envoy]` section (`None`: remove it), keeping
-    /// every TOML rule as the coordinator has it.
-    ReplaceEnvoy(Option<DocEnvoy>),
 }
 
 impl RulesEdit {
@@ -131,37 +106,6 @@ impl RulesEdit {
             }
         }
     }
-}
-
-/// What an accepted write did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
-    /// The version and digest in force after it (on the coordinator).
-    pub stamp: Stamp,
-    /// False when the document was already the one in force (nothing changed).
-    pub changed: bool,
-    /// For a tier rule written: its name.
-    pub rule: Option<String>,
-    /// The node that ordered the write.
-    pub coordinator: String,
-}
-
-/// The kinds of refusal a write can get, wherever it was decided: what the edges map to
-/// HTTP and gRPC codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// The files are the truth.
-    ReadOnly,
-    /// `If-Match` names an old version.
-    Stale,
-    /// The resulting document is invalid.
-    Invalid,
-    /// No such tier rule.
-    NotFound,
-    /// The coordinator cannot take writes now, or did not answer (503).
-    Unavailable,
-    /// Persisting failed, or the version cannot grow.
-    Internal,
 }
 
 /// The gossip key-value carrying a node's [`Advert`].
@@ -820,6 +764,7 @@ pub fn hex(digest: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::rules::TierLimit;
 
     const A: &str = "[[rule]]\nname = \"a\"\ntier = \"free\"\nlimit = 5\nwindow = \"1m\"\n";
 
@@ -923,7 +868,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_whose_coordinator_does_not_answer_says_its_outcome_is_unknown() {
-        use crate::cluster::forward::ForwardConfig;
+        use crate::cluster::link::ForwardConfig;
         use crate::membership::Member;
         let member = |id: &str, port: u16| Member {
             node_id: id.to_string(),

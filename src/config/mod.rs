@@ -2,6 +2,7 @@
 //! [`route`], the route syntax rules and requests share. How a node starts lives with
 //! the composition root (`node::config`), so nothing here imports a subsystem.
 
+pub mod bounds;
 pub mod route;
 pub mod rules;
 

@@ -29,14 +29,8 @@
 
 use std::fmt;
 
-/// Longest accepted method token; real HTTP methods are at most 7 letters, custom ones rarely
-/// longer, and a bound keeps hostile input from growing keys.
-pub const MAX_METHOD_LEN: usize = 16;
-
-/// Longest accepted path in bytes, query string included. The route as sent travels to the
-/// key's owner and back in the answer, and a `per = "route"` rule counts by its path, so an
-/// unbounded one would let one caller inflate every node's memory and traffic.
-pub const MAX_PATH_LEN: usize = 256;
+/// The route bounds, defined with every other input bound.
+pub use super::bounds::{MAX_METHOD_LEN, MAX_PATH_LEN};
 
 /// How much of an offending input an error quotes back; the input may be megabytes of junk.
 const QUOTE_LIMIT: usize = 80;

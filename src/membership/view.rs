@@ -146,8 +146,8 @@ pub fn build_view(live: impl IntoIterator<Item = LiveNode>) -> ClusterView {
 ///    of its member in `previous`, if an incarnation at that address is still live;
 ///    otherwise the address of its lowest live generation (ties broken by address).
 ///    A live incarnation of the id at any other address is refused and logged at warn:
-///    a second process claiming an existing node's id (a higher generation used to
-///    take over that node's ring share) does not get it. A node that moved (a
+///    a second process claiming an existing node's id does not get that node's
+///    ring share, whatever generation it claims. A node that moved (a
 ///    rescheduled pod on a new address) is refused while its old incarnation is still
 ///    live and adopted as soon as the failure detector drops the old one (about 1 s),
 ///    because the home is only ever an address that is live now. A node's own id is

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::algorithms::AlgorithmKind;
-use crate::cluster::forward::ForwardConfig;
+use crate::cluster::link::ForwardConfig;
 use crate::membership::MembershipConfig;
 use crate::shard::ShardConfig;
 
@@ -312,8 +312,8 @@ impl NodeConfig {
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// What one client can make the gRPC listener hold. Each bound answers one way a single
-/// client exhausted a node (issue 10): thousands of streams on one connection, never
-/// finished requests, dead or silent peers, an fd-limit spin. The defaults and their
+/// client can exhaust a node: thousands of streams on one connection, never finished
+/// requests, dead or silent peers, an fd-limit spin. The defaults and their
 /// reasons are in README "Flags and metrics".
 #[derive(Debug, Clone)]
 pub struct GrpcLimits {

@@ -35,7 +35,7 @@ pub const DEFAULT_MAX_UNSENT_ANSWER_ITEMS: u32 = 262_144;
 /// carries the most descriptors. A larger call is invalid and refused as such by the
 /// check layer, so it never needs more than this; the budget must hold at least this.
 pub const MAX_ITEMS_PER_CALL: usize =
-    crate::check::plan::MAX_BATCH * (1 + crate::check::plan::MAX_DESCRIPTORS);
+    crate::config::bounds::MAX_BATCH * (1 + crate::config::bounds::MAX_DESCRIPTORS);
 
 /// The node-wide budget of unsent bulk-answer items (module docs).
 #[derive(Debug, Clone)]

@@ -13,13 +13,12 @@
 //!   Envoy to add `Retry-After` (on OVER_LIMIT, seconds rounded up) and the IETF
 //!   `RateLimit-Policy` / `RateLimit` fields, which Envoy cannot render itself.
 
-use std::time::Instant;
-
-use metrics::Histogram;
 use tonic::{Request, Response, Status};
 
+use super::front::Front;
+
 use crate::check::{
-    Checker, DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride,
+    CheckError, Checker, DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride,
 };
 use crate::config::rules::envoy::EnvoyUnit;
 use crate::proto::envoy::config::core::v3::HeaderValue;
@@ -34,7 +33,7 @@ use crate::proto::envoy::service::ratelimit::v3::{
 pub struct EnvoyRlsService {
     checker: Checker,
     headers: bool,
-    latency: Histogram,
+    front: Front,
 }
 
 impl EnvoyRlsService {
@@ -44,7 +43,7 @@ impl EnvoyRlsService {
         Self {
             checker,
             headers: false,
-            latency: metrics::histogram!("ringlimit_envoy_rls_duration_seconds"),
+            front: Front::new("ringlimit_envoy_rls_duration_seconds"),
         }
     }
 
@@ -199,11 +198,12 @@ impl rate_limit_service_server::RateLimitService for EnvoyRlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let started = Instant::now();
         let request = request.into_inner();
-        let verdict = self.checker.check_domain(&input(&request)).await?;
-        self.latency.record(started.elapsed().as_secs_f64());
-        Ok(Response::new(response(&verdict, self.headers)))
+        let decide = async {
+            let verdict = self.checker.check_domain(&input(&request)).await?;
+            Ok::<_, CheckError>(response(&verdict, self.headers))
+        };
+        self.front.answer(decide).await
     }
 }
 

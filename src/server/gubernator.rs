@@ -12,12 +12,10 @@
 //! - served only with `serve --gubernator`: every request defines its own limit
 //!   (docs/security.md).
 
-use std::time::Instant;
-
-use metrics::Histogram;
 use tonic::{Request, Response, Status};
 
-use super::answer_budget::{over_budget, AnswerBudget};
+use super::answer_budget::AnswerBudget;
+use super::front::Front;
 use crate::check::gubernator::{RateLimitInput, RateLimitStatus};
 use crate::check::{CheckError, Checker};
 use crate::membership::ClusterView;
@@ -30,8 +28,7 @@ use crate::proto::gubernator::{
 #[derive(Debug, Clone)]
 pub struct GubernatorService {
     checker: Checker,
-    latency: Histogram,
-    answers: AnswerBudget,
+    front: Front,
 }
 
 impl GubernatorService {
@@ -39,15 +36,14 @@ impl GubernatorService {
     pub fn new(checker: Checker) -> Self {
         Self {
             checker,
-            latency: metrics::histogram!("ringlimit_gubernator_duration_seconds"),
-            answers: AnswerBudget::default(),
+            front: Front::new("ringlimit_gubernator_duration_seconds"),
         }
     }
 
     /// Share `answers`, the node-wide budget of unsent bulk answers
     /// ([`super::answer_budget`]), with the node's other bulk front ends.
     pub fn with_answer_budget(mut self, answers: AnswerBudget) -> Self {
-        self.answers = answers;
+        self.front = self.front.with_answer_budget(answers);
         self
     }
 }
@@ -103,22 +99,15 @@ impl v1_server::V1 for GubernatorService {
         &self,
         request: Request<GetRateLimitsReq>,
     ) -> Result<Response<GetRateLimitsResp>, Status> {
-        let started = Instant::now();
         let request = request.into_inner();
-        // Before anything is decided: over budget, nothing is charged.
-        let items = request.requests.len();
-        let held = self
-            .answers
-            .try_hold(items)
-            .ok_or_else(|| over_budget(items, &self.answers))?;
-        let inputs: Vec<RateLimitInput<'_>> = request.requests.iter().map(input).collect();
-        let answers = self.checker.check_gubernator(&inputs).await?;
-        self.latency.record(started.elapsed().as_secs_f64());
-        let mut answer = Response::new(GetRateLimitsResp {
-            responses: answers.into_iter().map(response).collect(),
-        });
-        answer.extensions_mut().insert(held);
-        Ok(answer)
+        let decide = async {
+            let inputs: Vec<RateLimitInput<'_>> = request.requests.iter().map(input).collect();
+            let answers = self.checker.check_gubernator(&inputs).await?;
+            Ok::<_, CheckError>(GetRateLimitsResp {
+                responses: answers.into_iter().map(response).collect(),
+            })
+        };
+        self.front.bulk_answer(request.requests.len(), decide).await
     }
 
     async fn health_check(

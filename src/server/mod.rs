@@ -2,7 +2,8 @@
 //! back, and nothing else.
 //!
 //! - [`ringlimit_v1`]: the public `ringlimit.v1.RateLimiter` (`Check`, `CheckBatch`),
-//!   over the wire-independent [`crate::check::Checker`].
+//!   over the wire-independent [`crate::check::Checker`]; its hand-written wire codec is
+//!   [`ringlimit_v1_wire`].
 //! - [`envoy_rls`]: Envoy's `envoy.service.ratelimit.v3.RateLimitService`
 //!   (`ShouldRateLimit`), over the same checker's domain checks.
 //! - [`gubernator`]: Gubernator's `pb.gubernator.V1` (`GetRateLimits`, `HealthCheck`),
@@ -11,6 +12,8 @@
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
 //! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
 //!   owners and the rules API (admin token for writes).
+//! - [`front`]: what every public front end does around its mapping (timing, the
+//!   answer budget).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
 //!   body `INVALID_ARGUMENT` rather than tonic-prost's `INTERNAL`.
 //!
@@ -22,11 +25,13 @@ pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod envoy_rls;
+pub mod front;
 pub mod gubernator;
 pub mod ops;
 pub mod peer;
 pub mod peer_auth;
 pub mod ringlimit_v1;
+pub mod ringlimit_v1_wire;
 
 use crate::check::CheckError;
 use crate::shard::ShardError;

@@ -2,29 +2,25 @@
 //!
 //! Decodes forwarded checks, refunds and handed-over state into domain types, has the
 //! check layer validate them and the cluster wing decide them, and encodes the answers.
-//! With `cluster::forward` (the client side), the only code that sees peer prost types.
+//! With `cluster::link` (the client side), the only code that sees peer prost types.
+//! Serving a `ForwardStream` (how much of it is taken on, and its answers as a response
+//! body) is in `peer/stream.rs` ([`ForwardAnswers`], [`Intake`]).
 
 use std::sync::Arc;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::algorithms::Implausible;
 use crate::algorithms::{AlgorithmKind, KeyState};
-use crate::check::domain::{entries_item, named_rule, MAX_COUNTER_KEY};
-use crate::check::gubernator::{inline_item, inline_rule};
-use crate::check::plan::MAX_COST;
-use crate::check::plan::{plan_forwarded, MAX_BATCH};
-use crate::check::{CheckError, DescriptorInput, Leaf};
-use crate::cluster::handoff::{self, MAX_INSTALL_STATES};
+use crate::check::forwarded::{self, at_most, ForwardedInput, InlineInput, NamedInput, OwnerRules};
+use crate::check::gubernator::inline_rule;
+use crate::check::CheckError;
+use crate::cluster::handoff;
 use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
-use crate::cluster::{forward, policy, CheckItem, Router};
-use crate::cluster::{InlineRule, InlineRules, NamedRule};
+use crate::cluster::{link, policy, CheckItem, Router};
+use crate::cluster::{InlineRule, InlineRules};
+use crate::config::bounds::{MAX_FORWARD_ITEMS, MAX_INSTALL_STATES};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
 use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit};
@@ -33,165 +29,84 @@ use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::InlineRule as WireInline;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardRequest, ForwardResponse, InstallRequest,
-    InstallResponse, KeyState as WireState, MemberStatus, RefundRequest, RefundResponse,
-    RulesRequest, RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest,
-    WriteRulesResponse,
+    ForwardAnswer, ForwardCall, ForwardItem, ForwardOutcome, ForwardRequest, ForwardResponse,
+    InstallRequest, InstallResponse, KeyState as WireState, MemberStatus, RefundItem,
+    RefundRequest, RefundResponse, RulesRequest, RulesResponse, StatusRequest, StatusResponse,
+    WriteRulesRequest, WriteRulesResponse,
 };
 use crate::shard::{Exported, KeyId, Refund};
-use std::num::NonZeroU64;
 
-/// Plan one forwarded (or refunded) item, named `items[i]` in errors. An item with a
-/// named rule (an Envoy descriptor) takes that rule from the Envoy configuration, and its
-/// key is the counter key its sender computed.
-#[allow(clippy::too_many_arguments)]
-fn plan_item(
-    key: &str,
-    route: &str,
-    tier: Option<&str>,
-    cost: u64,
-    named: Option<&WireNamed>,
-    rules: &RuleSet,
-    envoy: &EnvoyConfig,
-    known: &InlineRules,
-    index: usize,
-) -> Result<CheckItem, CheckError> {
-    if let Some(inline) = named.and_then(|n| n.inline.as_ref()) {
-        return plan_inline(key, cost, inline, index, known);
+mod stream;
+pub use stream::{ForwardAnswers, Intake, STREAM_IN_FLIGHT};
+
+/// A rule named on the wire, as the check layer's input.
+fn named_input(wire: &WireNamed) -> NamedInput<'_> {
+    NamedInput {
+        name: &wire.name,
+        override_limit: wire.override_limit,
+        override_unit_seconds: wire.override_unit_seconds,
+        inline: wire.inline.as_ref().map(inline_input),
     }
-    if let Some(wire) = named {
-        let named = NamedRule {
-            name: Arc::from(wire.name.as_str()),
-            override_limit: (wire.override_limit != 0 || wire.override_unit_seconds != 0)
-                .then_some((wire.override_limit, wire.override_unit_seconds)),
-            inline: None,
-        };
-        let rule = named_rule(envoy, &named).ok_or_else(|| {
-            CheckError::invalid(
-                format!("items[{index}].named.name"),
-                format!("no Envoy rule {:?} (with this override) here", wire.name),
-            )
-        })?;
-        if key.is_empty() || key.len() > MAX_COUNTER_KEY {
-            return Err(CheckError::invalid(
-                format!("items[{index}].key"),
-                format!("must be 1..={MAX_COUNTER_KEY} bytes"),
-            ));
-        }
-        let cost = NonZeroU64::new(cost.min(MAX_COST as u64))
-            .ok_or_else(|| CheckError::invalid(format!("items[{index}].cost"), "must be >= 1"))?;
-        return Ok(entries_item(rule, key, cost, named));
-    }
-    let input = DescriptorInput {
-        key,
-        route,
-        tier,
-        // A cost beyond i64 is beyond any limit too: refused the same way.
-        cost: Some(i64::try_from(cost).unwrap_or(i64::MAX)),
-    };
-    plan_forwarded(&input, rules, |leaf: Leaf| {
-        format!("items[{index}].{}", leaf.as_str())
-    })
 }
 
-/// A forwarded item under a rule its request carried (Gubernator): the rule is rebuilt
-/// from the numbers, bounded like any input (the sender is a member, but its numbers
-/// are still input), and never looked up in this node's rules.
-fn plan_inline(
-    key: &str,
-    cost: u64,
-    wire: &WireInline,
-    index: usize,
-    known: &InlineRules,
-) -> Result<CheckItem, CheckError> {
-    let inline = decode_inline(wire).ok_or_else(|| {
-        CheckError::invalid(
-            format!("items[{index}].named.inline.algorithm"),
-            format!("{:?} is not an algorithm", wire.algorithm),
-        )
-    })?;
-    let rule = known
-        .forwarded(&inline, inline_rule)
-        .map_err(|reason| CheckError::invalid(format!("items[{index}].named.inline"), reason))?;
-    if key.is_empty() || key.len() > MAX_COUNTER_KEY {
-        return Err(CheckError::invalid(
-            format!("items[{index}].key"),
-            format!("must be 1..={MAX_COUNTER_KEY} bytes"),
-        ));
+/// The numbers of a wire inline rule, as the check layer's input.
+fn inline_input(wire: &WireInline) -> InlineInput<'_> {
+    InlineInput {
+        algorithm: &wire.algorithm,
+        limit: wire.limit,
+        window_ms: wire.window_ms,
+        burst: wire.burst,
     }
-    let cost = NonZeroU64::new(cost)
-        .filter(|c| c.get() <= rule.limiter.max_cost())
-        .ok_or_else(|| {
-            CheckError::invalid(
-                format!("items[{index}].cost"),
-                format!("must be 1..={}", rule.limiter.max_cost()),
-            )
-        })?;
-    Ok(inline_item(rule, key, cost, inline))
 }
 
 /// The numbers of a wire inline rule; `None` for an algorithm this node does not know.
 fn decode_inline(wire: &WireInline) -> Option<InlineRule> {
-    Some(InlineRule {
-        kind: AlgorithmKind::parse(&wire.algorithm)?,
-        limit: wire.limit,
-        window_ms: wire.window_ms,
-        burst: wire.burst,
-    })
+    inline_input(wire).numbers()
 }
 
-/// Refuse a call whose list `field` holds more than `max` entries, before any of them is
-/// looked at: one call must not make a node decide, refund or hold an unbounded amount.
-fn at_most(field: &str, given: usize, max: usize) -> Result<(), CheckError> {
-    if given > max {
-        return Err(CheckError::invalid(
-            field,
-            format!("{given} {field} in one call; at most {max} are allowed"),
-        ));
+/// A forwarded item as the check layer's input.
+fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
+    ForwardedInput {
+        key: &item.key,
+        route: &item.route,
+        tier: item.tier.as_deref(),
+        cost: item.cost,
+        named: item.named.as_ref().map(named_input),
+        give_back: item.give_back,
+        drain: item.drain,
+        peek: item.peek,
     }
-    Ok(())
 }
 
-/// A forwarded batch as checks ready for the owner's shards: at most [`MAX_BATCH`]
-/// items, each validated like a client's descriptor (key, route, tier, cost). Any
-/// invalid item refuses the whole batch, and nothing is decided.
+/// A refunded item as the check layer's input, with the time of its admission.
+fn refund_input(item: &RefundItem) -> (ForwardedInput<'_>, u64) {
+    let input = ForwardedInput {
+        key: &item.key,
+        route: &item.route,
+        tier: item.tier.as_deref(),
+        cost: item.cost,
+        named: item.named.as_ref().map(named_input),
+        give_back: 0,
+        drain: false,
+        peek: false,
+    };
+    (input, item.at)
+}
+
+/// A forwarded batch as checks ready for the owner's shards, planned by the check layer
+/// ([`forwarded::plan_batch`]): any invalid item refuses the whole batch.
 pub(crate) fn plan_forward(
     request: &ForwardRequest,
     rules: &RuleSet,
     envoy: &EnvoyConfig,
     known: &InlineRules,
 ) -> Result<Vec<CheckItem>, CheckError> {
-    at_most("items", request.items.len(), MAX_BATCH)?;
-    request
-        .items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let mut planned = plan_item(
-                &item.key,
-                &item.route,
-                item.tier.as_deref(),
-                item.cost,
-                item.named.as_ref(),
-                rules,
-                envoy,
-                known,
-                i,
-            )?;
-            // A give-back or a drain changes a counter beyond a check: only for a rule
-            // a request carried, whose caller chose its numbers anyway.
-            if (item.give_back != 0 || item.drain || item.peek) && !planned.uncached {
-                return Err(CheckError::invalid(
-                    format!("items[{i}].give_back"),
-                    "a give-back, a drain or a peek is for an inline rule only",
-                ));
-            }
-            planned.give_back = NonZeroU64::new(item.give_back);
-            planned.drain = item.drain;
-            planned.peek = item.peek;
-            Ok(planned)
-        })
-        .collect()
+    let owner = OwnerRules {
+        rules,
+        envoy,
+        known,
+    };
+    forwarded::plan_batch(request.items.iter().map(forwarded_input), owner)
 }
 
 /// A refund call as refunds for the shards, with the same bounds as [`plan_forward`].
@@ -201,29 +116,12 @@ pub(crate) fn plan_refund(
     envoy: &EnvoyConfig,
     known: &InlineRules,
 ) -> Result<Vec<Refund>, CheckError> {
-    at_most("items", request.items.len(), MAX_BATCH)?;
-    request
-        .items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let planned = plan_item(
-                &item.key,
-                &item.route,
-                item.tier.as_deref(),
-                item.cost,
-                item.named.as_ref(),
-                rules,
-                envoy,
-                known,
-                i,
-            )?;
-            Ok(Refund {
-                charge: planned.charge(),
-                at: item.at,
-            })
-        })
-        .collect()
+    let owner = OwnerRules {
+        rules,
+        envoy,
+        known,
+    };
+    forwarded::plan_refunds(request.items.iter().map(refund_input), owner)
 }
 
 /// Handed-over states as domain values: at most [`MAX_INSTALL_STATES`] per call.
@@ -332,56 +230,6 @@ pub struct PeerService {
     shutdown: CancellationToken,
 }
 
-/// The answers of one `ForwardStream`, as its response body: polling it reads the
-/// calls, decides them (at most `STREAM_IN_FLIGHT` at once; beyond that the stream is
-/// not read, and HTTP/2 flow control holds its sender) and yields each answer as soon as
-/// it is ready. The body is polled by the server's own task for the stream, so a batch
-/// costs no task or channel of ours. It ends once the sender has closed its side (or
-/// the stream broke, or the node is shutting down) and every call taken is answered.
-pub struct ForwardAnswers {
-    service: Arc<PeerService>,
-    calls: tonic::Streaming<ForwardCall>,
-    pending: FuturesUnordered<Pin<Box<dyn Future<Output = ForwardAnswer> + Send>>>,
-    reading: bool,
-    shutdown: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-}
-
-impl futures_util::Stream for ForwardAnswers {
-    type Item = Result<ForwardAnswer, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if this.reading && this.shutdown.as_mut().poll(cx).is_ready() {
-            this.reading = false;
-        }
-        while this.reading && this.pending.len() < STREAM_IN_FLIGHT {
-            match Pin::new(&mut this.calls).poll_next(cx) {
-                Poll::Ready(Some(Ok(call))) => {
-                    let service = this.service.clone();
-                    this.pending.push(Box::pin(service.answer(call)));
-                }
-                // The sender closed its side, or the stream broke.
-                Poll::Ready(Some(Err(_)) | None) => this.reading = false,
-                Poll::Pending => break,
-            }
-        }
-        match this.pending.poll_next_unpin(cx) {
-            Poll::Ready(Some(answer)) => Poll::Ready(Some(Ok(answer))),
-            Poll::Ready(None) if !this.reading => Poll::Ready(None),
-            // Nothing pending, and the calls (or the shutdown) will wake us.
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-/// Calls of one `ForwardStream` decided at once. A member keeps at most its
-/// `--forward-max-in-flight` batches out per peer (default 1), so this only bounds what
-/// a misbehaving sender can make the node hold. With a sender that reads no answers, the
-/// decided calls are these plus the answers tonic encodes into one body chunk (it stops
-/// at 32 KiB) before flow control stops the stream: then the body is not polled, no
-/// call is read, and nothing more is charged.
-const STREAM_IN_FLIGHT: usize = 16;
-
 impl PeerService {
     /// A peer service deciding on `router`'s shards, serving `cluster_rules` to peers
     /// that pull them.
@@ -427,7 +275,7 @@ impl PeerService {
     /// bound or arrives after its deadline.
     async fn forward_batch(&self, request: ForwardRequest) -> Result<ForwardResponse, Status> {
         // The bounds first: an oversized batch is refused whenever it arrives.
-        at_most("items", request.items.len(), MAX_BATCH)?;
+        at_most("items", request.items.len(), MAX_FORWARD_ITEMS)?;
         if policy::arrived_too_late(request.deadline_ms, self.router.now_ms()) {
             self.stale.increment(request.items.len() as u64);
             return Err(Status::deadline_exceeded(
@@ -449,7 +297,7 @@ impl PeerService {
                 let item = sent.next().expect("one answer per item");
                 let same_rule = request.compact
                     && item.rule_hash != 0
-                    && item.rule_hash == forward::rule_hash(&a.rule);
+                    && item.rule_hash == link::rule_hash(&a.rule);
                 ForwardOutcome {
                     allowed: a.decision.allowed,
                     limit: a.decision.limit,
@@ -530,13 +378,10 @@ impl Peer for PeerService {
         &self,
         request: Request<tonic::Streaming<ForwardCall>>,
     ) -> Result<Response<Self::ForwardStreamStream>, Status> {
-        Ok(Response::new(ForwardAnswers {
-            service: Arc::new(self.clone()),
-            calls: request.into_inner(),
-            pending: FuturesUnordered::new(),
-            reading: true,
-            shutdown: Box::pin(self.shutdown.clone().cancelled_owned()),
-        }))
+        Ok(Response::new(ForwardAnswers::new(
+            Arc::new(self.clone()),
+            request.into_inner(),
+        )))
     }
 
     async fn refund(
@@ -699,8 +544,7 @@ impl Peer for PeerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::plan::{MAX_KEY_BYTES, MAX_TIER_BYTES};
-    use crate::proto::peer::{ForwardItem, RefundItem};
+    use crate::config::bounds::{MAX_BATCH, MAX_KEY_BYTES, MAX_TIER_BYTES};
 
     fn item(key: &str, tier: Option<&str>) -> ForwardItem {
         ForwardItem {

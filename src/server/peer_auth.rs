@@ -48,6 +48,31 @@ impl PeerAuthLayer {
     }
 }
 
+/// Whether a call to `path` carrying proof `header` is admitted at `now_ms` (wall clock):
+/// its proof verifies under `keyring` within the allowance and was not seen before
+/// (`guard` remembers it). A pure function of its inputs: the layer passes the clock.
+pub fn admit_call(
+    keyring: &Keyring,
+    guard: &mut ReplayGuard,
+    path: &str,
+    header: Option<&str>,
+    now_ms: u64,
+) -> Result<(), CallRefused> {
+    let proof = keyring.verify_call(header, path, now_ms)?;
+    guard.admit(&proof, now_ms)
+}
+
+/// Where a refusal is counted in `ringlimit_peer_auth_refused_total{reason}`.
+fn reason_index(refused: &CallRefused) -> usize {
+    match refused {
+        CallRefused::Missing => 0,
+        CallRefused::Malformed => 1,
+        CallRefused::BadTag => 2,
+        CallRefused::Stale { .. } => 3,
+        CallRefused::Replayed => 4,
+    }
+}
+
 impl Check {
     fn admit(&self, path: &str, header: Option<&str>) -> Result<(), CallRefused> {
         // The system clock, not the node's injected one, on purpose: a proof's window is
@@ -55,24 +80,11 @@ impl Check {
         // clock), while the injected clock is the decision clock that tests stop and
         // move; checking proofs against it would refuse every member in such a test.
         let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-        let outcome = self
-            .keyring
-            .verify_call(header, path, now)
-            .and_then(|proof| {
-                self.guard
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .admit(&proof, now)
-            });
+        let mut guard = self.guard.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = admit_call(&self.keyring, &mut guard, path, header, now);
+        drop(guard);
         if let Err(refused) = &outcome {
-            let i = match refused {
-                CallRefused::Missing => 0,
-                CallRefused::Malformed => 1,
-                CallRefused::BadTag => 2,
-                CallRefused::Stale { .. } => 3,
-                CallRefused::Replayed => 4,
-            };
-            self.refused[i].increment(1);
+            self.refused[reason_index(refused)].increment(1);
             tracing::debug!(%refused, path, "peer call refused");
         }
         outcome
@@ -126,5 +138,62 @@ where
             }
         }
         Box::pin(self.inner.call(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keyring() -> Keyring {
+        Keyring::from_text(&crate::keyring::generate_secret()).unwrap()
+    }
+
+    const PATH: &str = "/ringlimit.peer.v1.Peer/Forward";
+
+    #[test]
+    fn a_signed_call_is_admitted_once_and_a_replay_is_refused() {
+        let keys = keyring();
+        let mut guard = ReplayGuard::new(16);
+        let header = keys.sign_call(PATH, "node-a", 10_000, 1);
+        assert_eq!(
+            admit_call(&keys, &mut guard, PATH, Some(&header), 10_000),
+            Ok(())
+        );
+        assert_eq!(
+            admit_call(&keys, &mut guard, PATH, Some(&header), 10_001),
+            Err(CallRefused::Replayed)
+        );
+    }
+
+    #[test]
+    fn calls_without_a_valid_proof_are_refused_for_their_reason() {
+        let keys = keyring();
+        let mut guard = ReplayGuard::new(16);
+        let refused = |guard: &mut ReplayGuard, header: Option<&str>, now| {
+            admit_call(&keys, guard, PATH, header, now).unwrap_err()
+        };
+        assert_eq!(refused(&mut guard, None, 0), CallRefused::Missing);
+        assert_eq!(refused(&mut guard, Some("v1 x"), 0), CallRefused::Malformed);
+        let other = keyring().sign_call(PATH, "node-a", 10_000, 2);
+        assert_eq!(
+            refused(&mut guard, Some(&other), 10_000),
+            CallRefused::BadTag
+        );
+        let old = keys.sign_call(PATH, "node-a", 10_000, 3);
+        let late = 10_000 + crate::keyring::CALL_SKEW_MS + 1;
+        assert_eq!(
+            refused(&mut guard, Some(&old), late),
+            CallRefused::Stale { at: 10_000 }
+        );
+        let reasons = [
+            CallRefused::Missing,
+            CallRefused::Malformed,
+            CallRefused::BadTag,
+            CallRefused::Stale { at: 0 },
+            CallRefused::Replayed,
+        ];
+        let indexes: Vec<usize> = reasons.iter().map(reason_index).collect();
+        assert_eq!(indexes, vec![0, 1, 2, 3, 4], "one counter per reason");
     }
 }

@@ -476,11 +476,7 @@ impl RuleCounters {
                     .entry(kind.index())
                     .or_insert_with(|| Self::counters("other", kind));
             }
-            let name = rule
-                .name
-                .split_once(crate::config::rules::FALLBACK_SUFFIX)
-                .map_or(&*rule.name, |(base, _)| base)
-                .to_string();
+            let name = rule.base_name().to_string();
             self.by_rule
                 .insert(key.clone(), Self::counters(&name, kind));
         }

@@ -54,23 +54,17 @@
 //! ## Memory layout
 //!
 //! A rate limiter holds one small state for each of millions of keys, so the bytes per
-//! key are the product (the target is at most 48 at 1,000,000 keys). Each key is one
-//! 36-byte `Slot` in a dense vector: its [`KeyId`] (16 bytes, in place of the key's
-//! bytes, which would be a separate allocation of ~60 bytes), the state packed into two
-//! words ([`KeyState::to_pair`]) and a word of metadata (an interned rule fingerprint,
-//! the algorithm, flags), all as `u32`s so the slot has no padding. When a state becomes
-//! fresh again is not stored: it follows from the state and the rule's limiter, which
-//! the interned fingerprint names, and is computed where it is needed (the expiry walk,
-//! an eviction sample). A table of `u32` positions (`positions.rs`: 4 bytes a bucket,
-//! kept 64 to 80 % full by growing a quarter at a time) finds a slot. States that do not
-//! fit two words (every sliding log; an oversized GCRA schedule or sliding count) live
-//! whole in a side map, as do the rare handoff records.
-//!
-//! At 1,000,000 keys over two shards that is 36 bytes of slot and 5.3 of table per key;
-//! `ringlimit bench --memory` measures 45.4-45.9 bytes of RSS per key for token bucket,
-//! GCRA, fixed window and sliding window counter (the rest is the allocator's share of
-//! the batches that filled the store). The slot vector still doubles, but its spare
-//! capacity is address space, not memory, until it is written.
+//! key are the product (target and measurements: `bench/RESULTS.md`, "Memory per key").
+//! Each key is one `Slot` in a dense vector: its [`KeyId`] (in place of the key's bytes,
+//! which would be an allocation of their own), the state packed into two words
+//! ([`KeyState::to_pair`]) and a word of metadata (an interned rule fingerprint, the
+//! algorithm, flags), all as `u32`s so the slot has no padding. When a state becomes fresh
+//! again is not stored: it follows from the state and the rule's limiter, which the
+//! interned fingerprint names, and is computed where it is needed (the expiry walk, an
+//! eviction sample). A table of `u32` positions (`positions.rs`) finds a slot. States that
+//! do not fit two words (every sliding log; an oversized GCRA schedule or sliding count)
+//! live whole in a side map, as do the rare handoff records. The slot vector doubles, but
+//! its spare capacity is address space, not memory, until it is written.
 //!
 //! Identity by hash is a deliberate trade: two different (rule, client, route) triples
 //! share a counter only if both their 64-bit ring placement and their 64-bit
@@ -1403,7 +1397,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_sliding_logs_stays_in_the_byte_budget_and_never_frees_an_exhausted_log() {
-        // The attack of issue 10: sliding logs grow ~16 bytes per admitted unit, so a key
+        // The attack: sliding logs grow ~16 bytes per admitted unit, so a key
         // cap alone does not bound memory. An exhausted log holds ~16 kB here; the flood
         // of single-hit logs must evict its own keys, not it.
         let budget = 64 * 1024;

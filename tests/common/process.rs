@@ -404,7 +404,7 @@ pub async fn ring_status(channel: Channel, timeout: Duration) -> Result<RingStat
     let keyring =
         ringlimit::keyring::Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET)
             .expect("a valid secret");
-    let mut client = PeerClient::new(ringlimit::cluster::forward::Signed::new(
+    let mut client = PeerClient::new(ringlimit::cluster::link::Signed::new(
         channel,
         Some(keyring),
         "test-harness".into(),

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use ringlimit::algorithms::{AlgorithmKind, Decision};
-use ringlimit::cluster::forward::rule_hash;
+use ringlimit::cluster::link::rule_hash;
 use ringlimit::cluster::policy::Now;
 use ringlimit::cluster::{CheckItem, Decider, Remote};
 use ringlimit::membership::Member;

@@ -2,7 +2,8 @@
 //!
 //! What is real (called, not re-implemented): the shard [`Store`]s and the algorithms
 //! inside them, the per-shard [`Clamped`] clock, the rule set and planning
-//! (`check::plan::plan_check`, `plan_forwarded`), the routing policy (`policy::plan`,
+//! (`check::plan::plan_check`; on the owner `check::forwarded::plan_batch` and
+//! `plan_refunds`), the routing policy (`policy::plan`,
 //! `remote_answer`, `denial`, `on_unreachable`, `combine`, `refunds`,
 //! `arrived_too_late`), the [`DenyCache`], the verdict (`Verdict::combine`), the view
 //! (`build_view_after`, so dedupe and generations are the node's), the ring and its
@@ -23,14 +24,15 @@ use std::sync::Arc;
 
 use prost::Message;
 use ringlimit::algorithms::{AlgorithmKind, KeyState, Millis};
-use ringlimit::check::plan::{plan_check, plan_forwarded, At, FieldNames, Leaf};
+use ringlimit::check::forwarded::{self, ForwardedInput, OwnerRules};
+use ringlimit::check::plan::{plan_check, At, FieldNames, Leaf};
 use ringlimit::check::verdict::Verdict;
 use ringlimit::check::{CheckInput, DescriptorInput};
 use ringlimit::clock::{Clamped, Clock};
 use ringlimit::cluster::deny_cache::DenyCache;
 use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
 use ringlimit::cluster::policy::{self, Fallback, Now, Origin, Routing};
-use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, Remote};
+use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, InlineRules, Remote};
 use ringlimit::config::rules::{Rule, RuleSet};
 use ringlimit::membership::{
     build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
@@ -264,6 +266,9 @@ pub struct Node {
     deny: DenyCache,
     pub view: Arc<ClusterView>,
     rules: Arc<RuleSet>,
+    /// Inline (Gubernator) rules: none in the simulator's workload, but the owner's
+    /// planning takes the registry.
+    inline: InlineRules,
     routing: Routing,
     fallbacks: BTreeMap<(String, u64, u64), Arc<Rule>>,
     heartbeat: u64,
@@ -323,6 +328,7 @@ impl Node {
             deny: DenyCache::new(100_000),
             view: Arc::new(ClusterView::single(me_member)),
             rules,
+            inline: InlineRules::default(),
             routing: Routing {
                 broken_decide_locally: cfg.broken,
             },
@@ -732,24 +738,21 @@ impl Node {
                 refuse(4, "forwarded batch arrived after its deadline".into())
             }
             Some(request) => {
-                let planned: Result<Vec<CheckItem>, String> = request
-                    .items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, it)| {
-                        plan_forwarded(
-                            &DescriptorInput {
-                                key: &it.key,
-                                route: &it.route,
-                                tier: it.tier.as_deref(),
-                                cost: Some(it.cost as i64),
-                            },
-                            &self.rules,
-                            |leaf| format!("items[{i}].{}", leaf.as_str()),
-                        )
-                        .map_err(|e| e.to_string())
-                    })
-                    .collect();
+                // `PeerService::forward_batch`: the owner's one planning path.
+                let planned = forwarded::plan_batch(
+                    request.items.iter().map(|it| ForwardedInput {
+                        key: &it.key,
+                        route: &it.route,
+                        tier: it.tier.as_deref(),
+                        cost: it.cost,
+                        named: None,
+                        give_back: it.give_back,
+                        drain: it.drain,
+                        peek: it.peek,
+                    }),
+                    self.owner_rules(),
+                )
+                .map_err(|e| e.to_string());
                 match planned {
                     Err(e) => refuse(3, e),
                     Ok(items) => {
@@ -775,7 +778,7 @@ impl Node {
                                 let same_rule = request.compact
                                     && item.rule_hash != 0
                                     && item.rule_hash
-                                        == ringlimit::cluster::forward::rule_hash(&a.rule);
+                                        == ringlimit::cluster::link::rule_hash(&a.rule);
                                 ForwardOutcome {
                                     allowed: a.decision.allowed,
                                     limit: a.decision.limit,
@@ -820,24 +823,39 @@ impl Node {
         }]
     }
 
-    /// `Peer/Refund`: each item planned like a forwarded one, refunded at its time.
+    /// `Peer/Refund`: each item planned like a forwarded one (`forwarded::plan_refunds`),
+    /// refunded at its time; an invalid call refunds nothing.
     fn on_refund(&mut self, request: RefundRequest) {
-        for (i, it) in request.items.iter().enumerate() {
-            let Ok(item) = plan_forwarded(
-                &DescriptorInput {
+        let Ok(refunds) = forwarded::plan_refunds(
+            request.items.iter().map(|it| {
+                let input = ForwardedInput {
                     key: &it.key,
                     route: &it.route,
                     tier: it.tier.as_deref(),
-                    cost: Some(it.cost as i64),
-                },
-                &self.rules,
-                |leaf| format!("items[{i}].{}", leaf.as_str()),
-            ) else {
-                return;
-            };
-            let charge = item.charge();
-            let shard = &mut self.shards[Self::shard_of(charge.id.placement)];
-            shard.store.refund(charge.counter(), it.at, charge.cost);
+                    cost: it.cost,
+                    named: None,
+                    give_back: 0,
+                    drain: false,
+                    peek: false,
+                };
+                (input, it.at)
+            }),
+            self.owner_rules(),
+        ) else {
+            return;
+        };
+        for r in refunds {
+            let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
+            shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
+        }
+    }
+
+    /// What this node plans forwarded items against.
+    fn owner_rules(&self) -> OwnerRules<'_> {
+        OwnerRules {
+            rules: &self.rules,
+            envoy: self.rules.envoy(),
+            known: &self.inline,
         }
     }
 

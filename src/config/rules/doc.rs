@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::parse::SyntaxError;
+use super::error::SyntaxError;
 use super::{RulesError, BUILTIN_LIMIT, BUILTIN_WINDOW};
 
 /// A rule document: an optional `[default]` section and the `[[rule]]`s, in order.
@@ -176,7 +176,7 @@ impl RulesDoc {
         serde_json::from_str(text).map_err(|e| RulesError::Json {
             line: e.line(),
             column: e.column(),
-            message: super::parse::bounded_message(&e.to_string()),
+            message: super::error::bounded_message(&e.to_string()),
         })
     }
 

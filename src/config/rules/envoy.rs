@@ -41,7 +41,7 @@ use super::{
 use crate::algorithms::AlgorithmKind;
 
 /// Longest domain, key or value accepted in a configuration, in bytes.
-pub const MAX_ENVOY_TEXT: usize = 256;
+pub const MAX_ENVOY_TEXT: usize = crate::config::bounds::MAX_DOMAIN_BYTES;
 /// Deepest nesting of descriptor lists accepted.
 pub const MAX_ENVOY_DEPTH: usize = 8;
 

@@ -1,143 +1,25 @@
-//! Rate-limit rules: the TOML rule file, its validation, and the hot-path matcher.
+//! Rate-limit rules: the rule document, its validation, and the hot-path matcher.
 //!
 //! A rule says *how much* (algorithm, limit, window) for *whom* (a client key, a tier, a
-//! route, or a combination). Every check is matched against the rule set to find the one rule
-//! that governs it; the most specific rule wins. A node without a rule file uses the built-in
-//! default, a sliding window counter of 100 requests per 60 s, so `ringlimit serve` works out
-//! of the box.
+//! route, or a combination). Every check is matched against the rule set to find the one
+//! rule that governs it; the most specific rule wins. A node without rules uses the
+//! built-in default ([`BUILTIN_LIMIT`] per [`BUILTIN_WINDOW`], sliding window counter), so
+//! `ringlimit serve` works out of the box.
 //!
-//! # File format
-//!
-//! ```toml
-//! # Optional. Applies to every check no rule below matches. Without this section the
-//! # built-in default applies: sliding_window_counter, 100 per 60s.
-//! [default]
-//! algorithm = "sliding_window_counter"
-//! limit = 100
-//! window = "60s"
-//!
-//! [[rule]]
-//! name = "free-charges"           # required, unique, 1..=64 chars of [A-Za-z0-9_.-]
-//! tier = "free"                   # optional
-//! route = "POST /v1/charges"      # optional route pattern
-//! algorithm = "token_bucket"      # default sliding_window_counter
-//! limit = 10                      # required
-//! window = "1m"                   # required
-//! burst = 20                      # token bucket capacity (default = limit)
-//! on_unavailable = "closed"       # optional: "open" (default) or "closed"
-//! # mode = "shadow"               # optional: count and report denials, but allow
-//!
-//! [[rule]]
-//! name = "vip-customer"
-//! client = "cust_42"              # an exact client key
-//! limit = 1000
-//! window = "60s"
-//!
-//! [[rule]]
-//! name = "search-per-path"
-//! route = "GET /v1/search/*"
-//! per = "route"                   # one budget per path (default "client": one in all)
-//! limit = 50
-//! window = "1m"
-//!
-//! [[rule]]
-//! name = "search-shaped"
-//! route = "GET /v1/search*"       # no client or tier: the default for this route
-//! algorithm = "leaky_bucket"
-//! mode = "shaper"
-//! queue_depth = 5
-//! limit = 20
-//! window = "1s"
-//! ```
-//!
-//! ## Fields
-//!
-//! | field            | where         | meaning |
-//! |------------------|---------------|---------|
-//! | `name`           | rule          | Required, unique, 1..=64 characters of `A-Z a-z 0-9 _ . -`. `default` is reserved for the `[default]` section. Reported with every decision. |
-//! | `client`         | rule          | An exact client key (1..=256 bytes). Applies whatever the caller's tier, so it cannot be combined with `tier`. |
-//! | `tier`           | rule          | A tier name (1..=64 bytes, the longest tier a check may carry; a longer one could never match) sent by the caller with the check. |
-//! | `route`          | rule          | A route pattern: `METHOD /path`, `/path` (any method), `* /path` (any method), a trailing `*` for a prefix (`/v1/*`), or `*` for any route. No `?` or `#`: requests are matched by their path, query string and fragment stripped. |
-//! | `algorithm`      | both          | `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log` or `sliding_window_counter` (default). |
-//! | `limit`          | both          | Required. Units admitted per window, 1..=1,000,000,000. Token bucket: tokens refilled per window. Leaky bucket: drain rate per window. Sliding window log: at most 100,000 (it stores 16 bytes per admitted request, per key). |
-//! | `window`         | both          | Required. An integer and a unit: `500ms`, `10s`, `1m`, `1h`, `1d`; between 1 ms and 7 days. |
-//! | `burst`          | both          | Token bucket: capacity (default = `limit`). Leaky bucket meter: requests that may arrive at once (default 1). 1..=1,000,000,000. Not allowed with other algorithms. |
-//! | `mode`           | both          | Leaky bucket: `meter` (default; rejects early arrivals) or `shaper` (admits them with a delay). Any algorithm: `shadow` (dark launch: counted as usual, a would-be denial is reported in the answer's `shadow_denied` flag and `ringlimit_shadow_denials_total{rule}`, but the check is allowed and no sibling is refunded for it; a leaky bucket in shadow mode is a meter). |
-//! | `queue_depth`    | both          | Leaky bucket shaper only: how many requests may wait for their delay, 0..=1,000,000 (default 0). |
-//! | `on_unavailable` | both          | What a node does when the key's owner is unreachable: `open` (default; decide locally, flagged as degraded) or `closed` (deny). |
-//! | `per`            | both          | What one counter is: `client` (default; one budget per client key, shared by every route the rule matches) or `route` (one budget per client key and normalised route, i.e. method + path without query string or fragment). |
-//!
-//! A `[[rule]]` must name at least one of `client`, `tier`, `route`; a rule matching
-//! everything belongs in `[default]`. Two rules may not have the same (`client`, `tier`,
-//! `route`) selector. Unknown fields are errors, so a typo never silently becomes a default.
-//!
-//! ## The file itself
-//!
-//! The rule file must be a regular file (a symlink to one is fine) of at most 1 MiB
-//! (1,048,576 bytes) of UTF-8 text. A FIFO, a device such as `/dev/zero`, a directory or a
-//! socket is refused before it is opened (and again after a non-blocking open, in case the path
-//! was swapped), so the path can never make a node block or read without end. A file that
-//! defines neither a `[default]` section nor a `[[rule]]` (empty, only comments: what an empty
-//! or truncated write looks like) is refused too; a node that should apply only a default
-//! limit says so with an explicit `[default]` section.
-//!
-//! The same checks apply everywhere the file is read. At start the node refuses to start and
-//! names the problem. On reload (every second) the problem is logged once (not again until it
-//! changes), counted in `ringlimit_rules_reloads_total{result="error"}`, and the node keeps its
-//! previous rules. `ringlimit rules check FILE` exits 1 with the same message. A plain
-//! in-place write can be seen half done (an empty file is refused, but a cut that still parses
-//! is not); write a temporary file and rename it over the rule file to swap rules atomically.
-//!
-//! ## Which rule applies
-//!
-//! For a check with client key `c`, optional tier `t` and optional route `r`, the first level
-//! that has a matching rule wins:
-//!
-//! 1. a rule with `client = c` and a `route` pattern matching `r`,
-//! 2. a rule with `client = c` and no `route`,
-//! 3. a rule with `tier = t` and a `route` pattern matching `r`,
-//! 4. a rule with `tier = t` and no `route`,
-//! 5. a rule with only a `route` pattern matching `r` (the default for that route),
-//! 6. the `[default]` rule.
-//!
-//! Within one level the most specific pattern wins: an exact path beats a prefix, a longer
-//! prefix beats a shorter one, and then a named method beats any method. A check without a
-//! route only matches rules without a `route`. Routes are matched by method and path; the
-//! query string and fragment are stripped first.
-//!
-//! ## What one counter is
-//!
-//! A counter is identified by (rule name, client key, route part), each length-prefixed. The
-//! route part is empty by default (`per = "client"`): every route the rule matches spends
-//! the same budget, so `GET /v1/a`, `GET /v1/b` and `GET /v1/a?x=1` under a `/v1/*` rule are
-//! one budget. With `per = "route"` the route part is the normalised route (`GET /v1/a` for
-//! all of `GET /v1/a`, `GET /v1/a?x=1` and `GET /v1/a#top`), so each method + path has its own.
-//! `per` is part of the rule's fingerprint: changing it starts the rule's counters over, like
-//! changing a number.
-//!
-//! ## Errors
-//!
-//! TOML syntax and type errors are reported with their line and column, the parser's message
-//! (at most 240 characters) and at most 120 characters of the offending line around the
-//! error, with a caret under it. All other problems are collected and reported together, one
-//! per line, each naming the rule and the field; a value quoted back is cut at 120 characters
-//! (`…`), and after 50 problems the rest are counted (`... and N more problems`):
-//!
-//! ```text
-//! rule "free-charges": field "limit": must be an integer >= 1 (got 0)
-//! rule "x": field "window": "10q" is not a duration (use 500ms, 10s, 1m, 1h, 1d)
-//! rules file rules.toml: TOML error at line 3, column 9: extra `=`, expected nothing
-//!   | limit = = 3
-//!   |         ^
-//! ```
+//! The manual for operators (file format, every field and its bounds, which rule applies,
+//! what one counter is, how errors read, the cluster rules API) is `docs/rules.md`; the
+//! parser's tests pin its example file and its error excerpt, so the two cannot drift.
 //!
 //! # Layout
 //!
 //! This file is the model: a [`Rule`] and what it is made of, so that every other layer can
-//! depend on it without pulling in TOML. `parse` turns a rule file into validated rules and
-//! names every problem by rule and field; `file` reads the rule file without blocking or
-//! reading without bound and tells a watcher what each poll means; `index` answers "which
-//! rule governs this check" on the hot path. All are private; their public items are
+//! depend on it without pulling in TOML. `doc` is the loose document shape (TOML, JSON, the
+//! API and peers all speak it); `parse` turns a document into validated rules and names
+//! every problem by rule and field; `error` says what went wrong without echoing unbounded
+//! input; `file` reads the rule file without blocking or reading without bound and tells a
+//! watcher what each poll means; `index` answers "which rule governs this check" on the hot
+//! path; `stored` and `versioned` keep the cluster's copy and its version stamps; `envoy`
+//! reads envoyproxy/ratelimit domains. Only `envoy` is public; the others' public items are
 //! re-exported here.
 
 use std::fmt;
@@ -153,6 +35,7 @@ use crate::algorithms::{
 
 mod doc;
 pub mod envoy;
+mod error;
 mod file;
 mod index;
 mod parse;
@@ -160,12 +43,12 @@ mod stored;
 mod versioned;
 
 pub use doc::{DocDefault, DocEnvoy, DocRule, RulesDoc, TierLimit};
+pub use error::{RuleIssue, RuleRef, RulesError, SyntaxError, MAX_ISSUES_SHOWN, MAX_QUOTE_CHARS};
 pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
 pub use index::RuleSet;
 pub use parse::{
-    parse_duration, DurationError, RuleIssue, RuleRef, RulesError, SyntaxError,
-    LOG_BYTES_PER_ENTRY, MAX_ISSUES_SHOWN, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT, MAX_NAME_LEN,
-    MAX_QUEUE_DEPTH, MAX_QUOTE_CHARS, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
+    parse_duration, DurationError, LOG_BYTES_PER_ENTRY, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT,
+    MAX_NAME_LEN, MAX_QUEUE_DEPTH, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
 pub use stored::{load_stored, store, StoreError, STORED_FILE};
 pub use versioned::{best_source, Advert, EnvoyAdvert, RulesSource, Stamp};
@@ -236,6 +119,14 @@ impl Rule {
     /// handed to another (rule names cannot contain `~`, so no configured rule matches).
     pub fn is_node_local(&self) -> bool {
         self.name.contains(FALLBACK_SUFFIX)
+    }
+
+    /// The name metrics count this rule under: a fail-open stand-in counts under the rule
+    /// it stands in for, so a label never grows with the ring sizes a node has seen.
+    pub fn base_name(&self) -> &str {
+        self.name
+            .split_once(FALLBACK_SUFFIX)
+            .map_or(&*self.name, |(base, _)| base)
     }
 
     /// The precedence level this rule matches at, derived from its selector alone; reported
@@ -753,6 +644,16 @@ mod tests {
         assert_eq!(fallback.spec.window(), rules.default_rule().spec.window());
         assert_eq!(rules.default_rule().fallback(1000).spec.limit().get(), 1);
         assert_ne!(fallback.fingerprint, rules.default_rule().fingerprint);
+    }
+
+    #[test]
+    fn a_fallback_counts_under_the_name_of_the_rule_it_stands_in_for() {
+        let rules = RuleSet::builtin();
+        let rule = rules.default_rule();
+        assert_eq!(rule.base_name(), "default");
+        assert_eq!(rule.fallback(3).base_name(), "default");
+        assert_eq!(rule.fallback(1000).base_name(), "default");
+        assert!(rule.fallback(3).is_node_local() && !rule.is_node_local());
     }
 
     const FP_A: &str = r#"

@@ -7,11 +7,11 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::fmt;
 use std::num::NonZeroU64;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use super::error::{quote, RuleIssue, RuleRef, RulesError, MAX_QUOTE_CHARS};
 use super::{
     nonzero, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, RuleSet, Selector,
     DEFAULT_RULE_NAME,
@@ -41,7 +41,7 @@ pub const MIN_WINDOW: Duration = Duration::from_millis(1);
 pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Longest client key or tier name a rule may name; matches the bound on keys in checks.
-pub const MAX_KEY_LEN: usize = 256;
+pub const MAX_KEY_LEN: usize = crate::config::bounds::MAX_KEY_BYTES;
 
 /// Longest rule name; names appear in every answer and metric label.
 pub const MAX_NAME_LEN: usize = 64;
@@ -83,295 +83,9 @@ pub enum DurationError {
     Overflow,
 }
 
-/// Longest tier a rule may name. A check's tier is refused beyond 64 bytes
-/// (`check::plan::MAX_TIER_BYTES`), so a longer tier in a rule could never match.
-pub const MAX_TIER_LEN: usize = 64;
-
-/// Most characters of input an error message quotes (a bad line, a bad value), so a
-/// megabyte-long line costs one bounded log line, not a megabyte of logs.
-pub const MAX_QUOTE_CHARS: usize = 120;
-
-/// Most characters of a TOML parser message shown; serde messages echo keys and values
-/// taken from the file, so they are bounded too.
-const MAX_MESSAGE_CHARS: usize = 240;
-
-/// Most validation problems listed; the rest are counted. Enough to fix a file in a few
-/// rounds, few enough that a generated file with a million mistakes logs a screenful.
-pub const MAX_ISSUES_SHOWN: usize = 50;
-
-/// Everything that can go wrong loading a rule set.
-///
-/// No variant has an error `source`: each message already says everything, so a report
-/// that prints the chain (`{:#}`) does not print it twice.
-#[derive(Debug, thiserror::Error)]
-pub enum RulesError {
-    /// The file could not be read.
-    #[error("reading rules file {}: {error}", path.display())]
-    Io {
-        /// The file that was being read.
-        path: PathBuf,
-        /// The underlying error.
-        error: std::io::Error,
-    },
-    /// The path names a FIFO, a device, a directory or a socket: reading it could block
-    /// forever or never end, so it is refused before it is opened.
-    #[error("rules file {}: is {kind}, not a regular file", path.display())]
-    NotAFile {
-        /// The path given.
-        path: PathBuf,
-        /// What it is instead ("a FIFO", "a directory", ...).
-        kind: &'static str,
-    },
-    /// The file is larger than [`MAX_RULES_FILE_BYTES`](super::MAX_RULES_FILE_BYTES).
-    #[error(
-        "rules file {}: {} the limit of {limit} bytes",
-        path.display(),
-        size.map_or_else(|| "is over".to_string(), |s| format!("is {s} bytes, over"))
-    )]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Its size, when the file system reported one.
-        size: Option<u64>,
-        /// The cap.
-        limit: u64,
-    },
-    /// The bytes are not UTF-8 text.
-    #[error(
-        "{}is not UTF-8 text (invalid byte at offset {offset})",
-        file_prefix(path)
-    )]
-    NotUtf8 {
-        /// The file, when loaded from one.
-        path: Option<PathBuf>,
-        /// Byte offset of the first invalid sequence.
-        offset: usize,
-    },
-    /// The text is not TOML or does not have the rule-file shape (unknown field, wrong
-    /// type); the message carries line and column and a bounded excerpt of the line.
-    #[error("{}{error}", file_prefix(path))]
-    Toml {
-        /// The file, when loaded from one.
-        path: Option<PathBuf>,
-        /// The parser's error, bounded.
-        error: SyntaxError,
-    },
-    /// The text is not JSON or does not have the rule document's shape (an API body).
-    #[error("JSON error at line {line}, column {column}: {message}")]
-    Json {
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        column: usize,
-        /// The parser's message, bounded.
-        message: String,
-    },
-    /// Valid TOML without a `[default]` section or a single `[[rule]]`: an empty or
-    /// truncated write, which must not silently replace every rule with the built-in
-    /// default.
-    #[error(
-        "{}defines no rules (empty or truncated?); to use only a default limit, write a \
-         [default] section",
-        file_prefix(path)
-    )]
-    NoRules {
-        /// The file, when loaded from one.
-        path: Option<PathBuf>,
-    },
-    /// Well-formed TOML with invalid rules; every problem found, in file order.
-    #[error("{}", join_lines(.0))]
-    Invalid(Vec<RuleIssue>),
-    /// The `[envoy]` section is invalid: the domain, and the key and line, as the
-    /// `--envoy-config` parser reports them.
-    #[error("{0}")]
-    Envoy(super::envoy::EnvoyConfigError),
-}
-
-impl RulesError {
-    /// Names `path` in errors that came from its text.
-    fn in_file(self, path: &Path) -> Self {
-        let path = Some(path.to_owned());
-        match self {
-            RulesError::Toml { path: None, error } => RulesError::Toml { path, error },
-            RulesError::NotUtf8 { path: None, offset } => RulesError::NotUtf8 { path, offset },
-            RulesError::NoRules { path: None } => RulesError::NoRules { path },
-            other => other,
-        }
-    }
-}
-
-fn file_prefix(path: &Option<PathBuf>) -> String {
-    path.as_ref()
-        .map(|p| format!("rules file {}: ", p.display()))
-        .unwrap_or_default()
-}
-
-fn join_lines(issues: &[RuleIssue]) -> String {
-    let mut lines: Vec<String> = issues
-        .iter()
-        .take(MAX_ISSUES_SHOWN)
-        .map(ToString::to_string)
-        .collect();
-    if issues.len() > MAX_ISSUES_SHOWN {
-        lines.push(format!(
-            "... and {} more problems",
-            issues.len() - MAX_ISSUES_SHOWN
-        ));
-    }
-    lines.join("\n")
-}
-
-/// Quotes `text` for an error message: Debug-escaped (no raw control characters reach a
-/// log) and at most [`MAX_QUOTE_CHARS`] characters, with `…` when cut.
-pub(crate) fn quote(text: &str) -> String {
-    match text.char_indices().nth(MAX_QUOTE_CHARS) {
-        None => format!("{text:?}"),
-        Some((end, _)) => format!("{:?}…", &text[..end]),
-    }
-}
-
-/// Replaces control characters so a message or excerpt stays on its own line(s) in a log,
-/// one character for one character (the caret under an excerpt stays aligned).
-fn printable(c: char) -> char {
-    match c {
-        '\t' => ' ',
-        c if c.is_control() => '\u{FFFD}',
-        c => c,
-    }
-}
-
-/// A parser's message cut to 240 characters, control characters replaced.
-pub(super) fn bounded_message(text: &str) -> String {
-    bounded_text(text.trim_end(), MAX_MESSAGE_CHARS)
-}
-
-/// Cuts `text` to `max` characters (plus `…`), control characters replaced.
-fn bounded_text(text: &str, max: usize) -> String {
-    let mut out: String = text.chars().take(max).map(printable).collect();
-    if text.chars().nth(max).is_some() {
-        out.push('…');
-    }
-    out
-}
-
-/// A TOML syntax or shape error, rendered without echoing unbounded input: the position,
-/// the parser's message (at most 240 characters) and at most [`MAX_QUOTE_CHARS`]
-/// characters of the offending line around the error, with a caret under it.
-///
-/// The `toml` crate's own rendering prints the whole line (and a caret per byte of the
-/// span), so one bad 50 MB line would become a 50 MB log record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyntaxError {
-    /// 1-based line of the error, when the parser reported a position.
-    pub line: Option<usize>,
-    /// 1-based column (in characters) of the error.
-    pub column: Option<usize>,
-    /// The parser's message, bounded.
-    pub message: String,
-    /// A bounded excerpt of the line and the caret's offset in it.
-    excerpt: Option<(String, usize)>,
-}
-
-impl SyntaxError {
-    pub(super) fn new(text: &str, error: &toml::de::Error) -> Self {
-        let message = bounded_text(error.message().trim_end(), MAX_MESSAGE_CHARS);
-        let Some(span) = error.span() else {
-            return SyntaxError {
-                line: None,
-                column: None,
-                message,
-                excerpt: None,
-            };
-        };
-        let mut at = span.start.min(text.len());
-        while !text.is_char_boundary(at) {
-            at -= 1;
-        }
-        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-        let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
-        let line_text = text[line_start..line_end].trim_end_matches('\r');
-        let line = text[..line_start].bytes().filter(|b| *b == b'\n').count() + 1;
-        let column = text[line_start..at].chars().count();
-
-        // A window of the line that keeps the error position in view.
-        let skip = column.saturating_sub(MAX_QUOTE_CHARS / 2);
-        let mut shown = String::new();
-        if skip > 0 {
-            shown.push('…');
-        }
-        let mut rest = line_text.chars().skip(skip);
-        shown.extend(rest.by_ref().take(MAX_QUOTE_CHARS).map(printable));
-        if rest.next().is_some() {
-            shown.push('…');
-        }
-        let caret = column - skip + usize::from(skip > 0);
-        SyntaxError {
-            line: Some(line),
-            column: Some(column + 1),
-            message,
-            excerpt: Some((shown, caret)),
-        }
-    }
-}
-
-impl fmt::Display for SyntaxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let (Some(line), Some(column)) = (self.line, self.column) {
-            write!(f, "TOML error at line {line}, column {column}: ")?;
-        } else {
-            f.write_str("TOML error: ")?;
-        }
-        f.write_str(&self.message)?;
-        if let Some((shown, caret)) = &self.excerpt {
-            write!(f, "\n  | {shown}\n  | {:caret$}^", "")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for SyntaxError {}
-
-/// One validation problem: which rule, which field, what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleIssue {
-    /// The rule it concerns.
-    pub rule: RuleRef,
-    /// The field, when the problem is about one field.
-    pub field: Option<&'static str>,
-    /// What is wrong and, where possible, how to fix it.
-    pub message: String,
-}
-
-impl fmt::Display for RuleIssue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.rule)?;
-        if let Some(field) = self.field {
-            write!(f, "field \"{field}\": ")?;
-        }
-        f.write_str(&self.message)
-    }
-}
-
-/// How an issue names its rule: by name when it has a usable one, else by position.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuleRef {
-    /// The `[default]` section.
-    Default,
-    /// A `[[rule]]` with a valid name.
-    Named(String),
-    /// A `[[rule]]` without a usable name; 1-based position in the file.
-    Index(usize),
-}
-
-impl fmt::Display for RuleRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RuleRef::Default => f.write_str("[default]"),
-            RuleRef::Named(n) => write!(f, "rule \"{n}\""),
-            RuleRef::Index(i) => write!(f, "rule #{i} (unnamed)"),
-        }
-    }
-}
+/// Longest tier a rule may name: a check's tier is refused beyond the same bound, so a
+/// longer tier in a rule could never match.
+pub const MAX_TIER_LEN: usize = crate::config::bounds::MAX_TIER_BYTES;
 
 // ---------------------------------------------------------------------------------------------
 // Raw file shape. Numbers are read as i64 and names as strings so that 0, negatives and
@@ -484,8 +198,38 @@ struct Built {
 /// Validates the limit fields; `None` if any issue was recorded.
 fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
     let before = issues.out.len();
+    let algo = algorithm_field(issues, raw);
+    let limit = limit_field(issues, raw, algo);
+    let window = window_field(issues, raw);
+    // `shadow` is not a leaky-bucket mode but the rule's: any algorithm may be shadowed.
+    let shadow = raw.mode == Some("shadow");
+    let shaper = mode_field(issues, raw, algo);
+    let burst = burst_field(issues, raw, algo, shaper);
+    let queue_depth = queue_depth_field(issues, raw, algo, shaper);
+    let on_unavailable = on_unavailable_field(issues, raw);
+    let per = per_field(issues, raw);
+    if issues.out.len() != before {
+        return None;
+    }
+    let (algo, limit, window) = (algo?, nonzero(limit?), window?);
+    let spec = algorithm_spec(algo, limit, window, burst, queue_depth, shaper);
+    if let Err(error) = spec.limiter() {
+        // The bounds above should make this unreachable; if the algorithms ever accept
+        // less than the rule format allows, the file is refused with the reason.
+        issues.rule(format!("numbers rejected by the algorithm: {error}"));
+        return None;
+    }
+    Some(Built {
+        spec,
+        on_unavailable,
+        per,
+        shadow,
+    })
+}
 
-    let algo = match raw.algorithm.map(str::parse::<AlgorithmKind>) {
+/// `algorithm`: a known name, or the default when absent.
+fn algorithm_field(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<AlgorithmKind> {
+    match raw.algorithm.map(str::parse::<AlgorithmKind>) {
         None => Some(DEFAULT_ALGORITHM),
         Some(Ok(kind)) => Some(kind),
         Some(Err(unknown)) => {
@@ -497,8 +241,15 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             issues.field("algorithm", UnknownAlgorithm { name }.to_string());
             None
         }
-    };
+    }
+}
 
+/// `limit`: required, 1..=[`MAX_LIMIT`], and at most [`MAX_LOG_LIMIT`] for a sliding log.
+fn limit_field(
+    issues: &mut Issues<'_>,
+    raw: &RawSpec<'_>,
+    algo: Option<AlgorithmKind>,
+) -> Option<u64> {
     let limit = match raw.limit {
         None => {
             issues.field("limit", "required (units per window, e.g. limit = 100)");
@@ -520,8 +271,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             );
         }
     }
+    limit
+}
 
-    let window = match raw.window {
+/// `window`: required, a duration between [`MIN_WINDOW`] and [`MAX_WINDOW`].
+fn window_field(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Duration> {
+    match raw.window {
         None => {
             issues.field("window", "required (e.g. window = \"60s\")");
             None
@@ -540,9 +295,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             }
             Ok(d) => Some(d),
         },
-    };
+    }
+}
 
-    // `shadow` is not a leaky-bucket mode but the rule's: any algorithm may be shadowed.
+/// `mode`: whether a leaky bucket shapes (`shaper`) rather than meters; `shadow` is any
+/// rule's, and other modes only a leaky bucket's.
+fn mode_field(issues: &mut Issues<'_>, raw: &RawSpec<'_>, algo: Option<AlgorithmKind>) -> bool {
     let shadow = raw.mode == Some("shadow");
     let mode = match raw.mode {
         None | Some("shadow") => None,
@@ -566,7 +324,16 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             issues.field("mode", format!("not used by algorithm {a}"));
         }
     }
+    shaper
+}
 
+/// `burst`: 1..=[`MAX_LIMIT`], only for a token bucket or a metering leaky bucket.
+fn burst_field(
+    issues: &mut Issues<'_>,
+    raw: &RawSpec<'_>,
+    algo: Option<AlgorithmKind>,
+    shaper: bool,
+) -> Option<u64> {
     let burst = raw
         .burst
         .and_then(|v| bounded(issues, "burst", v, 1, MAX_LIMIT));
@@ -584,7 +351,16 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             _ => {}
         }
     }
+    burst
+}
 
+/// `queue_depth`: 0..=[`MAX_QUEUE_DEPTH`], only for a shaping leaky bucket.
+fn queue_depth_field(
+    issues: &mut Issues<'_>,
+    raw: &RawSpec<'_>,
+    algo: Option<AlgorithmKind>,
+    shaper: bool,
+) -> Option<u64> {
     let queue_depth = raw
         .queue_depth
         .and_then(|v| bounded(issues, "queue_depth", v, 0, MAX_QUEUE_DEPTH));
@@ -603,8 +379,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             _ => {}
         }
     }
+    queue_depth
+}
 
-    let on_unavailable = match raw.on_unavailable {
+/// `on_unavailable`: `open` (the default) or `closed`.
+fn on_unavailable_field(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> FailMode {
+    match raw.on_unavailable {
         None | Some("open") => FailMode::Open,
         Some("closed") => FailMode::Closed,
         Some(other) => {
@@ -617,9 +397,12 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             );
             FailMode::Open
         }
-    };
+    }
+}
 
-    let per = match raw.per {
+/// `per`: `client` (the default) or `route`.
+fn per_field(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> CountPer {
+    match raw.per {
         None | Some("client") => CountPer::Client,
         Some("route") => CountPer::Route,
         Some(other) => {
@@ -632,13 +415,19 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
             );
             CountPer::Client
         }
-    };
-
-    if issues.out.len() != before {
-        return None;
     }
-    let (algo, limit, window) = (algo?, nonzero(limit?), window?);
-    let spec = match algo {
+}
+
+/// The algorithm's parameters from fields already validated.
+fn algorithm_spec(
+    algo: AlgorithmKind,
+    limit: NonZeroU64,
+    window: Duration,
+    burst: Option<u64>,
+    queue_depth: Option<u64>,
+    shaper: bool,
+) -> AlgorithmSpec {
+    match algo {
         AlgorithmKind::TokenBucket => AlgorithmSpec::TokenBucket {
             capacity: burst.map_or(limit, nonzero),
             refill: limit,
@@ -662,19 +451,7 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
         AlgorithmKind::SlidingWindowCounter => {
             AlgorithmSpec::SlidingWindowCounter { limit, window }
         }
-    };
-    if let Err(error) = spec.limiter() {
-        // The bounds above should make this unreachable; if the algorithms ever accept
-        // less than the rule format allows, the file is refused with the reason.
-        issues.rule(format!("numbers rejected by the algorithm: {error}"));
-        return None;
     }
-    Some(Built {
-        spec,
-        on_unavailable,
-        per,
-        shadow,
-    })
 }
 
 fn valid_name(name: &str) -> bool {
@@ -752,25 +529,7 @@ impl RuleSet {
     fn validate(raw: RawFile) -> Result<Self, RulesError> {
         let mut out = Vec::new();
 
-        let default = match &raw.default {
-            None => Some(Rule::builtin_default()),
-            Some(d) => {
-                let mut issues = Issues {
-                    rule: RuleRef::Default,
-                    out: &mut out,
-                };
-                build_spec(&mut issues, &d.spec()).map(|b| {
-                    Rule::new(
-                        DEFAULT_RULE_NAME,
-                        Selector::default(),
-                        b.spec,
-                        b.on_unavailable,
-                        b.per,
-                    )
-                    .shadowed(b.shadow)
-                })
-            }
-        };
+        let default = default_rule(&raw, &mut out);
 
         let mut rules = Vec::with_capacity(raw.rule.len() + 1);
         let mut names: HashMap<&str, usize> = HashMap::new();
@@ -783,30 +542,7 @@ impl RuleSet {
                 rule: name.map_or(RuleRef::Index(position), |n| RuleRef::Named(n.into())),
                 out: &mut out,
             };
-            match (&r.name, name) {
-                (None, _) => {
-                    issues.field("name", "required (1..=64 characters of A-Z a-z 0-9 _ . -)")
-                }
-                (Some(n), None) => issues.field(
-                    "name",
-                    format!(
-                        "{} must be 1..=64 characters of A-Z a-z 0-9 _ . -",
-                        quote(n)
-                    ),
-                ),
-                (Some(_), Some(n)) if n == DEFAULT_RULE_NAME => {
-                    issues.field("name", "\"default\" is reserved for the [default] section")
-                }
-                (Some(_), Some(n)) => match names.entry(n) {
-                    Entry::Occupied(first) => issues.field(
-                        "name",
-                        format!("duplicate name (first used by rule #{})", first.get()),
-                    ),
-                    Entry::Vacant(v) => {
-                        v.insert(position);
-                    }
-                },
-            }
+            check_name(&mut issues, r.name.as_deref(), name, position, &mut names);
 
             let mut selector_ok = key_field(&mut issues, "client", &r.client, MAX_KEY_LEN)
                 & key_field(&mut issues, "tier", &r.tier, MAX_TIER_LEN);
@@ -840,16 +576,7 @@ impl RuleSet {
                 route,
             };
             if selector_ok {
-                let this = issues.rule.to_string();
-                match selectors.entry(selector.clone()) {
-                    Entry::Occupied(first) => issues.rule(format!(
-                        "has the same selector ({selector}) as {}; one of them would never match",
-                        first.get()
-                    )),
-                    Entry::Vacant(v) => {
-                        v.insert(this);
-                    }
-                }
+                first_with_selector(&mut issues, &selector, &mut selectors);
             }
 
             let built = build_spec(&mut issues, &r.spec());
@@ -878,10 +605,84 @@ impl RuleSet {
     }
 }
 
+/// The `[default]` section's rule, or the built-in default without one; `None` (issues
+/// recorded in `out`) when the section is invalid.
+fn default_rule(raw: &RawFile, out: &mut Vec<RuleIssue>) -> Option<Rule> {
+    let Some(d) = &raw.default else {
+        return Some(Rule::builtin_default());
+    };
+    let mut issues = Issues {
+        rule: RuleRef::Default,
+        out,
+    };
+    build_spec(&mut issues, &d.spec()).map(|b| {
+        Rule::new(
+            DEFAULT_RULE_NAME,
+            Selector::default(),
+            b.spec,
+            b.on_unavailable,
+            b.per,
+        )
+        .shadowed(b.shadow)
+    })
+}
+
+/// A rule's `name`: present, well formed (`valid` is the name if it is), not the
+/// reserved one and not used by an earlier rule (`names`: name → position).
+fn check_name<'a>(
+    issues: &mut Issues<'_>,
+    given: Option<&str>,
+    valid: Option<&'a str>,
+    position: usize,
+    names: &mut HashMap<&'a str, usize>,
+) {
+    match (given, valid) {
+        (None, _) => issues.field("name", "required (1..=64 characters of A-Z a-z 0-9 _ . -)"),
+        (Some(n), None) => issues.field(
+            "name",
+            format!(
+                "{} must be 1..=64 characters of A-Z a-z 0-9 _ . -",
+                quote(n)
+            ),
+        ),
+        (Some(_), Some(n)) if n == DEFAULT_RULE_NAME => {
+            issues.field("name", "\"default\" is reserved for the [default] section")
+        }
+        (Some(_), Some(n)) => match names.entry(n) {
+            Entry::Occupied(first) => issues.field(
+                "name",
+                format!("duplicate name (first used by rule #{})", first.get()),
+            ),
+            Entry::Vacant(v) => {
+                v.insert(position);
+            }
+        },
+    }
+}
+
+/// A rule's selector, already valid: no earlier rule may have the same one
+/// (`selectors`: selector → the rule that has it), or one of them would never match.
+fn first_with_selector(
+    issues: &mut Issues<'_>,
+    selector: &Selector,
+    selectors: &mut HashMap<Selector, String>,
+) {
+    let this = issues.rule.to_string();
+    match selectors.entry(selector.clone()) {
+        Entry::Occupied(first) => issues.rule(format!(
+            "has the same selector ({selector}) as {}; one of them would never match",
+            first.get()
+        )),
+        Entry::Vacant(v) => {
+            v.insert(this);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::{set, LEVELS};
-    use super::super::MatchLevel;
+    use super::super::{MatchLevel, MAX_ISSUES_SHOWN};
     use super::*;
     use proptest::prelude::*;
 
@@ -917,21 +718,11 @@ mod tests {
     }
 
     #[test]
-    fn module_doc_example_parses() {
-        let doc = include_str!("mod.rs");
-        let start = doc.find("//! ```toml\n").unwrap() + "//! ```toml\n".len();
-        let end = start + doc[start..].find("//! ```\n").unwrap();
-        let text: String = doc[start..end]
-            .lines()
-            .map(|l| {
-                l.strip_prefix("//!")
-                    .unwrap()
-                    .strip_prefix(' ')
-                    .unwrap_or("")
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        let rs = set(&text);
+    fn the_rules_doc_example_parses() {
+        let doc = include_str!("../../../docs/rules.md");
+        let start = doc.find("```toml\n").unwrap() + "```toml\n".len();
+        let text = &doc[start..start + doc[start..].find("```\n").unwrap()];
+        let rs = set(text);
         assert_eq!(rs.len(), 5);
         assert_eq!(rs.get("search-per-path").unwrap().per, CountPer::Route);
         assert_eq!(rs.get("vip-customer").unwrap().per, CountPer::Client);
@@ -1527,10 +1318,9 @@ mod tests {
 
     #[test]
     fn rule_bounds_match_the_request_bounds() {
-        // The loader may not accept a tier or client key a check cannot carry (test-only
-        // reference to the check layer, which sits above config).
-        assert_eq!(MAX_TIER_LEN, crate::check::plan::MAX_TIER_BYTES);
-        assert_eq!(MAX_KEY_LEN, crate::check::plan::MAX_KEY_BYTES);
+        // The loader may not accept a tier or client key a check cannot carry.
+        assert_eq!(MAX_TIER_LEN, crate::config::bounds::MAX_TIER_BYTES);
+        assert_eq!(MAX_KEY_LEN, crate::config::bounds::MAX_KEY_BYTES);
     }
 
     #[test]
@@ -1616,16 +1406,16 @@ mod tests {
     }
 
     #[test]
-    fn the_syntax_error_in_the_module_doc_is_what_the_loader_says() {
+    fn the_syntax_error_in_the_rules_doc_is_what_the_loader_says() {
         let e = RuleSet::from_file_bytes(
             Path::new("rules.toml"),
             b"[[rule]]\nname = \"a\"\nlimit = = 3\n",
         )
         .unwrap_err()
         .to_string();
-        let doc = include_str!("mod.rs");
-        let shown: String = e.lines().map(|l| format!("//! {l}\n")).collect();
-        assert!(doc.contains(&shown), "module doc shows:\n{shown}");
+        let doc = include_str!("../../../docs/rules.md");
+        let shown: String = e.lines().map(|l| format!("{l}\n")).collect();
+        assert!(doc.contains(&shown), "docs/rules.md shows:\n{shown}");
     }
 
     #[test]

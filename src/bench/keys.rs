@@ -1,0 +1,64 @@
+//! The key space of a run and its sampler: uniform or Zipf, seeded, one generator state
+//! per caller.
+
+use std::sync::Arc;
+
+use super::args::{BenchArgs, Distribution};
+
+/// The key space and its sampler.
+#[derive(Clone)]
+pub struct Keys {
+    names: Arc<Vec<String>>,
+    /// Cumulative Zipf weights; empty for uniform.
+    cdf: Arc<Vec<f64>>,
+}
+
+impl Keys {
+    /// `--keys` names, drawn as `--distribution` says.
+    pub fn new(args: &BenchArgs) -> Self {
+        let names = (0..args.keys).map(|i| format!("client_{i}")).collect();
+        let cdf = match args.distribution {
+            Distribution::Uniform => Vec::new(),
+            Distribution::Zipf => {
+                let mut total = 0.0;
+                let mut cdf: Vec<f64> = (1..=args.keys)
+                    .map(|rank| {
+                        total += 1.0 / (rank as f64).powf(args.zipf_s);
+                        total
+                    })
+                    .collect();
+                for c in &mut cdf {
+                    *c /= total;
+                }
+                cdf
+            }
+        };
+        Self {
+            names: Arc::new(names),
+            cdf: Arc::new(cdf),
+        }
+    }
+
+    /// The next key drawn with `rng`.
+    pub fn next(&self, rng: &mut u64) -> &str {
+        let r = splitmix(rng);
+        let index = if self.cdf.is_empty() {
+            (r % self.names.len() as u64) as usize
+        } else {
+            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+            self.cdf
+                .partition_point(|&c| c < u)
+                .min(self.names.len() - 1)
+        };
+        &self.names[index]
+    }
+}
+
+/// SplitMix64: a small, fast, seedable generator (one u64 of state per caller).
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

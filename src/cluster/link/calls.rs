@@ -1,0 +1,273 @@
+//! The one-shot peer calls (refund, install, rules pull, rules write) as pure request
+//! builders and answer readers: the shell only makes the tonic call and bounds its time.
+
+use std::time::Duration;
+
+use crate::algorithms::Millis;
+use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
+use crate::cluster::{CheckItem, InlineRules};
+use crate::config::rules::{RulesSource, Stamp};
+use crate::proto::peer::{
+    InstallRequest, KeyState as WireState, RefundItem as WireRefund, RefundRequest, RulesRequest,
+    RulesResponse, WriteRulesRequest, WriteRulesResponse,
+};
+use crate::shard::Exported;
+
+use super::wire::{wire_inline, wire_named};
+use super::{ForwardError, PulledRules, RemoteWriteError, WriteOutcome};
+
+/// How long a handoff push or a rules write may take: not on a caller's path, so more
+/// than a check.
+pub fn install_deadline(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(5))
+}
+
+/// How long a rules pull may take.
+pub fn pull_deadline(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(2))
+}
+
+/// A failed call to `peer` as the link reports it: `None` is a call that ran out of time.
+pub fn call_error(peer: &str, status: Option<&tonic::Status>) -> ForwardError {
+    match status {
+        Some(status) => ForwardError::Unreachable(peer.to_string(), status.message().to_string()),
+        None => ForwardError::Timeout(peer.to_string()),
+    }
+}
+
+/// Admitted checks given back, each quoting the owner's clock at its admission.
+pub fn refund_request(items: &[(CheckItem, Millis)]) -> RefundRequest {
+    let items = items
+        .iter()
+        .map(|(item, at)| WireRefund {
+            key: item.client().to_string(),
+            route: item.route().to_string(),
+            tier: item.tier.as_deref().map(str::to_string),
+            cost: item.cost.get(),
+            at: *at,
+            named: item.named.as_ref().map(wire_named),
+        })
+        .collect();
+    RefundRequest { items }
+}
+
+/// Handed-over state from node `me`; a counter of an inline rule carries its numbers.
+pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> InstallRequest {
+    InstallRequest {
+        from_node: me.to_string(),
+        states: states
+            .iter()
+            .map(|item| WireState {
+                placement: item.id.placement,
+                id: item.id.disc,
+                fingerprint: item.fingerprint,
+                algorithm: item.state.kind().as_str().to_string(),
+                words: item.state.to_words(),
+                inline: inline.inline_of(item.fingerprint).map(wire_inline),
+            })
+            .collect(),
+    }
+}
+
+/// Node `me` asking for a peer's rule set.
+pub fn rules_request(me: &str) -> RulesRequest {
+    RulesRequest {
+        from_node: me.to_string(),
+    }
+}
+
+/// A peer's rule set as it sent it (checked by the caller, never enforced as is).
+pub fn pulled_rules(r: RulesResponse) -> PulledRules {
+    PulledRules {
+        source: RulesSource::parse(&r.source),
+        stamp: Stamp {
+            version: r.version,
+            digest: r.digest,
+        },
+        document: r.document,
+    }
+}
+
+/// A rules write from node `me`, applied by the coordinator to its own copy.
+pub fn write_request(me: &str, if_match: Option<u64>, edit: &RulesEdit) -> WriteRulesRequest {
+    let (kind, tier, route_pattern, body) = match edit {
+        RulesEdit::Replace(doc) => ("replace", String::new(), None, doc.to_json()),
+        RulesEdit::ReplaceEnvoy(envoy) => (
+            "replace_envoy",
+            String::new(),
+            None,
+            serde_json::to_string(envoy).expect("an envoy section serializes"),
+        ),
+        RulesEdit::PutTierLimit { tier, limit } => (
+            "put_tier_limit",
+            tier.clone(),
+            None,
+            serde_json::to_string(limit).expect("a tier limit serializes"),
+        ),
+        RulesEdit::DeleteTierLimit { tier, route } => (
+            "delete_tier_limit",
+            tier.clone(),
+            route.clone(),
+            String::new(),
+        ),
+    };
+    WriteRulesRequest {
+        from_node: me.to_string(),
+        if_match,
+        kind: kind.to_string(),
+        tier,
+        route_pattern,
+        body,
+    }
+}
+
+/// What coordinator `peer` says it wrote.
+pub fn write_outcome(peer: &str, r: WriteRulesResponse) -> WriteOutcome {
+    WriteOutcome {
+        written: Written {
+            stamp: Stamp {
+                version: r.version,
+                digest: r.digest,
+            },
+            changed: r.changed,
+            rule: (!r.rule.is_empty()).then_some(r.rule),
+            coordinator: peer.to_string(),
+        },
+        document: r.document,
+    }
+}
+
+/// A rules write that failed: the coordinator's refusal (the codes its edge maps
+/// [`Refusal`]s to), or a call that failed (`None`: ran out of time) and changed
+/// nothing known.
+pub fn write_error(peer: &str, status: Option<&tonic::Status>) -> RemoteWriteError {
+    let refusal = status.and_then(|status| match status.code() {
+        tonic::Code::InvalidArgument => Some(Refusal::Invalid),
+        tonic::Code::FailedPrecondition => Some(Refusal::Stale),
+        tonic::Code::NotFound => Some(Refusal::NotFound),
+        tonic::Code::PermissionDenied => Some(Refusal::ReadOnly),
+        tonic::Code::Internal => Some(Refusal::Internal),
+        tonic::Code::Aborted => Some(Refusal::Unavailable),
+        _ => None,
+    });
+    match (refusal, status) {
+        (Some(kind), Some(status)) => RemoteWriteError::Refused(kind, status.message().to_string()),
+        _ => RemoteWriteError::Failed(call_error(peer, status)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::policy::testkit;
+    use crate::config::rules::RulesDoc;
+
+    #[test]
+    fn deadlines_of_calls_off_the_callers_path_have_a_floor() {
+        let short = Duration::from_millis(250);
+        assert_eq!(install_deadline(short), Duration::from_secs(5));
+        assert_eq!(pull_deadline(short), Duration::from_secs(2));
+        let long = Duration::from_secs(9);
+        assert_eq!((install_deadline(long), pull_deadline(long)), (long, long));
+    }
+
+    #[test]
+    fn a_failed_call_is_unreachable_with_its_message_or_a_timeout() {
+        let status = tonic::Status::unavailable("refused");
+        assert_eq!(
+            call_error("p", Some(&status)),
+            ForwardError::Unreachable("p".into(), "refused".into())
+        );
+        assert_eq!(call_error("p", None), ForwardError::Timeout("p".into()));
+    }
+
+    #[test]
+    fn a_refund_quotes_each_admission_time() {
+        let item = testkit::item("k", "GET /x", 2);
+        let request = refund_request(&[(item, 1234)]);
+        let wire = &request.items[0];
+        assert_eq!((wire.key.as_str(), wire.route.as_str()), ("k", "GET /x"));
+        assert_eq!((wire.cost, wire.at), (2, 1234));
+    }
+
+    #[test]
+    fn an_install_names_its_sender() {
+        let request = install_request("me", &[], &InlineRules::default());
+        assert_eq!(request.from_node, "me");
+        assert!(request.states.is_empty());
+        assert_eq!(rules_request("me").from_node, "me");
+    }
+
+    #[test]
+    fn a_pulled_rule_set_keeps_its_claimed_stamp_and_an_unknown_source_is_none() {
+        let pulled = pulled_rules(RulesResponse {
+            source: "no such source".into(),
+            version: 3,
+            digest: 9,
+            document: "{}".into(),
+        });
+        assert!(pulled.source.is_none());
+        assert_eq!((pulled.stamp.version, pulled.stamp.digest), (3, 9));
+        assert_eq!(pulled.document, "{}");
+    }
+
+    #[test]
+    fn each_edit_travels_as_its_kind() {
+        let delete = RulesEdit::DeleteTierLimit {
+            tier: "gold".into(),
+            route: Some("GET /x".into()),
+        };
+        let r = write_request("me", Some(4), &delete);
+        assert_eq!(
+            (r.kind.as_str(), r.tier.as_str()),
+            ("delete_tier_limit", "gold")
+        );
+        assert_eq!(
+            (r.route_pattern.as_deref(), r.if_match),
+            (Some("GET /x"), Some(4))
+        );
+        let replace = write_request("me", None, &RulesEdit::Replace(RulesDoc::default()));
+        assert_eq!(replace.kind, "replace");
+        assert_eq!(replace.body, RulesDoc::default().to_json());
+        let envoy = write_request("me", None, &RulesEdit::ReplaceEnvoy(None));
+        assert_eq!(
+            (envoy.kind.as_str(), envoy.body.as_str()),
+            ("replace_envoy", "null")
+        );
+    }
+
+    #[test]
+    fn a_write_answer_names_its_coordinator_and_an_empty_rule_is_none() {
+        let outcome = write_outcome(
+            "coord",
+            WriteRulesResponse {
+                version: 2,
+                digest: 5,
+                changed: true,
+                rule: String::new(),
+                document: "{}".into(),
+            },
+        );
+        assert_eq!(outcome.written.coordinator, "coord");
+        assert_eq!(outcome.written.rule, None);
+        assert!(outcome.written.changed);
+    }
+
+    #[test]
+    fn a_write_refusal_keeps_its_kind_and_other_failures_change_nothing_known() {
+        let stale = tonic::Status::failed_precondition("old version");
+        assert!(matches!(
+            write_error("c", Some(&stale)),
+            RemoteWriteError::Refused(Refusal::Stale, m) if m == "old version"
+        ));
+        let down = tonic::Status::unavailable("gone");
+        assert!(matches!(
+            write_error("c", Some(&down)),
+            RemoteWriteError::Failed(ForwardError::Unreachable(..))
+        ));
+        assert!(matches!(
+            write_error("c", None),
+            RemoteWriteError::Failed(ForwardError::Timeout(_))
+        ));
+    }
+}

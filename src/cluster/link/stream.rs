@@ -1,0 +1,695 @@
+//! The shell around one peer's [`Batcher`] and [`Session`]: a batcher task per peer fed
+//! by a bounded channel, a driver task per `ForwardStream` reading its answers, a task
+//! per unary call. They only move events between channels, sockets and timers and the
+//! two state machines, and hand answers to callers' reply channels: a batch on a stream
+//! costs no task and no channel of its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cluster::Remote;
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::{ForwardCall, ForwardItem, ForwardRequest, ForwardResponse};
+
+use super::batcher::{Batcher, Next, Queued};
+use super::session::{Delivery, Failed, Route, Session};
+use super::{wire, ForwardConfig, ForwardError, Signed};
+
+/// Where a forwarded check's caller waits for its answer.
+pub(super) type ReplyTx = oneshot::Sender<Result<Remote, ForwardError>>;
+
+/// Per check of a batch: the rule this node matched (the owner matches the same one, so
+/// its answer naming it costs no copy) and the caller's reply.
+pub(super) type Reply = (Arc<str>, ReplyTx);
+
+/// A check queued for a peer.
+pub(super) struct Pending {
+    pub(super) item: ForwardItem,
+    pub(super) rule: Arc<str>,
+    /// When the caller stops waiting for this check.
+    pub(super) deadline: Instant,
+    pub(super) reply: ReplyTx,
+}
+
+impl Queued for Pending {
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn gave_up(&self) -> bool {
+        self.reply.is_closed()
+    }
+}
+
+/// Batches queued for one stream's request body. At most `max_in_flight` are out, so
+/// only an unlimited setting (0) can fill it; a batch that finds it full fails over.
+const STREAM_FRAMES: usize = 64;
+
+/// One peer's session and the request body of its current stream.
+struct Wired {
+    session: Session<Reply>,
+    /// The sender of the current stream's request body, with the stream's number.
+    /// Dropping it ends the body: the peer answers what it holds and ends its side.
+    frames: Option<(u64, mpsc::Sender<ForwardCall>)>,
+}
+
+/// The shared side of one link: its session behind a lock, and what its tasks need.
+pub(super) struct Streams {
+    client: PeerClient<Signed>,
+    peer: Arc<str>,
+    state: Mutex<Wired>,
+    /// A slot came free (an answer, a failure, a deadline): wakes a waiting batcher.
+    freed: Notify,
+    /// How long a stream may take to open, and how long a retired link's driver still
+    /// waits for answers: the forward deadline, after which no caller waits.
+    patience: Duration,
+    /// The node's shutdown: ends every driver at once.
+    cancel: CancellationToken,
+    /// Cancelled when the link's batcher ends (the link was replaced): no batch will be
+    /// sent any more, and the drivers end once what they carry is answered or due.
+    retired: CancellationToken,
+    /// Where the drivers and unary calls run, so the node's shutdown waits for them.
+    tracker: TaskTracker,
+    opened: metrics::Counter,
+}
+
+impl Streams {
+    /// The shared side of a link to `peer` over `client`.
+    pub(super) fn new(
+        client: PeerClient<Signed>,
+        peer: Arc<str>,
+        config: &ForwardConfig,
+        cancel: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Self {
+        let session = Session::new(peer.clone(), config.stream_max_age, !config.stream);
+        Self {
+            client,
+            peer,
+            state: Mutex::new(Wired {
+                session,
+                frames: None,
+            }),
+            freed: Notify::new(),
+            patience: config.timeout,
+            cancel,
+            retired: CancellationToken::new(),
+            tracker,
+            opened: metrics::counter!("ringlimit_forward_streams_opened_total"),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Wired> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Send a batch (its request and its callers), due at `deadline`.
+    fn send(self: &Arc<Self>, request: ForwardRequest, replies: Vec<Reply>, deadline: Instant) {
+        let now = Instant::now();
+        let mut wired = self.lock();
+        let expired = wired.session.expire(now);
+        let unsent = match wired.session.send(now, replies, deadline) {
+            Route::Unary { call } => {
+                let unary = send_unary(self.clone(), call, request, deadline);
+                self.tracker
+                    .spawn(tracing::Instrument::in_current_span(unary));
+                None
+            }
+            route @ Route::Stream { .. } => self.put_frame(&mut wired, route, request, now),
+        };
+        drop(wired);
+        let freed = expired.is_some() || unsent.is_some();
+        fail(expired);
+        if let Some((replies, error)) = unsent {
+            fail_batch(replies, &error);
+        }
+        if freed {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Put a batch's frame on its stream's request body (opening the stream first if
+    /// the session says so). A driver can end between two batches; nothing was sent
+    /// on its stream then, so the batch goes on a fresh one. What could not be sent
+    /// comes back with why.
+    fn put_frame(
+        self: &Arc<Self>,
+        wired: &mut Wired,
+        mut route: Route,
+        request: ForwardRequest,
+        now: Instant,
+    ) -> Option<(Vec<Reply>, ForwardError)> {
+        let Route::Stream { call, .. } = route else {
+            unreachable!("only stream routes carry frames")
+        };
+        let mut frame = ForwardCall {
+            call,
+            request: Some(request),
+        };
+        for _ in 0..2 {
+            let Route::Stream { stream, open, .. } = route else {
+                break;
+            };
+            if open {
+                self.open(wired, stream);
+            }
+            let sent = match &wired.frames {
+                Some((id, frames)) if *id == stream => frames.try_send(frame),
+                _ => Err(mpsc::error::TrySendError::Closed(frame)),
+            };
+            match sent {
+                Ok(()) => return None,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let error = ForwardError::Overloaded(self.peer.to_string());
+                    return wired.session.unsent(call).map(|r| (r, error));
+                }
+                Err(mpsc::error::TrySendError::Closed(back)) => {
+                    frame = back;
+                    wired.frames = None;
+                    route = wired.session.reroute(call, now)?;
+                }
+            }
+        }
+        let error =
+            ForwardError::Unreachable(self.peer.to_string(), "forward stream closed".into());
+        wired.session.unsent(call).map(|r| (r, error))
+    }
+
+    /// Open stream `id`: a new request body, and a driver reading its answers. The
+    /// previous body's sender is dropped here, so that stream ends once answered.
+    fn open(self: &Arc<Self>, wired: &mut Wired, id: u64) {
+        let (frames, body) = mpsc::channel(STREAM_FRAMES);
+        wired.frames = Some((id, frames));
+        self.opened.increment(1);
+        self.tracker
+            .spawn(tracing::Instrument::in_current_span(drive(
+                self.clone(),
+                id,
+                body,
+            )));
+    }
+
+    /// Batch `call` was answered (or its call failed).
+    fn answered(&self, call: u64, result: Result<ForwardResponse, ForwardError>) {
+        let delivery = self.lock().session.answer(call, result);
+        if let Some(delivery) = delivery {
+            deliver(delivery, &self.peer);
+            self.freed.notify_one();
+        }
+    }
+
+    /// Apply a transition that fails batches, under the lock; fail them outside it.
+    fn failing(&self, transition: impl FnOnce(&mut Wired) -> Option<Failed<Reply>>) {
+        let failed = transition(&mut self.lock());
+        if failed.is_some() {
+            fail(failed);
+            self.freed.notify_one();
+        }
+    }
+
+    /// Stream `id` ended: fail its batches; drop its body if it was the current one.
+    fn closed(&self, id: u64, why: &str) {
+        self.failing(|w| {
+            if w.frames.as_ref().is_some_and(|(f, _)| *f == id) {
+                w.frames = None;
+            }
+            w.session.close(id, why)
+        });
+    }
+
+    fn in_flight(&self) -> usize {
+        self.lock().session.in_flight()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.lock().session.next_deadline()
+    }
+}
+
+/// Fail every batch of `failed` with its error.
+fn fail(failed: Option<Failed<Reply>>) {
+    if let Some(Failed { error, batches }) = failed {
+        for replies in batches {
+            fail_batch(replies, &error);
+        }
+    }
+}
+
+fn fail_batch(replies: Vec<Reply>, error: &ForwardError) {
+    for (_, reply) in replies {
+        let _ = reply.send(Err(error.clone()));
+    }
+}
+
+/// Hand a batch's answer (or its failure) to its callers.
+fn deliver(delivery: Delivery<Reply, ForwardResponse>, peer: &Arc<str>) {
+    match delivery {
+        Delivery::Answer { replies, answer } => {
+            let decider = wire::decider(&answer, peer);
+            for (outcome, (rule, reply)) in answer.outcomes.into_iter().zip(replies) {
+                let _ = reply.send(Ok(wire::remote(outcome, &decider, rule)));
+            }
+        }
+        Delivery::Fail { replies, error } => fail_batch(replies, &error),
+    }
+}
+
+/// Open one `ForwardStream` with `body` as its request stream and hand each answer to
+/// its batch until the stream ends, the link goes or the node stops; then fail what is
+/// still waiting on it.
+async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>) {
+    let read = async {
+        let mut client = streams.client.clone();
+        // An owner that accepted the connection but never answers the stream's headers
+        // (paused, or the connection at its stream limit) must not keep the session
+        // current: every batch on it would wait for its deadline.
+        let opened = tokio::time::timeout(
+            streams.patience,
+            client.forward_stream(tokio_stream::wrappers::ReceiverStream::new(body)),
+        )
+        .await;
+        let Ok(opened) = opened else {
+            return "the forward stream did not open in time".to_string();
+        };
+        let mut answers = match opened {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::info!(peer = %streams.peer, "peer does not stream forwards (an older build): using unary calls");
+                streams.failing(|w| w.session.not_streamed(id, status.message()));
+                return status.message().to_string();
+            }
+            Err(status) => return status.message().to_string(),
+        };
+        loop {
+            match answers.message().await {
+                Ok(Some(answer)) => {
+                    let (call, result) = wire::stream_answer(answer, &streams.peer);
+                    streams.answered(call, result);
+                }
+                Ok(None) => return "forward stream ended".to_string(),
+                Err(status) => return status.message().to_string(),
+            }
+        }
+    };
+    let retired = async {
+        streams.retired.cancelled().await;
+        tokio::time::sleep(streams.patience).await;
+    };
+    let why = tokio::select! {
+        why = read => why,
+        _ = streams.cancel.cancelled() => {
+            streams.failing(|w| w.session.shutdown());
+            return;
+        }
+        _ = retired => "link replaced".to_string(),
+    };
+    streams.closed(id, &why);
+}
+
+/// A batch as one unary `Forward` call (a peer without the stream, `--forward-unary`).
+async fn send_unary(streams: Arc<Streams>, call: u64, request: ForwardRequest, deadline: Instant) {
+    let mut client = streams.client.clone();
+    let result = match tokio::time::timeout_at(deadline, client.forward(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(super::calls::call_error(&streams.peer, Some(&status))),
+        Err(_) => Err(ForwardError::Timeout(streams.peer.to_string())),
+    };
+    streams.answered(call, result);
+}
+
+/// Retires a link's [`Streams`] when its batcher ends, however it ends: the current
+/// stream's request body closes (the owner answers what it holds, then ends its side).
+struct Retire(Arc<Streams>);
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        let mut wired = self.0.lock();
+        wired.session.retire();
+        wired.frames = None;
+        drop(wired);
+        self.0.retired.cancel();
+    }
+}
+
+/// Coalesce queued checks for one peer into batches, as its [`Batcher`] says, sent on
+/// the peer's stream (or as `Forward` calls to a peer without it).
+pub(super) async fn batcher(
+    mut rx: mpsc::Receiver<Pending>,
+    streams: Arc<Streams>,
+    config: ForwardConfig,
+    cancel: CancellationToken,
+) {
+    let _retire = Retire(streams.clone());
+    let sizes = metrics::histogram!("ringlimit_forward_batch_size");
+    let mut batcher = Batcher::new(config.max_batch, config.max_in_flight, config.flush_delay);
+    loop {
+        while batcher.room() > 0 {
+            match rx.try_recv() {
+                Ok(pending) => batcher.queue().push(pending),
+                Err(_) => break,
+            }
+        }
+        let room = batcher.room();
+        match batcher.next(Instant::now(), streams.in_flight()) {
+            Next::Idle => tokio::select! {
+                _ = cancel.cancelled() => return,
+                received = rx.recv_many(batcher.queue(), room) => if received == 0 { return },
+            },
+            // A batch the peer never answers gives its slot back at its deadline.
+            Next::WaitSlot => {
+                let due = streams.next_deadline();
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = streams.freed.notified() => {}
+                    _ = sleep_until_some(due) => {
+                        streams.failing(|w| w.session.expire(Instant::now()));
+                    }
+                }
+            }
+            Next::FlushAt(until) => tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => {}
+                received = rx.recv_many(batcher.queue(), room) => if received == 0 {
+                    // The link is going: send what is queued now.
+                    send_batch(&mut batcher, &streams, &sizes);
+                },
+            },
+            Next::Send => send_batch(&mut batcher, &streams, &sizes),
+        }
+    }
+}
+
+/// Cut the queued checks into a batch and send it.
+fn send_batch(batcher: &mut Batcher<Pending>, streams: &Arc<Streams>, sizes: &metrics::Histogram) {
+    let Some((deadline, batch)) = batcher.take() else {
+        return;
+    };
+    sizes.record(batch.len() as f64);
+    let mut items = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for p in batch {
+        items.push(p.item);
+        replies.push((p.rule, p.reply));
+    }
+    let request = wire::forward_request(items, deadline_ms(deadline));
+    streams.send(request, replies, deadline);
+}
+
+/// `deadline` as wall-clock milliseconds, the clock the owner checks it against.
+fn deadline_ms(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| (d + left).as_millis() as u64)
+}
+
+/// Sleep until `due`, or forever without one.
+async fn sleep_until_some(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::{Request, Response, Status};
+
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::cluster::link::PeerPool;
+    use crate::cluster::policy::testkit;
+    use crate::membership::Member;
+    use crate::proto::peer::peer_server::{Peer, PeerServer};
+    use crate::proto::peer::{
+        ForwardAnswer, ForwardOutcome, InstallRequest, InstallResponse, RefundRequest,
+        RefundResponse, RulesRequest, RulesResponse, StatusRequest, StatusResponse,
+        WriteRulesRequest, WriteRulesResponse,
+    };
+
+    /// A peer that answers every item admitted, counting how it was asked; `streams`
+    /// false plays an older build without `ForwardStream`.
+    #[derive(Clone, Default)]
+    struct FakePeer {
+        streams: bool,
+        /// Take stream calls and never answer them (a paused owner).
+        silent: bool,
+        /// Never answer a stream's headers (an owner paused after accepting).
+        hang_open: bool,
+        unary_calls: Arc<AtomicUsize>,
+        streams_opened: Arc<AtomicUsize>,
+        streams_ended: Arc<AtomicUsize>,
+        stream_calls: Arc<AtomicUsize>,
+    }
+
+    fn answer(request: &ForwardRequest) -> ForwardResponse {
+        ForwardResponse {
+            node_id: "owner".into(),
+            generation: 1,
+            outcomes: request
+                .items
+                .iter()
+                .map(|_| ForwardOutcome {
+                    allowed: true,
+                    limit: 100,
+                    remaining: 99,
+                    rule: "default".into(),
+                    algorithm: "token_bucket".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[tonic::async_trait]
+    impl Peer for FakePeer {
+        async fn forward(
+            &self,
+            request: Request<ForwardRequest>,
+        ) -> Result<Response<ForwardResponse>, Status> {
+            self.unary_calls.fetch_add(1, Ordering::SeqCst);
+            Ok(Response::new(answer(request.get_ref())))
+        }
+
+        type ForwardStreamStream = ReceiverStream<Result<ForwardAnswer, Status>>;
+
+        async fn forward_stream(
+            &self,
+            request: Request<tonic::Streaming<ForwardCall>>,
+        ) -> Result<Response<Self::ForwardStreamStream>, Status> {
+            if !self.streams {
+                return Err(Status::unimplemented("not in this build"));
+            }
+            self.streams_opened.fetch_add(1, Ordering::SeqCst);
+            if self.hang_open {
+                std::future::pending::<()>().await;
+            }
+            let mut calls = request.into_inner();
+            let (tx, rx) = mpsc::channel(4);
+            let me = self.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(call)) = calls.message().await {
+                    me.stream_calls.fetch_add(1, Ordering::SeqCst);
+                    if me.silent {
+                        continue;
+                    }
+                    let response = call.request.as_ref().map(answer);
+                    let sent = tx.send(Ok(ForwardAnswer {
+                        call: call.call,
+                        response,
+                        code: 0,
+                        message: String::new(),
+                    }));
+                    if sent.await.is_err() {
+                        break;
+                    }
+                }
+                me.streams_ended.fetch_add(1, Ordering::SeqCst);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+
+        async fn refund(
+            &self,
+            _: Request<RefundRequest>,
+        ) -> Result<Response<RefundResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn install(
+            &self,
+            _: Request<InstallRequest>,
+        ) -> Result<Response<InstallResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn status(
+            &self,
+            _: Request<StatusRequest>,
+        ) -> Result<Response<StatusResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn rules(&self, _: Request<RulesRequest>) -> Result<Response<RulesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn write_rules(
+            &self,
+            _: Request<WriteRulesRequest>,
+        ) -> Result<Response<WriteRulesResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+    }
+
+    /// Serve `peer` on a loopback port; the member to forward to it.
+    async fn serve(peer: FakePeer) -> Member {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PeerServer::new(peer))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        testkit::member("owner", port)
+    }
+
+    fn pool(config: ForwardConfig) -> PeerPool {
+        PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                // Generous: a loaded test machine must not turn these into timeouts.
+                timeout: Duration::from_secs(5),
+                ..config
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        )
+    }
+
+    /// A pool whose forwards give up after 100 ms, for owners that never answer.
+    fn impatient_pool() -> PeerPool {
+        PeerPool::new(
+            "entry".into(),
+            ForwardConfig {
+                timeout: Duration::from_millis(100),
+                ..ForwardConfig::default()
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_batch_the_owner_never_answers_frees_its_slot_at_its_deadline() {
+        let peer = FakePeer {
+            streams: true,
+            silent: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        // One batch in flight at a time (the default): a batch that kept its slot
+        // would hold every later one back.
+        let pool = impatient_pool();
+        let item = testkit::item("k", "GET /x", 1);
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await;
+            assert!(
+                matches!(answer, Err(ForwardError::Timeout(_))),
+                "{answer:?}"
+            );
+        }
+        // Each batch reached the owner: none waited behind an unanswered one.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while peer.stream_calls.load(Ordering::SeqCst) < 3 && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_never_opens_is_given_up_at_the_forward_deadline() {
+        let peer = FakePeer {
+            streams: true,
+            hang_open: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = impatient_pool();
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(matches!(first, Err(ForwardError::Timeout(_))), "{first:?}");
+        // Once the open is given up, the next batch tries a new stream instead of
+        // queueing on the dead one for the stream's whole age (15 s).
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while peer.streams_opened.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < until {
+            let _ = pool.forward(&owner, &item).await;
+        }
+        assert!(peer.streams_opened.load(Ordering::SeqCst) >= 2);
+    }
+
+    #[tokio::test]
+    async fn an_older_peer_without_the_stream_gets_unary_forwards_after_one_failed_batch() {
+        let peer = FakePeer::default();
+        let owner = serve(peer.clone()).await;
+        let pool = pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(
+            matches!(first, Err(ForwardError::Unreachable(..))),
+            "the batch that finds out falls back: {first:?}"
+        );
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await.expect("a unary forward");
+            assert!(answer.decision.allowed);
+            assert_eq!(answer.decider.node_id.as_ref(), "owner");
+        }
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn batches_travel_on_one_stream_which_is_renewed_by_age_without_losing_a_batch() {
+        let peer = FakePeer {
+            streams: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = pool(ForwardConfig {
+            stream_max_age: Duration::from_millis(20),
+            ..ForwardConfig::default()
+        });
+        let item = testkit::item("k", "GET /x", 1);
+        let started = std::time::Instant::now();
+        let mut answered = 0;
+        while started.elapsed() < Duration::from_millis(300) {
+            let answer = pool
+                .forward(&owner, &item)
+                .await
+                .expect("every batch answered");
+            assert_eq!(answer.decision.remaining, 99);
+            answered += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 0, "no unary call");
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), answered);
+        let opened = peer.streams_opened.load(Ordering::SeqCst);
+        assert!(opened >= 2, "300 ms of 20 ms streams opened only {opened}");
+        // Every replaced stream ends (its sender let go): none is left open but the
+        // current one.
+        let ended = || peer.streams_ended.load(Ordering::SeqCst);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while ended() + 1 < opened && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ended() + 1, opened, "replaced streams were closed");
+    }
+}

@@ -1,0 +1,228 @@
+//! The node's metrics: the Prometheus recorder every subsystem records into, and a
+//! `# HELP` line for each metric, grouped by the subsystem that records it.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// The process-wide Prometheus recorder. `metrics` has one global recorder, so nodes
+/// started in one test process share it.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_duration_seconds".into()),
+                &[
+                    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
+                    0.1, 0.25, 1.0,
+                ],
+            )
+            .expect("non-empty buckets");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder is installed (an embedding program's): then
+        // our handle renders nothing, which is that program's choice.
+        let _ = metrics::set_global_recorder(recorder);
+        describe_metrics();
+        metrics::gauge!(
+            "ringlimit_build_info",
+            "version" => env!("CARGO_PKG_VERSION"),
+        )
+        .set(1.0);
+        handle
+    })
+}
+
+/// A `# HELP` line for every metric (README "Flags and metrics" has the longer story):
+/// a dashboard author should not need the source to read `/metrics`.
+fn describe_metrics() {
+    describe_checks();
+    describe_forwarding();
+    describe_shards();
+    describe_ownership();
+    describe_security();
+    describe_connections();
+    describe_rules();
+}
+
+/// Checks and their answers, on every front end.
+fn describe_checks() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "ringlimit_build_info",
+        "Always 1; the version label names the running build."
+    );
+    describe_counter!(
+        "ringlimit_checks_total",
+        "Decisions made here, by verdict, algorithm and rule (at most 256 rule series per shard, then rule=\"other\")."
+    );
+    describe_histogram!(
+        "ringlimit_check_duration_seconds",
+        "Time to handle one check request."
+    );
+    describe_counter!(
+        "ringlimit_degraded_total",
+        "Answers given without the owner (fail_open, fail_closed)."
+    );
+    describe_counter!(
+        "ringlimit_deny_cache_hits_total",
+        "Denials answered from the local deny cache, without a hop."
+    );
+    describe_histogram!(
+        "ringlimit_envoy_rls_duration_seconds",
+        "Time to answer one Envoy ShouldRateLimit call."
+    );
+    describe_counter!(
+        "ringlimit_shadow_denials_total",
+        "Checks a rule in shadow mode would have denied (they were allowed), by rule."
+    );
+    describe_counter!(
+        "ringlimit_refused_total",
+        "Requests refused before anything was charged, by reason (invalid_argument, overloaded, unavailable) and field."
+    );
+}
+
+/// Checks forwarded to their owner over the peer link.
+fn describe_forwarding() {
+    use metrics::{describe_counter, describe_histogram};
+    describe_counter!(
+        "ringlimit_forwarded_total",
+        "Checks forwarded to their owner."
+    );
+    describe_counter!(
+        "ringlimit_forward_errors_total",
+        "Forwards that failed or timed out."
+    );
+    describe_histogram!(
+        "ringlimit_forward_batch_size",
+        "Checks per forwarded batch."
+    );
+    describe_counter!(
+        "ringlimit_forward_streams_opened_total",
+        "Forward streams opened to peers (one per peer, renewed every 15 s; more means streams broke)."
+    );
+    describe_counter!(
+        "ringlimit_forwarded_not_owner_total",
+        "Forwarded checks decided here although this node's ring names another owner."
+    );
+    describe_counter!(
+        "ringlimit_forwarded_stale_total",
+        "Forwarded checks refused because their batch arrived after its deadline."
+    );
+}
+
+/// The shard actors and the keys they hold.
+fn describe_shards() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!("ringlimit_keys", "Keys held, per shard.");
+    describe_gauge!(
+        "ringlimit_state_bytes",
+        "Bytes of per-key state kept beside the key table (sliding logs), per shard; bounded by --max-state-bytes."
+    );
+    describe_gauge!(
+        "ringlimit_shard_queue_depth",
+        "Commands waiting in a shard's inbox."
+    );
+    describe_counter!("ringlimit_evictions_total", "Keys dropped at the key cap (their counts were lost), by shard and kind (live, denied). Alert on any increase.");
+    describe_counter!(
+        "ringlimit_expired_keys_total",
+        "Idle keys dropped because their state was back to fresh (harmless)."
+    );
+}
+
+/// Ownership moves: restarts, resets and the state handed over.
+fn describe_ownership() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "ringlimit_ownership_resets_total",
+        "Keys restarted from empty because their owner died or restarted."
+    );
+    describe_counter!(
+        "ringlimit_member_restarts_total",
+        "A peer came back with a new generation under the same id."
+    );
+    describe_counter!(
+        "ringlimit_handoff_pushed_total",
+        "Key states pushed to new owners on ownership moves."
+    );
+    describe_counter!(
+        "ringlimit_handoff_installed_total",
+        "Handed-over key states installed here."
+    );
+    describe_counter!(
+        "ringlimit_handoff_failed_total",
+        "Handoff pushes that failed."
+    );
+    describe_counter!(
+        "ringlimit_handoff_deltas_total",
+        "Admissions on handed-over keys pushed on to their new owners."
+    );
+    describe_counter!(
+        "ringlimit_handoff_refused_total",
+        "Handed-over states refused as implausible, by reason."
+    );
+}
+
+/// The cluster key at work: refused peer calls and gossip datagrams.
+fn describe_security() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "ringlimit_peer_auth_refused_total",
+        "Peer calls refused UNAUTHENTICATED, by reason. Alert on any increase."
+    );
+    describe_counter!(
+        "ringlimit_gossip_rejected_total",
+        "Gossip datagrams dropped before chitchat saw them, by reason."
+    );
+    describe_counter!(
+        "ringlimit_gossip_oversize_total",
+        "Gossip envelopes too large to tag."
+    );
+    describe_counter!(
+        "ringlimit_gossip_codec_failures_total",
+        "Authentic gossip datagrams lost because the loopback codec failed (then reopened)."
+    );
+}
+
+/// The gRPC listeners' connections.
+fn describe_connections() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!("ringlimit_grpc_connections", "Open gRPC connections.");
+    describe_counter!(
+        "ringlimit_connections_refused_total",
+        "Connections closed at once because --max-connections were open."
+    );
+    describe_counter!(
+        "ringlimit_accept_errors_total",
+        "Failed accepts on a gRPC listener (e.g. at the file descriptor limit)."
+    );
+}
+
+/// Rules and Envoy configuration: reloads, versions, drift between members.
+fn describe_rules() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "ringlimit_envoy_config_reloads_total",
+        "Reloads of the Envoy (envoyproxy/ratelimit YAML) configuration, by result."
+    );
+    describe_counter!(
+        "ringlimit_rules_reloads_total",
+        "Rule file reloads, by result (ok, error)."
+    );
+    describe_gauge!("ringlimit_rules_version", "Version of the rules this node enforces (cluster mode: the cluster's version; file mode: reloads since start).");
+    describe_gauge!("ringlimit_rules_drift_nodes", "Members whose rules differ from this node's (different files, or mixed file and cluster sources).");
+    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only).");
+    describe_counter!(
+        "ringlimit_rules_changes_total",
+        "Rule sets swapped in, by origin (api, peer, file)."
+    );
+    describe_counter!(
+        "ringlimit_rules_pull_failures_total",
+        "Failed attempts to copy newer rules from a peer (retried every 500 ms)."
+    );
+    describe_counter!(
+        "ringlimit_rules_persist_failures_total",
+        "Rule sets copied from a peer that could not be written to --data-dir."
+    );
+}

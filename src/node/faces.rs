@@ -1,0 +1,253 @@
+//! The node's three faces, each a server on a listener of its own: the public gRPC face
+//! (gateways; no authentication, every per-client bound set here), the cluster face
+//! (the peer service only, every call proving the cluster key, optionally mutual TLS),
+//! and the ops HTTP face (operators; rules writes need the admin token).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::exporter::metrics_handle;
+use super::{grpc, GrpcLimits, NodeConfig, NodeError, MAX_MESSAGE_BYTES};
+use crate::check::Checker;
+use crate::cluster::rules::ClusterRules;
+use crate::cluster::Router;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use crate::proto::gubernator::v1_server::V1Server;
+use crate::proto::peer::peer_server::PeerServer;
+use crate::proto::v1_server::rate_limiter_server::RateLimiterServer;
+use crate::server::answer_budget::{AnswerBudget, HoldUntilSentLayer};
+use crate::server::ops::OpsState;
+use crate::server::peer_auth::PeerAuthLayer;
+use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
+
+/// The services of the public face over one checker: `ringlimit.v1` and Gubernator
+/// (when asked for) share one budget of unsent bulk answers; Envoy RLS answers one
+/// request at a time.
+pub fn public_services(config: &NodeConfig, checker: Checker) -> PublicServices {
+    // One budget of unsent bulk answers for every bulk front end of the node.
+    let answers = AnswerBudget::new(config.grpc.max_unsent_answer_items);
+    let public = RateLimitService::new(checker.clone()).with_answer_budget(answers.clone());
+    // Gubernator's face only on request: its callers choose their own limits.
+    let gubernator = config
+        .gubernator
+        .then(|| GubernatorService::new(checker.clone()).with_answer_budget(answers));
+    let envoy_rls = EnvoyRlsService::new(checker).with_headers(config.envoy_headers);
+    PublicServices {
+        public,
+        envoy_rls,
+        gubernator,
+    }
+}
+
+/// The check services of the public face.
+pub struct PublicServices {
+    /// `ringlimit.v1`.
+    public: RateLimitService,
+    /// Envoy's RLS v3.
+    envoy_rls: EnvoyRlsService,
+    /// Gubernator's V1, only when asked for (`--gubernator`).
+    gubernator: Option<GubernatorService>,
+}
+
+/// What the ops face serves from: the rules authority, the router's view, the admin
+/// token and the metrics.
+pub fn ops_state(
+    config: &NodeConfig,
+    cluster_rules: &Arc<ClusterRules>,
+    router: &Arc<Router>,
+) -> OpsState {
+    OpsState {
+        rules: cluster_rules.clone(),
+        router: router.clone(),
+        admin: config.admin_token.clone(),
+        metrics: Arc::new(|| metrics_handle().render()),
+        expects_peers: !config.seeds.is_empty(),
+    }
+}
+
+/// The public face: `ringlimit.v1`, Envoy's RLS v3, Gubernator's V1 when asked for,
+/// health, and reflection (v1 and v1alpha) of those services only. Returns the server
+/// task for the caller's tracker.
+///
+/// Every bound on what one client can make this server hold is set here (README
+/// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
+/// are in [`grpc::incoming`].
+pub async fn serve_public(
+    listener: TcpListener,
+    services: PublicServices,
+    limits: &GrpcLimits,
+    cancel: CancellationToken,
+) -> Result<impl std::future::Future<Output = ()>, NodeError> {
+    let PublicServices {
+        public,
+        envoy_rls,
+        gubernator,
+    } = services;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimiterServer<RateLimitService>>()
+        .await;
+    health
+        .set_serving::<RateLimitServiceServer<EnvoyRlsService>>()
+        .await;
+    if gubernator.is_some() {
+        health.set_serving::<V1Server<GubernatorService>>().await;
+    }
+    let served_gubernator = gubernator.is_some();
+    // Both reflection versions: grpcurl and newer tools speak v1; the stock Python
+    // client (grpcio-reflection), older grpcurl, Postman and grpcui only v1alpha.
+    let reflection = || {
+        let builder = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::PUBLIC_FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+        if served_gubernator {
+            builder
+                .register_encoded_file_descriptor_set(crate::proto::GUBERNATOR_FILE_DESCRIPTOR_SET)
+        } else {
+            builder
+        }
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| NodeError::Reflection(e.to_string()))?;
+    let max = MAX_MESSAGE_BYTES;
+    let server = limited(limits)
+        .layer(grpc::StatusMappingLayer)
+        .layer(HoldUntilSentLayer)
+        .add_service(health_service.max_decoding_message_size(max))
+        .add_service(reflection_v1.max_decoding_message_size(max))
+        .add_service(reflection_v1alpha.max_decoding_message_size(max))
+        .add_service(RateLimiterServer::new(public).max_decoding_message_size(max))
+        .add_service(RateLimitServiceServer::new(envoy_rls).max_decoding_message_size(max))
+        .add_optional_service(gubernator.map(|g| V1Server::new(g).max_decoding_message_size(max)))
+        .serve_with_incoming_shutdown(
+            grpc::incoming(listener, limits),
+            cancel.clone().cancelled_owned(),
+        );
+    let grace = limits.shutdown_grace;
+    Ok(async move {
+        if let Some(Err(error)) = within_grace(server, &cancel, grace, "public").await {
+            tracing::error!(%error, "public gRPC server failed");
+            cancel.cancel();
+        }
+    })
+}
+
+/// Runs a gRPC server whose graceful shutdown starts when `cancel` fires, until it ends
+/// or `grace` after that, whichever is first (`None`: the grace ran out). tonic waits for
+/// every connection to close, and one a client holds open (a stream whose answers it
+/// never reads, so its last bytes never leave) would otherwise hold the node's stop
+/// until that connection's maximum age. Connections still open are then no longer
+/// waited for; they end with the process.
+async fn within_grace<F: std::future::Future>(
+    server: F,
+    cancel: &CancellationToken,
+    grace: Duration,
+    face: &'static str,
+) -> Option<F::Output> {
+    let grace_over = async {
+        cancel.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        done = server => Some(done),
+        () = grace_over => {
+            tracing::warn!(
+                face,
+                grace_ms = grace.as_millis() as u64,
+                "connections still open after the shutdown grace; stopping without them"
+            );
+            None
+        }
+    }
+}
+
+/// The cluster face: the peer service alone, on its own listener, with the same
+/// limits, every call checked for the cluster key's proof before it is served, and
+/// with `tls` every connection for a certificate of the cluster CA before that.
+pub async fn serve_peer(
+    listener: TcpListener,
+    peer: PeerService,
+    auth: PeerAuthLayer,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    limits: GrpcLimits,
+    cancel: CancellationToken,
+) {
+    let mut builder = limited(&limits);
+    if let Some(tls) = tls {
+        builder = match builder.tls_config(tls) {
+            Ok(builder) => builder,
+            Err(error) => {
+                // Checked at start (`grpc::check_tls`); never serve the face in the clear.
+                tracing::error!(%error, "peer TLS configuration refused; stopping");
+                cancel.cancel();
+                return;
+            }
+        };
+    }
+    let server = builder
+        .layer(auth)
+        .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .serve_with_incoming_shutdown(
+            grpc::incoming(listener, &limits),
+            cancel.clone().cancelled_owned(),
+        );
+    if let Some(Err(error)) = within_grace(server, &cancel, limits.shutdown_grace, "peer").await {
+        tracing::error!(%error, "peer gRPC server failed");
+        cancel.cancel();
+    }
+}
+
+/// A gRPC server builder with the HTTP/2 limits of `limits`.
+fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .max_frame_size(limits.max_frame_size)
+        .http2_max_header_list_size(limits.max_header_list_size)
+        .initial_stream_window_size(limits.initial_stream_window)
+        .initial_connection_window_size(limits.initial_connection_window)
+}
+
+/// The ops face: `/metrics`, health, the cluster and owner views and the rules API over
+/// HTTP, with a connection cap and age of its own; the exporter's upkeep runs beside it.
+pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationToken) {
+    let handle = metrics_handle();
+    let app = crate::server::ops::routes(state);
+    let upkeep = {
+        let cancel = cancel.clone();
+        async move {
+            // The exporter's histograms need periodic upkeep to drain their buffers.
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        }
+    };
+    let server = axum::serve(
+        crate::server::ops::BoundedListener::new(
+            listener,
+            crate::server::ops::MAX_OPS_CONNECTIONS,
+            crate::server::ops::MAX_OPS_CONNECTION_AGE,
+        ),
+        app,
+    )
+    .with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let (result, ()) = tokio::join!(server, upkeep);
+    if let Err(error) = result {
+        tracing::error!(%error, "ops HTTP server failed");
+    }
+}
