@@ -1,0 +1,1197 @@
+//! One simulated node: the real pure pieces of a ringlimit node, driven by events.
+//!
+//! What is real (called, not re-implemented): the shard [`Store`]s and the algorithms
+//! inside them, the per-shard [`Clamped`] clock, the rule set and planning
+//! (`check::plan::plan_check`; on the owner `check::forwarded::plan_batch` and
+//! `plan_refunds`), the routing policy (`policy::plan`,
+//! `remote_answer`, `denial`, `on_unreachable`, `combine`, `refunds`,
+//! `arrived_too_late`), the [`DenyCache`], the verdict (`Verdict::combine`), the view
+//! (`build_view_after`, so dedupe and generations are the node's), the ring and its
+//! diff, and the handoff (`Store::export` / `drain_deltas`, `handoff::with_rules`
+//! vetting, `Store::install` merging).
+//!
+//! What is a model: the async shells around them (this file mirrors `Router::decide`,
+//! `decide_forwarded`, the shard actor's `Check`, and the handoff watcher step by
+//! step, each noted where it is), the peer link's sender (`link.rs`), and gossip
+//! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
+//! exercised by the process suite, `tests/jepsen-like`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prost::Message;
+use ringlimit::algorithms::{AlgorithmKind, KeyState, Millis};
+use ringlimit::check::forwarded::{self, ForwardedInput, OwnerRules};
+use ringlimit::check::plan::{plan_check, At, FieldNames, Leaf};
+use ringlimit::check::verdict::Verdict;
+use ringlimit::check::{CheckInput, DescriptorInput};
+use ringlimit::clock::{Clamped, Clock};
+use ringlimit::cluster::deny_cache::DenyCache;
+use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
+use ringlimit::cluster::policy::{self, Fallback, Now, Origin, Routing};
+use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, InlineRules, Remote};
+use ringlimit::config::rules::{Rule, RuleSet};
+use ringlimit::membership::{
+    build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
+};
+use ringlimit::proto::peer::{
+    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardResponse, InstallRequest,
+    KeyState as WireState, RefundItem, RefundRequest,
+};
+use ringlimit::shard::{Charge, Exported, KeyId, Outcome, Store};
+
+use crate::history::Entry;
+use crate::link::{Effects, Link, LinkConfig, Waiter};
+use crate::rng::Rng;
+
+/// Shards per node (the process suite's nodes run 2 on this machine).
+const SHARDS: usize = 2;
+/// The key cap of a shard: far above what a run touches (eviction is not modelled).
+const SHARD_CAP: usize = 100_000;
+/// Gossip peers per round (chitchat's fan-out).
+const FANOUT: usize = 3;
+/// Bytes of a gossip message before its digests: cluster id, sender, auth tag.
+const GOSSIP_HEADER: usize = 64;
+/// A gap this long between two runs of the membership driver means the process was
+/// frozen (`membership::STALL`): removals are then held for `STALL_HOLD_MS`.
+const STALL_MS: u64 = 1000;
+const STALL_HOLD_MS: u64 = 1500;
+/// Bytes of one node's key-values (grpc and peer address, leaving) in a gossip delta.
+const GOSSIP_DELTA: usize = 96;
+
+/// A node's wall clock: simulated time plus its offset (the clock-offset fault); the
+/// monotonic reading is simulated time (no fault steps it).
+#[derive(Debug)]
+pub struct SimClock {
+    time: Arc<AtomicU64>,
+    offset: AtomicI64,
+}
+
+impl SimClock {
+    pub fn new(time: Arc<AtomicU64>) -> SimClock {
+        SimClock {
+            time,
+            offset: AtomicI64::new(0),
+        }
+    }
+    pub fn set_offset(&self, ms: i64) {
+        self.offset.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> Millis {
+        self.time
+            .load(Ordering::SeqCst)
+            .saturating_add_signed(self.offset.load(Ordering::SeqCst))
+    }
+    fn monotonic_ms(&self) -> Millis {
+        self.time.load(Ordering::SeqCst)
+    }
+}
+
+/// The three addresses a node advertises (fixed per node id, so a restart keeps them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addrs {
+    pub gossip: SocketAddr,
+    pub grpc: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+impl Addrs {
+    pub fn of_index(i: usize) -> Addrs {
+        let ip = format!("10.{}.{}.{}", 1 + i / 65_536, (i / 256) % 256, i % 256);
+        let at = |port: u16| format!("{ip}:{port}").parse().expect("an address");
+        Addrs {
+            gossip: at(7946),
+            grpc: at(8081),
+            peer: at(8082),
+        }
+    }
+}
+
+/// One node's gossip about one incarnation.
+#[derive(Clone, Debug)]
+pub struct GossipEntry {
+    pub id: Arc<str>,
+    pub generation: u64,
+    pub heartbeat: u64,
+    pub addrs: Addrs,
+    pub leaving: bool,
+}
+
+/// What travels between nodes.
+#[derive(Debug)]
+pub enum Msg {
+    /// Gossip round opener: the sender's digests (UDP; one vector shared by the round's
+    /// messages).
+    GossipSyn(Arc<Vec<GossipEntry>>),
+    /// Gossip reply: the receiver's digests (UDP).
+    GossipAck(Arc<Vec<GossipEntry>>),
+    /// A forwarded batch (TCP, on the peer stream).
+    Forward(ForwardCall),
+    /// Its answer, for the sender incarnation `to_inc`.
+    Answer { to_inc: u64, answer: ForwardAnswer },
+    /// Refunds of admitted charges (TCP).
+    Refund(RefundRequest),
+    /// Handed-over state (TCP).
+    Install(InstallRequest),
+}
+
+impl Msg {
+    /// Whether it rides TCP (held across a partition, retransmitted under loss) rather
+    /// than UDP (dropped).
+    pub fn tcp(&self) -> bool {
+        !matches!(self, Msg::GossipSyn(_) | Msg::GossipAck(_))
+    }
+    /// Bytes on the wire: the peer API's encoded size (plus a gRPC frame header of 5
+    /// and ~9 of HTTP/2 DATA framing), or the gossip model's digest size.
+    pub fn bytes(&self) -> usize {
+        let grpc = |len: usize| len + 5 + 9;
+        match self {
+            Msg::GossipSyn(e) | Msg::GossipAck(e) => {
+                GOSSIP_HEADER + e.iter().map(|g| g.id.len() + 36).sum::<usize>()
+            }
+            Msg::Forward(call) => grpc(call.encoded_len()),
+            Msg::Answer { answer, .. } => grpc(answer.encoded_len()),
+            Msg::Refund(r) => grpc(r.encoded_len()),
+            Msg::Install(r) => grpc(r.encoded_len()),
+        }
+    }
+}
+
+/// A node-local timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timer {
+    Gossip,
+    Deltas,
+    Link,
+}
+
+/// What a node asks the world to do.
+#[derive(Debug)]
+pub enum Out {
+    Send {
+        to: String,
+        msg: Msg,
+    },
+    Timer {
+        at: u64,
+        timer: Timer,
+    },
+    /// A completed check for a client (`t` is filled in when the client gets it).
+    Answer {
+        client: u32,
+        op: u64,
+        entry: Entry,
+    },
+    /// Gossip bytes owed to this node for key-values it sent (see `GOSSIP_DELTA`).
+    GossipDelta(usize),
+}
+
+/// Counts for the figures and the docs.
+#[derive(Default, Debug, Clone)]
+pub struct NodeStats {
+    pub handed_over: u64,
+    pub handoff_lost: u64,
+    pub installed: u64,
+    pub refused_late: u64,
+}
+
+struct Shard {
+    store: Store,
+    clock: Clamped,
+}
+
+/// A client's check waiting for its owners' answers (the state `Router::decide` keeps
+/// on its stack across the `join`).
+struct Pending {
+    client: u32,
+    op: u64,
+    checks: Checks,
+    flat: Vec<CheckItem>,
+    answers: Vec<Option<Answer>>,
+    remote: Vec<(usize, Member)>,
+    results: Vec<Option<Result<Remote, String>>>,
+    view: Arc<ClusterView>,
+    now: Now,
+}
+
+struct Known {
+    heartbeat: u64,
+    last_heard: u64,
+    addrs: Addrs,
+    leaving: bool,
+}
+
+/// Field names of the ringlimit.v1 `Check` message, for planning errors.
+struct V1;
+
+impl FieldNames for V1 {
+    fn field(&self, _at: At, leaf: Leaf) -> String {
+        leaf.as_str().to_string()
+    }
+    fn descriptors(&self, _check: Option<usize>) -> String {
+        "descriptors".into()
+    }
+}
+
+/// How a node is set up.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub gossip_ms: u64,
+    /// Heartbeats unheard this long mark an incarnation dead.
+    pub fd_timeout_ms: u64,
+    pub delta_ms: u64,
+    pub link: LinkConfig,
+    pub broken: bool,
+    /// Hold removals after a stall, as the membership driver does (off only to show
+    /// what it prevents).
+    pub stall_hold: bool,
+    /// Ids gossiped with when the node knows too few live peers.
+    pub seeds: Vec<String>,
+}
+
+pub struct Node {
+    pub id: Arc<str>,
+    pub generation: u64,
+    pub addrs: Addrs,
+    me: Decider,
+    pub clock: Arc<SimClock>,
+    shards: Vec<Shard>,
+    sequence: u64,
+    deny: DenyCache,
+    pub view: Arc<ClusterView>,
+    rules: Arc<RuleSet>,
+    /// Inline (Gubernator) rules: none in the simulator's workload, but the owner's
+    /// planning takes the registry.
+    inline: InlineRules,
+    routing: Routing,
+    fallbacks: BTreeMap<(String, u64, u64), Arc<Rule>>,
+    heartbeat: u64,
+    /// Node id → generation → what this node heard of that incarnation.
+    known: BTreeMap<Arc<str>, BTreeMap<u64, Known>>,
+    /// A hash of the live set the view was last built from.
+    live_key: u64,
+    /// When the membership driver last ran, and until when removals are held after a
+    /// stall (the real driver's `note_stall`).
+    last_run: u64,
+    hold_removals_until: Option<u64>,
+    link: Link,
+    pending: BTreeMap<u64, Pending>,
+    next_check: u64,
+    cfg: NodeConfig,
+    rng: Rng,
+    pub stats: NodeStats,
+}
+
+impl Node {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: &str,
+        generation: u64,
+        addrs: Addrs,
+        time: Arc<AtomicU64>,
+        rules: Arc<RuleSet>,
+        cfg: NodeConfig,
+        mut rng: Rng,
+    ) -> Node {
+        let clock = Arc::new(SimClock::new(time));
+        let shards = (0..SHARDS)
+            .map(|_| Shard {
+                store: Store::new(SHARD_CAP, rng.next_u64()),
+                clock: Clamped::new(clock.clone()),
+            })
+            .collect();
+        let me_member = Member {
+            node_id: id.to_string(),
+            generation,
+            grpc_addr: addrs.grpc,
+            peer_addr: addrs.peer,
+            gossip_addr: addrs.gossip,
+            leaving: false,
+        };
+        Node {
+            id: Arc::from(id),
+            generation,
+            addrs,
+            me: Decider {
+                node_id: Arc::from(id),
+                generation,
+            },
+            clock,
+            shards,
+            sequence: 0,
+            deny: DenyCache::new(100_000),
+            view: Arc::new(ClusterView::single(me_member)),
+            rules,
+            inline: InlineRules::default(),
+            routing: Routing {
+                broken_decide_locally: cfg.broken,
+            },
+            fallbacks: BTreeMap::new(),
+            heartbeat: 0,
+            known: BTreeMap::new(),
+            live_key: 0,
+            last_run: 0,
+            hold_removals_until: None,
+            link: Link::new(cfg.link),
+            pending: BTreeMap::new(),
+            next_check: 1,
+            cfg,
+            rng,
+            stats: NodeStats::default(),
+        }
+    }
+
+    /// The timers a fresh incarnation starts with.
+    pub fn boot(&mut self, now: u64) -> Vec<Out> {
+        self.last_run = now;
+        let phase = self.rng.range(1, self.cfg.gossip_ms);
+        vec![
+            Out::Timer {
+                at: now + phase,
+                timer: Timer::Gossip,
+            },
+            Out::Timer {
+                at: now + self.cfg.delta_ms,
+                timer: Timer::Deltas,
+            },
+        ]
+    }
+
+    fn now(&self) -> Now {
+        Now::of(&*self.clock)
+    }
+
+    pub fn on_timer(&mut self, timer: Timer) -> Vec<Out> {
+        match timer {
+            Timer::Gossip => self.gossip_round(),
+            Timer::Deltas => {
+                // The shard actors' expiry tick (every 100 ms, a sixteenth of the keys
+                // and at least 1024 per tick), then `Handoff::flush_deltas` (every
+                // 100 ms, push late admissions).
+                for shard in &mut self.shards {
+                    let now = shard.clock.now_ms();
+                    let budget = (shard.store.len() / 16).max(1024);
+                    shard.store.expire(now, budget);
+                }
+                let mut out = self.flush_deltas();
+                out.push(Out::Timer {
+                    at: self.clock.monotonic_ms() + self.cfg.delta_ms,
+                    timer: Timer::Deltas,
+                });
+                out
+            }
+            Timer::Link => {
+                let fx = self.link.on_tick(self.now());
+                self.link_effects(fx)
+            }
+        }
+    }
+
+    pub fn on_msg(&mut self, from: &str, msg: Msg) -> Vec<Out> {
+        match msg {
+            Msg::GossipSyn(entries) => {
+                let (mut out, revived) = self.merge(&entries);
+                out.push(Out::Send {
+                    to: from.to_string(),
+                    msg: Msg::GossipAck(Arc::new(self.digests())),
+                });
+                if revived {
+                    out.extend(self.refresh_view());
+                }
+                out
+            }
+            Msg::GossipAck(entries) => {
+                let (mut out, revived) = self.merge(&entries);
+                if revived {
+                    out.extend(self.refresh_view());
+                }
+                out
+            }
+            Msg::Forward(call) => self.on_forward(from, call),
+            Msg::Answer { answer, .. } => {
+                let fx = self.link.on_answer(self.now(), from, answer);
+                self.link_effects(fx)
+            }
+            Msg::Refund(request) => {
+                self.on_refund(request);
+                Vec::new()
+            }
+            Msg::Install(request) => {
+                self.on_install(request);
+                Vec::new()
+            }
+        }
+    }
+
+    /// A peer's process died: its stream broke.
+    pub fn peer_reset(&mut self, peer: &str) -> Vec<Out> {
+        let fx = self.link.reset(self.now(), peer);
+        self.link_effects(fx)
+    }
+
+    // ---- the shard actor -------------------------------------------------------------
+
+    fn shard_of(placement: u64) -> usize {
+        (xxhash_rust::xxh3::xxh3_64_with_seed(&placement.to_le_bytes(), 0x0053_4841_5244)
+            % SHARDS as u64) as usize
+    }
+
+    /// The shard actor's `Command::Check` for one charge, at the shard's clamped clock.
+    fn shard_check(&mut self, item: &Charge) -> Outcome {
+        let shard = &mut self.shards[Self::shard_of(item.id.placement)];
+        let now = shard.clock.now_ms();
+        if let Some(units) = item.give_back {
+            shard.store.give_back(item.counter(), now, units);
+        }
+        let (mut decision, _, fresh) = if item.peek {
+            (
+                shard.store.peek(item.counter(), now),
+                Default::default(),
+                false,
+            )
+        } else {
+            shard.store.check(item.counter(), now, item.cost)
+        };
+        if item.drain && !decision.allowed && decision.remaining > 0 {
+            let units = NonZeroU64::new(decision.remaining).expect("> 0");
+            let (drained, _, _) = shard.store.check(item.counter(), now, units);
+            if drained.allowed {
+                decision = ringlimit::algorithms::Decision {
+                    allowed: false,
+                    ..drained
+                };
+            }
+        }
+        self.sequence += 1;
+        Outcome {
+            decision,
+            sequence: self.sequence,
+            at: now,
+            fresh,
+        }
+    }
+
+    /// `Router::decide_here`: each item on its own counter, answered as this node.
+    fn decide_here(&mut self, items: &[&CheckItem]) -> Vec<Answer> {
+        items
+            .iter()
+            .map(|item| {
+                let charge = item.charge();
+                let o = self.shard_check(&charge);
+                policy::local_answer(item, &self.me, o.decision, o.sequence, o.at, charge)
+            })
+            .collect()
+    }
+
+    // ---- a client's check (`Checker::check` + `Router::decide`) -------------------------
+
+    pub fn on_client_check(
+        &mut self,
+        client: u32,
+        op: u64,
+        key: &str,
+        route: &str,
+        cost: u64,
+    ) -> Vec<Out> {
+        let input = CheckInput {
+            descriptors: smallvec::smallvec![DescriptorInput {
+                key,
+                route,
+                tier: None,
+                cost: Some(cost as i64),
+            }],
+        };
+        let items = match plan_check(&input, &self.rules, None, &V1) {
+            Ok(items) => items,
+            Err(e) => {
+                return vec![Out::Answer {
+                    client,
+                    op,
+                    entry: Entry::Fail {
+                        id: op,
+                        t: 0,
+                        error: format!("InvalidArgument: {e}"),
+                    },
+                }]
+            }
+        };
+        let checks: Checks = smallvec::smallvec![items];
+        let flat: Vec<CheckItem> = checks.iter().flatten().cloned().collect();
+        let view = self.view.clone();
+        let now = self.now();
+        let (mut answers, local, remote) = {
+            let refs: Vec<&CheckItem> = flat.iter().collect();
+            let plan = policy::plan(
+                &refs,
+                &view,
+                &self.me.node_id,
+                &self.deny,
+                now,
+                Origin::Client,
+                self.routing,
+            );
+            let answers: Vec<Option<Answer>> = plan.answers.into_iter().collect();
+            let remote: Vec<(usize, Member)> = plan
+                .remote
+                .iter()
+                .map(|(i, m)| (*i, (*m).clone()))
+                .collect();
+            (answers, plan.local.to_vec(), remote)
+        };
+        let local_items: Vec<&CheckItem> = local.iter().map(|&i| &flat[i]).collect();
+        let local_answers = {
+            let owned: Vec<CheckItem> = local_items.into_iter().cloned().collect();
+            let refs: Vec<&CheckItem> = owned.iter().collect();
+            self.decide_here(&refs)
+        };
+        for (&i, a) in local.iter().zip(local_answers) {
+            answers[i] = Some(a);
+        }
+        let id = self.next_check;
+        self.next_check += 1;
+        let n = remote.len();
+        self.pending.insert(
+            id,
+            Pending {
+                client,
+                op,
+                checks,
+                flat,
+                answers,
+                remote: remote.clone(),
+                results: (0..n).map(|_| None).collect(),
+                view,
+                now,
+            },
+        );
+        if n == 0 {
+            return self.finish(id);
+        }
+        let mut fx = Effects::default();
+        for (pos, (i, owner)) in remote.iter().enumerate() {
+            let item = self.pending[&id].flat[*i].clone();
+            let step = self
+                .link
+                .forward(now, owner, &item, Waiter { check: id, pos });
+            fx.send.extend(step.send);
+            fx.done.extend(step.done);
+        }
+        self.link_effects(fx)
+    }
+
+    /// Apply what the link did: send its calls, hand answers to their checks, and keep a
+    /// timer at its next deadline.
+    fn link_effects(&mut self, fx: Effects) -> Vec<Out> {
+        let mut out = Vec::new();
+        for (owner, call) in fx.send {
+            out.push(Out::Send {
+                to: owner.node_id.clone(),
+                msg: Msg::Forward(call),
+            });
+        }
+        for (waiter, result) in fx.done {
+            let Some(p) = self.pending.get_mut(&waiter.check) else {
+                continue;
+            };
+            p.results[waiter.pos] = Some(result);
+            if p.results.iter().all(Option::is_some) {
+                out.extend(self.finish(waiter.check));
+            }
+        }
+        if let Some(at) = self.link.next_deadline() {
+            out.push(Out::Timer {
+                at,
+                timer: Timer::Link,
+            });
+        }
+        out
+    }
+
+    /// The rest of `Router::decide` once every owner answered or failed:
+    /// `settle_remote`, `decide_open`, `combine`, `refund`, then the verdict.
+    fn finish(&mut self, id: u64) -> Vec<Out> {
+        let p = self.pending.remove(&id).expect("pending");
+        let Pending {
+            client,
+            op,
+            checks,
+            flat,
+            mut answers,
+            remote,
+            results,
+            view,
+            now,
+        } = p;
+        // settle_remote
+        let mut open: Vec<(usize, Charge)> = Vec::new();
+        for ((i, owner), result) in remote.iter().zip(results) {
+            let item = &flat[*i];
+            match result.expect("every result in") {
+                Ok(remote) => {
+                    let answer = policy::remote_answer(item, remote, owner);
+                    if let Some(denial) = policy::denial(item, &answer, now.mono)
+                        .filter(|_| !item.rule.shadow && !item.uncached)
+                    {
+                        self.deny.insert(item.id, denial, now.mono);
+                    }
+                    answers[*i] = Some(answer);
+                }
+                Err(_) => match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
+                    Fallback::Closed(answer) => answers[*i] = Some(*answer),
+                    Fallback::Open { nodes } => {
+                        let rule = self.fallback_rule(item, nodes);
+                        open.push((*i, item.under(rule)));
+                    }
+                },
+            }
+        }
+        // decide_open
+        for (i, charge) in open {
+            let o = self.shard_check(&charge);
+            let mut answer =
+                policy::local_answer(&flat[i], &self.me, o.decision, o.sequence, o.at, charge);
+            answer.degraded = true;
+            answers[i] = Some(answer);
+        }
+        let mut decided = policy::combine(
+            checks,
+            answers
+                .into_iter()
+                .map(|a| a.expect("every descriptor answered")),
+        );
+        // refund
+        let refunds = policy::refunds(&decided);
+        let mut out = Vec::new();
+        for r in refunds.here {
+            let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
+            shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
+        }
+        for (owner, items) in refunds.remote {
+            let items = items
+                .iter()
+                .map(|(item, at)| RefundItem {
+                    key: item.client().to_string(),
+                    route: item.route().to_string(),
+                    tier: item.tier.as_deref().map(str::to_string),
+                    cost: item.cost.get(),
+                    at: *at,
+                    named: None,
+                })
+                .collect();
+            out.push(Out::Send {
+                to: owner.node_id.clone(),
+                msg: Msg::Refund(RefundRequest { items }),
+            });
+        }
+        let v = Verdict::combine(decided.pop().expect("one check"));
+        let first = &v.descriptors[0].answer;
+        out.push(Out::Answer {
+            client,
+            op,
+            entry: Entry::Ok {
+                id: op,
+                t: 0,
+                allowed: v.allowed,
+                limit: v.limit,
+                remaining: first.decision.remaining,
+                decider: v.decider.node_id.to_string(),
+                generation: v.decider.generation,
+                window_id: v.window_id,
+                sequence: v.sequence,
+                degraded: v.degraded,
+                hops: first.hops,
+                rule: v.rule.to_string(),
+                retry_after_ms: v.retry_after_ms,
+            },
+        });
+        out
+    }
+
+    /// `Router::fallback_rule`: the fail-open stand-in, built once per (rule, ring size).
+    fn fallback_rule(&mut self, item: &CheckItem, nodes: u64) -> Arc<Rule> {
+        self.fallbacks
+            .entry((item.rule.name.to_string(), item.rule.fingerprint, nodes))
+            .or_insert_with(|| Arc::new(policy::fallback_rule(&item.rule, nodes)))
+            .clone()
+    }
+
+    // ---- the peer service --------------------------------------------------------------
+
+    /// `PeerService::forward_batch` + `Router::decide_forwarded`.
+    fn on_forward(&mut self, from: &str, call: ForwardCall) -> Vec<Out> {
+        let refuse = |code: u32, message: String| ForwardAnswer {
+            call: call.call,
+            response: None,
+            code,
+            message,
+        };
+        let answer = match &call.request {
+            None => refuse(3, "request: a call must carry a batch".into()),
+            Some(request) if policy::arrived_too_late(request.deadline_ms, self.clock.now_ms()) => {
+                self.stats.refused_late += request.items.len() as u64;
+                refuse(4, "forwarded batch arrived after its deadline".into())
+            }
+            Some(request) => {
+                // `PeerService::forward_batch`: the owner's one planning path.
+                let planned = forwarded::plan_batch(
+                    request.items.iter().map(|it| ForwardedInput {
+                        key: &it.key,
+                        route: &it.route,
+                        tier: it.tier.as_deref(),
+                        cost: it.cost,
+                        named: None,
+                        give_back: it.give_back,
+                        drain: it.drain,
+                        peek: it.peek,
+                    }),
+                    self.owner_rules(),
+                )
+                .map_err(|e| e.to_string());
+                match planned {
+                    Err(e) => refuse(3, e),
+                    Ok(items) => {
+                        let view = self.view.clone();
+                        let refs: Vec<&CheckItem> = items.iter().collect();
+                        let plan = policy::plan(
+                            &refs,
+                            &view,
+                            &self.me.node_id,
+                            &self.deny,
+                            self.now(),
+                            Origin::Peer,
+                            self.routing,
+                        );
+                        assert!(plan.remote.is_empty() && plan.cached == 0);
+                        let local: Vec<&CheckItem> = plan.local.iter().map(|&i| refs[i]).collect();
+                        let answers = self.decide_here(&local);
+                        let outcomes = request
+                            .items
+                            .iter()
+                            .zip(answers)
+                            .map(|(item, a)| {
+                                let same_rule = request.compact
+                                    && item.rule_hash != 0
+                                    && item.rule_hash
+                                        == ringlimit::cluster::link::rule_hash(&a.rule);
+                                ForwardOutcome {
+                                    allowed: a.decision.allowed,
+                                    limit: a.decision.limit,
+                                    remaining: a.decision.remaining,
+                                    retry_after_ms: a.decision.retry_after_ms,
+                                    reset_at: a.decision.reset_at_ms,
+                                    window_id: a.decision.window_id,
+                                    delay_ms: a.decision.delay_ms,
+                                    sequence: a.sequence,
+                                    at: a.at,
+                                    rule: if same_rule {
+                                        String::new()
+                                    } else {
+                                        a.rule.to_string()
+                                    },
+                                    algorithm: String::new(),
+                                    same_rule,
+                                    algorithm_index: a.algorithm.index() as u32 + 1,
+                                }
+                            })
+                            .collect();
+                        ForwardAnswer {
+                            call: call.call,
+                            response: Some(ForwardResponse {
+                                node_id: self.me.node_id.to_string(),
+                                generation: self.me.generation,
+                                outcomes,
+                            }),
+                            code: 0,
+                            message: String::new(),
+                        }
+                    }
+                }
+            }
+        };
+        vec![Out::Send {
+            to: from.to_string(),
+            msg: Msg::Answer {
+                to_inc: u64::MAX,
+                answer,
+            },
+        }]
+    }
+
+    /// `Peer/Refund`: each item planned like a forwarded one (`forwarded::plan_refunds`),
+    /// refunded at its time; an invalid call refunds nothing.
+    fn on_refund(&mut self, request: RefundRequest) {
+        let Ok(refunds) = forwarded::plan_refunds(
+            request.items.iter().map(|it| {
+                let input = ForwardedInput {
+                    key: &it.key,
+                    route: &it.route,
+                    tier: it.tier.as_deref(),
+                    cost: it.cost,
+                    named: None,
+                    give_back: 0,
+                    drain: false,
+                    peek: false,
+                };
+                (input, it.at)
+            }),
+            self.owner_rules(),
+        ) else {
+            return;
+        };
+        for r in refunds {
+            let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
+            shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
+        }
+    }
+
+    /// What this node plans forwarded items against.
+    fn owner_rules(&self) -> OwnerRules<'_> {
+        OwnerRules {
+            rules: &self.rules,
+            envoy: self.rules.envoy(),
+            known: &self.inline,
+        }
+    }
+
+    /// `Peer/Install`: decode, vet against this node's rules and clock
+    /// (`handoff::with_rules`), install (merging with what is held).
+    fn on_install(&mut self, request: InstallRequest) {
+        let states: Vec<Exported> = request
+            .states
+            .into_iter()
+            .filter_map(|s| {
+                let kind = AlgorithmKind::parse(&s.algorithm)?;
+                Some(Exported {
+                    id: KeyId {
+                        placement: s.placement,
+                        disc: s.id,
+                    },
+                    fingerprint: s.fingerprint,
+                    state: KeyState::from_words(kind, &s.words)?,
+                })
+            })
+            .collect();
+        let vetted = handoff::with_rules(states, &self.rules, self.clock.now_ms());
+        for (item, rule) in vetted.items {
+            let shard = &mut self.shards[Self::shard_of(item.id.placement)];
+            let now = shard.clock.now_ms();
+            self.stats.installed += u64::from(shard.store.install(item, &rule.limiter, now));
+        }
+    }
+
+    // ---- handoff -----------------------------------------------------------------------
+
+    /// The handoff watcher's step for a new view: if the ring moved anything away from
+    /// this node, export it and push it to its new owners.
+    fn view_changed(&mut self, old: &ClusterView, new: Arc<ClusterView>) -> Vec<Out> {
+        if new.ring.digest() == old.ring.digest() {
+            return Vec::new();
+        }
+        let moves = ringlimit::ring::diff(&old.ring, &new.ring);
+        let from_me: f64 = moves
+            .moves
+            .iter()
+            .filter(|m| m.from == *self.id)
+            .map(|m| m.fraction())
+            .sum();
+        if from_me <= 0.0 {
+            return Vec::new();
+        }
+        let me = self.id.clone();
+        let ring = new.ring.clone();
+        let mut exported = Vec::new();
+        for shard in &mut self.shards {
+            let now = shard.clock.now_ms();
+            exported.extend(shard.store.export(now, |placement| {
+                ring.owner_of_hash(placement)
+                    .filter(|owner| *owner != &*me)
+                    .map(Arc::from)
+            }));
+        }
+        self.push(&new, exported)
+    }
+
+    /// `Handoff::flush_once`.
+    fn flush_deltas(&mut self) -> Vec<Out> {
+        let mut deltas = Vec::new();
+        for shard in &mut self.shards {
+            deltas.extend(shard.store.drain_deltas());
+        }
+        if deltas.is_empty() {
+            return Vec::new();
+        }
+        let view = self.view.clone();
+        self.push(&view, deltas)
+    }
+
+    /// `Handoff::push`: per destination, in chunks of `MAX_INSTALL_STATES`.
+    fn push(&mut self, view: &ClusterView, items: Vec<(Arc<str>, Exported)>) -> Vec<Out> {
+        let mut by_owner: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
+        for (to, item) in items {
+            by_owner.entry(to).or_default().push(item);
+        }
+        let mut out = Vec::new();
+        for (owner, mut states) in by_owner {
+            // The store's moved-key table iterates in hash order: sort for one history.
+            states.sort_by_key(|s| (s.id.placement, s.id.disc));
+            if view.member(&owner).is_none() {
+                self.stats.handoff_lost += states.len() as u64;
+                continue;
+            }
+            self.stats.handed_over += states.len() as u64;
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                out.push(Out::Send {
+                    to: owner.to_string(),
+                    msg: Msg::Install(InstallRequest {
+                        from_node: self.id.to_string(),
+                        states: chunk
+                            .iter()
+                            .map(|e| WireState {
+                                placement: e.id.placement,
+                                id: e.id.disc,
+                                fingerprint: e.fingerprint,
+                                algorithm: e.state.kind().as_str().to_string(),
+                                words: e.state.to_words(),
+                                inline: None,
+                            })
+                            .collect(),
+                    }),
+                });
+            }
+        }
+        out
+    }
+
+    // ---- membership --------------------------------------------------------------------
+
+    fn own_entry(&self) -> GossipEntry {
+        GossipEntry {
+            id: self.id.clone(),
+            generation: self.generation,
+            heartbeat: self.heartbeat,
+            addrs: self.addrs,
+            leaving: false,
+        }
+    }
+
+    fn digests(&self) -> Vec<GossipEntry> {
+        let mut all = vec![self.own_entry()];
+        for (id, gens) in &self.known {
+            all.extend(gens.iter().map(|(generation, k)| GossipEntry {
+                id: id.clone(),
+                generation: *generation,
+                heartbeat: k.heartbeat,
+                addrs: k.addrs,
+                leaving: k.leaving,
+            }));
+        }
+        all
+    }
+
+    fn live(&self, k: &Known) -> bool {
+        self.clock.monotonic_ms().saturating_sub(k.last_heard) < self.cfg.fd_timeout_ms
+    }
+
+    /// Take every newer heartbeat (a heartbeat heard second-hand counts: that is how
+    /// chitchat's failure detector hears a node it does not gossip with). Also says
+    /// whether the live set may have changed (an incarnation new, revived or leaving);
+    /// one dying is noticed at the next round.
+    fn merge(&mut self, entries: &[GossipEntry]) -> (Vec<Out>, bool) {
+        let now = self.clock.monotonic_ms();
+        let fd = self.cfg.fd_timeout_ms;
+        let mut new_kvs = 0;
+        let mut revived = false;
+        for e in entries {
+            if *e.id == *self.id {
+                continue;
+            }
+            let found = self
+                .known
+                .get_mut(&*e.id)
+                .and_then(|gens| gens.get_mut(&e.generation));
+            match found {
+                Some(k) => {
+                    if e.heartbeat > k.heartbeat {
+                        revived |= now.saturating_sub(k.last_heard) >= fd;
+                        k.heartbeat = e.heartbeat;
+                        k.last_heard = now;
+                    }
+                    if e.leaving != k.leaving {
+                        k.leaving = e.leaving;
+                        new_kvs += 1;
+                        revived = true;
+                    }
+                }
+                None => {
+                    new_kvs += 1;
+                    revived = true;
+                    self.known.entry(e.id.clone()).or_default().insert(
+                        e.generation,
+                        Known {
+                            heartbeat: e.heartbeat,
+                            last_heard: now,
+                            addrs: e.addrs,
+                            leaving: e.leaving,
+                        },
+                    );
+                }
+            }
+        }
+        let out = if new_kvs > 0 {
+            vec![Out::GossipDelta(new_kvs * GOSSIP_DELTA)]
+        } else {
+            Vec::new()
+        };
+        (out, revived)
+    }
+
+    /// One gossip round: beat, pick peers (live ones, sometimes a dead one or a seed),
+    /// send them this node's digests, re-run failure detection.
+    fn gossip_round(&mut self) -> Vec<Out> {
+        self.heartbeat += 1;
+        // The membership driver's tick: notice a stall, end a hold that is over.
+        self.note_stall();
+        let now = self.clock.monotonic_ms();
+        if self.hold_removals_until.is_some_and(|until| now >= until) {
+            self.hold_removals_until = None;
+            self.live_key = 0;
+        }
+        let mut live: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut dead: BTreeSet<Arc<str>> = BTreeSet::new();
+        for (id, gens) in &self.known {
+            if gens.values().any(|k| self.live(k)) {
+                live.insert(id.clone());
+            } else {
+                dead.insert(id.clone());
+            }
+        }
+        let dead: Vec<Arc<str>> = dead.difference(&live).cloned().collect();
+        let mut live: Vec<Arc<str>> = live.into_iter().collect();
+        let mut targets: Vec<Arc<str>> = Vec::new();
+        while targets.len() < FANOUT && !live.is_empty() {
+            let i = self.rng.index(live.len());
+            targets.push(live.swap_remove(i));
+        }
+        let live_n = targets.len() + live.len();
+        if !dead.is_empty() && self.rng.chance(dead.len() as f64 / (live_n + 1) as f64) {
+            targets.push(dead[self.rng.index(dead.len())].clone());
+        }
+        let seeds: Vec<Arc<str>> = self
+            .cfg
+            .seeds
+            .iter()
+            .filter(|s| ***s != *self.id && !targets.iter().any(|t| **t == ***s))
+            .map(|s| Arc::from(s.as_str()))
+            .collect();
+        if !seeds.is_empty()
+            && (live_n < self.cfg.seeds.len()
+                || self
+                    .rng
+                    .chance(self.cfg.seeds.len() as f64 / (live_n + dead.len() + 1) as f64))
+        {
+            targets.push(seeds[self.rng.index(seeds.len())].clone());
+        }
+        let digests = Arc::new(self.digests());
+        let mut out: Vec<Out> = targets
+            .into_iter()
+            .map(|to| Out::Send {
+                to: to.to_string(),
+                msg: Msg::GossipSyn(digests.clone()),
+            })
+            .collect();
+        out.extend(self.refresh_view());
+        out.push(Out::Timer {
+            at: self.clock.monotonic_ms() + self.cfg.gossip_ms,
+            timer: Timer::Gossip,
+        });
+        out
+    }
+
+    /// The membership driver's `note_stall`: a gap of `STALL_MS` since it last ran
+    /// means this process was frozen; hold removals for a while.
+    fn note_stall(&mut self) {
+        let now = self.clock.monotonic_ms();
+        if self.cfg.stall_hold && now.saturating_sub(self.last_run) >= STALL_MS {
+            self.hold_removals_until = Some(now + STALL_HOLD_MS);
+        }
+        self.last_run = now;
+    }
+
+    /// The membership driver's `publish`: rebuild the view from the live incarnations
+    /// (with the node's own `build_view_after`) when the live set changed, keeping
+    /// vanished members while removals are held; hand state over if the ring moved.
+    fn refresh_view(&mut self) -> Vec<Out> {
+        self.note_stall();
+        let mut hasher = xxhash_rust::xxh3::Xxh3Default::new();
+        for (id, gens) in &self.known {
+            for (g, k) in gens.iter().filter(|(_, k)| self.live(k)) {
+                hasher.update(id.as_bytes());
+                hasher.update(&[0, u8::from(k.leaving)]);
+                hasher.update(&g.to_le_bytes());
+            }
+        }
+        let key = hasher.digest() | 1;
+        if key == self.live_key {
+            return Vec::new();
+        }
+        self.live_key = key;
+        let kvs = |a: &Addrs, leaving: bool| {
+            let mut kvs = BTreeMap::new();
+            kvs.insert(KEY_GRPC_ADDR.to_string(), a.grpc.to_string());
+            kvs.insert(KEY_PEER_ADDR.to_string(), a.peer.to_string());
+            if leaving {
+                kvs.insert(KEY_LEAVING.to_string(), "true".to_string());
+            }
+            kvs
+        };
+        let mut live = vec![LiveNode {
+            node_id: self.id.to_string(),
+            generation: self.generation,
+            gossip_addr: self.addrs.gossip,
+            kvs: kvs(&self.addrs, false),
+        }];
+        for (id, gens) in &self.known {
+            for (generation, k) in gens.iter().filter(|(_, k)| self.live(k)) {
+                live.push(LiveNode {
+                    node_id: id.to_string(),
+                    generation: *generation,
+                    gossip_addr: k.addrs.gossip,
+                    kvs: kvs(&k.addrs, k.leaving),
+                });
+            }
+        }
+        let now = self.clock.monotonic_ms();
+        if self.hold_removals_until.is_some_and(|until| now < until) {
+            for old in &self.view.members {
+                if !live.iter().any(|n| n.node_id == old.node_id) {
+                    live.push(LiveNode {
+                        node_id: old.node_id.clone(),
+                        generation: old.generation,
+                        gossip_addr: old.gossip_addr,
+                        kvs: kvs(
+                            &Addrs {
+                                gossip: old.gossip_addr,
+                                grpc: old.grpc_addr,
+                                peer: old.peer_addr,
+                            },
+                            old.leaving,
+                        ),
+                    });
+                }
+            }
+        }
+        let new = build_view_after(Some(&self.view), live);
+        if new == *self.view {
+            return Vec::new();
+        }
+        let old = std::mem::replace(&mut self.view, Arc::new(new));
+        let new = self.view.clone();
+        self.view_changed(&old, new)
+    }
+}
