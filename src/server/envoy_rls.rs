@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use super::front::Front;
 
 use crate::check::{
-    CheckError, Checker, DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride,
+    Checker, DomainInput, DomainStatus, DomainVerdict, EntriesInput, LimitOverride,
 };
 use crate::config::rules::envoy::EnvoyUnit;
 use crate::proto::envoy::config::core::v3::HeaderValue;
@@ -198,12 +198,10 @@ impl rate_limit_service_server::RateLimitService for EnvoyRlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let timed = self.front.start();
         let request = request.into_inner();
-        let decide = async {
-            let verdict = self.checker.check_domain(&input(&request)).await?;
-            Ok::<_, CheckError>(response(&verdict, self.headers))
-        };
-        self.front.answer(decide).await
+        let verdict = self.checker.check_domain(&input(&request)).await?;
+        Ok(timed.answered(response(&verdict, self.headers)))
     }
 }
 

@@ -100,14 +100,12 @@ impl v1_server::V1 for GubernatorService {
         request: Request<GetRateLimitsReq>,
     ) -> Result<Response<GetRateLimitsResp>, Status> {
         let request = request.into_inner();
-        let decide = async {
-            let inputs: Vec<RateLimitInput<'_>> = request.requests.iter().map(input).collect();
-            let answers = self.checker.check_gubernator(&inputs).await?;
-            Ok::<_, CheckError>(GetRateLimitsResp {
-                responses: answers.into_iter().map(response).collect(),
-            })
-        };
-        self.front.bulk_answer(request.requests.len(), decide).await
+        let held = self.front.hold(request.requests.len())?;
+        let timed = self.front.start();
+        let inputs: Vec<RateLimitInput<'_>> = request.requests.iter().map(input).collect();
+        let answers = self.checker.check_gubernator(&inputs).await?;
+        let responses = answers.into_iter().map(response).collect();
+        Ok(timed.answered_holding(GetRateLimitsResp { responses }, held))
     }
 
     async fn health_check(

@@ -18,9 +18,7 @@ use tonic::{Request, Status};
 pub use super::ringlimit_v1_wire::{
     BatchAnswer, CheckAnswer, Text, V1BatchRequest, V1Descriptor, V1Request,
 };
-use crate::check::{
-    At, CheckError, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf,
-};
+use crate::check::{At, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf};
 use crate::proto;
 use crate::proto::v1_server::rate_limiter_server::RateLimiter;
 
@@ -107,12 +105,10 @@ impl RateLimiter for RateLimitService {
         &self,
         request: Request<V1Request>,
     ) -> Result<tonic::Response<CheckAnswer>, Status> {
+        let timed = self.front.start();
         let request = request.into_inner();
-        let decide = async {
-            let verdict = self.checker.check(&input(&request), &V1Names).await?;
-            Ok::<_, CheckError>(CheckAnswer { verdict })
-        };
-        self.front.answer(decide).await
+        let verdict = self.checker.check(&input(&request), &V1Names).await?;
+        Ok(timed.answered(CheckAnswer { verdict }))
     }
 
     async fn check_batch(
@@ -122,12 +118,11 @@ impl RateLimiter for RateLimitService {
         let batch = request.into_inner();
         // One answer item per check and per descriptor (each echoes its key and route).
         let items: usize = batch.checks.iter().map(|c| 1 + c.descriptors.len()).sum();
-        let decide = async {
-            let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
-            let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
-            Ok::<_, CheckError>(BatchAnswer { verdicts })
-        };
-        self.front.bulk_answer(items, decide).await
+        let held = self.front.hold(items)?;
+        let timed = self.front.start();
+        let inputs: Vec<CheckInput<'_>> = batch.checks.iter().map(input).collect();
+        let verdicts = self.checker.check_batch(&inputs, &V1Names).await?;
+        Ok(timed.answered_holding(BatchAnswer { verdicts }, held))
     }
 
     async fn topology(
