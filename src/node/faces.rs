@@ -63,6 +63,7 @@ pub fn ops_state(
         rules: cluster_rules.clone(),
         router: router.clone(),
         admin: config.admin_token.clone(),
+        max_rules_bytes: config.max_rules_bytes,
         metrics: Arc::new(|| metrics_handle().render()),
         expects_peers: !config.seeds.is_empty(),
     }
@@ -171,12 +172,16 @@ async fn within_grace<F: std::future::Future>(
 /// The cluster face: the peer service alone, on its own listener, with the same
 /// limits, every call checked for the cluster key's proof before it is served, and
 /// with `tls` every connection for a certificate of the cluster CA before that.
+/// Messages up to `peer_message_cap` bytes are decoded
+/// ([`peer_message_cap`](super::config::peer_message_cap)): a forwarded rules write
+/// carries a whole document.
 pub async fn serve_peer(
     listener: TcpListener,
     peer: PeerService,
     auth: PeerAuthLayer,
     tls: Option<tonic::transport::ServerTlsConfig>,
     limits: GrpcLimits,
+    peer_message_cap: usize,
     cancel: CancellationToken,
 ) {
     let mut builder = limited(&limits);
@@ -193,7 +198,7 @@ pub async fn serve_peer(
     }
     let server = builder
         .layer(auth)
-        .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(PeerServer::new(peer).max_decoding_message_size(peer_message_cap))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, &limits),
             cancel.clone().cancelled_owned(),

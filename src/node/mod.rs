@@ -325,6 +325,7 @@ async fn start_in_span(
             PeerAuthLayer::new(config.cluster_key.clone()),
             peer_tls,
             config.grpc.clone(),
+            config::peer_message_cap(config.max_rules_bytes),
             cancel.clone(),
         ),
     );

@@ -28,7 +28,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -38,7 +38,7 @@ use crate::check::plan::MAX_KEY_BYTES;
 use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
 use crate::cluster::Router;
 use crate::config::rules::Stamp;
-use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
+use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_BYTES_FLAG};
 use crate::ring::Ring;
 
 /// The admin token writes must present. Compared through blake3 hashes, so the
@@ -213,6 +213,10 @@ pub struct OpsState {
     pub router: Arc<Router>,
     /// `None`: writes refused.
     pub admin: Option<AdminToken>,
+    /// Largest request body, in bytes (`--max-rules-bytes`): the cap of the rule file,
+    /// so a document accepted from a file is accepted here too. Read only after the
+    /// admin token is checked.
+    pub max_rules_bytes: u64,
     /// Renders `/metrics`.
     pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
     /// The node was given seeds: ready only once it sees another member.
@@ -447,11 +451,11 @@ async fn put_limit(
     State(s): State<OpsState>,
     Path(tier): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let limit: TierLimit = json_body(&body)?;
+    let limit: TierLimit = json_body(&bounded(&s, body).await?)?;
     let written = s
         .rules
         .write(if_match, RulesEdit::PutTierLimit { tier, limit })
@@ -496,11 +500,11 @@ async fn get_rules(State(s): State<OpsState>, headers: HeaderMap) -> Response {
 async fn put_rules(
     State(s): State<OpsState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let body = bounded(&body)?;
+    let body = bounded(&s, body).await?;
     let text = utf8(&body)?;
     let doc = if wants_json(&headers, header::CONTENT_TYPE) {
         RulesDoc::from_json_str(text)
@@ -518,11 +522,11 @@ async fn put_rules(
 async fn put_envoy(
     State(s): State<OpsState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let section: Option<DocEnvoy> = json_body(&body)?;
+    let section: Option<DocEnvoy> = json_body(&bounded(&s, body).await?)?;
     let written = s
         .rules
         .write(if_match, RulesEdit::ReplaceEnvoy(section))
@@ -530,9 +534,9 @@ async fn put_envoy(
     Ok(answer_written(&s, &written))
 }
 
-/// A bounded JSON body; a bad one is 400 naming line and column.
+/// A JSON body (already [`bounded`]); a bad one is 400 naming line and column.
 fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, OpsError> {
-    serde_json::from_slice(&bounded(body)?).map_err(|e| {
+    serde_json::from_slice(body).map_err(|e| {
         bad(format!(
             "body: JSON error at line {}, column {}: {e}",
             e.line(),
@@ -610,17 +614,28 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, OpsError> {
     })
 }
 
-fn bounded(body: &Bytes) -> Result<Bytes, OpsError> {
-    if body.len() as u64 > MAX_RULES_FILE_BYTES {
-        return Err(OpsError(
+/// The request body, read up to the node's rules cap (`--max-rules-bytes`, the cap of the
+/// rule file too): one byte more is 413 naming the flag, and nothing past the cap is
+/// buffered.
+async fn bounded(s: &OpsState, body: Body) -> Result<Bytes, OpsError> {
+    use futures_util::StreamExt;
+    let cap = s.max_rules_bytes;
+    let too_large = || {
+        OpsError(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "body: {} bytes, over the limit of {MAX_RULES_FILE_BYTES}",
-                body.len()
-            ),
-        ));
+            format!("body: over the limit of {cap} bytes ({MAX_RULES_BYTES_FLAG})"),
+        )
+    };
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| bad(format!("body: {e}")))?;
+        if (read.len() + chunk.len()) as u64 > cap {
+            return Err(too_large());
+        }
+        read.extend_from_slice(&chunk);
     }
-    Ok(body.clone())
+    Ok(Bytes::from(read))
 }
 
 fn wants_json(headers: &HeaderMap, name: header::HeaderName) -> bool {
