@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::exporter::metrics_handle;
+use super::ops_listener::OpsBounds;
 use super::{grpc, GrpcLimits, NodeConfig, NodeError, MAX_MESSAGE_BYTES};
 use crate::check::Checker;
 use crate::cluster::rules::ClusterRules;
@@ -225,7 +226,9 @@ fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
 }
 
 /// The ops face: `/metrics`, health, the cluster and owner views and the rules API over
-/// HTTP, with a connection cap and age of its own; the exporter's upkeep runs beside it.
+/// HTTP, bounded by [`OpsBounds`] (a connection cap that closes the connection waiting
+/// longest for a request first, a header timeout, a maximum age: `node::ops_listener`);
+/// the exporter's upkeep runs beside it.
 pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationToken) {
     let handle = metrics_handle();
     let app = crate::server::ops::routes(state);
@@ -243,11 +246,7 @@ pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: Cancellat
         }
     };
     let server = axum::serve(
-        crate::server::ops::BoundedListener::new(
-            listener,
-            crate::server::ops::MAX_OPS_CONNECTIONS,
-            crate::server::ops::MAX_OPS_CONNECTION_AGE,
-        ),
+        super::ops_listener::BoundedListener::new(listener, OpsBounds::default()),
         app,
     )
     .with_graceful_shutdown(cancel.clone().cancelled_owned());

@@ -26,6 +26,7 @@ pub mod config;
 mod exporter;
 mod faces;
 pub mod grpc;
+mod ops_listener;
 mod rules;
 
 use crate::check::Checker;
