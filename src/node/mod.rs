@@ -45,6 +45,7 @@ use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 pub use exporter::metrics_handle;
+pub use ops_listener::{MAX_OPS_CONNECTIONS, MAX_OPS_CONNECTION_AGE, OPS_HEADER_TIMEOUT};
 use rules::StartRules;
 
 /// Why a node could not start.
