@@ -528,4 +528,31 @@ mod tests {
             assert!(error.contains("visible ASCII"), "{id:?}: {error}");
         }
     }
+
+    #[test]
+    fn a_rules_cap_that_fits_no_rules_or_no_memory_is_refused() {
+        for bytes in [0, MIN_RULES_BYTES - 1, MAX_RULES_BYTES + 1] {
+            let config = NodeConfig {
+                max_rules_bytes: bytes,
+                ..NodeConfig::for_test()
+            };
+            let error = config.validate().unwrap_err();
+            assert!(error.contains("max rules bytes"), "{bytes}: {error}");
+        }
+        for bytes in [MIN_RULES_BYTES, MAX_RULES_BYTES] {
+            let config = NodeConfig {
+                max_rules_bytes: bytes,
+                ..NodeConfig::for_test()
+            };
+            assert!(config.validate().is_ok(), "{bytes}");
+        }
+    }
+
+    #[test]
+    fn the_peer_face_carries_any_rules_document_the_cap_admits() {
+        assert_eq!(peer_message_cap(MIN_RULES_BYTES), MAX_MESSAGE_BYTES);
+        let cap = crate::config::rules::MAX_RULES_FILE_BYTES;
+        assert!(peer_message_cap(cap) as u64 >= crate::config::rules::stored_copy_cap(cap));
+        assert!(peer_message_cap(cap) > MAX_MESSAGE_BYTES);
+    }
 }
