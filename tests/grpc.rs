@@ -729,10 +729,14 @@ async fn a_node_refuses_to_start_on_a_fifo_a_device_an_oversize_or_an_empty_rule
         "rules: rules file /dev/zero: is a character device, not a regular file"
     );
     let big = dir.path().join("big.toml");
-    std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
+    let cap = usize::try_from(MAX_RULES_FILE_BYTES).unwrap();
+    std::fs::write(&big, vec![b'#'; cap + 1]).unwrap();
     let e = start_error(&big).await;
     assert!(
-        e.ends_with("is 2097152 bytes, over the limit of 1048576 bytes"),
+        e.ends_with(&format!(
+            "is {} bytes, over the limit of {cap} bytes (--max-rules-bytes)",
+            cap + 1
+        )),
         "{e}"
     );
     let empty = dir.path().join("empty.toml");

@@ -127,6 +127,11 @@ pub struct ServeArgs {
     /// to compare the two.
     #[arg(long)]
     forward_unary: bool,
+    /// Largest rule document accepted, in bytes (or KiB/MiB/GiB): the rule file, the
+    /// seed, a `PUT /v1/rules` body and the copies nodes exchange. The default fits
+    /// 100,000 per-client rules (about 7.4 MB).
+    #[arg(long, env = "RINGLIMIT_MAX_RULES_BYTES", value_parser = parse_bytes, default_value_t = ringlimit::config::rules::MAX_RULES_FILE_BYTES as usize)]
+    max_rules_bytes: usize,
     /// Most open gRPC connections; one more is closed at once (and counted).
     #[arg(long, default_value_t = GrpcLimits::default().max_connections)]
     max_connections: usize,
@@ -262,6 +267,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;
     config.forward.stream = !args.forward_unary;
+    config.max_rules_bytes = args.max_rules_bytes as u64;
     config.grpc.max_connections = args.max_connections;
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;
     config.grpc.max_unsent_answer_items = args.max_unsent_answer_items;

@@ -42,6 +42,10 @@ pub struct NodeConfig {
     pub admin_token: Option<crate::server::ops::AdminToken>,
     /// How often the rule file is re-read to pick up changes.
     pub rules_poll: Duration,
+    /// Largest rule document accepted, in bytes (`--max-rules-bytes`): the rule file, the
+    /// seed, a rules API body, and (with room for their encoding) the stored copy and the
+    /// copy pulled from a peer, so a document accepted by one path is accepted by all.
+    pub max_rules_bytes: u64,
     /// envoyproxy/ratelimit YAML configuration (a file, or a directory of `*.yaml`) for
     /// Envoy RLS checks; re-read every `rules_poll`. `None`: every Envoy descriptor is
     /// unmatched (OK, no limit).
@@ -110,6 +114,7 @@ impl Default for NodeConfig {
             data_dir: None,
             admin_token: None,
             rules_poll: Duration::from_secs(1),
+            max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,
             envoy_path: None,
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
@@ -208,6 +213,7 @@ impl NodeConfig {
             http_listen: Some("127.0.0.1:0".parse().expect("valid address")),
             rules_path: None,
             rules_poll: Duration::from_millis(50),
+            max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,
             envoy_path: None,
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
@@ -298,6 +304,12 @@ impl NodeConfig {
         if self.rules_path.is_some() && self.rules_seed.is_some() {
             return Err("give --rules FILE (the file is the truth on every node) or --rules-seed FILE (seeds the cluster rule set), not both".into());
         }
+        if self.max_rules_bytes < MIN_RULES_BYTES || self.max_rules_bytes > MAX_RULES_BYTES {
+            return Err(format!(
+                "max rules bytes must be {MIN_RULES_BYTES}..={MAX_RULES_BYTES} (got {})",
+                self.max_rules_bytes
+            ));
+        }
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());
         }
@@ -310,6 +322,22 @@ impl NodeConfig {
 /// full-size keys and descriptors (~2.5 MB) and a handoff chunk of 1,000 key states.
 /// A larger one is answered `RESOURCE_EXHAUSTED` before its body is read.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Smallest `--max-rules-bytes`: below it not even a handful of rules fits.
+pub const MIN_RULES_BYTES: u64 = 4 << 10;
+
+/// Largest `--max-rules-bytes` (256 MiB): the node holds a few copies of the document
+/// (text, parsed rules, the peer message), so the cap must stay a bound on memory.
+pub const MAX_RULES_BYTES: u64 = 256 << 20;
+
+/// Largest peer message for a node whose rule documents are capped at `max_rules_bytes`:
+/// [`MAX_MESSAGE_BYTES`], or room for a rules document as JSON (a forwarded write, a
+/// pulled copy) when that is larger: JSON of a document accepted under the cap is at most
+/// [`stored_copy_cap`](crate::config::rules::stored_copy_cap) of it.
+pub fn peer_message_cap(max_rules_bytes: u64) -> usize {
+    let rules = crate::config::rules::stored_copy_cap(max_rules_bytes);
+    MAX_MESSAGE_BYTES.max(usize::try_from(rules).unwrap_or(usize::MAX))
+}
 
 /// What one client can make the gRPC listener hold. Each bound answers one way a single
 /// client can exhaust a node: thousands of streams on one connection, never finished
@@ -499,5 +527,32 @@ mod tests {
             let error = config.validate().unwrap_err();
             assert!(error.contains("visible ASCII"), "{id:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_rules_cap_that_fits_no_rules_or_no_memory_is_refused() {
+        for bytes in [0, MIN_RULES_BYTES - 1, MAX_RULES_BYTES + 1] {
+            let config = NodeConfig {
+                max_rules_bytes: bytes,
+                ..NodeConfig::for_test()
+            };
+            let error = config.validate().unwrap_err();
+            assert!(error.contains("max rules bytes"), "{bytes}: {error}");
+        }
+        for bytes in [MIN_RULES_BYTES, MAX_RULES_BYTES] {
+            let config = NodeConfig {
+                max_rules_bytes: bytes,
+                ..NodeConfig::for_test()
+            };
+            assert!(config.validate().is_ok(), "{bytes}");
+        }
+    }
+
+    #[test]
+    fn the_peer_face_carries_any_rules_document_the_cap_admits() {
+        assert_eq!(peer_message_cap(MIN_RULES_BYTES), MAX_MESSAGE_BYTES);
+        let cap = crate::config::rules::MAX_RULES_FILE_BYTES;
+        assert!(peer_message_cap(cap) as u64 >= crate::config::rules::stored_copy_cap(cap));
+        assert!(peer_message_cap(cap) > MAX_MESSAGE_BYTES);
     }
 }

@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::exporter::metrics_handle;
+use super::ops_listener::OpsBounds;
 use super::{grpc, GrpcLimits, NodeConfig, NodeError, MAX_MESSAGE_BYTES};
 use crate::check::Checker;
 use crate::cluster::rules::ClusterRules;
@@ -63,6 +64,7 @@ pub fn ops_state(
         rules: cluster_rules.clone(),
         router: router.clone(),
         admin: config.admin_token.clone(),
+        max_rules_bytes: config.max_rules_bytes,
         metrics: Arc::new(|| metrics_handle().render()),
         expects_peers: !config.seeds.is_empty(),
     }
@@ -171,12 +173,16 @@ async fn within_grace<F: std::future::Future>(
 /// The cluster face: the peer service alone, on its own listener, with the same
 /// limits, every call checked for the cluster key's proof before it is served, and
 /// with `tls` every connection for a certificate of the cluster CA before that.
+/// Messages up to `peer_message_cap` bytes are decoded
+/// ([`peer_message_cap`](super::config::peer_message_cap)): a forwarded rules write
+/// carries a whole document.
 pub async fn serve_peer(
     listener: TcpListener,
     peer: PeerService,
     auth: PeerAuthLayer,
     tls: Option<tonic::transport::ServerTlsConfig>,
     limits: GrpcLimits,
+    peer_message_cap: usize,
     cancel: CancellationToken,
 ) {
     let mut builder = limited(&limits);
@@ -193,7 +199,7 @@ pub async fn serve_peer(
     }
     let server = builder
         .layer(auth)
-        .add_service(PeerServer::new(peer).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(PeerServer::new(peer).max_decoding_message_size(peer_message_cap))
         .serve_with_incoming_shutdown(
             grpc::incoming(listener, &limits),
             cancel.clone().cancelled_owned(),
@@ -220,7 +226,9 @@ fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
 }
 
 /// The ops face: `/metrics`, health, the cluster and owner views and the rules API over
-/// HTTP, with a connection cap and age of its own; the exporter's upkeep runs beside it.
+/// HTTP, bounded by [`OpsBounds`] (a connection cap that closes the connection waiting
+/// longest for a request first, a header timeout, a maximum age: `node::ops_listener`);
+/// the exporter's upkeep runs beside it.
 pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: CancellationToken) {
     let handle = metrics_handle();
     let app = crate::server::ops::routes(state);
@@ -238,11 +246,7 @@ pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: Cancellat
         }
     };
     let server = axum::serve(
-        crate::server::ops::BoundedListener::new(
-            listener,
-            crate::server::ops::MAX_OPS_CONNECTIONS,
-            crate::server::ops::MAX_OPS_CONNECTION_AGE,
-        ),
+        super::ops_listener::BoundedListener::new(listener, OpsBounds::default()),
         app,
     )
     .with_graceful_shutdown(cancel.clone().cancelled_owned());

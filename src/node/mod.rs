@@ -26,6 +26,7 @@ pub mod config;
 mod exporter;
 mod faces;
 pub mod grpc;
+mod ops_listener;
 mod rules;
 
 use crate::check::Checker;
@@ -44,6 +45,7 @@ use crate::server::{PeerService, RateLimitService};
 use crate::shard::Shards;
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 pub use exporter::metrics_handle;
+pub use ops_listener::{MAX_OPS_CONNECTIONS, MAX_OPS_CONNECTION_AGE, OPS_HEADER_TIMEOUT};
 use rules::StartRules;
 
 /// Why a node could not start.
@@ -325,6 +327,7 @@ async fn start_in_span(
             PeerAuthLayer::new(config.cluster_key.clone()),
             peer_tls,
             config.grpc.clone(),
+            config::peer_message_cap(config.max_rules_bytes),
             cancel.clone(),
         ),
     );

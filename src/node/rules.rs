@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::{NodeConfig, NodeError};
 use crate::cluster::rules::{ClusterRules, KEY_ENVOY, KEY_RULES};
 use crate::config::rules::envoy::EnvoyConfig;
-use crate::config::rules::{load_stored, read_rules_file, store, RuleFile, RuleSet, RulesSource};
+use crate::config::rules::{
+    load_stored_capped, read_rules_file_capped, store, RuleFile, RuleSet, RulesSource,
+};
 use crate::config::{SharedEnvoy, SharedRules};
 
 /// The rules a node starts with, and the shared handles every face reads them through.
@@ -30,7 +32,8 @@ pub struct StartRules {
 ///
 /// File mode: the bytes parsed at start are the watcher's baseline (reading them again
 /// inside the watcher task would miss an edit made between start and the task's first
-/// run). Read once, never blocking (a FIFO or device is refused) and at most 1 MiB.
+/// run). Read once, never blocking (a FIFO or device is refused) and at most
+/// `--max-rules-bytes`.
 /// Cluster mode: the stored copy, else the seed, else the built-in default.
 pub fn load(config: &NodeConfig) -> Result<StartRules, NodeError> {
     let (source, version, loaded, rule_file) = initial_rules(config)?;
@@ -127,17 +130,22 @@ fn initial_rules(
     config: &NodeConfig,
 ) -> Result<(RulesSource, u64, RuleSet, Option<RuleFile>), NodeError> {
     if let Some(path) = &config.rules_path {
-        let (file, rules) = RuleFile::load(path).map_err(NodeError::Rules)?;
+        let (file, rules) =
+            RuleFile::load_capped(path, config.max_rules_bytes).map_err(NodeError::Rules)?;
         return Ok((RulesSource::File, 1, rules, Some(file)));
     }
     if let Some(dir) = &config.data_dir {
-        if let Some((stamp, rules)) = load_stored(dir).map_err(NodeError::StoredRules)? {
+        if let Some((stamp, rules)) =
+            load_stored_capped(dir, config.max_rules_bytes).map_err(NodeError::StoredRules)?
+        {
             return Ok((RulesSource::Cluster, stamp.version, rules, None));
         }
     }
     match &config.rules_seed {
         Some(seed) => {
-            let rules = RuleSet::load(seed).map_err(NodeError::Rules)?;
+            let bytes =
+                read_rules_file_capped(seed, config.max_rules_bytes).map_err(NodeError::Rules)?;
+            let rules = RuleSet::from_file_bytes(seed, &bytes).map_err(NodeError::Rules)?;
             if let Some(dir) = &config.data_dir {
                 store(dir, 1, &rules).map_err(NodeError::StoredRules)?;
             }
@@ -217,6 +225,7 @@ pub async fn watch_rules(
     let reloads = metrics::counter!("ringlimit_rules_reloads_total", "result" => "ok");
     let failures = metrics::counter!("ringlimit_rules_reloads_total", "result" => "error");
     let path = file.path().to_owned();
+    let max_bytes = file.max_bytes();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -225,7 +234,8 @@ pub async fn watch_rules(
             _ = tick.tick() => {}
         }
         let read_path = path.clone();
-        let read = tokio::task::spawn_blocking(move || read_rules_file(&read_path));
+        let read =
+            tokio::task::spawn_blocking(move || read_rules_file_capped(&read_path, max_bytes));
         let read = tokio::select! {
             _ = cancel.cancelled() => return,
             read = read => read,

@@ -25,10 +25,9 @@
 //! This adapter maps HTTP onto [`ClusterRules`] and the router's view; it decides nothing
 //! itself.
 
-use std::future::Future;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -38,7 +37,7 @@ use crate::check::plan::MAX_KEY_BYTES;
 use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
 use crate::cluster::Router;
 use crate::config::rules::Stamp;
-use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_FILE_BYTES};
+use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_BYTES_FLAG};
 use crate::ring::Ring;
 
 /// The admin token writes must present. Compared through blake3 hashes, so the
@@ -85,125 +84,6 @@ impl AdminToken {
     }
 }
 
-/// Most connections the ops port holds at once; one more waits in the kernel's accept
-/// queue until one closes. Prometheus, probes and operators need a handful.
-pub const MAX_OPS_CONNECTIONS: usize = 128;
-
-/// Longest life of one ops connection: requests are short, so a connection still open
-/// after this is closed (a client that wants more reconnects). This is what bounds a client
-/// that opens connections and sends nothing, or a byte a minute.
-pub const MAX_OPS_CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The ops listener with [`MAX_OPS_CONNECTIONS`] and [`MAX_OPS_CONNECTION_AGE`]: the HTTP
-/// server axum runs has neither a connection cap nor a header timeout of its own.
-pub struct BoundedListener {
-    inner: tokio::net::TcpListener,
-    slots: Arc<tokio::sync::Semaphore>,
-    max_age: std::time::Duration,
-}
-
-impl BoundedListener {
-    /// Bounds `inner` to `max_connections` open connections of at most `max_age` each.
-    pub fn new(
-        inner: tokio::net::TcpListener,
-        max_connections: usize,
-        max_age: std::time::Duration,
-    ) -> Self {
-        BoundedListener {
-            inner,
-            slots: Arc::new(tokio::sync::Semaphore::new(max_connections.max(1))),
-            max_age,
-        }
-    }
-}
-
-impl axum::serve::Listener for BoundedListener {
-    type Io = BoundedStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // A free slot first: at the cap, new connections wait in the accept queue.
-        let permit = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        let stream = BoundedStream {
-            stream,
-            deadline: Box::pin(tokio::time::sleep(self.max_age)),
-            _slot: permit,
-        };
-        (stream, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// One ops connection: holds its slot, and fails every read and write once it is older
-/// than the maximum age, which makes the server drop it.
-pub struct BoundedStream {
-    stream: tokio::net::TcpStream,
-    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
-    _slot: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl BoundedStream {
-    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        self.deadline.as_mut().poll(cx).is_ready()
-    }
-}
-
-fn too_old() -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "ops connection reached its maximum age",
-    )
-}
-
-impl tokio::io::AsyncRead for BoundedStream {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if self.expired(cx) {
-            return std::task::Poll::Ready(Err(too_old()));
-        }
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for BoundedStream {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if self.expired(cx) {
-            return std::task::Poll::Ready(Err(too_old()));
-        }
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
 /// What the ops face serves from.
 #[derive(Clone)]
 pub struct OpsState {
@@ -213,6 +93,10 @@ pub struct OpsState {
     pub router: Arc<Router>,
     /// `None`: writes refused.
     pub admin: Option<AdminToken>,
+    /// Largest request body, in bytes (`--max-rules-bytes`): the cap of the rule file,
+    /// so a document accepted from a file is accepted here too. Read only after the
+    /// admin token is checked.
+    pub max_rules_bytes: u64,
     /// Renders `/metrics`.
     pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
     /// The node was given seeds: ready only once it sees another member.
@@ -447,11 +331,11 @@ async fn put_limit(
     State(s): State<OpsState>,
     Path(tier): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let limit: TierLimit = json_body(&body)?;
+    let limit: TierLimit = json_body(&bounded(&s, body).await?)?;
     let written = s
         .rules
         .write(if_match, RulesEdit::PutTierLimit { tier, limit })
@@ -496,11 +380,11 @@ async fn get_rules(State(s): State<OpsState>, headers: HeaderMap) -> Response {
 async fn put_rules(
     State(s): State<OpsState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let body = bounded(&body)?;
+    let body = bounded(&s, body).await?;
     let text = utf8(&body)?;
     let doc = if wants_json(&headers, header::CONTENT_TYPE) {
         RulesDoc::from_json_str(text)
@@ -518,11 +402,11 @@ async fn put_rules(
 async fn put_envoy(
     State(s): State<OpsState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, OpsError> {
     authorize(&s, &headers)?;
     let if_match = if_match(&headers)?;
-    let section: Option<DocEnvoy> = json_body(&body)?;
+    let section: Option<DocEnvoy> = json_body(&bounded(&s, body).await?)?;
     let written = s
         .rules
         .write(if_match, RulesEdit::ReplaceEnvoy(section))
@@ -530,9 +414,9 @@ async fn put_envoy(
     Ok(answer_written(&s, &written))
 }
 
-/// A bounded JSON body; a bad one is 400 naming line and column.
+/// A JSON body (already [`bounded`]); a bad one is 400 naming line and column.
 fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, OpsError> {
-    serde_json::from_slice(&bounded(body)?).map_err(|e| {
+    serde_json::from_slice(body).map_err(|e| {
         bad(format!(
             "body: JSON error at line {}, column {}: {e}",
             e.line(),
@@ -610,17 +494,28 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, OpsError> {
     })
 }
 
-fn bounded(body: &Bytes) -> Result<Bytes, OpsError> {
-    if body.len() as u64 > MAX_RULES_FILE_BYTES {
-        return Err(OpsError(
+/// The request body, read up to the node's rules cap (`--max-rules-bytes`, the cap of the
+/// rule file too): one byte more is 413 naming the flag, and nothing past the cap is
+/// buffered.
+async fn bounded(s: &OpsState, body: Body) -> Result<Bytes, OpsError> {
+    use futures_util::StreamExt;
+    let cap = s.max_rules_bytes;
+    let too_large = || {
+        OpsError(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "body: {} bytes, over the limit of {MAX_RULES_FILE_BYTES}",
-                body.len()
-            ),
-        ));
+            format!("body: over the limit of {cap} bytes ({MAX_RULES_BYTES_FLAG})"),
+        )
+    };
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| bad(format!("body: {e}")))?;
+        if (read.len() + chunk.len()) as u64 > cap {
+            return Err(too_large());
+        }
+        read.extend_from_slice(&chunk);
     }
-    Ok(body.clone())
+    Ok(Bytes::from(read))
 }
 
 fn wants_json(headers: &HeaderMap, name: header::HeaderName) -> bool {
@@ -668,55 +563,6 @@ fn percent_decode(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Bypass closed: a client that opens connections and sends nothing held the ops
-    /// port (and a task and a socket each) for ever. Now it holds a slot for at most the
-    /// maximum age, and past the cap others wait for a slot rather than pile up.
-    #[tokio::test]
-    async fn an_idle_connection_is_closed_at_its_age_and_frees_its_slot() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let age = std::time::Duration::from_millis(200);
-        let app = axum::Router::new().route("/", get(|| async { "ok" }));
-        let server = tokio::spawn(async move {
-            axum::serve(BoundedListener::new(listener, 1, age), app)
-                .await
-                .unwrap();
-        });
-        let started = std::time::Instant::now();
-        // The idle client takes the only slot.
-        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        // A real request waits for the slot, then is served.
-        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        client
-            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut answer = String::new();
-        tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            client.read_to_string(&mut answer),
-        )
-        .await
-        .expect("served once the idle connection aged out")
-        .unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        assert!(answer.ends_with("ok"), "{answer}");
-        assert!(
-            started.elapsed() >= std::time::Duration::from_millis(150),
-            "it waited for the slot"
-        );
-        // The idle one was closed by the server.
-        let mut buf = [0u8; 16];
-        let n = tokio::time::timeout(std::time::Duration::from_secs(10), idle.read(&mut buf))
-            .await
-            .expect("the idle connection is closed")
-            .unwrap_or(0);
-        assert_eq!(n, 0);
-        server.abort();
-    }
 
     #[test]
     fn percent_decoding_handles_spaces_slashes_and_garbage() {

@@ -42,9 +42,10 @@ pub enum RulesError {
     },
     /// The file is larger than [`MAX_RULES_FILE_BYTES`](super::MAX_RULES_FILE_BYTES).
     #[error(
-        "rules file {}: {} the limit of {limit} bytes",
+        "rules file {}: {} the limit of {limit} bytes ({flag})",
         path.display(),
-        size.map_or_else(|| "is over".to_string(), |s| format!("is {s} bytes, over"))
+        size.map_or_else(|| "is over".to_string(), |s| format!("is {s} bytes, over")),
+        flag = super::file::MAX_RULES_BYTES_FLAG
     )]
     TooLarge {
         /// The file.

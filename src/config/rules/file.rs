@@ -9,7 +9,8 @@
 //!   directory or socket is a wrong path. The check is made on the path before opening and
 //!   again on the opened file, and the file is opened non-blocking, so a swap between the
 //!   two cannot make the open or the read wait;
-//! - at most [`MAX_RULES_FILE_BYTES`] are read;
+//! - at most `--max-rules-bytes` ([`MAX_RULES_FILE_BYTES`] unless the operator says
+//!   otherwise) are read;
 //! - [`RuleFile::observe`] turns one poll into "nothing new", "new rules" or "an error to
 //!   report once", so a file that stays broken is logged and counted once, not every second.
 
@@ -18,54 +19,78 @@ use std::path::{Path, PathBuf};
 
 use super::{RuleSet, RulesError};
 
-/// Largest rule file read, in bytes (1 MiB). A rule file with thousands of rules is a few
-/// hundred kilobytes; anything larger is a mistake (a wrong path, a runaway generator) and
-/// is refused rather than read.
-pub const MAX_RULES_FILE_BYTES: u64 = 1024 * 1024;
+/// Default of `serve --max-rules-bytes`: the largest rule file, rules API document and
+/// peer copy a node accepts, in bytes (16 MiB). A SaaS with one `[[rule]]` per customer
+/// has 100,000 of them in about 7.4 MB (docs/rules.md, "Size"); a file far larger than
+/// that is a mistake (a wrong path, a runaway generator) and is refused rather than read.
+pub const MAX_RULES_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The flag that sets the cap, named by every "too large" message so an operator with a
+/// genuinely larger rule set knows what to raise.
+pub const MAX_RULES_BYTES_FLAG: &str = "--max-rules-bytes";
+
+/// Cap on the node's own stored copy (`<data-dir>/rules.json`) for a node whose cap on
+/// documents is `max_bytes`: that copy is pretty-printed JSON of a document accepted
+/// under the cap, larger than the TOML it came from (about 1.5x for per-client rules;
+/// at most about 3x for rules made of the shortest fields), so it gets four times the cap
+/// plus room for its header. A document accepted by the file, the API or a peer is thus
+/// always readable back after a restart.
+pub fn stored_copy_cap(max_bytes: u64) -> u64 {
+    max_bytes.saturating_mul(4).saturating_add(64 * 1024)
+}
+
+/// Reads the rule file at `path` with the default cap, [`MAX_RULES_FILE_BYTES`]
+/// (see [`read_rules_file_capped`]).
+pub fn read_rules_file(path: &Path) -> Result<Vec<u8>, RulesError> {
+    read_rules_file_capped(path, MAX_RULES_FILE_BYTES)
+}
 
 /// Reads the rule file at `path`: a regular file (symlinks followed) of at most
-/// [`MAX_RULES_FILE_BYTES`], without blocking on the open or on the read.
+/// `max_bytes`, without blocking on the open or on the read.
 ///
 /// Refuses FIFOs, devices, directories and sockets with [`RulesError::NotAFile`] and larger
 /// files with [`RulesError::TooLarge`]; never reads more than the cap plus one byte.
-pub fn read_rules_file(path: &Path) -> Result<Vec<u8>, RulesError> {
+pub fn read_rules_file_capped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, RulesError> {
     let io = |error| RulesError::Io {
         path: path.to_owned(),
         error,
     };
     // Before opening: opening a FIFO for reading blocks until a writer appears.
-    check_metadata(path, &std::fs::metadata(path).map_err(io)?)?;
+    check_metadata(path, &std::fs::metadata(path).map_err(io)?, max_bytes)?;
     let file = open_nonblocking(path).map_err(io)?;
     // The path may have been swapped between the check and the open: what counts is what
     // was opened. Non-blocking, so even an opened FIFO returns here instead of waiting.
-    check_metadata(path, &file.metadata().map_err(io)?)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_RULES_FILE_BYTES + 1)
+    let meta = file.metadata().map_err(io)?;
+    check_metadata(path, &meta, max_bytes)?;
+    // Sized from the metadata (already checked against the cap), so a large file is not
+    // copied through a series of doublings.
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(max_bytes.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(io)?;
-    if bytes.len() as u64 > MAX_RULES_FILE_BYTES {
+    if bytes.len() as u64 > max_bytes {
         // Grew after the size check.
         return Err(RulesError::TooLarge {
             path: path.to_owned(),
             size: None,
-            limit: MAX_RULES_FILE_BYTES,
+            limit: max_bytes,
         });
     }
     Ok(bytes)
 }
 
-fn check_metadata(path: &Path, meta: &std::fs::Metadata) -> Result<(), RulesError> {
+fn check_metadata(path: &Path, meta: &std::fs::Metadata, max_bytes: u64) -> Result<(), RulesError> {
     if !meta.is_file() {
         return Err(RulesError::NotAFile {
             path: path.to_owned(),
             kind: kind_of(&meta.file_type()),
         });
     }
-    if meta.len() > MAX_RULES_FILE_BYTES {
+    if meta.len() > max_bytes {
         return Err(RulesError::TooLarge {
             path: path.to_owned(),
             size: Some(meta.len()),
-            limit: MAX_RULES_FILE_BYTES,
+            limit: max_bytes,
         });
     }
     Ok(())
@@ -126,6 +151,8 @@ enum Seen {
 #[derive(Debug)]
 pub struct RuleFile {
     path: PathBuf,
+    /// The cap each poll reads with (`--max-rules-bytes`).
+    max_bytes: u64,
     /// The bytes the rules in force were parsed from.
     applied: Vec<u8>,
     last: Seen,
@@ -135,15 +162,23 @@ impl RuleFile {
     /// Reads and parses the file at start. Any error refuses the start: a node never begins
     /// with rules it was not given.
     pub fn load(path: &Path) -> Result<(Self, RuleSet), RulesError> {
-        let bytes = read_rules_file(path)?;
+        Self::load_capped(path, MAX_RULES_FILE_BYTES)
+    }
+
+    /// [`RuleFile::load`] with the cap of `--max-rules-bytes`, kept for every later poll.
+    pub fn load_capped(path: &Path, max_bytes: u64) -> Result<(Self, RuleSet), RulesError> {
+        let bytes = read_rules_file_capped(path, max_bytes)?;
         let rules = RuleSet::from_file_bytes(path, &bytes)?;
-        Ok((Self::loaded(path, bytes), rules))
+        let mut file = Self::loaded(path, bytes);
+        file.max_bytes = max_bytes;
+        Ok((file, rules))
     }
 
     /// The state after the rules in force were parsed from `bytes`.
     pub fn loaded(path: &Path, bytes: Vec<u8>) -> Self {
         RuleFile {
             path: path.to_owned(),
+            max_bytes: MAX_RULES_FILE_BYTES,
             applied: bytes.clone(),
             last: Seen::Bytes(bytes),
         }
@@ -152,6 +187,11 @@ impl RuleFile {
     /// The path followed.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The cap a poll of the file reads with ([`read_rules_file_capped`]).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// Handles one poll's read: `None` when there is nothing new to apply or report,
@@ -261,7 +301,7 @@ mod tests {
         let path = dir.path().join("fifo");
         mkfifo(&path);
         let file = open_nonblocking(&path).expect("non-blocking open returns");
-        let e = check_metadata(&path, &file.metadata().unwrap()).unwrap_err();
+        let e = check_metadata(&path, &file.metadata().unwrap(), MAX_RULES_FILE_BYTES).unwrap_err();
         assert!(
             matches!(e, RulesError::NotAFile { kind: "a FIFO", .. }),
             "{e}"
@@ -318,18 +358,41 @@ mod tests {
     fn a_file_over_the_cap_is_refused_and_one_at_the_cap_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rules.toml");
-        let cap = usize::try_from(MAX_RULES_FILE_BYTES).unwrap();
+        let cap = 1024 * 1024;
         std::fs::write(&path, vec![b'#'; cap + 1]).unwrap();
-        let e = read_rules_file(&path).unwrap_err();
+        let e = read_rules_file_capped(&path, cap as u64).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
-                "rules file {}: is 1048577 bytes, over the limit of 1048576 bytes",
+                "rules file {}: is 1048577 bytes, over the limit of 1048576 bytes \
+                 (--max-rules-bytes)",
                 path.display()
             )
         );
         std::fs::write(&path, vec![b'#'; cap]).unwrap();
+        assert_eq!(
+            read_rules_file_capped(&path, cap as u64).unwrap().len(),
+            cap
+        );
+        // The default cap reads it, and refuses one byte more than itself.
         assert_eq!(read_rules_file(&path).unwrap().len(), cap);
+        let default = usize::try_from(MAX_RULES_FILE_BYTES).unwrap();
+        std::fs::write(&path, vec![b'#'; default + 1]).unwrap();
+        assert!(matches!(
+            read_rules_file(&path),
+            Err(RulesError::TooLarge { limit, .. }) if limit == MAX_RULES_FILE_BYTES
+        ));
+    }
+
+    #[test]
+    fn a_watched_file_keeps_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.toml");
+        std::fs::write(&path, ONE_RULE).unwrap();
+        let (file, _) = RuleFile::load_capped(&path, 4096).unwrap();
+        assert_eq!(file.max_bytes(), 4096);
+        let e = RuleFile::load_capped(&path, 10).unwrap_err();
+        assert!(e.to_string().contains("over the limit of 10 bytes"), "{e}");
     }
 
     #[test]

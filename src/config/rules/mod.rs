@@ -44,13 +44,16 @@ mod versioned;
 
 pub use doc::{DocDefault, DocEnvoy, DocRule, RulesDoc, TierLimit};
 pub use error::{RuleIssue, RuleRef, RulesError, SyntaxError, MAX_ISSUES_SHOWN, MAX_QUOTE_CHARS};
-pub use file::{read_rules_file, RuleFile, MAX_RULES_FILE_BYTES};
+pub use file::{
+    read_rules_file, read_rules_file_capped, stored_copy_cap, RuleFile, MAX_RULES_BYTES_FLAG,
+    MAX_RULES_FILE_BYTES,
+};
 pub use index::RuleSet;
 pub use parse::{
     parse_duration, DurationError, LOG_BYTES_PER_ENTRY, MAX_KEY_LEN, MAX_LIMIT, MAX_LOG_LIMIT,
     MAX_NAME_LEN, MAX_QUEUE_DEPTH, MAX_TIER_LEN, MAX_WINDOW, MIN_WINDOW,
 };
-pub use stored::{load_stored, store, StoreError, STORED_FILE};
+pub use stored::{load_stored, load_stored_capped, store, StoreError, STORED_FILE};
 pub use versioned::{best_source, Advert, EnvoyAdvert, RulesSource, Stamp};
 
 /// Name of the rule built from `[default]` (or the built-in default); reserved for it.

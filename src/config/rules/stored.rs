@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{RuleSet, RulesDoc, RulesError, Stamp, MAX_RULES_FILE_BYTES};
+use super::{stored_copy_cap, RuleSet, RulesDoc, RulesError, Stamp, MAX_RULES_FILE_BYTES};
 
 /// File name of the stored rule set inside the data directory.
 pub const STORED_FILE: &str = "rules.json";
@@ -88,8 +88,19 @@ pub fn store(dir: &Path, version: u64, rules: &RuleSet) -> Result<(), StoreError
 /// validated rules otherwise. A file that does not parse, fails validation or whose
 /// digest does not match its content is an error naming the file.
 pub fn load_stored(dir: &Path) -> Result<Option<(Stamp, RuleSet)>, StoreError> {
+    load_stored_capped(dir, MAX_RULES_FILE_BYTES)
+}
+
+/// [`load_stored`] for a node whose documents are capped at `max_bytes`
+/// (`--max-rules-bytes`): the stored copy, pretty JSON, may be larger than the document
+/// it holds and is read with [`stored_copy_cap`] of it.
+pub fn load_stored_capped(
+    dir: &Path,
+    max_bytes: u64,
+) -> Result<Option<(Stamp, RuleSet)>, StoreError> {
     let path = dir.join(STORED_FILE);
-    let bytes = match super::read_rules_file(&path) {
+    let cap = stored_copy_cap(max_bytes);
+    let bytes = match super::read_rules_file_capped(&path, cap) {
         Ok(bytes) => bytes,
         Err(RulesError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
             return Ok(None)
@@ -101,7 +112,7 @@ pub fn load_stored(dir: &Path) -> Result<Option<(Stamp, RuleSet)>, StoreError> {
             })
         }
     };
-    debug_assert!(bytes.len() as u64 <= MAX_RULES_FILE_BYTES);
+    debug_assert!(bytes.len() as u64 <= cap);
     let corrupt = |message: String| StoreError::Corrupt {
         path: path.clone(),
         message,
