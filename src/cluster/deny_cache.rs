@@ -107,6 +107,12 @@ impl DenyCache {
         self.map.insert(key, denial);
     }
 
+    /// Drop the cached denial of `key`, if any: its counter was reset by an operator,
+    /// so "denied until T" is no longer a fact.
+    pub fn forget(&self, key: &KeyId) {
+        self.map.remove(key);
+    }
+
     /// Number of cached denials.
     pub fn len(&self) -> usize {
         self.map.len()
