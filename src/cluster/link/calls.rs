@@ -249,6 +249,54 @@ mod tests {
     }
 
     #[test]
+    fn a_counters_call_carries_the_query_and_its_answer_reads_back_what_the_owner_sent() {
+        let query = ClientQuery::new("cust", Some("GET /x?y=1"), Some("gold")).unwrap();
+        let request = counters_request("b", &query, true, "admin token 01234567");
+        assert_eq!(
+            (
+                request.from_node.as_str(),
+                request.key.as_str(),
+                request.reset
+            ),
+            ("b", "cust", true)
+        );
+        assert_eq!(request.route.as_deref(), Some("GET /x?y=1"));
+        assert_eq!(request.tier.as_deref(), Some("gold"));
+        assert_eq!(request.requested_by, "admin token 01234567");
+        let answer = ClientCounters {
+            owner: "a".into(),
+            generation: 7,
+            counters: vec![CounterReading {
+                rule: "t".into(),
+                algorithm: "fixed_window".into(),
+                route: "GET /x".into(),
+                limit: 10,
+                remaining: 4,
+                reset_at_ms: 99,
+            }],
+        };
+        assert_eq!(counters_answer(counters_response(&answer)), answer);
+    }
+
+    #[test]
+    fn an_owner_refusing_a_counters_query_is_told_apart_from_a_failed_call() {
+        let refused = tonic::Status::invalid_argument("key: must not be empty");
+        assert!(matches!(
+            counters_error("a", Some(&refused)),
+            CountersError::Refused(m) if m == "key: must not be empty"
+        ));
+        let down = tonic::Status::unavailable("reset");
+        assert!(matches!(
+            counters_error("a", Some(&down)),
+            CountersError::Failed(ForwardError::Unreachable(..))
+        ));
+        assert!(matches!(
+            counters_error("a", None),
+            CountersError::Failed(ForwardError::Timeout(_))
+        ));
+    }
+
+    #[test]
     fn a_refund_quotes_each_admission_time() {
         let item = testkit::item("k", "GET /x", 2);
         let request = refund_request(&[(item, 1234)]);
