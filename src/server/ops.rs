@@ -874,4 +874,17 @@ mod tests {
         assert!(!t.matches("0123456789abcdeg"));
         assert!(!format!("{t:?}").contains("0123"), "never logged");
     }
+
+    #[test]
+    fn an_admin_token_id_is_stable_per_token_and_reveals_nothing_of_it() {
+        let token = "test-admin-token-0123456789";
+        let id = AdminToken::new(token).unwrap().id();
+        assert_eq!(id.len(), 8);
+        assert_eq!(AdminToken::new(token).unwrap().id(), id);
+        assert_ne!(
+            AdminToken::new("another-admin-token-0123").unwrap().id(),
+            id
+        );
+        assert!(!token.contains(&id) && !blake3::hash(token.as_bytes()).to_hex().contains(&*id));
+    }
 }

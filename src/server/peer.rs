@@ -918,4 +918,21 @@ mod tests {
             }
         );
     }
+
+    #[test]
+    fn an_audit_line_names_each_counter_with_what_it_had_used() {
+        let reading = |rule: &str, route: &str, remaining| CounterReading {
+            rule: rule.into(),
+            algorithm: "fixed_window".into(),
+            route: route.into(),
+            limit: 10,
+            remaining,
+            reset_at_ms: 0,
+        };
+        assert_eq!(audit_list(&[]), "none");
+        assert_eq!(
+            audit_list(&[reading("t", "", 7), reading("up", "POST /up", 0)]),
+            "t 3/10, up[POST /up] 10/10"
+        );
+    }
 }
