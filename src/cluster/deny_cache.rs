@@ -180,6 +180,16 @@ mod tests {
     }
 
     #[test]
+    fn a_forgotten_denial_is_asked_of_the_owner_again_and_others_stay() {
+        let cache = DenyCache::new(10);
+        cache.insert(k(b"reset"), denial(10_000, 1), 0);
+        cache.insert(k(b"other"), denial(10_000, 1), 0);
+        cache.forget(&k(b"reset"));
+        assert!(cache.get(&k(b"reset"), 1, 1, 7).is_none());
+        assert!(cache.get(&k(b"other"), 1, 1, 7).is_some());
+    }
+
+    #[test]
     fn a_changed_rule_is_not_answered_from_the_cache() {
         let cache = DenyCache::new(10);
         cache.insert(k(b"k"), denial(10_000, 1), 0);
