@@ -44,6 +44,12 @@ enum Command {
         #[command(subcommand)]
         command: cli::rules::RulesCommand,
     },
+    /// A client's counters: read them (charging nothing) or reset them (admin token),
+    /// through any node's ops port.
+    Counters {
+        #[command(subcommand)]
+        command: cli::counters::CountersCommand,
+    },
     /// Cluster tools.
     Cluster {
         #[command(subcommand)]
@@ -63,6 +69,7 @@ fn main() -> ExitCode {
         Command::Check(args) => cli::block_on(cli::check::run(args)),
         Command::Owner { key, addr } => cli::block_on(cli::owner::run(&key, &addr)),
         Command::Rules { command } => command.run(),
+        Command::Counters { command } => command.run(),
         Command::Cluster { command } => command.run(),
         Command::DevCluster(args) => cli::dev_cluster::run(args),
         Command::Bench(args) => cli::block_on(bench::run(args)).map(|()| ExitCode::SUCCESS),

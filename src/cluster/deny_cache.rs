@@ -107,6 +107,12 @@ impl DenyCache {
         self.map.insert(key, denial);
     }
 
+    /// Drop the cached denial of `key`, if any: its counter was reset by an operator,
+    /// so "denied until T" is no longer a fact.
+    pub fn forget(&self, key: &KeyId) {
+        self.map.remove(key);
+    }
+
     /// Number of cached denials.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -171,6 +177,16 @@ mod tests {
         assert!(cache.get(&k(b"k"), 1, 5, 7).is_some());
         assert!(cache.get(&k(b"k"), 1, 9, 7).is_some());
         assert!(cache.get(&k(b"k"), 1, 4, 7).is_none());
+    }
+
+    #[test]
+    fn a_forgotten_denial_is_asked_of_the_owner_again_and_others_stay() {
+        let cache = DenyCache::new(10);
+        cache.insert(k(b"reset"), denial(10_000, 1), 0);
+        cache.insert(k(b"other"), denial(10_000, 1), 0);
+        cache.forget(&k(b"reset"));
+        assert!(cache.get(&k(b"reset"), 1, 1, 7).is_none());
+        assert!(cache.get(&k(b"other"), 1, 1, 7).is_some());
     }
 
     #[test]

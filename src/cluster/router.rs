@@ -15,12 +15,14 @@ use tokio::sync::watch;
 use crate::algorithms::Millis;
 use crate::clock::Clock;
 use crate::cluster::deny_cache::DenyCache;
+use crate::cluster::link::CountersError;
 use crate::cluster::link::PeerPool;
 use crate::cluster::policy::{self, Fallback, Origin, Routing};
 use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
-use crate::config::rules::Rule;
+use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;
 use crate::ring::RingDiff;
+use crate::shard::counters::{ClientCounters, ClientQuery};
 use crate::shard::{Charge, ShardError, Shards};
 
 /// The owners' answers to one check's forwarded descriptors, in plan order: inline for
@@ -179,6 +181,52 @@ impl Router {
     /// The current cluster view.
     pub fn view(&self) -> Arc<ClusterView> {
         self.view.borrow().clone()
+    }
+
+    /// One client's counters, read (or, with `reset`, dropped) on the key's owner:
+    /// here when this node owns the key, else asked of the owner over the peer face
+    /// (which re-finds them under its own rules). Charges nothing. `by` names who asked,
+    /// for the owner's audit line. A reset also forgets this node's cached denials of
+    /// the counters, so its next check of the key goes to the owner.
+    pub async fn counters(
+        &self,
+        rules: &RuleSet,
+        query: &ClientQuery,
+        reset: bool,
+        by: &str,
+    ) -> Result<ClientCounters, CountersError> {
+        let view = self.view();
+        let owner = view
+            .owner_of_placement(query.placement())
+            .ok_or(CountersError::NoOwner)?;
+        if reset {
+            for counter in query.counters(rules) {
+                self.deny.forget(&counter.id);
+            }
+        }
+        if owner.node_id == *self.me.node_id {
+            return Ok(self.counters_here(rules, query, reset).await?);
+        }
+        self.peers.counters(owner, query, reset, by).await
+    }
+
+    /// One client's counters on this node's shard, whoever owns the key (the peer face
+    /// answers for the owner it was asked as; a forwarded question is never sent on).
+    pub async fn counters_here(
+        &self,
+        rules: &RuleSet,
+        query: &ClientQuery,
+        reset: bool,
+    ) -> Result<ClientCounters, ShardError> {
+        let counters = self
+            .shards
+            .counters(query.placement(), query.counters(rules), reset)
+            .await?;
+        Ok(ClientCounters {
+            owner: self.me.node_id.to_string(),
+            generation: self.me.generation,
+            counters,
+        })
     }
 
     /// Decide checks that a client sent to this node: each descriptor on its owner,

@@ -14,6 +14,8 @@
 //! | `GET /v1/rules` | the whole document, TOML (or JSON with `Accept: application/json`), `ETag` = version |
 //! | `PUT /v1/rules` | replace it (TOML, or JSON with `Content-Type: application/json`), `If-Match` |
 //! | `PUT /v1/rules/envoy` | replace only its `[envoy]` section (JSON; `null` removes it), `If-Match` |
+//! | `GET /v1/counters?key=K[&route=R&tier=T]` | that client's counters, read on the key's owner, charging nothing |
+//! | `DELETE /v1/counters?key=K[&route=R&tier=T]` | reset them (an admin write, audited in the log) |
 //!
 //! Writes need `Authorization: Bearer <token>` matching `--admin-token-file`; a node
 //! without a token refuses every write (403), so a node started without one can never be
@@ -34,11 +36,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::check::plan::MAX_KEY_BYTES;
+use crate::cluster::link::{CountersError, ForwardError};
 use crate::cluster::rules::{hex, ClusterRules, Refusal, RulesEdit, RulesWriteError, Written};
 use crate::cluster::Router;
 use crate::config::rules::Stamp;
 use crate::config::rules::{DocEnvoy, RulesDoc, TierLimit, MAX_RULES_BYTES_FLAG};
 use crate::ring::Ring;
+use crate::server::peer::audit_list;
+use crate::shard::counters::{ClientCounters, ClientQuery};
 
 /// The admin token writes must present. Compared through blake3 hashes, so the
 /// comparison takes the same time whatever the guess.
@@ -76,6 +81,13 @@ impl AdminToken {
             .map_err(|e| format!("admin token file {}: {e}", path.display()))?;
         let first = text.lines().next().unwrap_or("");
         Self::new(first).map_err(|e| format!("admin token file {}: {e}", path.display()))
+    }
+
+    /// A short name of this token for audit lines: 8 hex digits of a hash of its hash,
+    /// which tells tokens apart across a rotation without revealing anything usable.
+    pub fn id(&self) -> String {
+        let id = blake3::hash(self.0.as_bytes());
+        id.to_hex()[..8].to_string()
     }
 
     fn matches(&self, given: &str) -> bool {
@@ -156,6 +168,7 @@ pub fn routes(state: OpsState) -> axum::Router {
         )
         .route("/v1/rules", get(get_rules).put(put_rules))
         .route("/v1/rules/envoy", axum::routing::put(put_envoy))
+        .route("/v1/counters", get(get_counters).delete(reset_counters))
         .with_state(state)
 }
 
@@ -282,6 +295,113 @@ async fn owner(State(s): State<OpsState>, uri: Uri) -> Result<Response, OpsError
             "ring_digest": format!("{:016x}", view.ring.digest()),
         }),
     ))
+}
+
+/// The client a counters request names: its key and optional route and tier, held to a
+/// check's bounds (400 naming the field, before anything is read or changed).
+fn counters_query(uri: &Uri) -> Result<ClientQuery, OpsError> {
+    let key = query_param(uri, "key")?
+        .ok_or_else(|| bad("key: required (/v1/counters?key=K[&route=R&tier=T])".into()))?;
+    let route = query_param(uri, "route")?;
+    let tier = query_param(uri, "tier")?;
+    ClientQuery::new(&key, route.as_deref(), tier.as_deref()).map_err(bad)
+}
+
+/// A counters answer: the client, the owner that answered, and each counter holding
+/// state (a counter without state is as fresh as a new key: nothing used).
+fn counters_body(query: &ClientQuery, answer: &ClientCounters, reset: bool) -> serde_json::Value {
+    let counters: Vec<_> = answer
+        .counters
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "rule": c.rule,
+                "algorithm": c.algorithm,
+                "route": (!c.route.is_empty()).then_some(&c.route),
+                "limit": c.limit,
+                "used": c.used(),
+                "remaining": c.remaining,
+                "reset_at_ms": c.reset_at_ms,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "key": query.key(),
+        "route": query.route(),
+        "tier": query.tier(),
+        "owner": {
+            "node_id": answer.owner,
+            "generation": answer.generation.to_string(),
+        },
+        "reset": reset,
+        "counters": counters,
+    })
+}
+
+fn counters_error(error: CountersError) -> OpsError {
+    let status = match &error {
+        CountersError::Refused(_) => StatusCode::BAD_REQUEST,
+        CountersError::Failed(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+        CountersError::Failed(_) => StatusCode::BAD_GATEWAY,
+        CountersError::Shard(_) | CountersError::NoOwner => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    OpsError(status, error.to_string())
+}
+
+/// `GET /v1/counters`: read on the key's owner; charges nothing.
+async fn get_counters(State(s): State<OpsState>, uri: Uri) -> Result<Response, OpsError> {
+    let query = counters_query(&uri)?;
+    let rules = s.rules.current().rules.clone();
+    let answer = s
+        .router
+        .counters(&rules, &query, false, "")
+        .await
+        .map_err(counters_error)?;
+    Ok(json(StatusCode::OK, counters_body(&query, &answer, false)))
+}
+
+/// `DELETE /v1/counters`: an admin write. The token is checked before the query is even
+/// read; the reset happens in one step of the owner's shard, and the log keeps who did
+/// it and what each counter held just before.
+async fn reset_counters(
+    State(s): State<OpsState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, OpsError> {
+    authorize(&s, &headers)?;
+    let query = counters_query(&uri)?;
+    let by = s
+        .admin
+        .as_ref()
+        .map_or_else(String::new, |token| format!("admin token {}", token.id()));
+    let rules = s.rules.current().rules.clone();
+    let result = s.router.counters(&rules, &query, true, &by).await;
+    let answer = result.map_err(|error| {
+        tracing::warn!(
+            target: "ringlimit::audit",
+            node_id = %s.router.me().node_id,
+            by = %by,
+            key = %query.key(),
+            route = query.route(),
+            tier = query.tier(),
+            %error,
+            "counters reset failed (it may or may not have happened on the owner)"
+        );
+        counters_error(error)
+    })?;
+    tracing::warn!(
+        target: "ringlimit::audit",
+        node_id = %s.router.me().node_id,
+        by = %by,
+        user_agent = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()),
+        key = %query.key(),
+        route = query.route(),
+        tier = query.tier(),
+        owner = %answer.owner,
+        counters = %audit_list(&answer.counters),
+        "counters reset"
+    );
+    Ok(json(StatusCode::OK, counters_body(&query, &answer, true)))
 }
 
 fn bad(message: String) -> OpsError {
@@ -599,5 +719,18 @@ mod tests {
         assert!(t.matches("0123456789abcdef"));
         assert!(!t.matches("0123456789abcdeg"));
         assert!(!format!("{t:?}").contains("0123"), "never logged");
+    }
+
+    #[test]
+    fn an_admin_token_id_is_stable_per_token_and_reveals_nothing_of_it() {
+        let token = "test-admin-token-0123456789";
+        let id = AdminToken::new(token).unwrap().id();
+        assert_eq!(id.len(), 8);
+        assert_eq!(AdminToken::new(token).unwrap().id(), id);
+        assert_ne!(
+            AdminToken::new("another-admin-token-0123").unwrap().id(),
+            id
+        );
+        assert!(!token.contains(&id) && !blake3::hash(token.as_bytes()).to_hex().contains(&*id));
     }
 }

@@ -29,11 +29,12 @@ use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::InlineRule as WireInline;
 use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardItem, ForwardOutcome, ForwardRequest, ForwardResponse,
-    InstallRequest, InstallResponse, KeyState as WireState, MemberStatus, RefundItem,
-    RefundRequest, RefundResponse, RulesRequest, RulesResponse, StatusRequest, StatusResponse,
-    WriteRulesRequest, WriteRulesResponse,
+    CountersRequest, CountersResponse, ForwardAnswer, ForwardCall, ForwardItem, ForwardOutcome,
+    ForwardRequest, ForwardResponse, InstallRequest, InstallResponse, KeyState as WireState,
+    MemberStatus, RefundItem, RefundRequest, RefundResponse, RulesRequest, RulesResponse,
+    StatusRequest, StatusResponse, WriteRulesRequest, WriteRulesResponse,
 };
+use crate::shard::counters::{ClientQuery, CounterReading};
 use crate::shard::{Exported, KeyId, Refund};
 
 mod stream;
@@ -201,6 +202,26 @@ fn decode_edit(request: &WriteRulesRequest) -> Result<RulesEdit, Status> {
 }
 
 /// A refused rules write as the status the sending node maps back (peer.proto).
+/// The counters of an audit line: `rule[route] used/limit`, comma-separated, so the log
+/// says what a reset took away.
+pub fn audit_list(counters: &[CounterReading]) -> String {
+    if counters.is_empty() {
+        return "none".into();
+    }
+    counters
+        .iter()
+        .map(|c| {
+            let route = if c.route.is_empty() {
+                String::new()
+            } else {
+                format!("[{}]", c.route)
+            };
+            format!("{}{route} {}/{}", c.rule, c.used(), c.limit)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn write_status(error: RulesWriteError) -> Status {
     let message = error.to_string();
     match error.kind() {
@@ -524,6 +545,39 @@ impl Peer for PeerService {
             rule: written.rule.unwrap_or_default(),
             document: current.rules.doc().to_json(),
         }))
+    }
+
+    async fn counters(
+        &self,
+        request: Request<CountersRequest>,
+    ) -> Result<Response<CountersResponse>, Status> {
+        let request = request.into_inner();
+        let query = ClientQuery::new(
+            &request.key,
+            request.route.as_deref(),
+            request.tier.as_deref(),
+        )
+        .map_err(Status::invalid_argument)?;
+        // Answered here, whoever this node thinks owns the key: never sent on.
+        let answer = self
+            .router
+            .counters_here(&self.rules.load(), &query, request.reset)
+            .await
+            .map_err(CheckError::from)?;
+        if request.reset {
+            tracing::warn!(
+                target: "ringlimit::audit",
+                node_id = %self.router.me().node_id,
+                from = %request.from_node,
+                by = %request.requested_by,
+                key = %query.key(),
+                route = query.route(),
+                tier = query.tier(),
+                counters = %audit_list(&answer.counters),
+                "counters reset for a peer's operator"
+            );
+        }
+        Ok(Response::new(link::calls::counters_response(&answer)))
     }
 
     async fn rules(
@@ -862,6 +916,23 @@ mod tests {
                 placement: 2,
                 disc: 3
             }
+        );
+    }
+
+    #[test]
+    fn an_audit_line_names_each_counter_with_what_it_had_used() {
+        let reading = |rule: &str, route: &str, remaining| CounterReading {
+            rule: rule.into(),
+            algorithm: "fixed_window".into(),
+            route: route.into(),
+            limit: 10,
+            remaining,
+            reset_at_ms: 0,
+        };
+        assert_eq!(audit_list(&[]), "none");
+        assert_eq!(
+            audit_list(&[reading("t", "", 7), reading("up", "POST /up", 0)]),
+            "t 3/10, up[POST /up] 10/10"
         );
     }
 }

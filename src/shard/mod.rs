@@ -13,6 +13,7 @@
 //! A full inbox is an explicit [`ShardError::Overloaded`] answer, never an unbounded
 //! queue: a limiter that queues without bound under overload stops protecting anything.
 
+pub mod counters;
 pub mod identity;
 pub mod store;
 
@@ -182,6 +183,11 @@ enum Command {
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
         reply: oneshot::Sender<usize>,
+    },
+    Counters {
+        items: Vec<counters::ClientCounter>,
+        reset: bool,
+        reply: oneshot::Sender<Vec<counters::CounterReading>>,
     },
 }
 
@@ -393,6 +399,30 @@ impl Shards {
             installed += rx.await.map_err(|_| ShardError::Stopped(shard))?;
         }
         Ok(installed)
+    }
+
+    /// Read (or, with `reset`, read then drop) one client's counters, in one step of
+    /// the shard that holds them (they share the client key's placement): no lock, and
+    /// no check runs between the reading and the reset. Answers only the counters that
+    /// hold state; a reset answers their numbers from just before. Charges nothing.
+    /// Waits for room in the inbox: an operator's call is not on the hot path.
+    pub async fn counters(
+        &self,
+        placement: u64,
+        items: Vec<counters::ClientCounter>,
+        reset: bool,
+    ) -> Result<Vec<counters::CounterReading>, ShardError> {
+        let shard = self.shard_of_placement(placement);
+        let (reply, rx) = oneshot::channel();
+        self.inboxes[shard]
+            .send(Command::Counters {
+                items,
+                reset,
+                reply,
+            })
+            .await
+            .map_err(|_| ShardError::Stopped(shard))?;
+        rx.await.map_err(|_| ShardError::Stopped(shard))
     }
 
     async fn ask(&self, shard: usize, items: Charges) -> Result<Outcomes, ShardError> {
@@ -615,6 +645,33 @@ impl Actor {
                 }
                 self.metrics.keys.set(self.store.len() as f64);
                 let _ = reply.send(installed);
+            }
+            Command::Counters {
+                items,
+                reset,
+                reply,
+            } => {
+                let readings = items
+                    .into_iter()
+                    .filter_map(|item| {
+                        let counter = Counter {
+                            id: item.id,
+                            fingerprint: item.rule.fingerprint,
+                            limiter: &item.rule.limiter,
+                            local: false,
+                        };
+                        let decision = if reset {
+                            self.store.reset(counter, now)
+                        } else {
+                            self.store.inspect(counter, now)
+                        }?;
+                        Some(counters::CounterReading::of(&item, &decision))
+                    })
+                    .collect();
+                if reset {
+                    self.metrics.keys.set(self.store.len() as f64);
+                }
+                let _ = reply.send(readings);
             }
         }
     }

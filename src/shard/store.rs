@@ -459,6 +459,31 @@ impl Store {
         counter.limiter.peek(&state, now)
     }
 
+    /// What an operator sees of a counter at `now` (`GET /v1/counters`): the numbers a
+    /// check would report, changing nothing, or `None` when the key holds no live state
+    /// under the counter's numbers (it is as fresh as a new key, so there is nothing to
+    /// show or reset).
+    pub fn inspect(&mut self, counter: Counter<'_>, now: Millis) -> Option<Decision> {
+        let i = self.live_slot(&counter)?;
+        if self.expired(i, now) {
+            return None;
+        }
+        Some(counter.limiter.peek(&self.load(i), now))
+    }
+
+    /// An operator's reset (`DELETE /v1/counters`): the key's entry is dropped, whatever
+    /// numbers it was built under, so its next check starts from the state of a new key
+    /// (a full bucket, an empty window, no log). Returns what [`Store::inspect`] saw just
+    /// before. A key handed to another node loses its handoff record too: this node no
+    /// longer speaks for it.
+    pub fn reset(&mut self, counter: Counter<'_>, now: Millis) -> Option<Decision> {
+        let before = self.inspect(counter, now);
+        if let Some(i) = self.find(self.hasher.hash_one(counter.id), counter.id) {
+            self.remove_at(i);
+        }
+        before
+    }
+
     /// Give `cost` units back to a counter now (a caller's negative hits, or a reset
     /// with `NonZeroU64::MAX`), unlike [`Store::refund`], which undoes one admission
     /// made at a known instant. A key with no state, or state under other numbers, is
@@ -1601,6 +1626,44 @@ mod tests {
                 .0
                 .allowed
         );
+    }
+
+    #[test]
+    fn inspect_changes_nothing_and_reset_makes_every_algorithm_a_fresh_key() {
+        for (name, limiter) in model_limiters() {
+            let mut store = Store::new(10, 1);
+            let counter = c("r", 1, &limiter, b"a", "");
+            assert_eq!(store.inspect(counter, 1_000), None, "{name}: no state yet");
+            for _ in 0..3 {
+                store.check(counter, 1_000, nz(1));
+            }
+            let seen = store.inspect(counter, 1_000).expect("state held");
+            assert_eq!(
+                store.inspect(counter, 1_000),
+                Some(seen),
+                "{name}: inspecting twice reports the same"
+            );
+            let mut twin = Store::new(10, 1);
+            for _ in 0..3 {
+                twin.check(counter, 1_000, nz(1));
+            }
+            assert_eq!(
+                store.check(counter, 1_000, nz(1)),
+                twin.check(counter, 1_000, nz(1)),
+                "{name}: an inspection charged nothing"
+            );
+            let before = store.reset(counter, 1_000).expect("state held");
+            assert!(before.remaining < before.limit, "{name}: {before:?}");
+            assert_eq!(store.inspect(counter, 1_000), None, "{name}: gone");
+            assert!(store.is_empty());
+            let mut fresh = Store::new(10, 1);
+            assert_eq!(
+                store.check(counter, 1_000, nz(1)),
+                fresh.check(counter, 1_000, nz(1)),
+                "{name}: after a reset a check sees a new key"
+            );
+            store.assert_consistent();
+        }
     }
 
     #[test]

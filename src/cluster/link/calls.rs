@@ -8,13 +8,15 @@ use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, InlineRules};
 use crate::config::rules::{RulesSource, Stamp};
 use crate::proto::peer::{
-    InstallRequest, KeyState as WireState, RefundItem as WireRefund, RefundRequest, RulesRequest,
-    RulesResponse, WriteRulesRequest, WriteRulesResponse,
+    CounterState, CountersRequest, CountersResponse, InstallRequest, KeyState as WireState,
+    RefundItem as WireRefund, RefundRequest, RulesRequest, RulesResponse, WriteRulesRequest,
+    WriteRulesResponse,
 };
+use crate::shard::counters::{ClientCounters, ClientQuery, CounterReading};
 use crate::shard::Exported;
 
 use super::wire::{wire_inline, wire_named};
-use super::{ForwardError, PulledRules, RemoteWriteError, WriteOutcome};
+use super::{CountersError, ForwardError, PulledRules, RemoteWriteError, WriteOutcome};
 
 /// How long a handoff push or a rules write may take: not on a caller's path, so more
 /// than a check.
@@ -156,6 +158,71 @@ pub fn write_error(peer: &str, status: Option<&tonic::Status>) -> RemoteWriteErr
     }
 }
 
+/// Node `me` asking a key's owner for the client's counters (`reset`: dropping them),
+/// on behalf of `by` (who the ops port authenticated, for the owner's audit line).
+pub fn counters_request(me: &str, query: &ClientQuery, reset: bool, by: &str) -> CountersRequest {
+    CountersRequest {
+        from_node: me.to_string(),
+        key: query.key().to_string(),
+        route: query.route().map(str::to_string),
+        tier: query.tier().map(str::to_string),
+        reset,
+        requested_by: by.to_string(),
+    }
+}
+
+/// The counters an owner answered.
+pub fn counters_answer(r: CountersResponse) -> ClientCounters {
+    ClientCounters {
+        owner: r.node_id,
+        generation: r.generation,
+        counters: r
+            .counters
+            .into_iter()
+            .map(|c| CounterReading {
+                rule: c.rule,
+                algorithm: c.algorithm,
+                route: c.route,
+                limit: c.limit,
+                remaining: c.remaining,
+                reset_at_ms: c.reset_at,
+            })
+            .collect(),
+    }
+}
+
+/// The wire form of an owner's answer (the server side of [`counters_answer`]).
+pub fn counters_response(answer: &ClientCounters) -> CountersResponse {
+    CountersResponse {
+        node_id: answer.owner.clone(),
+        generation: answer.generation,
+        counters: answer
+            .counters
+            .iter()
+            .map(|c| CounterState {
+                rule: c.rule.clone(),
+                algorithm: c.algorithm.clone(),
+                route: c.route.clone(),
+                limit: c.limit,
+                remaining: c.remaining,
+                reset_at: c.reset_at_ms,
+            })
+            .collect(),
+    }
+}
+
+/// A counters call that failed: the owner refused the query (`INVALID_ARGUMENT`: it
+/// read and changed nothing), or the call failed (`None`: ran out of time), and whether
+/// a reset happened is unknown.
+pub fn counters_error(peer: &str, status: Option<&tonic::Status>) -> CountersError {
+    match status {
+        Some(s) if s.code() == tonic::Code::InvalidArgument => {
+            CountersError::Refused(s.message().to_string())
+        }
+        _ => CountersError::Failed(call_error(peer, status)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +246,54 @@ mod tests {
             ForwardError::Unreachable("p".into(), "refused".into())
         );
         assert_eq!(call_error("p", None), ForwardError::Timeout("p".into()));
+    }
+
+    #[test]
+    fn a_counters_call_carries_the_query_and_its_answer_reads_back_what_the_owner_sent() {
+        let query = ClientQuery::new("cust", Some("GET /x?y=1"), Some("gold")).unwrap();
+        let request = counters_request("b", &query, true, "admin token 01234567");
+        assert_eq!(
+            (
+                request.from_node.as_str(),
+                request.key.as_str(),
+                request.reset
+            ),
+            ("b", "cust", true)
+        );
+        assert_eq!(request.route.as_deref(), Some("GET /x?y=1"));
+        assert_eq!(request.tier.as_deref(), Some("gold"));
+        assert_eq!(request.requested_by, "admin token 01234567");
+        let answer = ClientCounters {
+            owner: "a".into(),
+            generation: 7,
+            counters: vec![CounterReading {
+                rule: "t".into(),
+                algorithm: "fixed_window".into(),
+                route: "GET /x".into(),
+                limit: 10,
+                remaining: 4,
+                reset_at_ms: 99,
+            }],
+        };
+        assert_eq!(counters_answer(counters_response(&answer)), answer);
+    }
+
+    #[test]
+    fn an_owner_refusing_a_counters_query_is_told_apart_from_a_failed_call() {
+        let refused = tonic::Status::invalid_argument("key: must not be empty");
+        assert!(matches!(
+            counters_error("a", Some(&refused)),
+            CountersError::Refused(m) if m == "key: must not be empty"
+        ));
+        let down = tonic::Status::unavailable("reset");
+        assert!(matches!(
+            counters_error("a", Some(&down)),
+            CountersError::Failed(ForwardError::Unreachable(..))
+        ));
+        assert!(matches!(
+            counters_error("a", None),
+            CountersError::Failed(ForwardError::Timeout(_))
+        ));
     }
 
     #[test]

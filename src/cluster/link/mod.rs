@@ -148,6 +148,25 @@ pub enum RemoteWriteError {
     Failed(ForwardError),
 }
 
+/// Why one client's counters could not be read or reset.
+#[derive(Debug, thiserror::Error)]
+pub enum CountersError {
+    /// The owner refused the query (a key, route or tier outside a check's bounds):
+    /// nothing was read or changed.
+    #[error("refused by the owner: {0}")]
+    Refused(String),
+    /// The owner could not be asked, or did not answer in time (a reset may or may not
+    /// have happened: read the counters again).
+    #[error("{0}")]
+    Failed(ForwardError),
+    /// This node's shard could not answer (shutting down).
+    #[error("{0}")]
+    Shard(#[from] crate::shard::ShardError),
+    /// The ring is empty: no node owns the key.
+    #[error("no member owns the key (the ring is empty)")]
+    NoOwner,
+}
+
 /// A peer's rule set as it sent it, not yet checked.
 #[derive(Debug, Clone)]
 pub struct PulledRules {

@@ -19,11 +19,14 @@ use crate::cluster::rules_edit::RulesEdit;
 use crate::cluster::{CheckItem, InlineRules, Remote};
 use crate::membership::Member;
 use crate::proto::peer::peer_client::PeerClient;
+use crate::shard::counters::{ClientCounters, ClientQuery};
 use crate::shard::Exported;
 
 use super::stream::{batcher, Pending, Streams};
 use super::{calls, wire};
-use super::{ForwardConfig, ForwardError, PulledRules, RemoteWriteError, Signed, WriteOutcome};
+use super::{
+    CountersError, ForwardConfig, ForwardError, PulledRules, RemoteWriteError, Signed, WriteOutcome,
+};
 
 /// A link that timed out is replaced by a fresh connection, but at most this often.
 ///
@@ -212,6 +215,27 @@ impl PeerPool {
             .await
             .map(|response| calls::write_outcome(&peer.node_id, response))
             .map_err(|status| calls::write_error(&peer.node_id, status.as_ref()))
+    }
+
+    /// Ask `owner` for one client's counters (`reset`: drop them there), on behalf of
+    /// `by`. Never batched, never retried: a reset that timed out is read again by the
+    /// operator, not repeated blindly.
+    pub async fn counters(
+        &self,
+        owner: &Member,
+        query: &ClientQuery,
+        reset: bool,
+        by: &str,
+    ) -> Result<ClientCounters, CountersError> {
+        let mut client = self.link(owner).client.clone();
+        let request = calls::counters_request(&self.me, query, reset, by);
+        bounded(
+            calls::pull_deadline(self.config.timeout),
+            client.counters(request),
+        )
+        .await
+        .map(calls::counters_answer)
+        .map_err(|status| calls::counters_error(&owner.node_id, status.as_ref()))
     }
 
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.

@@ -549,6 +549,13 @@ mod tests {
         ) -> Result<Response<WriteRulesResponse>, Status> {
             Err(Status::unimplemented(""))
         }
+
+        async fn counters(
+            &self,
+            _: Request<crate::proto::peer::CountersRequest>,
+        ) -> Result<Response<crate::proto::peer::CountersResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
     }
 
     /// Serve `peer` on a loopback port; the member to forward to it.
