@@ -306,7 +306,19 @@ async fn a_node_with_unusable_public_tls_files_refuses_to_start_with_the_reason(
     // A client CA file without a certificate in it.
     let mut no_ca = ca.public(None);
     no_ca.client_ca_pem = Some(ca.leaf(&["x"]).1.into_bytes());
-    for (tls, expected) in [(mismatched, "--tls-key"), (no_ca, "--tls-client-ca")] {
+    // The key given as the certificate.
+    let mut swapped = ca.public(None);
+    swapped.cert_pem = swapped.key_pem.clone();
+    // A CA file whose certificate block does not parse.
+    let mut broken_ca = ca.public(None);
+    broken_ca.client_ca_pem =
+        Some(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec());
+    for (tls, expected) in [
+        (mismatched, "--tls-key file is not the private key"),
+        (no_ca, "--tls-client-ca file holds no CERTIFICATE"),
+        (swapped, "--tls-cert file holds no CERTIFICATE"),
+        (broken_ca, "--tls-client-ca"),
+    ] {
         let mut config = NodeConfig::for_test();
         config.public_tls = Some(tls);
         let error = match ringlimit::node::start(config).await {

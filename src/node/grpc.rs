@@ -419,10 +419,27 @@ pub fn check_tls(tls: &crate::node::config::PeerTls) -> Result<(), String> {
 /// that is not the certificate's, or a client CA file without a usable certificate
 /// stops the node with a message naming the flags.
 pub fn check_public_tls(tls: &crate::node::config::PublicTls) -> Result<(), String> {
+    // The usual mix-ups, named before rustls gives its shorter reasons.
+    let has = |pem: &[u8], label: &[u8]| pem.windows(label.len()).any(|w| w == label);
+    if !has(&tls.cert_pem, b"-----BEGIN CERTIFICATE-----") {
+        return Err("public TLS: the --tls-cert file holds no CERTIFICATE block".into());
+    }
+    if !has(&tls.key_pem, b"PRIVATE KEY-----") {
+        return Err("public TLS: the --tls-key file holds no PRIVATE KEY block".into());
+    }
+    if let Some(ca) = &tls.client_ca_pem {
+        if !has(ca, b"-----BEGIN CERTIFICATE-----") {
+            return Err("public TLS: the --tls-client-ca file holds no CERTIFICATE block".into());
+        }
+    }
     tonic::transport::Server::builder()
         .tls_config(public_server_tls(tls))
         .map(drop)
         .map_err(|e| {
+            let reason = error_chain(&e);
+            if reason.contains("KeyMismatch") {
+                return "public TLS: the --tls-key file is not the private key of the --tls-cert certificate".to_string();
+            }
             format!(
                 "public TLS (--tls-cert, --tls-key{}): {}",
                 if tls.client_ca_pem.is_some() {
@@ -430,7 +447,7 @@ pub fn check_public_tls(tls: &crate::node::config::PublicTls) -> Result<(), Stri
                 } else {
                     ""
                 },
-                error_chain(&e)
+                reason
             )
         })
 }
