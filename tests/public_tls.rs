@@ -257,13 +257,15 @@ async fn the_connection_and_stream_caps_hold_on_a_tls_listener() {
     let tls = connector.connect(name, tcp).await.unwrap();
     let (mut send, connection) = h2::client::handshake(tls).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // Drives the connection until told to stop, then reads the stream cap the
+    // server's SETTINGS gave it.
     let driver = tokio::spawn(async move {
         let mut connection = connection;
         tokio::select! {
             _ = &mut connection => {}
             _ = stopped => {}
         }
-        connection
+        connection.max_concurrent_send_streams()
     });
     let request = http::Request::builder()
         .method("POST")
@@ -290,9 +292,7 @@ async fn the_connection_and_stream_caps_hold_on_a_tls_listener() {
         .is_err());
 
     stop.send(()).unwrap();
-    let connection = driver.await.unwrap();
-    assert_eq!(connection.max_concurrent_send_streams(), 7);
-    drop(connection);
+    assert_eq!(driver.await.unwrap(), 7);
     drop(send);
     node.shutdown().await;
 }
