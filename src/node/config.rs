@@ -549,6 +549,18 @@ mod tests {
     }
 
     #[test]
+    fn public_tls_never_prints_its_key() {
+        let tls = PublicTls {
+            cert_pem: b"certificate".to_vec(),
+            key_pem: b"SECRET-KEY-MATERIAL".to_vec(),
+            client_ca_pem: Some(b"ca".to_vec()),
+        };
+        let shown = format!("{tls:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("client_certificates: true"), "{shown}");
+    }
+
+    #[test]
     fn a_node_id_that_cannot_travel_in_a_peer_call_proof_is_refused() {
         for id in ["node a", "nöde", "tab\tid"] {
             let config = NodeConfig {
