@@ -8,52 +8,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::tls::Ca;
 use common::{check, client, key_owned_by, member_config, start, wait_converged};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use ringlimit::keyring::Keyring;
 use ringlimit::node::config::{PeerTls, TEST_CLUSTER_SECRET};
 use ringlimit::proto::peer::peer_client::PeerClient;
 use ringlimit::proto::peer::StatusRequest;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-
-/// A CA and what it signs.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new() -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Ca {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf certificate for `names`, as (cert PEM, key PEM).
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    fn member(&self) -> PeerTls {
-        let (cert, key) = self.leaf(&[PeerTls::DEFAULT_SERVER_NAME]);
-        PeerTls {
-            cert_pem: cert.into_bytes(),
-            key_pem: key.into_bytes(),
-            ca_pem: self.pem.clone().into_bytes(),
-            server_name: PeerTls::DEFAULT_SERVER_NAME.into(),
-        }
-    }
-}
 
 /// `Peer/Status` on `addr` with `tls` (and the cluster key's proof): Ok or the error.
 async fn status(addr: std::net::SocketAddr, tls: Option<ClientTlsConfig>) -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! `ringlimit check`: one check through the public gRPC face, printed as a line or JSON
 //! (with the headers a gateway would send), or a dry run through the ops port.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -9,13 +10,14 @@ use ringlimit::node::config::{DEFAULT_HTTP_LISTEN, DEFAULT_LISTEN};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
 use ringlimit_client::contract;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::{owner, rules};
 
 /// The flags of `ringlimit check`.
 #[derive(clap::Args)]
 pub struct CheckArgs {
-    /// Node to ask (host:port or http://host:port).
+    /// Node to ask (host:port or http://host:port; with --tls-ca, https).
     #[arg(long, default_value = DEFAULT_LISTEN)]
     addr: String,
     /// Client key (who is limited).
@@ -48,6 +50,51 @@ pub struct CheckArgs {
     /// The ops HTTP address --dry-run asks.
     #[arg(long, default_value = DEFAULT_HTTP_LISTEN)]
     ops_addr: String,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+}
+
+/// TLS to a node serving its public face with `serve --tls-cert` (and, for
+/// `--tls-client-ca`, a client certificate of that CA).
+#[derive(clap::Args)]
+struct ClientTlsArgs {
+    /// Speak TLS, trusting this CA (PEM) for the node's certificate.
+    #[arg(long, env = "RINGLIMIT_CHECK_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) to present, for a node started with --tls-client-ca.
+    #[arg(long, env = "RINGLIMIT_CHECK_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "RINGLIMIT_CHECK_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The name the node's certificate must carry (default: the host of --addr).
+    #[arg(long, requires = "tls_ca")]
+    tls_server_name: Option<String>,
+}
+
+impl ClientTlsArgs {
+    /// The client TLS configuration, or `None` for plaintext; an unreadable file is an
+    /// error naming its flag.
+    fn load(&self) -> anyhow::Result<Option<ClientTlsConfig>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf, flag: &str| {
+            std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+        };
+        let mut tls =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "--tls-ca")?));
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.identity(Identity::from_pem(
+                read(cert, "--tls-cert")?,
+                read(key, "--tls-key")?,
+            ));
+        }
+        if let Some(name) = &self.tls_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(Some(tls))
+    }
 }
 
 /// Asks the node; exits 0 when allowed, 1 when denied, 2 when refused or unreachable.
@@ -58,14 +105,31 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             .collect();
         return dry_run(&args.ops_addr, &keys, &args.route, args.tier.as_deref()).await;
     }
-    let addr = if args.addr.contains("://") {
-        args.addr.clone()
-    } else {
-        format!("http://{}", args.addr)
+    let tls = args.tls.load()?;
+    if tls.is_none() && args.addr.starts_with("https://") {
+        // Never fall back to plaintext for an address that asked for TLS.
+        anyhow::bail!(
+            "{}: TLS needs --tls-ca (the CA of the node's certificate)",
+            args.addr
+        );
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let addr = match args.addr.split_once("://") {
+        Some((_, rest)) => format!("{scheme}://{rest}"),
+        None => format!("{scheme}://{}", args.addr),
     };
-    let mut client = RateLimiterClient::connect(addr.clone())
+    let mut endpoint =
+        Endpoint::from_shared(addr.clone()).with_context(|| format!("{addr} is not an address"))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls)
+            .context("the --tls-* files are not a usable TLS configuration")?;
+    }
+    let channel = endpoint
+        .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
+    let mut client = RateLimiterClient::new(channel);
     let request = CheckRequest {
         key: args.key,
         route: args.route,

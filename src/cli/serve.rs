@@ -175,6 +175,37 @@ pub struct ServeArgs {
     /// ring (a deliberately broken cluster). Never use in production.
     #[arg(long, hide = true)]
     broken_decide_locally: bool,
+    #[command(flatten)]
+    public_tls: PublicTlsArgs,
+}
+
+/// TLS on the public listener (docs/security.md, "TLS on the public face"): every
+/// public service (ringlimit.v1, Envoy RLS, Gubernator, health, reflection) then speaks
+/// TLS only. Certificates are read once at start: replacing them needs a restart.
+#[derive(clap::Args)]
+struct PublicTlsArgs {
+    /// Certificate chain (PEM, leaf first) the public listener presents to gateways.
+    #[arg(long, env = "RINGLIMIT_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "RINGLIMIT_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA (PEM; several CAs may be concatenated) whose certificates
+    /// clients must present; a connection without one is refused during the handshake.
+    #[arg(long, env = "RINGLIMIT_TLS_CLIENT_CA", requires_all = ["tls_cert", "tls_key"])]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl PublicTlsArgs {
+    /// The loaded files, or `None` when no TLS flag was given.
+    fn load(&self) -> anyhow::Result<Option<ringlimit::node::config::PublicTls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        ringlimit::node::config::PublicTls::from_files(cert, key, self.tls_client_ca.as_deref())
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 /// `ringlimit serve`: runs a node until Ctrl-C or SIGTERM, then leaves gracefully.
@@ -283,6 +314,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
         .map(ringlimit::keyring::Keyring::from_file)
         .transpose()?;
     config.peer_tls = args.peer_tls.load()?;
+    config.public_tls = args.public_tls.load()?;
     Ok(config)
 }
 

@@ -94,6 +94,10 @@ pub struct NodeConfig {
     /// certificate signed by the cluster CA, and this node's peer calls present its own.
     /// On top of the cluster key, which gossip needs in any case.
     pub peer_tls: Option<PeerTls>,
+    /// TLS on the public face (every public service: ringlimit.v1, Envoy RLS,
+    /// Gubernator, health, reflection), optionally demanding client certificates.
+    /// `None`: plaintext HTTP/2.
+    pub public_tls: Option<PublicTls>,
     /// Run a cluster without a key (logged as a warning on every start): any process
     /// that reaches the peer port can then speak for the cluster.
     pub insecure_cluster: bool,
@@ -136,6 +140,7 @@ impl Default for NodeConfig {
             broken_decide_locally: false,
             cluster_key: None,
             peer_tls: None,
+            public_tls: None,
             insecure_cluster: false,
         }
     }
@@ -180,24 +185,73 @@ impl PeerTls {
         ca: &std::path::Path,
         server_name: &str,
     ) -> Result<Self, String> {
-        let read = |path: &std::path::Path, what: &str| -> Result<Vec<u8>, String> {
-            let bytes =
-                std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-            if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
-                return Err(format!("{what} {}: not a PEM file", path.display()));
-            }
-            Ok(bytes)
-        };
         if server_name.is_empty() {
             return Err("--peer-tls-server-name must not be empty".into());
         }
         Ok(Self {
-            cert_pem: read(cert, "--peer-tls-cert")?,
-            key_pem: read(key, "--peer-tls-key")?,
-            ca_pem: read(ca, "--peer-tls-ca")?,
+            cert_pem: read_pem(cert, "--peer-tls-cert")?,
+            key_pem: read_pem(key, "--peer-tls-key")?,
+            ca_pem: read_pem(ca, "--peer-tls-ca")?,
             server_name: server_name.to_string(),
         })
     }
+}
+
+/// TLS material of the public face, PEM-encoded, read once at start: the node's
+/// certificate for gateways, and, for mutual TLS, the CA whose certificates clients
+/// must present.
+///
+/// Unlike the peer face's, a gateway dials the node by the name or address it was
+/// given, so the certificate is an ordinary server certificate for those names; a
+/// client certificate proves "signed by this CA", which is what envoyproxy/ratelimit
+/// and Gubernator check too. Reloading needs a restart.
+#[derive(Clone)]
+pub struct PublicTls {
+    /// This node's certificate chain (leaf first).
+    pub cert_pem: Vec<u8>,
+    /// Its private key.
+    pub key_pem: Vec<u8>,
+    /// With mutual TLS: the CA (or CAs) that signs the clients' certificates; every
+    /// connection must then present one before a byte of HTTP/2. `None`: any client.
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for PublicTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("PublicTls")
+            .field("client_certificates", &self.client_ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PublicTls {
+    /// Read the PEM files of `--tls-cert`, `--tls-key` and `--tls-client-ca`; an error
+    /// names the flag, the file and what is wrong with it.
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        client_ca: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            cert_pem: read_pem(cert, "--tls-cert")?,
+            key_pem: read_pem(key, "--tls-key")?,
+            client_ca_pem: client_ca
+                .map(|ca| read_pem(ca, "--tls-client-ca"))
+                .transpose()?,
+        })
+    }
+}
+
+/// A PEM file named by `flag`: readable and with at least one PEM block, or an error
+/// naming both. Whether its blocks are the right kind is checked when the TLS
+/// configuration is built ([`NodeConfig::validate`]).
+fn read_pem(path: &std::path::Path, flag: &str) -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(format!("{flag} {}: not a PEM file", path.display()));
+    }
+    Ok(bytes)
 }
 
 /// The secret of [`NodeConfig::for_test`]'s cluster key. Public, so it protects
@@ -312,6 +366,11 @@ impl NodeConfig {
         }
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());
+        }
+        if let Some(tls) = &self.public_tls {
+            // A certificate, key or CA that cannot be used stops the node here, not
+            // at the first handshake.
+            super::grpc::check_public_tls(tls)?;
         }
         self.grpc.validate()
     }
@@ -515,6 +574,18 @@ mod tests {
             switch_off(&mut config.grpc);
             assert!(config.validate().is_err(), "{:?}", config.grpc);
         }
+    }
+
+    #[test]
+    fn public_tls_never_prints_its_key() {
+        let tls = PublicTls {
+            cert_pem: b"certificate".to_vec(),
+            key_pem: b"SECRET-KEY-MATERIAL".to_vec(),
+            client_ca_pem: Some(b"ca".to_vec()),
+        };
+        let shown = format!("{tls:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("client_certificates: true"), "{shown}");
     }
 
     #[test]

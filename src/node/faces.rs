@@ -1,5 +1,6 @@
 //! The node's three faces, each a server on a listener of its own: the public gRPC face
-//! (gateways; no authentication, every per-client bound set here), the cluster face
+//! (gateways; no authentication unless mutual TLS, optionally TLS, every per-client
+//! bound set here), the cluster face
 //! (the peer service only, every call proving the cluster key, optionally mutual TLS),
 //! and the ops HTTP face (operators; rules writes need the admin token).
 
@@ -40,6 +41,7 @@ pub fn public_services(config: &NodeConfig, checker: Checker) -> PublicServices 
         public,
         envoy_rls,
         gubernator,
+        tls: config.public_tls.as_ref().map(grpc::public_server_tls),
     }
 }
 
@@ -51,6 +53,9 @@ pub struct PublicServices {
     envoy_rls: EnvoyRlsService,
     /// Gubernator's V1, only when asked for (`--gubernator`).
     gubernator: Option<GubernatorService>,
+    /// TLS for every one of them (`--tls-cert`, `--tls-key`), with client
+    /// certificates required when `--tls-client-ca` is given; `None`: plaintext.
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 /// What the ops face serves from: the rules authority, the router's view, the admin
@@ -71,8 +76,8 @@ pub fn ops_state(
 }
 
 /// The public face: `ringlimit.v1`, Envoy's RLS v3, Gubernator's V1 when asked for,
-/// health, and reflection (v1 and v1alpha) of those services only. Returns the server
-/// task for the caller's tracker.
+/// health, and reflection (v1 and v1alpha) of those services only, over TLS (and mutual
+/// TLS) when configured. Returns the server task for the caller's tracker.
 ///
 /// Every bound on what one client can make this server hold is set here (README
 /// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
@@ -87,6 +92,7 @@ pub async fn serve_public(
         public,
         envoy_rls,
         gubernator,
+        tls,
     } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -119,7 +125,15 @@ pub async fn serve_public(
         .build_v1alpha()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let max = MAX_MESSAGE_BYTES;
-    let server = limited(limits)
+    let mut builder = limited(limits);
+    if let Some(tls) = tls {
+        // Validated at start (`NodeConfig::validate`); never serve the face in the
+        // clear when TLS was asked for.
+        builder = builder
+            .tls_config(grpc::with_handshake_timeout(tls, limits))
+            .map_err(|e| NodeError::Config(format!("public TLS: {e}")))?;
+    }
+    let server = builder
         .layer(grpc::StatusMappingLayer)
         .layer(HoldUntilSentLayer)
         .add_service(health_service.max_decoding_message_size(max))
@@ -187,7 +201,7 @@ pub async fn serve_peer(
 ) {
     let mut builder = limited(&limits);
     if let Some(tls) = tls {
-        builder = match builder.tls_config(tls) {
+        builder = match builder.tls_config(grpc::with_handshake_timeout(tls, &limits)) {
             Ok(builder) => builder,
             Err(error) => {
                 // Checked at start (`grpc::check_tls`); never serve the face in the clear.

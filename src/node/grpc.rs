@@ -5,7 +5,10 @@
 //!   connection (EMFILE, ENFILE, ENOBUFS, ENOMEM), backs off 10..=100 ms instead of
 //!   spinning a core, and is logged at most every 5 s.
 //! - [`Conn`]: an accepted connection holding its slot until dropped, closed if it has
-//!   not sent the HTTP/2 preface within the handshake timeout.
+//!   not sent the HTTP/2 preface within the handshake timeout. On a TLS listener the
+//!   TLS handshake has the same deadline ([`with_handshake_timeout`]), and the
+//!   server's TLS is built once, from PEM files, by [`server_tls`] (peer face) and
+//!   [`public_server_tls`] (public face).
 //! - [`StatusMappingLayer`]: the two answers tonic gives before a codec runs, mapped to
 //!   what a gateway should read: an over-size message `RESOURCE_EXHAUSTED` (tonic says
 //!   `OUT_OF_RANGE`), and a body that fails to decode in a service without our codec
@@ -347,13 +350,47 @@ pub fn map_status(code: Code, message: &str) -> Option<Status> {
     }
 }
 
+/// A server TLS configuration presenting `cert_pem`/`key_pem` and, with `client_ca_pem`,
+/// requiring of every connection a client certificate that CA signed (no certificate,
+/// no handshake). The handshake deadline is set where it is served
+/// ([`with_handshake_timeout`]).
+fn server_tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    client_ca_pem: Option<&[u8]>,
+) -> tonic::transport::ServerTlsConfig {
+    use tonic::transport::{Certificate, Identity};
+    let config =
+        tonic::transport::ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+    match client_ca_pem {
+        Some(ca) => config.client_ca_root(Certificate::from_pem(ca)),
+        None => config,
+    }
+}
+
+/// `tls` with the listener's handshake timeout: a TLS handshake not finished within it
+/// fails and frees the connection's slot. [`Conn`]'s own deadline counts raw bytes, so
+/// under TLS it is met by the first 24 bytes of a ClientHello; this one is what stops a
+/// client that sends part of a handshake and then nothing.
+pub fn with_handshake_timeout(
+    tls: tonic::transport::ServerTlsConfig,
+    limits: &GrpcLimits,
+) -> tonic::transport::ServerTlsConfig {
+    tls.timeout(limits.handshake_timeout)
+}
+
 /// The peer listener's TLS: this node's certificate, and a client certificate signed by
 /// the cluster CA required of every connection (no certificate, no handshake).
 pub fn server_tls(tls: &crate::node::config::PeerTls) -> tonic::transport::ServerTlsConfig {
-    use tonic::transport::{Certificate, Identity};
-    tonic::transport::ServerTlsConfig::new()
-        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
-        .client_ca_root(Certificate::from_pem(&tls.ca_pem))
+    server_tls_config(&tls.cert_pem, &tls.key_pem, Some(&tls.ca_pem))
+}
+
+/// The public listener's TLS: this node's certificate for gateways, and with
+/// `--tls-client-ca` a client certificate of that CA required of every connection.
+pub fn public_server_tls(
+    tls: &crate::node::config::PublicTls,
+) -> tonic::transport::ServerTlsConfig {
+    server_tls_config(&tls.cert_pem, &tls.key_pem, tls.client_ca_pem.as_deref())
 }
 
 /// The peer client's TLS: trust only the cluster CA, expect the cluster's peer name,
@@ -371,11 +408,61 @@ pub fn client_tls(tls: &crate::node::config::PeerTls) -> tonic::transport::Clien
 pub fn check_tls(tls: &crate::node::config::PeerTls) -> Result<(), String> {
     tonic::transport::Server::builder()
         .tls_config(server_tls(tls))
-        .map_err(|e| format!("peer TLS (server side): {e}"))?;
+        .map_err(|e| format!("peer TLS (server side): {}", error_chain(&e)))?;
     tonic::transport::Endpoint::from_static("https://127.0.0.1:1")
         .tls_config(client_tls(tls))
-        .map_err(|e| format!("peer TLS (client side): {e}"))?;
+        .map_err(|e| format!("peer TLS (client side): {}", error_chain(&e)))?;
     Ok(())
+}
+
+/// Build the public face's TLS once at start: a certificate that does not parse, a key
+/// that is not the certificate's, or a client CA file without a usable certificate
+/// stops the node with a message naming the flags.
+pub fn check_public_tls(tls: &crate::node::config::PublicTls) -> Result<(), String> {
+    // The usual mix-ups, named before rustls gives its shorter reasons.
+    let has = |pem: &[u8], label: &[u8]| pem.windows(label.len()).any(|w| w == label);
+    if !has(&tls.cert_pem, b"-----BEGIN CERTIFICATE-----") {
+        return Err("public TLS: the --tls-cert file holds no CERTIFICATE block".into());
+    }
+    if !has(&tls.key_pem, b"PRIVATE KEY-----") {
+        return Err("public TLS: the --tls-key file holds no PRIVATE KEY block".into());
+    }
+    if let Some(ca) = &tls.client_ca_pem {
+        if !has(ca, b"-----BEGIN CERTIFICATE-----") {
+            return Err("public TLS: the --tls-client-ca file holds no CERTIFICATE block".into());
+        }
+    }
+    tonic::transport::Server::builder()
+        .tls_config(public_server_tls(tls))
+        .map(drop)
+        .map_err(|e| {
+            let reason = error_chain(&e);
+            if reason.contains("KeyMismatch") {
+                return "public TLS: the --tls-key file is not the private key of the --tls-cert certificate".to_string();
+            }
+            format!(
+                "public TLS (--tls-cert, --tls-key{}): {}",
+                if tls.client_ca_pem.is_some() {
+                    ", --tls-client-ca"
+                } else {
+                    ""
+                },
+                reason
+            )
+        })
+}
+
+/// An error and its sources, `: `-separated: tonic's transport error says only
+/// "transport error", its source says what rustls refused.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Shared helpers for integration tests: start a node on port 0, connect a client.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::sync::Arc;
 
 use ringlimit::clock::{Clock, ManualClock, SystemClock};
