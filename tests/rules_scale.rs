@@ -174,14 +174,10 @@ async fn the_rules_api_and_the_data_dir_accept_what_the_file_accepts() {
     node.shutdown().await;
 }
 
-/// A document the rules API accepts is copied to a peer over the peer face.
-///
-/// Ignored until the peer client decodes messages up to
-/// `node::config::peer_message_cap` (it keeps tonic's default of 4 MiB, and this
-/// document is about 8 MB as JSON): `cluster/forward.rs` was being rebuilt on another
-/// branch when the cap became a flag.
+/// A document the rules API accepts is copied to a peer over the peer face: about 8 MB
+/// as JSON, so the peer client decodes answers up to `node::config::peer_message_cap`,
+/// past tonic's 4 MiB default (a pull failed there before).
 #[tokio::test]
-#[ignore = "needs the peer client's decoding cap raised (cluster/forward.rs)"]
 async fn a_peer_copies_100k_per_client_rules() {
     let text = per_client_rules(CUSTOMERS);
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];

@@ -465,6 +465,7 @@ fn peer_link_settings(
     }
     let mut forward = config.forward.clone();
     forward.keyring = config.cluster_key.clone();
+    forward.max_message_bytes = crate::node::config::peer_message_cap(config.max_rules_bytes);
     let peer_tls = match &config.peer_tls {
         Some(tls) => {
             grpc::check_tls(tls).map_err(NodeError::Config)?;

@@ -97,7 +97,15 @@ pub struct ForwardConfig {
     /// Mutual TLS to peers (`https`, this node's certificate, the cluster CA);
     /// `None`: plain HTTP/2.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Largest answer this node decodes from a peer: a pulled rule set, or a rules write
+    /// answered with the whole document, is as large as the node's rule cap allows
+    /// (`--max-rules-bytes`), well past tonic's 4 MiB default.
+    pub max_message_bytes: usize,
 }
+
+/// tonic's own default decoding limit: enough for every peer answer but a rules
+/// document of tens of thousands of rules.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 impl Default for ForwardConfig {
     fn default() -> Self {
@@ -112,6 +120,7 @@ impl Default for ForwardConfig {
             local_ip: None,
             keyring: None,
             tls: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }

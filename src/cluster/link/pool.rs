@@ -249,7 +249,8 @@ impl PeerPool {
             self.endpoint(owner.peer_addr).connect_lazy(),
             self.config.keyring.clone(),
             self.me.clone(),
-        ));
+        ))
+        .max_decoding_message_size(self.config.max_message_bytes);
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
         let link = Arc::new(Link {
             generation: owner.generation,
