@@ -36,6 +36,27 @@ impl Answer {
     pub fn decider_id(&self) -> Decider {
         (self.decider.clone(), self.generation)
     }
+
+    /// The fail-open stand-in counter this fallback answer was decided on.
+    pub fn stand_in(&self) -> StandIn {
+        StandIn {
+            node: self.decider.clone(),
+            generation: self.generation,
+            limit: self.limit,
+        }
+    }
+}
+
+/// The fail-open stand-in counters of an entry node (one generation) that share one
+/// limit. Each ring size has a counter of its own (`<rule>~fallback/<nodes>`, finding
+/// 7), and two ring sizes may share a limit (10 / 5 and ⌊10 / 4⌋ are both 2), while an
+/// answer names only the base rule and the limit: `Context::stand_in_sizes` tells how
+/// many counters may lie behind one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StandIn {
+    pub node: String,
+    pub generation: u64,
+    pub limit: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -349,9 +370,8 @@ pub struct Window<'a> {
     pub decided: Vec<Answered<'a>>,
     /// Distinct non-degraded deciders (node id, generation): D of S3.
     pub deciders: BTreeSet<Decider>,
-    /// Cost admitted per fail-open fallback counter (entry node, generation, fallback
-    /// limit).
-    pub fallbacks: BTreeMap<(String, u64, u64), u64>,
+    /// Cost admitted per fail-open stand-in counter.
+    pub fallbacks: BTreeMap<StandIn, u64>,
 }
 
 /// What every property reads: the parsed history plus its shared groupings.
@@ -468,6 +488,29 @@ impl<'a> Context<'a> {
     pub fn faults(&self) -> impl Iterator<Item = &'a NemesisEvent> {
         self.events.iter().filter(|e| !e.skipped)
     }
+
+    /// The ring sizes whose stand-in counters `s`'s answers in window `win` may come
+    /// from, each a counter with `s.limit` of its own: every size with that share (L /
+    /// nodes) the node was sampled with from 3 s before the window to 3 s after. Count
+    /// at least one counter.
+    pub fn stand_in_sizes(&self, win: u64, s: &StandIn) -> BTreeSet<u64> {
+        let (from, to) = (
+            (win * self.w).saturating_sub(3_000),
+            (win + 1) * self.w + 3_000,
+        );
+        self.samples
+            .iter()
+            .filter(|x| x.ok && x.node == s.node && x.t >= from && x.t <= to)
+            .map(|x| x.members.iter().filter(|m| !m.leaving).count() as u64)
+            .filter(|&n| n > 0 && (self.l / n).max(1) == s.limit)
+            .collect()
+    }
+
+    /// The most `s`'s answers in window `win` may admit: its limit once per stand-in
+    /// counter behind them (`stand_in_sizes`, at least one).
+    pub fn stand_in_budget(&self, win: u64, s: &StandIn) -> u64 {
+        s.limit * self.stand_in_sizes(win, s).len().max(1) as u64
+    }
 }
 
 impl<'a> Window<'a> {
@@ -483,11 +526,9 @@ impl<'a> Window<'a> {
             .filter(|(_, a)| !a.degraded)
             .collect();
         let deciders = decided.iter().map(|(_, a)| a.decider_id()).collect();
-        let mut fallbacks: BTreeMap<(String, u64, u64), u64> = BTreeMap::new();
+        let mut fallbacks: BTreeMap<StandIn, u64> = BTreeMap::new();
         for (o, a) in answers.iter().filter(|(_, a)| a.fallback()) {
-            let admitted = fallbacks
-                .entry((a.decider.clone(), a.generation, a.limit))
-                .or_insert(0);
+            let admitted = fallbacks.entry(a.stand_in()).or_insert(0);
             if a.allowed {
                 *admitted += o.cost;
             }

@@ -37,29 +37,21 @@ pub fn fixed_window(ctx: &Context, report: &mut Report) {
 /// Each ring size has its own stand-in counter (`<rule>~fallback/<nodes>`, finding 7),
 /// and an answer names only the share (L / nodes), not the size. So the answers of one
 /// entry node with one share may come from several counters: one per ring size with
-/// that share the node was seen with around the window (its sampled views from 3 s
-/// before the window to 3 s after). The bound is the share times that many counters
-/// (at least one).
+/// that share the node was seen with around the window (`Context::stand_in_sizes`). The
+/// bound is the share times that many counters (at least one).
 pub fn fallback(ctx: &Context, report: &mut Report) {
     let l = ctx.l;
     for ((key, win), window) in &ctx.windows {
-        for ((d, g, lim), admitted) in &window.fallbacks {
-            let (from, to) = (
-                (win * ctx.w).saturating_sub(3_000),
-                (win + 1) * ctx.w + 3_000,
-            );
-            let sizes: std::collections::BTreeSet<u64> = ctx
-                .samples
-                .iter()
-                .filter(|s| s.ok && &s.node == d && s.t >= from && s.t <= to)
-                .map(|s| s.members.iter().filter(|m| !m.leaving).count() as u64)
-                .filter(|&n| n > 0 && (l / n).max(1) == *lim)
-                .collect();
-            let counters = sizes.len().max(1) as u64;
-            if *admitted > lim * counters || *lim > l {
+        for (s, admitted) in &window.fallbacks {
+            let sizes = ctx.stand_in_sizes(*win, s);
+            let budget = ctx.stand_in_budget(*win, s);
+            if *admitted > budget || s.limit > l {
                 report.violate(
                     "S1-fallback",
-                    format!("key {key} window {win}: fallback of {d}@{g} admitted {admitted} with fallback limit {lim} over {counters} ring size(s) {sizes:?} (L={l})"),
+                    format!(
+                        "key {key} window {win}: fallback of {}@{} admitted {admitted} with fallback limit {} over ring size(s) {sizes:?} (L={l})",
+                        s.node, s.generation, s.limit
+                    ),
                 );
             }
         }

@@ -17,7 +17,9 @@ pub struct OverAdmission {
 }
 
 /// S3-bound: per (key, window), admitted ≤ L × D + Σ fallback limits, D = distinct
-/// non-degraded deciders.
+/// non-degraded deciders, and each fail-open stand-in counter (one per entry node
+/// generation and ring size, so one limit may count several times:
+/// `Context::stand_in_budget`) adding its own limit.
 pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
     let l = ctx.l;
     let mut out = OverAdmission {
@@ -34,7 +36,12 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
             .map(|(o, _)| o.cost)
             .sum();
         out.admitted += total;
-        let fallback_limits: u64 = window.fallbacks.keys().map(|(_, _, lim)| *lim).sum();
+        // Each stand-in counter is a budget of its own, like a decider's L.
+        let fallback_limits: u64 = window
+            .fallbacks
+            .keys()
+            .map(|s| ctx.stand_in_budget(*win, s))
+            .sum();
         let bound = l * d as u64 + fallback_limits;
         if total > bound {
             report.violate(
@@ -150,6 +157,40 @@ mod tests {
             );
         }
         assert_eq!(run(&h, bound).count("S3-bound"), 1);
+    }
+
+    /// L decided by n1, then four fail-open admissions of cost 1 on n2's stand-ins of
+    /// limit 2, n2 sampled with the rings `views` around the window.
+    fn stand_ins(views: &[&str]) -> Hist {
+        let mut h = Hist::new();
+        for (i, members) in views.iter().enumerate() {
+            h.round(T0 - 1000 + 600 * i as u64, &[("n2", members)]);
+        }
+        h.fw_many(L, T0, "n1", "k", "n1");
+        for i in 0..4 {
+            let a = Ans::fallback("n2", i + 1, true, 0, 2);
+            h.check(T0 + 500 + i, "n2", FW, "k", 1, a);
+        }
+        h
+    }
+
+    #[test]
+    fn two_stand_ins_with_one_limit_are_two_budgets() {
+        // Seed 3605 of the simulator: a partitioned node's ring went 5 → 4 → 1 members;
+        // its stand-ins for 5 and for 4 nodes both have limit 2 (10 / 5, ⌊10 / 4⌋) and
+        // are two counters, so up to L + 2 + 2.
+        let r = run(&stand_ins(&["n1 n2 n3 n4 n5", "n2 n3 n4 n5", "n2"]), bound);
+        assert_eq!(r.count("S3-bound"), 0, "{}", r.details(5));
+    }
+
+    #[test]
+    fn one_stand_in_admitting_past_its_limit_fails_the_bound() {
+        // Sampled with 5 members and then alone (a share of 10): one counter of limit
+        // 2, so L + 4 > L + 2.
+        let r = run(&stand_ins(&["n1 n2 n3 n4 n5", "n2"]), bound);
+        let msgs = messages(&r, "S3-bound");
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].contains("admitted 14 > bound 12"), "{msgs:?}");
     }
 
     #[test]

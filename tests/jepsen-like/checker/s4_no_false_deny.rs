@@ -6,7 +6,7 @@ use super::Report;
 
 /// S4 over every fixed-window denial: a decided denial against L, a fail-open fallback
 /// denial against its fallback limit, a deny-cache answer against an earlier real denial
-/// (or in-doubt op) through the same entry node.
+/// (or op of unknown outcome) through the same entry node.
 pub fn no_false_deny(ctx: &Context, report: &mut Report) {
     for ((key, win), window) in &ctx.windows {
         let in_doubt: &[&Op] = ctx
@@ -22,7 +22,7 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
             } else if a.fallback() {
                 fallback(window, in_doubt, o, a)
             } else {
-                cached(window, *win, o)
+                cached(window, in_doubt, *win, o)
             };
             if let Some(why) = why {
                 report.violate("S4", format!("op {} key {key} window {win}: {why}", o.id));
@@ -83,22 +83,23 @@ fn fallback(window: &Window, in_doubt: &[&Op], o: &Op, a: &Answer) -> Option<Str
 }
 
 /// A deny-cache (or fail-closed) answer: needs an earlier denial of no more cost seen by
-/// this entry node, or an op of unknown outcome through it.
-fn cached(window: &Window, win: u64, o: &Op) -> Option<String> {
-    let justified = window.ops.iter().any(|x| {
-        x.node == o.node
-            && x.invoke <= o.complete
-            && x.id != o.id
-            && (x.is_info()
-                || x.ok().is_some_and(|b| {
-                    !b.allowed
-                        && !b.degraded
-                        && b.hops == 1
-                        && b.window_id == Some(win)
-                        && x.cost <= o.cost
-                }))
+/// this entry node, or an op of unknown outcome through it that may have been charged in
+/// this window: while it was in flight, or later (`Context::doubt`: a paused entry node
+/// may forward it on waking, after its client gave up, and cache the owner's denial).
+fn cached(window: &Window, in_doubt: &[&Op], win: u64, o: &Op) -> Option<String> {
+    let earlier = |x: &&&Op| x.node == o.node && x.invoke <= o.complete && x.id != o.id;
+    let denied = window.ops.iter().filter(earlier).any(|x| {
+        x.is_info()
+            || x.ok().is_some_and(|b| {
+                !b.allowed
+                    && !b.degraded
+                    && b.hops == 1
+                    && b.window_id == Some(win)
+                    && x.cost <= o.cost
+            })
     });
-    (!justified).then(|| {
+    let late = in_doubt.iter().filter(earlier).any(|x| x.is_info());
+    (!denied && !late).then(|| {
         format!(
             "cached denial (cost {}) without an earlier denial of cost ≤ it through {}",
             o.cost, o.node
@@ -306,5 +307,48 @@ mod tests {
         h.info(lost, T0 + 2000);
         h.check(T0 + 300, "n1", FW, "k", 1, Ans::cached("n1"));
         assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    /// Seed 1007 of the simulator. Entry node n1 is paused from T0 + 100 to T0 + 5100
+    /// (if `pause`); a check of cost 2 through `via`, invoked at T0 + 200, times out at
+    /// its client (`info`). The owner n2 admits L in window T0 / W + 2; on waking, n1
+    /// forwards the timed-out check, caches n2's denial, and answers a check at
+    /// T0 + 5300 from that cache. Returns the cached answer's op id.
+    fn woken_entry_node(h: &mut Hist, pause: bool, via: &str) -> u64 {
+        if pause {
+            h.nemesis(1, "pause", "n1", T0 + 100, T0 + 5100, T0 + 5600);
+        }
+        let lost = h.invoke(T0 + 200, via, FW, "k", 2);
+        h.info(lost, T0 + 2200);
+        h.fw_many(L, T0 + 2 * W, "n3", "k", "n2");
+        h.check(
+            T0 + 5300,
+            "n1",
+            FW,
+            "k",
+            1,
+            Ans::cached("n1").window(T0 / W + 2),
+        )
+    }
+
+    #[test]
+    fn a_cached_denial_from_a_check_handled_after_its_client_gave_up_passes() {
+        let mut h = Hist::new();
+        woken_entry_node(&mut h, true, "n1");
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_check_whose_client_gave_up_justifies_cached_denials_only_while_in_doubt() {
+        // No fault: the check cannot have been charged windows after its deadline.
+        let mut h = Hist::new();
+        let id = woken_entry_node(&mut h, false, "n1");
+        let msgs = s4(&h);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].starts_with(&format!("op {id} ")), "{msgs:?}");
+        // Through another entry node it filled no cache of n1's.
+        let mut h = Hist::new();
+        woken_entry_node(&mut h, true, "n3");
+        assert_eq!(s4(&h).len(), 1);
     }
 }
