@@ -10,9 +10,12 @@
 //! diff, and the handoff (`Store::export` / `drain_deltas`, `handoff::with_rules`
 //! vetting, `Store::install` merging).
 //!
+//! The peer link's sender is the real `cluster::link` state machines, driven by
+//! `link.rs`; refunds and installs are built by `cluster::link::calls`.
+//!
 //! What is a model: the async shells around them (this file mirrors `Router::decide`,
 //! `decide_forwarded`, the shard actor's `Check`, and the handoff watcher step by
-//! step, each noted where it is), the peer link's sender (`link.rs`), and gossip
+//! step, each noted where it is), the peer link's shell (`link.rs`), and gossip
 //! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
 //! exercised by the process suite, `tests/jepsen-like`).
 
