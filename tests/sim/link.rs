@@ -20,7 +20,8 @@
 //! (`--forward-unary`, or an older peer without the stream), the end of a replaced
 //! stream (one older than `stream_max_age` keeps delivering here until its peer dies,
 //! where the owner would end it once it answered what it carries), and the pool's
-//! replacement of a whole link after a failure (`reconnect_after`).
+//! replacement of a whole link (`reconnect_after`, or an owner's new generation or
+//! address): one session per peer id lives as long as the node.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
