@@ -2,7 +2,8 @@
 //! "The simulator").
 //!
 //! N nodes run the real pure pieces of a ringlimit node (shard stores, algorithms,
-//! planning, routing policy, deny cache, view and ring, handoff vetting and merging) in
+//! planning, routing policy, deny cache, view and ring, handoff vetting and merging, the
+//! peer link's batcher, session and wire conversions) in
 //! one thread, on simulated time and a simulated network, under the faults of the
 //! chaos suite: message loss and delay, partitions, kill, restart with the same id,
 //! pause, clock offset, join. Each run writes a history of the process suite's `Entry`

@@ -10,9 +10,12 @@
 //! diff, and the handoff (`Store::export` / `drain_deltas`, `handoff::with_rules`
 //! vetting, `Store::install` merging).
 //!
+//! The peer link's sender is the real `cluster::link` state machines, driven by
+//! `link.rs`; refunds and installs are built by `cluster::link::calls`.
+//!
 //! What is a model: the async shells around them (this file mirrors `Router::decide`,
 //! `decide_forwarded`, the shard actor's `Check`, and the handoff watcher step by
-//! step, each noted where it is), the peer link's sender (`link.rs`), and gossip
+//! step, each noted where it is), the peer link's shell (`link.rs`), and gossip
 //! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
 //! exercised by the process suite, `tests/jepsen-like`).
 
@@ -31,6 +34,7 @@ use ringlimit::check::{CheckInput, DescriptorInput};
 use ringlimit::clock::{Clamped, Clock};
 use ringlimit::cluster::deny_cache::DenyCache;
 use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
+use ringlimit::cluster::link::calls;
 use ringlimit::cluster::policy::{self, Fallback, Now, Origin, Routing};
 use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, InlineRules, Remote};
 use ringlimit::config::rules::{Rule, RuleSet};
@@ -38,8 +42,7 @@ use ringlimit::membership::{
     build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
 };
 use ringlimit::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardResponse, InstallRequest,
-    KeyState as WireState, RefundItem, RefundRequest,
+    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardResponse, InstallRequest, RefundRequest,
 };
 use ringlimit::shard::{Charge, Exported, KeyId, Outcome, Store};
 
@@ -131,10 +134,15 @@ pub enum Msg {
     GossipSyn(Arc<Vec<GossipEntry>>),
     /// Gossip reply: the receiver's digests (UDP).
     GossipAck(Arc<Vec<GossipEntry>>),
-    /// A forwarded batch (TCP, on the peer stream).
-    Forward(ForwardCall),
-    /// Its answer, for the sender incarnation `to_inc`.
-    Answer { to_inc: u64, answer: ForwardAnswer },
+    /// A forwarded batch (TCP, on the sender's peer stream `stream`).
+    Forward { stream: u64, call: ForwardCall },
+    /// Its answer on that stream, for the sender incarnation `to_inc`; `Err`: the
+    /// stream broke (the owner's process is gone) and why.
+    Answer {
+        to_inc: u64,
+        stream: u64,
+        answer: Result<ForwardAnswer, String>,
+    },
     /// Refunds of admitted charges (TCP).
     Refund(RefundRequest),
     /// Handed-over state (TCP).
@@ -155,8 +163,8 @@ impl Msg {
             Msg::GossipSyn(e) | Msg::GossipAck(e) => {
                 GOSSIP_HEADER + e.iter().map(|g| g.id.len() + 36).sum::<usize>()
             }
-            Msg::Forward(call) => grpc(call.encoded_len()),
-            Msg::Answer { answer, .. } => grpc(answer.encoded_len()),
+            Msg::Forward { call, .. } => grpc(call.encoded_len()),
+            Msg::Answer { answer, .. } => answer.as_ref().map_or(0, |a| grpc(a.encoded_len())),
             Msg::Refund(r) => grpc(r.encoded_len()),
             Msg::Install(r) => grpc(r.encoded_len()),
         }
@@ -413,9 +421,9 @@ impl Node {
                 }
                 out
             }
-            Msg::Forward(call) => self.on_forward(from, call),
-            Msg::Answer { answer, .. } => {
-                let fx = self.link.on_answer(self.now(), from, answer);
+            Msg::Forward { stream, call } => self.on_forward(from, stream, call),
+            Msg::Answer { stream, answer, .. } => {
+                let fx = self.link.on_answer(self.now(), from, stream, answer);
                 self.link_effects(fx)
             }
             Msg::Refund(request) => {
@@ -589,16 +597,23 @@ impl Node {
     /// timer at its next deadline.
     fn link_effects(&mut self, fx: Effects) -> Vec<Out> {
         let mut out = Vec::new();
-        for (owner, call) in fx.send {
+        for frame in fx.send {
             out.push(Out::Send {
-                to: owner.node_id.clone(),
-                msg: Msg::Forward(call),
+                to: frame.owner.node_id.clone(),
+                msg: Msg::Forward {
+                    stream: frame.stream,
+                    call: frame.call,
+                },
             });
         }
         for (waiter, result) in fx.done {
             let Some(p) = self.pending.get_mut(&waiter.check) else {
                 continue;
             };
+            // A caller answered already (it gave up at its deadline) takes nothing more.
+            if p.results[waiter.pos].is_some() {
+                continue;
+            }
             p.results[waiter.pos] = Some(result);
             if p.results.iter().all(Option::is_some) {
                 out.extend(self.finish(waiter.check));
@@ -673,20 +688,9 @@ impl Node {
             shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
         }
         for (owner, items) in refunds.remote {
-            let items = items
-                .iter()
-                .map(|(item, at)| RefundItem {
-                    key: item.client().to_string(),
-                    route: item.route().to_string(),
-                    tier: item.tier.as_deref().map(str::to_string),
-                    cost: item.cost.get(),
-                    at: *at,
-                    named: None,
-                })
-                .collect();
             out.push(Out::Send {
                 to: owner.node_id.clone(),
-                msg: Msg::Refund(RefundRequest { items }),
+                msg: Msg::Refund(calls::refund_request(&items)),
             });
         }
         let v = Verdict::combine(decided.pop().expect("one check"));
@@ -724,7 +728,7 @@ impl Node {
     // ---- the peer service --------------------------------------------------------------
 
     /// `PeerService::forward_batch` + `Router::decide_forwarded`.
-    fn on_forward(&mut self, from: &str, call: ForwardCall) -> Vec<Out> {
+    fn on_forward(&mut self, from: &str, stream: u64, call: ForwardCall) -> Vec<Out> {
         let refuse = |code: u32, message: String| ForwardAnswer {
             call: call.call,
             response: None,
@@ -818,7 +822,8 @@ impl Node {
             to: from.to_string(),
             msg: Msg::Answer {
                 to_inc: u64::MAX,
-                answer,
+                stream,
+                answer: Ok(answer),
             },
         }]
     }
@@ -948,20 +953,7 @@ impl Node {
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 out.push(Out::Send {
                     to: owner.to_string(),
-                    msg: Msg::Install(InstallRequest {
-                        from_node: self.id.to_string(),
-                        states: chunk
-                            .iter()
-                            .map(|e| WireState {
-                                placement: e.id.placement,
-                                id: e.id.disc,
-                                fingerprint: e.fingerprint,
-                                algorithm: e.state.kind().as_str().to_string(),
-                                words: e.state.to_words(),
-                                inline: None,
-                            })
-                            .collect(),
-                    }),
+                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
                 });
             }
         }

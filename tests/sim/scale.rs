@@ -6,9 +6,9 @@
 //! Modelled, not measured on real processes: gossip (heartbeats every 200 ms to 3
 //! peers, a 1-2.5 s timeout failure detector, digests of ~36 bytes + id per member;
 //! chitchat's real encoding and phi-accrual detector are not run here), network delays
-//! (1-3 ms), and the peer link's batching (`link.rs`). Real: the views and rings
-//! (`build_view_after`, `Ring`), the handoff export and install, and the peer
-//! messages' encoded sizes.
+//! (1-3 ms), and the peer link's shell (`link.rs`). Real: the views and rings
+//! (`build_view_after`, `Ring`), the handoff export and install, the peer link's
+//! batcher and session, and the peer messages' encoded sizes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -458,20 +458,15 @@ impl World {
             return;
         };
         if slot.state == State::Down || inc.is_some_and(|i| i != slot.inc) {
-            // A forward to a dead process: its kernel answers the connection with a reset.
+            // A forward to a dead process: its kernel refuses the connection, and the
+            // sender's stream driver ends.
             if let NodeEv::Msg {
                 from,
                 from_inc,
-                msg: Msg::Forward(call),
+                msg: Msg::Forward { stream, .. },
             } = what
             {
                 if slot.state == State::Down {
-                    let answer = ringlimit::proto::peer::ForwardAnswer {
-                        call: call.call,
-                        response: None,
-                        code: 14,
-                        message: "connection refused".into(),
-                    };
                     let d = self.rng.range(1, 3);
                     self.deliver(
                         id,
@@ -479,7 +474,8 @@ impl World {
                         from,
                         Msg::Answer {
                             to_inc: from_inc,
-                            answer,
+                            stream,
+                            answer: Err("connection refused".into()),
                         },
                         d,
                     );
