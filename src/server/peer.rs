@@ -316,36 +316,7 @@ impl PeerService {
             .router
             .decide_forwarded(&items, |a| {
                 let item = sent.next().expect("one answer per item");
-                let same_rule = request.compact
-                    && item.rule_hash != 0
-                    && item.rule_hash == link::rule_hash(&a.rule);
-                ForwardOutcome {
-                    allowed: a.decision.allowed,
-                    limit: a.decision.limit,
-                    remaining: a.decision.remaining,
-                    retry_after_ms: a.decision.retry_after_ms,
-                    reset_at: a.decision.reset_at_ms,
-                    window_id: a.decision.window_id,
-                    delay_ms: a.decision.delay_ms,
-                    sequence: a.sequence,
-                    at: a.at,
-                    rule: if same_rule {
-                        String::new()
-                    } else {
-                        a.rule.to_string()
-                    },
-                    algorithm: if request.compact {
-                        String::new()
-                    } else {
-                        a.algorithm.as_str().to_string()
-                    },
-                    same_rule,
-                    algorithm_index: if request.compact {
-                        a.algorithm.index() as u32 + 1
-                    } else {
-                        0
-                    },
-                }
+                forward_outcome(&a, item.rule_hash, request.compact)
             })
             .await
             .map_err(CheckError::from)?;
@@ -592,6 +563,45 @@ impl Peer for PeerService {
             digest: current.rules.digest(),
             document: current.rules.doc().to_json(),
         }))
+    }
+}
+
+/// The wire outcome of one forwarded item the owner decided. With `compact`, a rule the
+/// sender named by the same hash (`sent_rule_hash`) and the algorithm travel as a flag and
+/// an index instead of their names. The one encoding of an owner's answer: the peer
+/// service and the simulator's owners both use it.
+pub fn forward_outcome(
+    a: &crate::cluster::Answer,
+    sent_rule_hash: u64,
+    compact: bool,
+) -> ForwardOutcome {
+    let same_rule = compact && sent_rule_hash != 0 && sent_rule_hash == link::rule_hash(&a.rule);
+    ForwardOutcome {
+        allowed: a.decision.allowed,
+        limit: a.decision.limit,
+        remaining: a.decision.remaining,
+        retry_after_ms: a.decision.retry_after_ms,
+        reset_at: a.decision.reset_at_ms,
+        window_id: a.decision.window_id,
+        delay_ms: a.decision.delay_ms,
+        sequence: a.sequence,
+        at: a.at,
+        rule: if same_rule {
+            String::new()
+        } else {
+            a.rule.to_string()
+        },
+        algorithm: if compact {
+            String::new()
+        } else {
+            a.algorithm.as_str().to_string()
+        },
+        same_rule,
+        algorithm_index: if compact {
+            a.algorithm.index() as u32 + 1
+        } else {
+            0
+        },
     }
 }
 

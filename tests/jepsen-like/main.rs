@@ -15,6 +15,7 @@ mod checker;
 mod harness;
 mod history;
 mod nemesis;
+mod rules;
 mod workload;
 
 use std::path::PathBuf;
@@ -24,57 +25,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use harness::{Guard, Harness};
-use history::{now_ms, Entry, History, RuleInfo};
-
-const RULES: &str = r#"
-[[rule]]
-name = "fw"
-route = "GET /fw"
-algorithm = "fixed_window"
-limit = 10
-window = "2s"
-
-[[rule]]
-name = "log"
-route = "GET /log"
-algorithm = "sliding_window_log"
-limit = 8
-window = "2s"
-
-[[rule]]
-name = "tb"
-route = "GET /tb"
-algorithm = "token_bucket"
-limit = 10
-window = "2s"
-burst = 5
-"#;
-
-fn rule_infos() -> Vec<RuleInfo> {
-    vec![
-        RuleInfo {
-            route: "GET /fw".into(),
-            algorithm: "fixed_window".into(),
-            limit: 10,
-            window_ms: 2000,
-            burst: 10,
-        },
-        RuleInfo {
-            route: "GET /log".into(),
-            algorithm: "sliding_window_log".into(),
-            limit: 8,
-            window_ms: 2000,
-            burst: 8,
-        },
-        RuleInfo {
-            route: "GET /tb".into(),
-            algorithm: "token_bucket".into(),
-            limit: 10,
-            window_ms: 2000,
-            burst: 5,
-        },
-    ]
-}
+use history::{now_ms, Entry, History};
+use rules::{rule_infos, RULES};
 
 /// Chaos runs share two cores: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

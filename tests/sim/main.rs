@@ -27,6 +27,8 @@ mod history;
 mod link;
 mod node;
 mod rng;
+#[path = "../jepsen-like/rules.rs"]
+mod rules;
 mod scale;
 mod scenario;
 mod workload;

@@ -42,7 +42,7 @@ use ringlimit::membership::{
     build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
 };
 use ringlimit::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardOutcome, ForwardResponse, InstallRequest, RefundRequest,
+    ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, RefundRequest,
 };
 use ringlimit::shard::{Charge, Exported, KeyId, Outcome, Store};
 
@@ -779,29 +779,11 @@ impl Node {
                             .iter()
                             .zip(answers)
                             .map(|(item, a)| {
-                                let same_rule = request.compact
-                                    && item.rule_hash != 0
-                                    && item.rule_hash
-                                        == ringlimit::cluster::link::rule_hash(&a.rule);
-                                ForwardOutcome {
-                                    allowed: a.decision.allowed,
-                                    limit: a.decision.limit,
-                                    remaining: a.decision.remaining,
-                                    retry_after_ms: a.decision.retry_after_ms,
-                                    reset_at: a.decision.reset_at_ms,
-                                    window_id: a.decision.window_id,
-                                    delay_ms: a.decision.delay_ms,
-                                    sequence: a.sequence,
-                                    at: a.at,
-                                    rule: if same_rule {
-                                        String::new()
-                                    } else {
-                                        a.rule.to_string()
-                                    },
-                                    algorithm: String::new(),
-                                    same_rule,
-                                    algorithm_index: a.algorithm.index() as u32 + 1,
-                                }
+                                ringlimit::server::peer::forward_outcome(
+                                    &a,
+                                    item.rule_hash,
+                                    request.compact,
+                                )
                             })
                             .collect();
                         ForwardAnswer {

@@ -8,51 +8,14 @@ use std::sync::Arc;
 use ringlimit::config::rules::RuleSet;
 
 use crate::checker;
-use crate::history::{Entry, RuleInfo};
+use crate::history::Entry;
 use crate::link::LinkConfig;
 use crate::node::NodeConfig;
 use crate::rng::Rng;
 use crate::workload::Workload;
 use crate::world::{State, World, DEADLINE_MS};
 
-pub const RULES: &str = r#"
-[[rule]]
-name = "fw"
-route = "GET /fw"
-algorithm = "fixed_window"
-limit = 10
-window = "2s"
-
-[[rule]]
-name = "log"
-route = "GET /log"
-algorithm = "sliding_window_log"
-limit = 8
-window = "2s"
-
-[[rule]]
-name = "tb"
-route = "GET /tb"
-algorithm = "token_bucket"
-limit = 10
-window = "2s"
-burst = 5
-"#;
-
-pub fn rule_infos() -> Vec<RuleInfo> {
-    let info = |route: &str, algorithm: &str, limit, burst| RuleInfo {
-        route: route.into(),
-        algorithm: algorithm.into(),
-        limit,
-        window_ms: 2000,
-        burst,
-    };
-    vec![
-        info("GET /fw", "fixed_window", 10, 10),
-        info("GET /log", "sliding_window_log", 8, 8),
-        info("GET /tb", "token_bucket", 10, 5),
-    ]
-}
+pub use crate::rules::{rule_infos, RULES};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
