@@ -263,6 +263,36 @@ impl Ring {
             .map(|i| self.members[i as usize].as_str())
     }
 
+    /// The successor of key hash `h`: the member that would own it if its owner were
+    /// gone (the first vnode clockwise from `h` of a member other than the owner).
+    /// Removing a member leaves every other vnode where it was, so this is exactly
+    /// the owner on the ring without the owner: where the key's replica lives, and
+    /// who inherits the key when its owner dies. `None` with fewer than two members.
+    ///
+    /// ```
+    /// use ringlimit_ring::Ring;
+    ///
+    /// let ring = Ring::new(["a", "b", "c"], Ring::DEFAULT_VNODES);
+    /// let h = Ring::key_hash(b"cust_42");
+    /// let owner = ring.owner_of_hash(h).unwrap();
+    /// let successor = ring.successor_of_hash(h).unwrap();
+    /// assert_ne!(owner, successor);
+    /// let without: Vec<&str> = ["a", "b", "c"].into_iter().filter(|m| *m != owner).collect();
+    /// assert_eq!(Ring::new(without, Ring::DEFAULT_VNODES).owner_of_hash(h), Some(successor));
+    /// ```
+    pub fn successor_of_hash(&self, h: u64) -> Option<&str> {
+        if self.members.len() < 2 {
+            return None;
+        }
+        let n = self.positions.len();
+        let start = self.positions.partition_point(|&p| p < h);
+        let owner = self.owners[start % n];
+        (1..n)
+            .map(|step| self.owners[(start + step) % n])
+            .find(|&m| m != owner)
+            .map(|m| self.members[m as usize].as_str())
+    }
+
     /// Sorted vnode positions.
     pub(crate) fn positions(&self) -> &[u64] {
         &self.positions

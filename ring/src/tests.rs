@@ -438,3 +438,31 @@ fn restarted_node_keeps_its_ranges() {
     assert!(diff(&before, &after).is_empty());
     assert_eq!(before.owner(b"cust_42"), after.owner(b"cust_42"));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The successor is exactly who owns the key once its owner leaves the ring: the
+    /// replica sits where the key goes when its owner dies.
+    #[test]
+    fn successor_is_the_owner_of_the_ring_without_the_owner(
+        members in proptest::collection::btree_set("[a-e]{1,3}", 2..6),
+        keys in proptest::collection::vec(any::<u64>(), 1..50),
+    ) {
+        let ring = Ring::new(members.iter().cloned(), 16);
+        for h in keys {
+            let owner = ring.owner_of_hash(h).unwrap();
+            let successor = ring.successor_of_hash(h).unwrap();
+            prop_assert_ne!(owner, successor);
+            let without = Ring::new(members.iter().filter(|m| *m != owner).cloned(), 16);
+            prop_assert_eq!(without.owner_of_hash(h), Some(successor));
+        }
+    }
+}
+
+#[test]
+fn one_member_has_no_successor() {
+    let ring = Ring::new(["solo"], Ring::DEFAULT_VNODES);
+    assert_eq!(ring.successor_of_hash(42), None);
+    assert_eq!(Ring::new(Vec::<String>::new(), 4).successor_of_hash(42), None);
+}
