@@ -202,6 +202,7 @@ fn shard_round_trip(bencher: Bencher) {
         give_back: None,
         drain: false,
         peek: false,
+        failover: false,
     };
     bencher.bench_local(|| {
         runtime

@@ -92,6 +92,10 @@ pub struct CheckItem {
     /// are not cached. Set where a request can raise a counter's budget (a give-back,
     /// a reset) or change its numbers per call, so "denied until T" is not a fact.
     pub uncached: bool,
+    /// Decide on the key's replica, for an owner that could not be reached: set by the
+    /// entry node when it sends the check to the key's successor instead (see
+    /// [`Charge::failover`]).
+    pub failover: bool,
 }
 
 /// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
@@ -248,6 +252,7 @@ impl CheckItem {
             drain: false,
             peek: false,
             uncached: false,
+            failover: false,
         }
     }
 
@@ -289,6 +294,7 @@ impl CheckItem {
             give_back: self.give_back,
             drain: self.drain,
             peek: self.peek,
+            failover: self.failover,
         }
     }
 
@@ -303,6 +309,7 @@ impl CheckItem {
             give_back: self.give_back,
             drain: self.drain,
             peek: self.peek,
+            failover: false,
         }
     }
 }

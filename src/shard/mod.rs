@@ -15,6 +15,8 @@
 
 pub mod counters;
 pub mod identity;
+pub mod replicas;
+pub mod replication;
 pub mod store;
 
 use std::num::NonZeroU64;
@@ -56,6 +58,9 @@ pub struct ShardConfig {
     pub max_state_bytes: Option<usize>,
     /// How often each shard sweeps a slice of its keys for expired state.
     pub expiry_tick: Duration,
+    /// Remember which keys changed, for their successor's replica
+    /// ([`Shards::drain_replication`]): on when the node replicates.
+    pub replicate: bool,
 }
 
 /// The default byte budget per key of `--max-keys`: 256 bytes, so a node at its key cap
@@ -80,6 +85,7 @@ impl Default for ShardConfig {
             max_keys: 1_000_000,
             max_state_bytes: None,
             expiry_tick: Duration::from_millis(100),
+            replicate: false,
         }
     }
 }
@@ -108,6 +114,9 @@ pub struct Charge {
     /// taking nothing ([`Store::peek`](store::Store::peek)). Exact where a probe given
     /// back (Envoy's way) would report a reset one unit late.
     pub peek: bool,
+    /// Decide on the key's replica, not on a live key: this node is the key's
+    /// successor and its owner could not be reached (see [`replicas`]).
+    pub failover: bool,
 }
 
 impl Charge {
@@ -189,6 +198,7 @@ enum Command {
         reset: bool,
         reply: oneshot::Sender<Vec<counters::CounterReading>>,
     },
+    Replication(replication::Command),
 }
 
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
@@ -229,6 +239,12 @@ impl Shards {
                     index,
                     store: Store::new(per_shard_cap, index as u64 + 1)
                         .with_byte_budget(per_shard_bytes),
+                    replicas: replication::Side::new(
+                        config.replicate,
+                        per_shard_cap,
+                        per_shard_bytes,
+                        index,
+                    ),
                     clock: Clamped::new(clock.clone()),
                     sequence: sequence.clone(),
                     metrics: ShardMetrics::new(index),
@@ -530,6 +546,8 @@ impl RuleCounters {
 struct Actor {
     index: usize,
     store: Store,
+    /// This shard's replicas of other owners' keys, and its own changed keys.
+    replicas: replication::Side,
     clock: Clamped,
     sequence: Arc<AtomicU64>,
     metrics: ShardMetrics,
@@ -577,45 +595,7 @@ impl Actor {
     fn handle(&mut self, command: Command, now: Millis) {
         match command {
             Command::Check { items, reply } => {
-                let mut churn = Churn::default();
-                let outcomes: Outcomes = items
-                    .iter()
-                    .map(|item| {
-                        if let Some(units) = item.give_back {
-                            self.store.give_back(item.counter(), now, units);
-                        }
-                        let (mut decision, c, fresh) = if item.peek {
-                            (
-                                self.store.peek(item.counter(), now),
-                                Churn::default(),
-                                false,
-                            )
-                        } else {
-                            self.store.check(item.counter(), now, item.cost)
-                        };
-                        churn += c;
-                        if item.drain && !decision.allowed && decision.remaining > 0 {
-                            let units = NonZeroU64::new(decision.remaining).expect("> 0");
-                            let (drained, c, _) = self.store.check(item.counter(), now, units);
-                            churn += c;
-                            if drained.allowed {
-                                decision = Decision {
-                                    allowed: false,
-                                    ..drained
-                                };
-                            }
-                        }
-                        self.metrics.checks.of(&item.rule)[usize::from(!decision.allowed)]
-                            .increment(1);
-                        Outcome {
-                            decision,
-                            sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
-                            at: now,
-                            fresh,
-                        }
-                    })
-                    .collect();
-                self.record_churn(churn);
+                let outcomes = self.check(&items, now);
                 // The caller may have given up (deadline); its answer is simply dropped.
                 let _ = reply.send(outcomes);
             }
@@ -623,6 +603,7 @@ impl Actor {
                 for refund in items {
                     self.store
                         .refund(refund.charge.counter(), refund.at, refund.charge.cost);
+                    self.replicas.changed(&refund.charge.counter(), now);
                 }
             }
             Command::Len { reply } => {
@@ -641,7 +622,11 @@ impl Actor {
                 // A state from an owner whose clock ran ahead needs no help here: every
                 // algorithm state clamps time to the newest instant it has acted on.
                 for (item, rule) in items {
-                    installed += usize::from(self.store.install(item, &rule.limiter, now));
+                    let id = item.id;
+                    if self.store.install(item, &rule.limiter, now) {
+                        installed += 1;
+                        self.replicas.changed_id(id, now);
+                    }
                 }
                 self.metrics.keys.set(self.store.len() as f64);
                 let _ = reply.send(installed);
@@ -673,7 +658,65 @@ impl Actor {
                 }
                 let _ = reply.send(readings);
             }
+            Command::Replication(command) => {
+                let churn = self.replicas.handle(command, &mut self.store, now);
+                self.record_churn(churn);
+            }
         }
+    }
+
+    /// Decide one message's charges, in order.
+    fn check(&mut self, items: &Charges, now: Millis) -> Outcomes {
+        let mut churn = Churn::default();
+        let outcomes = items
+            .iter()
+            .map(|item| {
+                let (decision, c, fresh) = if item.failover {
+                    self.replicas.decide_failover(item, now)
+                } else {
+                    churn += self.replicas.promote_on_check(item, &mut self.store, now);
+                    let decided = self.decide(item, now);
+                    self.replicas.changed(&item.counter(), now);
+                    decided
+                };
+                churn += c;
+                self.metrics.checks.of(&item.rule)[usize::from(!decision.allowed)].increment(1);
+                Outcome {
+                    decision,
+                    sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
+                    at: now,
+                    fresh,
+                }
+            })
+            .collect();
+        churn += self.replicas.fit(&self.store, now);
+        self.record_churn(churn);
+        outcomes
+    }
+
+    /// Decide one charge on its live key: any give-back first, then the check (or a
+    /// peek), then a drain of what a denial left.
+    fn decide(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
+        if let Some(units) = item.give_back {
+            self.store.give_back(item.counter(), now, units);
+        }
+        let (mut decision, mut churn, fresh) = if item.peek {
+            (self.store.peek(item.counter(), now), Churn::default(), false)
+        } else {
+            self.store.check(item.counter(), now, item.cost)
+        };
+        if item.drain && !decision.allowed && decision.remaining > 0 {
+            let units = NonZeroU64::new(decision.remaining).expect("> 0");
+            let (drained, c, _) = self.store.check(item.counter(), now, units);
+            churn += c;
+            if drained.allowed {
+                decision = Decision {
+                    allowed: false,
+                    ..drained
+                };
+            }
+        }
+        (decision, churn, fresh)
     }
 
     fn expire(&mut self) {
@@ -681,7 +724,7 @@ impl Actor {
         // Examine a sixteenth of the keys per tick (at least 1024): a full pass every
         // ~16 ticks, while one tick stays a sub-millisecond pause.
         let budget = (self.store.len() / 16).max(1024);
-        let expired = self.store.expire(now, budget);
+        let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
         self.record_churn(Churn {
             expired,
             ..Churn::default()

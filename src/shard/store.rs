@@ -78,6 +78,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 mod positions;
+mod replica;
 
 use positions::Positions;
 

@@ -1,0 +1,294 @@
+//! The replicas a shard keeps for keys whose successor this node is.
+//!
+//! Every key's owner sends the key's state to the key's successor (the member that
+//! inherits the key if the owner dies) every replication interval, coalesced per key:
+//! the newest state replaces the last one, nothing is merged, because the owner's
+//! state already includes everything it sent before. Replicas live in a [`Store`] of
+//! their own beside the shard's live keys, inside the same key cap and byte budget:
+//! their store is given only the room the live keys leave ([`Store::fit_within`]), so
+//! a live key never makes way for a replica, and a replica is evicted (least harm
+//! first, as live keys are) as soon as live keys need the room.
+//!
+//! A replica is used three ways:
+//! - **Promotion**: when the ring gives the key to this node (its owner died), the
+//!   replica is taken out and installed as the live key, merged with anything this
+//!   node decided for it meanwhile ([`Replicas::take`]).
+//! - **Fail-over**: while the owner is unreachable but still on the ring, entry nodes
+//!   send the key's checks here, and they are decided on the replica
+//!   ([`Replicas::check_failover`]). What such checks admit is also kept as a delta
+//!   and pushed to the owner (merged there, like a handoff's late admissions), so an
+//!   owner that was only partitioned learns of them when it can be reached again.
+//! - **Restore**: an owner that restarted with empty memory asks for its replicas
+//!   before it answers as owner ([`Replicas::select`]).
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+
+use crate::algorithms::{Decision, KeyState, Limiter, Millis};
+use crate::shard::store::{Churn, Counter, Exported, Store};
+use crate::shard::KeyId;
+
+/// Admissions made here on a replica for an owner that could not be reached.
+#[derive(Debug)]
+struct Pending {
+    fingerprint: u64,
+    delta: KeyState,
+}
+
+/// A shard's replicas and the fail-over admissions not yet delivered to their owners.
+#[derive(Debug)]
+pub struct Replicas {
+    store: Store,
+    pending: HashMap<KeyId, Pending>,
+}
+
+impl Replicas {
+    /// No replicas; `seed` drives the eviction sample.
+    pub fn new(seed: u64) -> Self {
+        let mut store = Store::new(1, seed);
+        store.fit_within(0, 0, 0);
+        Self {
+            store,
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Replicas held.
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// True when no replica is held.
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+
+    /// Bytes of side state the replicas hold.
+    pub fn side_bytes(&self) -> usize {
+        self.store.side_bytes()
+    }
+
+    /// Give the replicas the room `live` leaves of `keys` keys and `bytes` side bytes,
+    /// evicting replicas that no longer fit.
+    pub fn fit_beside(&mut self, live: &Store, keys: usize, bytes: usize, now: Millis) -> Churn {
+        if self.store.len() + live.len() <= keys
+            && self.store.side_bytes() + live.side_bytes() <= bytes
+            && self.store.cap() == keys.saturating_sub(live.len())
+        {
+            return Churn::default();
+        }
+        self.store.fit_within(
+            keys.saturating_sub(live.len()),
+            bytes.saturating_sub(live.side_bytes()),
+            now,
+        )
+    }
+
+    /// Keep `item` as the replica of its key, in place of the last one; fail-over
+    /// admissions not yet delivered to the owner stay counted on top of it. Returns
+    /// whether it is held (a full node holds no replica, and a state already
+    /// equivalent to fresh needs none).
+    pub fn hold(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> (bool, Churn) {
+        if self.store.cap() == 0 {
+            return (false, Churn::default());
+        }
+        let id = item.id;
+        let (held, churn) = self.store.put(item, limiter, now);
+        if held {
+            if let Some(pending) = self.pending.get(&id) {
+                if let Some(mut merged) = self.store.take(id) {
+                    limiter.merge(&mut merged.state, pending.delta.clone());
+                    self.store.put(merged, limiter, now);
+                }
+            }
+        }
+        (held, churn)
+    }
+
+    /// Decide a check on the key's replica, for an owner that could not be reached: a
+    /// key with no replica starts from a fresh state, as its new owner would. What is
+    /// admitted is also kept as a delta for the owner ([`Replicas::drain_failover`]).
+    pub fn check_failover(
+        &mut self,
+        counter: Counter<'_>,
+        now: Millis,
+        cost: NonZeroU64,
+    ) -> (Decision, Churn) {
+        if self.store.cap() == 0 {
+            // No room beside the live keys: decide on a state of one check's lifetime.
+            let mut state = counter.limiter.new_state();
+            return (counter.limiter.check(&mut state, now, cost), Churn::default());
+        }
+        let (decision, churn, _) = self.store.check(counter, now, cost);
+        if decision.allowed {
+            let pending = self.pending.entry(counter.id).or_insert_with(|| Pending {
+                fingerprint: counter.fingerprint,
+                delta: counter.limiter.new_state(),
+            });
+            if pending.fingerprint != counter.fingerprint {
+                pending.fingerprint = counter.fingerprint;
+                pending.delta = counter.limiter.new_state();
+            }
+            counter.limiter.check(&mut pending.delta, now, cost);
+        }
+        (decision, churn)
+    }
+
+    /// The numbers a fail-over check of the key would see, changing nothing.
+    pub fn peek(&mut self, counter: Counter<'_>, now: Millis) -> Decision {
+        self.store.peek(counter, now)
+    }
+
+    /// Fail-over admissions since the last call, to push to their owners (each key's
+    /// owner is found by the caller, on its ring).
+    pub fn drain_failover(&mut self) -> Vec<Exported> {
+        self.pending
+            .drain()
+            .map(|(id, pending)| Exported {
+                id,
+                fingerprint: pending.fingerprint,
+                state: pending.delta,
+            })
+            .collect()
+    }
+
+    /// Take the replica of `id` out, for promotion. Its fail-over admissions are in
+    /// its state already: they are no longer owed to anyone.
+    pub fn take(&mut self, id: KeyId) -> Option<Exported> {
+        self.pending.remove(&id);
+        self.store.take(id)
+    }
+
+    /// Take out every replica whose placement `mine` accepts (keys this node now owns).
+    pub fn take_all(&mut self, mut mine: impl FnMut(u64) -> bool) -> Vec<Exported> {
+        let ids: Vec<KeyId> = self
+            .store
+            .select(&mut mine)
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        ids.into_iter().filter_map(|id| self.take(id)).collect()
+    }
+
+    /// Copies of the replicas whose placement `pick` accepts (for an owner restoring).
+    pub fn select(&self, pick: impl FnMut(u64) -> bool) -> Vec<Exported> {
+        self.store.select(pick)
+    }
+
+    /// Drop expired replicas, examining at most `budget`.
+    pub fn expire(&mut self, now: Millis, budget: usize) -> u64 {
+        if self.store.is_empty() {
+            return 0;
+        }
+        self.store.expire(now, budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::FixedWindow;
+    use std::time::Duration;
+
+    const NOW: Millis = 1_700_000_000_000;
+
+    fn limiter() -> Limiter {
+        Limiter::FixedWindow(
+            FixedWindow::new(NonZeroU64::new(10).unwrap(), Duration::from_secs(60)).unwrap(),
+        )
+    }
+
+    fn counter(limiter: &Limiter, key: &[u8]) -> Counter<'_> {
+        Counter {
+            id: KeyId::of("r", key, ""),
+            fingerprint: 7,
+            limiter,
+            local: false,
+        }
+    }
+
+    /// An owner's store after `n` admissions of `key`, and that key's snapshot.
+    fn owner_state(limiter: &Limiter, key: &[u8], n: u64) -> Exported {
+        let mut owner = Store::new(100, 1);
+        for _ in 0..n {
+            owner.check(counter(limiter, key), NOW, NonZeroU64::MIN);
+        }
+        owner.snapshot(counter(limiter, key).id).unwrap()
+    }
+
+    fn remaining(replicas: &mut Replicas, limiter: &Limiter, key: &[u8]) -> u64 {
+        replicas.peek(counter(limiter, key), NOW).remaining
+    }
+
+    #[test]
+    fn the_newest_replica_replaces_the_last_one() {
+        let limiter = limiter();
+        let live = Store::new(100, 2);
+        let mut replicas = Replicas::new(3);
+        replicas.fit_beside(&live, 100, 1 << 20, NOW);
+        assert!(replicas.hold(owner_state(&limiter, b"k", 4), &limiter, NOW).0);
+        assert!(replicas.hold(owner_state(&limiter, b"k", 6), &limiter, NOW).0);
+        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 4, "6 used, not 10");
+    }
+
+    #[test]
+    fn fail_over_admissions_count_on_the_replica_until_the_owner_has_them() {
+        let limiter = limiter();
+        let live = Store::new(100, 2);
+        let mut replicas = Replicas::new(3);
+        replicas.fit_beside(&live, 100, 1 << 20, NOW);
+        replicas.hold(owner_state(&limiter, b"k", 8), &limiter, NOW);
+        let c = counter(&limiter, b"k");
+        assert!(replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
+        assert!(replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
+        assert!(!replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
+        // The owner's next replica (it has not had the delta yet) keeps both on top.
+        replicas.hold(owner_state(&limiter, b"k", 8), &limiter, NOW);
+        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 0);
+        let owed = replicas.drain_failover();
+        assert_eq!(owed.len(), 1);
+        let mut owner = limiter.new_state();
+        limiter.merge(&mut owner, owed[0].state.clone());
+        assert_eq!(limiter.peek(&owner, NOW).remaining, 8, "the delta is the 2 admitted");
+        assert!(replicas.drain_failover().is_empty());
+    }
+
+    #[test]
+    fn replicas_use_only_the_room_live_keys_leave_and_go_first() {
+        let limiter = limiter();
+        let mut live = Store::new(4, 2);
+        let mut replicas = Replicas::new(3);
+        replicas.fit_beside(&live, 4, 1 << 20, NOW);
+        for key in [b"a", b"b", b"c", b"d", b"e"] {
+            replicas.hold(owner_state(&limiter, key, 1), &limiter, NOW);
+        }
+        assert_eq!(replicas.len(), 4, "at the key cap");
+        live.check(counter(&limiter, b"x"), NOW, NonZeroU64::MIN);
+        live.check(counter(&limiter, b"y"), NOW, NonZeroU64::MIN);
+        replicas.fit_beside(&live, 4, 1 << 20, NOW);
+        assert_eq!(replicas.len() + live.len(), 4, "replicas made way");
+        for key in [b"p", b"q", b"r"] {
+            live.check(counter(&limiter, key), NOW, NonZeroU64::MIN);
+            replicas.fit_beside(&live, 4, 1 << 20, NOW);
+        }
+        assert_eq!(live.len(), 4, "no live key was evicted for a replica");
+        assert_eq!(replicas.len(), 0);
+        assert!(!replicas.hold(owner_state(&limiter, b"z", 1), &limiter, NOW).0);
+    }
+
+    #[test]
+    fn promotion_takes_the_replica_and_its_fail_over_debt_with_it() {
+        let limiter = limiter();
+        let live = Store::new(100, 2);
+        let mut replicas = Replicas::new(3);
+        replicas.fit_beside(&live, 100, 1 << 20, NOW);
+        replicas.hold(owner_state(&limiter, b"k", 5), &limiter, NOW);
+        replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN);
+        let id = counter(&limiter, b"k").id;
+        let taken = replicas.take_all(|p| p == id.placement);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(limiter.peek(&taken[0].state, NOW).remaining, 4);
+        assert!(replicas.drain_failover().is_empty(), "nothing owed any more");
+        assert!(replicas.is_empty());
+    }
+}

@@ -1,0 +1,326 @@
+//! A shard's part in replication: which of its keys changed since their successor last
+//! heard of them, the replicas it keeps for other owners ([`Replicas`]), and the
+//! messages the cluster's replicator sends it ([`Shards::drain_replication`] and the
+//! others below). The replicator (`cluster::replication`) decides where states go;
+//! the shard only answers with states, in one step of its actor, so a snapshot is
+//! never torn by a concurrent check.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::replicas::Replicas;
+use super::{Charge, Churn, Counter, Exported, KeyId, ShardError, Shards, Store};
+use crate::algorithms::{Decision, Millis};
+use crate::config::rules::Rule;
+
+/// Which ring placements a message is about (keys whose successor changed, keys this
+/// node now owns, keys of an owner that restarted).
+pub type Pick = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
+/// A changed key's state for its successor, and since when it was owed.
+#[derive(Debug, Clone)]
+pub struct Changed {
+    /// The key's state now.
+    pub state: Exported,
+    /// The shard's clock when the key first changed after its last replication.
+    pub since: Millis,
+}
+
+/// Replication messages to a shard actor.
+pub(super) enum Command {
+    Drain {
+        max: usize,
+        reply: oneshot::Sender<Vec<Changed>>,
+    },
+    Resync {
+        pick: Pick,
+        reply: oneshot::Sender<usize>,
+    },
+    Hold {
+        items: Vec<(Exported, Arc<Rule>)>,
+        reply: oneshot::Sender<usize>,
+    },
+    Promote {
+        mine: Pick,
+        rules: Vec<Arc<Rule>>,
+        reply: oneshot::Sender<usize>,
+    },
+    Select {
+        pick: Pick,
+        reply: oneshot::Sender<Vec<Exported>>,
+    },
+    DrainFailover {
+        reply: oneshot::Sender<Vec<Exported>>,
+    },
+}
+
+/// The shard actor's replication state.
+pub(super) struct Side {
+    replicas: Replicas,
+    /// Keys changed since their last replication, with when they first changed; `None`
+    /// when the node does not replicate (nothing is tracked, nothing costs).
+    dirty: Option<HashMap<KeyId, Millis>>,
+    keys: usize,
+    bytes: usize,
+    held: metrics::Gauge,
+    promoted: metrics::Counter,
+    failover: metrics::Counter,
+}
+
+impl Side {
+    /// The side of shard `index`, whose key cap and byte budget are `keys` and `bytes`.
+    pub fn new(replicate: bool, keys: usize, bytes: usize, index: usize) -> Self {
+        let shard = index.to_string();
+        Self {
+            replicas: Replicas::new(index as u64 + 0x5eed),
+            dirty: replicate.then(HashMap::new),
+            keys,
+            bytes,
+            held: metrics::gauge!("ringlimit_replicas", "shard" => shard),
+            promoted: metrics::counter!("ringlimit_replica_promotions_total"),
+            failover: metrics::counter!("ringlimit_failover_decisions_total"),
+        }
+    }
+
+    /// Note that `counter`'s key changed at `now` (a check, a refund, an install).
+    pub fn changed(&mut self, counter: &Counter<'_>, now: Millis) {
+        if !counter.local {
+            self.changed_id(counter.id, now);
+        }
+    }
+
+    /// [`Side::changed`] by identity.
+    pub fn changed_id(&mut self, id: KeyId, now: Millis) {
+        if let Some(dirty) = &mut self.dirty {
+            dirty.entry(id).or_insert(now);
+        }
+    }
+
+    /// Before a check of a key `live` does not hold as its own: if a replica of it is
+    /// here, this node has become its owner (or a peer with a newer ring thinks so):
+    /// promote the replica, so the count goes on from where the old owner left it.
+    pub fn promote_on_check(&mut self, item: &Charge, live: &mut Store, now: Millis) -> Churn {
+        if self.replicas.is_empty() || live.holds(item.id) {
+            return Churn::default();
+        }
+        let Some(replica) = self.replicas.take(item.id) else {
+            return Churn::default();
+        };
+        if live.install(replica, &item.rule.limiter, now) {
+            self.promoted.increment(1);
+        }
+        self.held.set(self.replicas.len() as f64);
+        Churn::default()
+    }
+
+    /// Decide a fail-over check on the key's replica (see [`Replicas::check_failover`]).
+    pub fn decide_failover(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
+        self.failover.increment(1);
+        // A give-back (Gubernator's negative hits) is not applied to a replica: the
+        // owner, when it comes back, holds the count it would have applied to.
+        if item.peek {
+            return (
+                self.replicas.peek(item.counter(), now),
+                Churn::default(),
+                false,
+            );
+        }
+        let (decision, churn) = self.replicas.check_failover(item.counter(), now, item.cost);
+        (decision, churn, false)
+    }
+
+    /// Keep the replicas within the room the live keys leave.
+    pub fn fit(&mut self, live: &Store, now: Millis) -> Churn {
+        if self.replicas.is_empty() && self.dirty.is_none() {
+            return Churn::default();
+        }
+        self.replicas.fit_beside(live, self.keys, self.bytes, now)
+    }
+
+    /// Drop expired replicas.
+    pub fn expire(&mut self, now: Millis, budget: usize) -> u64 {
+        let expired = self.replicas.expire(now, budget);
+        if expired > 0 {
+            self.held.set(self.replicas.len() as f64);
+        }
+        expired
+    }
+
+    /// Answer one replication message.
+    pub fn handle(&mut self, command: Command, live: &mut Store, now: Millis) -> Churn {
+        let mut churn = Churn::default();
+        match command {
+            Command::Drain { max, reply } => {
+                let _ = reply.send(self.drain(live, max));
+            }
+            Command::Resync { pick, reply } => {
+                let marked = match &mut self.dirty {
+                    Some(dirty) => {
+                        let ids = live.select(|p| pick(p));
+                        let n = ids.len();
+                        for e in ids {
+                            dirty.entry(e.id).or_insert(now);
+                        }
+                        n
+                    }
+                    None => 0,
+                };
+                let _ = reply.send(marked);
+            }
+            Command::Hold { items, reply } => {
+                churn += self.replicas.fit_beside(live, self.keys, self.bytes, now);
+                let mut held = 0;
+                for (item, rule) in items {
+                    let (kept, c) = self.replicas.hold(item, &rule.limiter, now);
+                    held += usize::from(kept);
+                    churn += c;
+                }
+                self.held.set(self.replicas.len() as f64);
+                let _ = reply.send(held);
+            }
+            Command::Promote { mine, rules, reply } => {
+                let by_fingerprint: HashMap<u64, &Arc<Rule>> =
+                    rules.iter().map(|r| (r.fingerprint, r)).collect();
+                let mut promoted = 0;
+                for replica in self.replicas.take_all(|p| mine(p)) {
+                    let Some(rule) = by_fingerprint.get(&replica.fingerprint) else {
+                        continue;
+                    };
+                    let id = replica.id;
+                    if live.install(replica, &rule.limiter, now) {
+                        promoted += 1;
+                        self.changed_id(id, now);
+                    }
+                }
+                self.promoted.increment(promoted as u64);
+                self.held.set(self.replicas.len() as f64);
+                let _ = reply.send(promoted);
+            }
+            Command::Select { pick, reply } => {
+                let _ = reply.send(self.replicas.select(|p| pick(p)));
+            }
+            Command::DrainFailover { reply } => {
+                let _ = reply.send(self.replicas.drain_failover());
+            }
+        }
+        churn
+    }
+
+    /// Up to `max` changed keys' states (the rest stay owed for the next call).
+    fn drain(&mut self, live: &Store, max: usize) -> Vec<Changed> {
+        let Some(dirty) = &mut self.dirty else {
+            return Vec::new();
+        };
+        let ids: Vec<(KeyId, Millis)> = if dirty.len() <= max {
+            dirty.drain().collect()
+        } else {
+            let ids: Vec<_> = dirty.iter().take(max).map(|(&id, &at)| (id, at)).collect();
+            for (id, _) in &ids {
+                dirty.remove(id);
+            }
+            ids
+        };
+        ids.into_iter()
+            .filter_map(|(id, since)| Some(Changed { state: live.snapshot(id)?, since }))
+            .collect()
+    }
+}
+
+impl Shards {
+    async fn replication<T>(
+        &self,
+        shard: usize,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ShardError> {
+        let (reply, rx) = oneshot::channel();
+        self.inboxes[shard]
+            .send(super::Command::Replication(command(reply)))
+            .await
+            .map_err(|_| ShardError::Stopped(shard))?;
+        rx.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    /// Keys changed since their last replication, up to `max` per shard, with their
+    /// states now: what the replicator sends to their successors.
+    pub async fn drain_replication(&self, max: usize) -> Result<Vec<Changed>, ShardError> {
+        let mut out = Vec::new();
+        for shard in 0..self.len() {
+            out.extend(
+                self.replication(shard, |reply| Command::Drain { max, reply })
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Mark every live key whose placement `pick` accepts as changed (their successor
+    /// changed: it gets their full state at the next drains). Returns how many.
+    pub async fn resync(&self, pick: Pick) -> Result<usize, ShardError> {
+        let mut marked = 0;
+        for shard in 0..self.len() {
+            let pick = pick.clone();
+            marked += self
+                .replication(shard, |reply| Command::Resync { pick, reply })
+                .await?;
+        }
+        Ok(marked)
+    }
+
+    /// Keep replicas sent by their owners, each with the local rule it belongs to.
+    /// Returns how many are held.
+    pub async fn hold_replicas(&self, items: Vec<(Exported, Arc<Rule>)>) -> Result<usize, ShardError> {
+        let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
+        for item in items {
+            groups[self.shard_of_placement(item.0.id.placement)].push(item);
+        }
+        let mut held = 0;
+        for (shard, items) in groups.into_iter().enumerate() {
+            if !items.is_empty() {
+                held += self
+                    .replication(shard, |reply| Command::Hold { items, reply })
+                    .await?;
+            }
+        }
+        Ok(held)
+    }
+
+    /// Promote every replica whose placement `mine` accepts into a live key (merged
+    /// with any live state), under the local rule with its fingerprint. Returns how many.
+    pub async fn promote(&self, mine: Pick, rules: Vec<Arc<Rule>>) -> Result<usize, ShardError> {
+        let mut promoted = 0;
+        for shard in 0..self.len() {
+            let (mine, rules) = (mine.clone(), rules.clone());
+            promoted += self
+                .replication(shard, |reply| Command::Promote { mine, rules, reply })
+                .await?;
+        }
+        Ok(promoted)
+    }
+
+    /// Copies of the replicas whose placement `pick` accepts (an owner restoring).
+    pub async fn select_replicas(&self, pick: Pick) -> Result<Vec<Exported>, ShardError> {
+        let mut out = Vec::new();
+        for shard in 0..self.len() {
+            let pick = pick.clone();
+            out.extend(
+                self.replication(shard, |reply| Command::Select { pick, reply })
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Fail-over admissions since the last call, owed to the keys' owners.
+    pub async fn drain_failover(&self) -> Result<Vec<Exported>, ShardError> {
+        let mut out = Vec::new();
+        for shard in 0..self.len() {
+            out.extend(
+                self.replication(shard, |reply| Command::DrainFailover { reply })
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+}

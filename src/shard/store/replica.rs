@@ -1,0 +1,109 @@
+//! What replication asks of a store: a copy of one key's state for its successor, a
+//! replica put in place of the last one, a replica taken out when its key is promoted,
+//! and the room a replica store may use beside the live keys (see
+//! [`Replicas`](crate::shard::replicas::Replicas)).
+
+use super::{probe_standing, Churn, Exported, Store, LOCAL, MOVED};
+use crate::algorithms::{Limiter, Millis};
+use crate::shard::identity::KeyId;
+use std::hash::BuildHasher;
+
+impl Store {
+    /// A copy of `id`'s state for its replica: `None` when the key is not held, was
+    /// handed to another owner (that owner replicates it now), or is node-local.
+    pub fn snapshot(&self, id: KeyId) -> Option<Exported> {
+        let i = self.find(self.hasher.hash_one(id), id)?;
+        let slot = self.slots[i];
+        if slot.has(MOVED) || slot.has(LOCAL) {
+            return None;
+        }
+        Some(Exported {
+            id,
+            fingerprint: self.fingerprints[slot.fingerprint_slot() as usize].0,
+            state: self.load(i),
+        })
+    }
+
+    /// Whether the store holds `id` as its own key: held and not handed away. A key
+    /// held only as handed away (or not at all) takes a promoted replica's state.
+    pub fn holds(&self, id: KeyId) -> bool {
+        self.find(self.hasher.hash_one(id), id)
+            .is_some_and(|i| !self.slots[i].has(MOVED))
+    }
+
+    /// Remove `id` and return its state.
+    pub fn take(&mut self, id: KeyId) -> Option<Exported> {
+        let i = self.find(self.hasher.hash_one(id), id)?;
+        let slot = self.slots[i];
+        let taken = Exported {
+            id,
+            fingerprint: self.fingerprints[slot.fingerprint_slot() as usize].0,
+            state: self.load(i),
+        };
+        self.remove_at(i);
+        Some(taken)
+    }
+
+    /// Put `item` in place of whatever the store holds for its key (a replica: the
+    /// owner's newest state supersedes the last one it sent; nothing is merged). A
+    /// state already equivalent to fresh removes the key. Returns whether it is held.
+    pub fn put(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> (bool, Churn) {
+        if !limiter.accepts(&item.state) {
+            return (false, Churn::default());
+        }
+        let fp = self.intern(item.fingerprint, limiter);
+        let hash = self.hasher.hash_one(item.id);
+        let found = self.find(hash, item.id);
+        if limiter.expires_at(&item.state) <= now {
+            if let Some(i) = found {
+                self.remove_at(i);
+            }
+            return (false, Churn::default());
+        }
+        let standing = probe_standing(limiter, &item.state, now);
+        let mut churn = Churn::default();
+        let i = match found {
+            Some(i) => {
+                self.slots[i].meta = (self.slots[i].meta & !super::FP_MASK) | fp;
+                i
+            }
+            None => {
+                churn += self.make_room(now);
+                self.push(item.id, hash, fp)
+            }
+        };
+        self.put_state(i, item.state);
+        self.mark(i, standing);
+        churn += self.fit_bytes(now);
+        (true, churn)
+    }
+
+    /// Copies of every entry whose ring placement `pick` accepts.
+    pub fn select(&self, mut pick: impl FnMut(u64) -> bool) -> Vec<Exported> {
+        (0..self.slots.len())
+            .filter(|&i| !self.slots[i].has(LOCAL) && pick(self.slots[i].id().placement))
+            .map(|i| Exported {
+                id: self.slots[i].id(),
+                fingerprint: self.fingerprints[self.slots[i].fingerprint_slot() as usize].0,
+                state: self.load(i),
+            })
+            .collect()
+    }
+
+    /// Set the key cap and the side byte budget to what is left beside another store,
+    /// evicting (least harm first) what no longer fits. A cap of 0 holds nothing.
+    pub fn fit_within(&mut self, keys: usize, bytes: usize, now: Millis) -> Churn {
+        self.cap = keys;
+        self.max_side_bytes = bytes;
+        let mut churn = Churn::default();
+        while self.slots.len() > keys {
+            let before = self.slots.len();
+            churn += self.make_room(now);
+            if self.slots.len() == before {
+                break;
+            }
+        }
+        churn += self.fit_bytes(now);
+        churn
+    }
+}
