@@ -123,6 +123,36 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("SIG{sig:?} to {id} (pid {}): {e}", node.pid));
     }
 
+    /// Start node `id` again (same id, empty memory, new ports), seeded with a live
+    /// node's gossip address, as a supervisor restarting a crashed process would.
+    fn restart(&mut self, id: &str) {
+        let seeds: Vec<SocketAddr> = self
+            .nodes
+            .iter_mut()
+            .filter(|n| n.id != id)
+            .find_map(|n| n.try_exit().is_none().then_some(n))
+            .map(|n| n.ready.gossip)
+            .into_iter()
+            .collect();
+        let node = Process::spawn(&Serve {
+            id,
+            ip: Ipv4Addr::LOCALHOST.into(),
+            rules: &self.rules,
+            seeds: &seeds,
+            extra_args: &self.extra_args,
+            dir: self.dir(),
+            log_name: &format!("{id}.restarted"),
+            env: &[],
+        })
+        .unwrap_or_else(|message| panic!("{message}"));
+        let slot = self
+            .nodes
+            .iter()
+            .position(|n| n.id == id)
+            .expect("known node");
+        self.nodes[slot] = node;
+    }
+
     /// kill -9 node `id` and reap it.
     fn crash(&mut self, id: &str) {
         let status = self.node_mut(id).kill();
@@ -318,9 +348,15 @@ struct Seen {
     answer: Result<CheckResponse, String>,
 }
 
+/// Without replicas (`--replicate-interval-ms 0`), the bound of docs/ownership.md's
+/// crash row: the new owner starts the key from empty.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_owner_keys_are_answered_by_a_new_owner_within_5s_and_within_the_bound() {
-    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &[]).await;
+    let mut cluster = Cluster::start(
+        &["node-a", "node-b", "node-c"],
+        &["--replicate-interval-ms", "0"],
+    )
+    .await;
     let key = key_owned_by("killed", "node-c", "node-b");
     eprintln!("[kill-9] key {key}: owner node-c, heir node-b");
     let mut via_a = cluster.client("node-a").await;
@@ -736,5 +772,147 @@ async fn concurrent_forwards_to_one_owner_are_coalesced_into_batches() {
     assert!(
         count > 0.0 && sum / count >= 2.0,
         "40 concurrent callers to one owner must share batches: {sum} checks in {count} calls"
+    );
+}
+
+/// Check `key` through every client in turn every ~20 ms for `span`; returns the
+/// answers (errors included) in order.
+async fn hammer(
+    clients: &mut [(&str, RateLimiterClient<Channel>)],
+    key: &str,
+    span: Duration,
+) -> Vec<(String, Result<CheckResponse, String>)> {
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    while started.elapsed() < span {
+        for (via, client) in clients.iter_mut() {
+            seen.push((via.to_string(), check(client, key).await));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seen
+}
+
+fn admitted(seen: &[(String, Result<CheckResponse, String>)], tag: &str) -> u64 {
+    for (via, answer) in seen {
+        match answer {
+            Ok(a) if a.allowed => eprintln!("[{tag}] via {via}: ADMITTED {}", brief(a)),
+            Ok(_) => {}
+            Err(e) => eprintln!("[{tag}] via {via}: error {e}"),
+        }
+    }
+    seen.iter()
+        .filter(|(_, a)| a.as_ref().is_ok_and(|a| a.allowed))
+        .count() as u64
+}
+
+/// The issue's bound with successor replicas: a key at its limit whose owner is killed
+/// gets at most 5 more admissions in that window through the remaining nodes (without
+/// replicas: up to L more plus the fail-open shares, the test above). Its checks go to
+/// the successor (fail-over, degraded) until the ring drops the dead owner, then to the
+/// successor as the new owner, which promoted the replica.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
+    // No deny cache: every check reaches an owner or the successor, none is answered
+    // from a remembered denial.
+    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--deny-cache", "0"]).await;
+    let key = key_owned_by("replicated", "node-c", "node-b");
+    let mut via_a = cluster.client("node-a").await;
+    exhaust(&mut via_a, "node-a", &key, "node-c").await;
+    let mut clients = vec![
+        ("node-a", via_a),
+        ("node-b", cluster.client("node-b").await),
+    ];
+    // The client sits at its limit, denied, as a hot client does.
+    let before = hammer(&mut clients, &key, Duration::from_millis(300)).await;
+    assert_eq!(
+        admitted(&before, "replicas"),
+        0,
+        "denied at the limit before the kill"
+    );
+
+    cluster.crash("node-c");
+    let after = hammer(&mut clients, &key, Duration::from_secs(4)).await;
+    let more = admitted(&after, "replicas");
+    let failover = after
+        .iter()
+        .filter(|(_, a)| {
+            a.as_ref()
+                .is_ok_and(|a| a.degraded && decider(a) == "node-b")
+        })
+        .count();
+    let by_b = after
+        .iter()
+        .filter(|(_, a)| {
+            a.as_ref()
+                .is_ok_and(|a| !a.degraded && decider(a) == "node-b")
+        })
+        .count();
+    eprintln!(
+        "[replicas] after kill -9: {} checks, {more} admitted, {failover} fail-over answers \
+         by node-b, {by_b} by node-b as owner",
+        after.len()
+    );
+    assert!(
+        more <= 5,
+        "{more} admissions after the owner's crash (at most 5)"
+    );
+    assert!(
+        by_b > 0,
+        "node-b never answered as the new owner within 4 s"
+    );
+    let promoted = metric(
+        cluster.node("node-b").ready.metrics,
+        "ringlimit_replica_promotions_total",
+    )
+    .await;
+    assert!(
+        promoted.is_some_and(|p| p >= 1.0),
+        "node-b promoted no replica: {promoted:?}"
+    );
+}
+
+/// The same when the owner restarts at once with the same id (before the others detect
+/// the crash): it restores its keys from their successors before answering as owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_restarted_at_once_restores_its_keys_before_answering() {
+    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--deny-cache", "0"]).await;
+    let key = key_owned_by("restarted", "node-c", "node-b");
+    let mut via_a = cluster.client("node-a").await;
+    exhaust(&mut via_a, "node-a", &key, "node-c").await;
+    let mut clients = vec![
+        ("node-a", via_a),
+        ("node-b", cluster.client("node-b").await),
+    ];
+    let before = hammer(&mut clients, &key, Duration::from_millis(300)).await;
+    assert_eq!(
+        admitted(&before, "restart"),
+        0,
+        "denied at the limit before the kill"
+    );
+
+    cluster.crash("node-c");
+    cluster.restart("node-c");
+    let after = hammer(&mut clients, &key, Duration::from_secs(4)).await;
+    let more = admitted(&after, "restart");
+    let by_new_c = after
+        .iter()
+        .filter(|(_, a)| {
+            a.as_ref()
+                .is_ok_and(|a| !a.degraded && decider(a) == "node-c")
+        })
+        .count();
+    eprintln!(
+        "[restart] after kill -9 and restart: {} checks, {more} admitted, {by_new_c} answered \
+         by the restarted node-c",
+        after.len()
+    );
+    assert!(
+        more <= 5,
+        "{more} admissions after the owner's restart (at most 5)"
+    );
+    assert!(
+        by_new_c > 0,
+        "the restarted node-c never answered as owner within 4 s"
     );
 }

@@ -464,5 +464,8 @@ proptest! {
 fn one_member_has_no_successor() {
     let ring = Ring::new(["solo"], Ring::DEFAULT_VNODES);
     assert_eq!(ring.successor_of_hash(42), None);
-    assert_eq!(Ring::new(Vec::<String>::new(), 4).successor_of_hash(42), None);
+    assert_eq!(
+        Ring::new(Vec::<String>::new(), 4).successor_of_hash(42),
+        None
+    );
 }

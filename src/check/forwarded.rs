@@ -43,6 +43,8 @@ pub struct ForwardedInput<'a> {
     pub drain: bool,
     /// Report, change nothing; inline rules only.
     pub peek: bool,
+    /// Decide on this node's replica of the key: its owner could not be reached.
+    pub failover: bool,
 }
 
 /// A rule named by the sender: an Envoy rule (with the request's override), or the
@@ -133,6 +135,7 @@ pub fn plan_batch<'a>(
             planned.give_back = NonZeroU64::new(input.give_back);
             planned.drain = input.drain;
             planned.peek = input.peek;
+            planned.failover = input.failover;
             Ok(planned)
         })
         .collect()
@@ -254,6 +257,7 @@ mod tests {
             give_back: 0,
             drain: false,
             peek: false,
+            failover: false,
         }
     }
 

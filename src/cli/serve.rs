@@ -112,6 +112,17 @@ pub struct ServeArgs {
     /// Deadline of a forwarded check, in ms; past it the node fails open (or closed).
     #[arg(long, default_value_t = 250)]
     forward_timeout_ms: u64,
+    /// Denials ("denied until T") a node remembers to answer repeat checks without a hop
+    /// (0: none; every check of a denied client goes to its owner).
+    #[arg(long, default_value_t = 100_000)]
+    deny_cache: usize,
+    /// How often each key's changes go to its successor's replica, in ms (0: off: a
+    /// crashed owner's keys restart from empty, as in docs/ownership.md's old table).
+    #[arg(long, default_value_t = 50)]
+    replicate_interval_ms: u64,
+    /// Longest a restarted node waits for its keys' replicas before it answers as owner.
+    #[arg(long, default_value_t = 3000)]
+    restore_timeout_ms: u64,
     /// How long a forward batch waits for more checks, in µs (0: send what is queued).
     #[arg(long, default_value_t = 0)]
     forward_flush_us: u64,
@@ -294,6 +305,9 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.seeds = args.seeds;
     config.cluster_id = args.cluster_id;
     config.forward.timeout = std::time::Duration::from_millis(args.forward_timeout_ms);
+    config.replicate_interval = std::time::Duration::from_millis(args.replicate_interval_ms);
+    config.deny_cache = args.deny_cache;
+    config.restore_timeout = std::time::Duration::from_millis(args.restore_timeout_ms);
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;

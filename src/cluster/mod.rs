@@ -23,6 +23,7 @@ pub mod deny_cache;
 pub mod handoff;
 pub mod link;
 pub mod policy;
+pub mod replication;
 pub mod router;
 pub mod rules;
 pub mod rules_edit;

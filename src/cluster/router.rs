@@ -18,6 +18,7 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::link::CountersError;
 use crate::cluster::link::PeerPool;
 use crate::cluster::policy::{self, Fallback, Origin, Routing};
+use crate::cluster::replication::Restore;
 use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;
@@ -91,6 +92,7 @@ struct RouterMetrics {
     forward_errors: metrics::Counter,
     resets: metrics::Counter,
     not_owner: metrics::Counter,
+    failed_over: metrics::Counter,
 }
 
 impl RouterMetrics {
@@ -103,6 +105,7 @@ impl RouterMetrics {
             forward_errors: metrics::counter!("ringlimit_forward_errors_total"),
             resets: metrics::counter!("ringlimit_ownership_resets_total"),
             not_owner: metrics::counter!("ringlimit_forwarded_not_owner_total"),
+            failed_over: metrics::counter!("ringlimit_degraded_total", "reason" => "fail_over"),
         }
     }
 }
@@ -119,6 +122,10 @@ pub struct Router {
     inherited: Arc<Inherited>,
     metrics: RouterMetrics,
     routing: Routing,
+    /// Whether a check whose owner cannot be reached goes to the key's successor
+    /// (which holds its replica) before failing open: on when the cluster replicates.
+    failover: bool,
+    restore: Arc<Restore>,
 }
 
 impl std::fmt::Debug for Router {
@@ -150,7 +157,28 @@ impl Router {
             inherited,
             metrics: RouterMetrics::new(),
             routing: Routing::default(),
+            failover: false,
+            restore: Arc::new(Restore::new(true)),
         }
+    }
+
+    /// This router sending checks whose owner is unreachable to the key's successor
+    /// (`failover`), and answering as owner only once `restore` is done.
+    pub fn with_replication(mut self, failover: bool, restore: Arc<Restore>) -> Self {
+        self.failover = failover;
+        self.restore = restore;
+        self
+    }
+
+    /// Whether this node answers as owner: not while it restores its keys' replicas
+    /// after a start with seeds (`/readyz` says so).
+    pub fn restored(&self) -> bool {
+        self.restore.is_done()
+    }
+
+    /// The peer pool (replication sends on it).
+    pub fn peers(&self) -> &PeerPool {
+        &self.peers
     }
 
     /// NEGATIVE CONTROL ONLY: decide every check here, ignoring the ring, so the chaos
@@ -232,6 +260,10 @@ impl Router {
     /// Decide checks that a client sent to this node: each descriptor on its owner,
     /// then refund the admitted descriptors of every check that another one denied.
     pub async fn decide(&self, checks: Checks) -> Result<DecidedChecks, ShardError> {
+        if !self.restore.is_done() {
+            // Restarted: this node answers as owner once its keys are restored.
+            self.restore.wait().await;
+        }
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
         let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
@@ -270,14 +302,10 @@ impl Router {
         }
         self.metrics.forwarded.increment(plan.remote.len() as u64);
 
-        let open = self.settle_remote(
-            &flat,
-            &plan.remote,
-            remote_results,
-            &view,
-            now,
-            &mut answers,
-        );
+        let failed = self.settle_remote(&flat, &plan.remote, remote_results, now, &mut answers);
+        let open = self
+            .fail_over(&flat, failed, &view, now, &mut answers)
+            .await?;
         self.decide_open(&flat, open, &mut answers).await?;
 
         drop(flat);
@@ -289,19 +317,17 @@ impl Router {
         Ok(decided)
     }
 
-    /// Take the owners' answers (caching denials), and give each descriptor whose owner
-    /// did not answer its fallback: a fail-closed denial now, or a fail-open stand-in
-    /// counter, returned for [`Router::decide_open`].
+    /// Take the owners' answers (caching denials); returns the descriptors whose owner
+    /// did not answer, for [`Router::fail_over`].
     fn settle_remote(
         &self,
         flat: &[&CheckItem],
         remote: &[(usize, &crate::membership::Member)],
         results: Remotes,
-        view: &ClusterView,
         now: policy::Now,
         answers: &mut [Option<Answer>],
-    ) -> Vec<(usize, Charge)> {
-        let mut open = Vec::new();
+    ) -> Vec<usize> {
+        let mut failed = Vec::new();
         for ((i, owner), result) in remote.iter().zip(results) {
             let item = flat[*i];
             match result {
@@ -319,20 +345,89 @@ impl Router {
                 Err(error) => {
                     self.metrics.forward_errors.increment(1);
                     tracing::debug!(%error, key = %item.client(), "owner unreachable; falling back");
-                    match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
-                        Fallback::Closed(answer) => {
-                            self.metrics.degraded_closed.increment(1);
-                            answers[*i] = Some(*answer);
-                        }
-                        Fallback::Open { nodes } => {
-                            self.metrics.degraded_open.increment(1);
-                            open.push((*i, item.under(self.fallback_rule(item, nodes))));
-                        }
-                    }
+                    failed.push(*i);
                 }
             }
         }
-        open
+        failed
+    }
+
+    /// Send each descriptor whose owner did not answer to the key's successor, which
+    /// decides it on its replica (degraded); give each the successor cannot answer
+    /// either its fallback: a fail-closed denial now, or a fail-open stand-in counter,
+    /// returned for [`Router::decide_open`].
+    async fn fail_over(
+        &self,
+        flat: &[&CheckItem],
+        failed: Vec<usize>,
+        view: &ClusterView,
+        now: policy::Now,
+        answers: &mut [Option<Answer>],
+    ) -> Result<Vec<(usize, Charge)>, ShardError> {
+        let mut open = Vec::new();
+        for i in failed {
+            let item = flat[i];
+            if self.failover {
+                if let Some(answer) = self.decide_on_successor(item, view).await? {
+                    answers[i] = Some(answer);
+                    continue;
+                }
+            }
+            match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
+                Fallback::Closed(answer) => {
+                    self.metrics.degraded_closed.increment(1);
+                    answers[i] = Some(*answer);
+                }
+                Fallback::Open { nodes } => {
+                    self.metrics.degraded_open.increment(1);
+                    open.push((i, item.under(self.fallback_rule(item, nodes))));
+                }
+            }
+        }
+        Ok(open)
+    }
+
+    /// Decide `item` on its replica, at the key's successor (here, if this node is
+    /// it): `None` when there is no successor or it cannot be reached either.
+    async fn decide_on_successor(
+        &self,
+        item: &CheckItem,
+        view: &ClusterView,
+    ) -> Result<Option<Answer>, ShardError> {
+        let Some(successor) = view.ring.successor_of_hash(item.id.placement) else {
+            return Ok(None);
+        };
+        let mut failover = item.clone();
+        failover.failover = true;
+        let mut answer = if successor == &*self.me.node_id {
+            let outcome = self
+                .shards
+                .check(smallvec::smallvec![failover.charge()])
+                .await?;
+            let outcome = outcome[0];
+            policy::local_answer(
+                item,
+                &self.me,
+                outcome.decision,
+                outcome.sequence,
+                outcome.at,
+                failover.charge(),
+            )
+        } else {
+            let Some(member) = view.member(successor) else {
+                return Ok(None);
+            };
+            match self.peers.forward(member, &failover).await {
+                Ok(remote) => policy::remote_answer(item, remote, member),
+                Err(error) => {
+                    tracing::debug!(%error, key = %item.client(), "successor unreachable too");
+                    return Ok(None);
+                }
+            }
+        };
+        self.metrics.failed_over.increment(1);
+        answer.degraded = true;
+        Ok(Some(answer))
     }
 
     /// Decide fail-open descriptors on their stand-in counters here, flagged degraded.
@@ -371,6 +466,10 @@ impl Router {
         items: &[CheckItem],
         wire: impl FnMut(Answer) -> T,
     ) -> Result<Vec<T>, ShardError> {
+        if !self.restore.is_done() && items.iter().any(|item| !item.failover) {
+            // Not an owner yet: the sender fails over to the successor.
+            return Err(ShardError::Restoring);
+        }
         let view = self.view();
         let strays = policy::strays(items, &view, &self.me.node_id);
         if strays > 0 {

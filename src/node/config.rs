@@ -84,6 +84,12 @@ pub struct NodeConfig {
     /// On graceful leave: how long to keep serving after announcing, so every ring drops
     /// this node before its state is pushed away.
     pub leave_settle: Duration,
+    /// How often changed keys go to their successors' replicas (`--replicate-interval-ms`);
+    /// zero: no replicas, no fail-over to successors, no restore (as before replication).
+    pub replicate_interval: Duration,
+    /// Longest a node that starts with seeds waits to restore its keys' replicas before
+    /// it answers as owner anyway (`--restore-timeout-ms`).
+    pub restore_timeout: Duration,
     /// HTTP/2 and connection limits of the gRPC listener.
     pub grpc: GrpcLimits,
     /// The cluster key: peer calls and gossip datagrams are signed and checked with it.
@@ -136,6 +142,8 @@ impl Default for NodeConfig {
             forward: ForwardConfig::default(),
             deny_cache: 100_000,
             leave_settle: Duration::from_millis(600),
+            replicate_interval: Duration::from_millis(50),
+            restore_timeout: Duration::from_secs(3),
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,
             cluster_key: None,

@@ -34,6 +34,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::handoff::Handoff;
 use crate::cluster::link::{ForwardConfig, PeerPool};
+use crate::cluster::replication::{self, Replicator, Restore};
 use crate::cluster::rules::ClusterRules;
 use crate::cluster::{Decider, Inherited, InlineRules, Router};
 use crate::config::rules::envoy::EnvoyConfigError;
@@ -42,7 +43,7 @@ use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{PeerService, RateLimitService};
-use crate::shard::Shards;
+use crate::shard::{ShardConfig, Shards};
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 pub use exporter::metrics_handle;
 pub use ops_listener::{MAX_OPS_CONNECTIONS, MAX_OPS_CONNECTION_AGE, OPS_HEADER_TIMEOUT};
@@ -286,8 +287,10 @@ async fn start_in_span(
     )
     .with_inline(inline_rules.clone());
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
-    let (router, handoff) = start_routing(&config, &decider, &shards, &membership, peers, clock);
+    let (router, handoff, replicator) =
+        start_routing(&config, &decider, &shards, &membership, peers, clock);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
+    spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
     spawn_watchers(
         &config,
         rule_file,
@@ -318,7 +321,8 @@ async fn start_in_span(
     let peer_service = PeerService::new(router.clone(), rules.clone(), cluster_rules.clone())
         .with_envoy(envoy)
         .with_inline(inline_rules)
-        .with_shutdown(cancel.clone());
+        .with_shutdown(cancel.clone())
+        .with_replicator(replicator.map(|(replicator, _)| replicator));
     spawn_in_span(
         &tracker,
         faces::serve_peer(
@@ -442,8 +446,12 @@ fn spawn_shards(
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Shards {
+    let shards = ShardConfig {
+        replicate: !config.replicate_interval.is_zero(),
+        ..config.shards.clone()
+    };
     Shards::spawn(
-        &config.shards,
+        &shards,
         clock.clone(),
         Arc::new(AtomicU64::new(0)),
         tracker,
@@ -519,7 +527,11 @@ fn start_routing(
     membership: &Membership,
     peers: PeerPool,
     clock: Arc<dyn Clock>,
-) -> (Arc<Router>, Handoff) {
+) -> (
+    Arc<Router>,
+    Handoff,
+    Option<(Arc<Replicator>, Arc<Restore>)>,
+) {
     let inherited = Arc::new(Inherited::new(membership.view().borrow().ring.digest()));
     let mut router = Router::new(
         decider.clone(),
@@ -533,6 +545,20 @@ fn start_routing(
     if config.broken_decide_locally {
         router = router.break_decide_locally();
     }
+    let replicating = !config.replicate_interval.is_zero();
+    // A node with seeds may be one that restarted (same id, empty memory): it answers
+    // as owner once it has its keys' replicas back. One without seeds starts a cluster.
+    let restore = Arc::new(Restore::new(!replicating || config.seeds.is_empty()));
+    router = router.with_replication(replicating, restore.clone());
+    let replicator = replicating.then(|| {
+        let replicator = Replicator::new(
+            decider.node_id.clone(),
+            shards.clone(),
+            peers.clone(),
+            clock.clone(),
+        );
+        (Arc::new(replicator), restore)
+    });
     let handoff = Handoff::new(
         decider.node_id.clone(),
         shards.clone(),
@@ -540,7 +566,35 @@ fn start_routing(
         inherited,
         clock,
     );
-    (Arc::new(router), handoff)
+    (Arc::new(router), handoff, replicator)
+}
+
+/// Successor replicas: every interval, changed keys to their successors; at start, the
+/// restore of this node's keys from the members it sees (see `cluster::replication`).
+fn spawn_replication(
+    config: &NodeConfig,
+    replicator: &Option<(Arc<Replicator>, Arc<Restore>)>,
+    membership: &Membership,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let Some((replicator, restore)) = replicator.clone() else {
+        return;
+    };
+    if !restore.is_done() {
+        let (replicator, views, deadline) = (
+            replicator.clone(),
+            membership.view(),
+            config.restore_timeout,
+        );
+        spawn_in_span(tracker, async move {
+            replication::restore_from_peers(&replicator, views, &restore, deadline).await;
+        });
+    }
+    let (views, every, cancel) = (membership.view(), config.replicate_interval, cancel.clone());
+    spawn_in_span(tracker, async move {
+        replicator.run(views, every, cancel).await;
+    });
 }
 
 /// State handoff on ownership moves: push what moved away, and forward the deltas of

@@ -62,6 +62,7 @@ impl From<CheckError> for tonic::Status {
             CheckError::InvalidArgument { field, .. } => ("invalid_argument", field_label(field)),
             CheckError::Shard(ShardError::Overloaded(_)) => ("overloaded", String::new()),
             CheckError::Shard(ShardError::Stopped(_)) => ("unavailable", String::new()),
+            CheckError::Shard(ShardError::Restoring) => ("restoring", String::new()),
             CheckError::Unavailable { .. } => ("owner_unreachable", String::new()),
         };
         metrics::counter!("ringlimit_refused_total", "reason" => reason, "field" => field)
@@ -74,7 +75,7 @@ impl From<CheckError> for tonic::Status {
                 tonic::Status::resource_exhausted(error.to_string())
             }
             CheckError::Unavailable { .. } => tonic::Status::unavailable(error.to_string()),
-            CheckError::Shard(ShardError::Stopped(_)) => {
+            CheckError::Shard(ShardError::Stopped(_) | ShardError::Restoring) => {
                 tonic::Status::unavailable(error.to_string())
             }
         };

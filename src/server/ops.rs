@@ -189,6 +189,10 @@ async fn readyz(State(s): State<OpsState>) -> Response {
     let behind = s.rules.behind();
     let reason = match (&behind, joined) {
         (_, false) => Some("no other member seen yet (seeds given)".to_string()),
+        _ if !s.router.restored() => Some(
+            "restoring this node's keys from their successors' replicas (after a start with seeds)"
+                .to_string(),
+        ),
         (Some((id, advert)), true) => Some(format!(
             "catching up: {id} holds rules {}, this node {}",
             advert.stamp,

@@ -16,7 +16,6 @@ use crate::algorithms::{AlgorithmKind, KeyState};
 use crate::check::forwarded::{self, at_most, ForwardedInput, InlineInput, NamedInput, OwnerRules};
 use crate::check::gubernator::inline_rule;
 use crate::check::CheckError;
-use crate::cluster::handoff;
 use crate::cluster::rules::{ClusterRules, Refusal, RulesEdit, RulesWriteError};
 use crate::cluster::{link, policy, CheckItem, Router};
 use crate::cluster::{InlineRule, InlineRules};
@@ -31,12 +30,14 @@ use crate::proto::peer::NamedRule as WireNamed;
 use crate::proto::peer::{
     CountersRequest, CountersResponse, ForwardAnswer, ForwardCall, ForwardItem, ForwardOutcome,
     ForwardRequest, ForwardResponse, InstallRequest, InstallResponse, KeyState as WireState,
-    MemberStatus, RefundItem, RefundRequest, RefundResponse, RulesRequest, RulesResponse,
-    StatusRequest, StatusResponse, WriteRulesRequest, WriteRulesResponse,
+    MemberStatus, RefundItem, RefundRequest, RefundResponse, RestoreRequest, RestoreResponse,
+    RulesRequest, RulesResponse, StatusRequest, StatusResponse, WriteRulesRequest,
+    WriteRulesResponse,
 };
 use crate::shard::counters::{ClientQuery, CounterReading};
 use crate::shard::{Exported, KeyId, Refund};
 
+mod replicas;
 mod stream;
 pub use stream::{ForwardAnswers, Intake, STREAM_IN_FLIGHT};
 
@@ -76,6 +77,7 @@ fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
         give_back: item.give_back,
         drain: item.drain,
         peek: item.peek,
+        failover: item.failover,
     }
 }
 
@@ -90,6 +92,7 @@ fn refund_input(item: &RefundItem) -> (ForwardedInput<'_>, u64) {
         give_back: 0,
         drain: false,
         peek: false,
+        failover: false,
     };
     (input, item.at)
 }
@@ -249,6 +252,8 @@ pub struct PeerService {
     refused: [metrics::Counter; Implausible::ALL.len()],
     stale: metrics::Counter,
     shutdown: CancellationToken,
+    /// Sends replicas back to a restarted owner; `None` when this node does not replicate.
+    replicator: Option<Arc<crate::cluster::replication::Replicator>>,
 }
 
 impl PeerService {
@@ -267,7 +272,17 @@ impl PeerService {
             }),
             stale: metrics::counter!("ringlimit_forwarded_stale_total"),
             shutdown: CancellationToken::new(),
+            replicator: None,
         }
+    }
+
+    /// This service answering `Restore` with `replicator`'s replicas.
+    pub fn with_replicator(
+        mut self,
+        replicator: Option<Arc<crate::cluster::replication::Replicator>>,
+    ) -> Self {
+        self.replicator = replicator;
+        self
     }
 
     /// This service keeping the inline rules peers forward in `inline` (the node's one
@@ -400,35 +415,8 @@ impl Peer for PeerService {
     ) -> Result<Response<InstallResponse>, Status> {
         let request = request.into_inner();
         let total = request.states.len() as u64;
-        let (states, inline_rules) = decode_install_with(request.states, &self.inline)?;
-        // Counters of Envoy descriptors are handed over too: their rules are found among
-        // the Envoy configuration's (a request's limit override is not: it restarts); and
-        // those of Gubernator's inline rules, rebuilt from the numbers they carry.
-        let (rules, envoy) = (self.rules.load(), self.envoy.load());
-        let vetted = handoff::with_rule_list(
-            states,
-            rules
-                .rules()
-                .iter()
-                .chain(envoy.rules())
-                .chain(&inline_rules),
-            self.router.now_ms(),
-        );
-        for (counter, &n) in self.refused.iter().zip(&vetted.refused) {
-            counter.increment(n);
-        }
+        let vetted = self.vet_states(request.states, &request.from_node, "handed-over")?;
         let refused = vetted.refused_total();
-        if refused > 0 {
-            tracing::warn!(
-                node_id = %self.router.me().node_id,
-                from = %request.from_node,
-                refused,
-                algorithm = vetted.refused[Implausible::Algorithm.index()],
-                count = vetted.refused[Implausible::Count.index()],
-                future = vetted.refused[Implausible::Future.index()],
-                "handed-over states refused as implausible (see docs/ownership.md)"
-            );
-        }
         let installed = self
             .router
             .shards()
@@ -448,6 +436,24 @@ impl Peer for PeerService {
             installed,
             skipped: total - installed,
         }))
+    }
+
+    async fn replicate(
+        &self,
+        request: Request<InstallRequest>,
+    ) -> Result<Response<InstallResponse>, Status> {
+        self.hold_replicas(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn restore(
+        &self,
+        request: Request<RestoreRequest>,
+    ) -> Result<Response<RestoreResponse>, Status> {
+        self.send_replicas(request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn status(

@@ -169,6 +169,10 @@ pub enum ShardError {
     /// The shard has stopped (node shutting down).
     #[error("shard {0} has stopped")]
     Stopped(usize),
+    /// The node restarted and is restoring its keys' replicas from their successors:
+    /// it does not answer as owner yet (the sender fails over to the successor).
+    #[error("this node is restoring its keys from their successors after a restart")]
+    Restoring,
 }
 
 enum Command {
@@ -671,7 +675,9 @@ impl Actor {
         let outcomes = items
             .iter()
             .map(|item| {
-                let (decision, c, fresh) = if item.failover {
+                // A fail-over check of a key this node holds live (its replica was
+                // promoted: this node owns it now) continues the live count.
+                let (decision, c, fresh) = if item.failover && !self.store.holds(item.id) {
                     self.replicas.decide_failover(item, now)
                 } else {
                     churn += self.replicas.promote_on_check(item, &mut self.store, now);
@@ -701,7 +707,11 @@ impl Actor {
             self.store.give_back(item.counter(), now, units);
         }
         let (mut decision, mut churn, fresh) = if item.peek {
-            (self.store.peek(item.counter(), now), Churn::default(), false)
+            (
+                self.store.peek(item.counter(), now),
+                Churn::default(),
+                false,
+            )
         } else {
             self.store.check(item.counter(), now, item.cost)
         };

@@ -117,7 +117,10 @@ impl Replicas {
         if self.store.cap() == 0 {
             // No room beside the live keys: decide on a state of one check's lifetime.
             let mut state = counter.limiter.new_state();
-            return (counter.limiter.check(&mut state, now, cost), Churn::default());
+            return (
+                counter.limiter.check(&mut state, now, cost),
+                Churn::default(),
+            );
         }
         let (decision, churn, _) = self.store.check(counter, now, cost);
         if decision.allowed {
@@ -157,17 +160,6 @@ impl Replicas {
     pub fn take(&mut self, id: KeyId) -> Option<Exported> {
         self.pending.remove(&id);
         self.store.take(id)
-    }
-
-    /// Take out every replica whose placement `mine` accepts (keys this node now owns).
-    pub fn take_all(&mut self, mut mine: impl FnMut(u64) -> bool) -> Vec<Exported> {
-        let ids: Vec<KeyId> = self
-            .store
-            .select(&mut mine)
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
-        ids.into_iter().filter_map(|id| self.take(id)).collect()
     }
 
     /// Copies of the replicas whose placement `pick` accepts (for an owner restoring).
@@ -226,9 +218,21 @@ mod tests {
         let live = Store::new(100, 2);
         let mut replicas = Replicas::new(3);
         replicas.fit_beside(&live, 100, 1 << 20, NOW);
-        assert!(replicas.hold(owner_state(&limiter, b"k", 4), &limiter, NOW).0);
-        assert!(replicas.hold(owner_state(&limiter, b"k", 6), &limiter, NOW).0);
-        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 4, "6 used, not 10");
+        assert!(
+            replicas
+                .hold(owner_state(&limiter, b"k", 4), &limiter, NOW)
+                .0
+        );
+        assert!(
+            replicas
+                .hold(owner_state(&limiter, b"k", 6), &limiter, NOW)
+                .0
+        );
+        assert_eq!(
+            remaining(&mut replicas, &limiter, b"k"),
+            4,
+            "6 used, not 10"
+        );
     }
 
     #[test]
@@ -249,7 +253,11 @@ mod tests {
         assert_eq!(owed.len(), 1);
         let mut owner = limiter.new_state();
         limiter.merge(&mut owner, owed[0].state.clone());
-        assert_eq!(limiter.peek(&owner, NOW).remaining, 8, "the delta is the 2 admitted");
+        assert_eq!(
+            limiter.peek(&owner, NOW).remaining,
+            8,
+            "the delta is the 2 admitted"
+        );
         assert!(replicas.drain_failover().is_empty());
     }
 
@@ -273,7 +281,11 @@ mod tests {
         }
         assert_eq!(live.len(), 4, "no live key was evicted for a replica");
         assert_eq!(replicas.len(), 0);
-        assert!(!replicas.hold(owner_state(&limiter, b"z", 1), &limiter, NOW).0);
+        assert!(
+            !replicas
+                .hold(owner_state(&limiter, b"z", 1), &limiter, NOW)
+                .0
+        );
     }
 
     #[test]
@@ -285,10 +297,12 @@ mod tests {
         replicas.hold(owner_state(&limiter, b"k", 5), &limiter, NOW);
         replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN);
         let id = counter(&limiter, b"k").id;
-        let taken = replicas.take_all(|p| p == id.placement);
-        assert_eq!(taken.len(), 1);
-        assert_eq!(limiter.peek(&taken[0].state, NOW).remaining, 4);
-        assert!(replicas.drain_failover().is_empty(), "nothing owed any more");
+        let taken = replicas.take(id).unwrap();
+        assert_eq!(limiter.peek(&taken.state, NOW).remaining, 4);
+        assert!(
+            replicas.drain_failover().is_empty(),
+            "nothing owed any more"
+        );
         assert!(replicas.is_empty());
     }
 }

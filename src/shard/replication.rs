@@ -42,11 +42,6 @@ pub(super) enum Command {
         items: Vec<(Exported, Arc<Rule>)>,
         reply: oneshot::Sender<usize>,
     },
-    Promote {
-        mine: Pick,
-        rules: Vec<Arc<Rule>>,
-        reply: oneshot::Sender<usize>,
-    },
     Select {
         pick: Pick,
         reply: oneshot::Sender<Vec<Exported>>,
@@ -180,24 +175,6 @@ impl Side {
                 self.held.set(self.replicas.len() as f64);
                 let _ = reply.send(held);
             }
-            Command::Promote { mine, rules, reply } => {
-                let by_fingerprint: HashMap<u64, &Arc<Rule>> =
-                    rules.iter().map(|r| (r.fingerprint, r)).collect();
-                let mut promoted = 0;
-                for replica in self.replicas.take_all(|p| mine(p)) {
-                    let Some(rule) = by_fingerprint.get(&replica.fingerprint) else {
-                        continue;
-                    };
-                    let id = replica.id;
-                    if live.install(replica, &rule.limiter, now) {
-                        promoted += 1;
-                        self.changed_id(id, now);
-                    }
-                }
-                self.promoted.increment(promoted as u64);
-                self.held.set(self.replicas.len() as f64);
-                let _ = reply.send(promoted);
-            }
             Command::Select { pick, reply } => {
                 let _ = reply.send(self.replicas.select(|p| pick(p)));
             }
@@ -223,7 +200,12 @@ impl Side {
             ids
         };
         ids.into_iter()
-            .filter_map(|(id, since)| Some(Changed { state: live.snapshot(id)?, since }))
+            .filter_map(|(id, since)| {
+                Some(Changed {
+                    state: live.snapshot(id)?,
+                    since,
+                })
+            })
             .collect()
     }
 }
@@ -270,7 +252,10 @@ impl Shards {
 
     /// Keep replicas sent by their owners, each with the local rule it belongs to.
     /// Returns how many are held.
-    pub async fn hold_replicas(&self, items: Vec<(Exported, Arc<Rule>)>) -> Result<usize, ShardError> {
+    pub async fn hold_replicas(
+        &self,
+        items: Vec<(Exported, Arc<Rule>)>,
+    ) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
             groups[self.shard_of_placement(item.0.id.placement)].push(item);
@@ -284,19 +269,6 @@ impl Shards {
             }
         }
         Ok(held)
-    }
-
-    /// Promote every replica whose placement `mine` accepts into a live key (merged
-    /// with any live state), under the local rule with its fingerprint. Returns how many.
-    pub async fn promote(&self, mine: Pick, rules: Vec<Arc<Rule>>) -> Result<usize, ShardError> {
-        let mut promoted = 0;
-        for shard in 0..self.len() {
-            let (mine, rules) = (mine.clone(), rules.clone());
-            promoted += self
-                .replication(shard, |reply| Command::Promote { mine, rules, reply })
-                .await?;
-        }
-        Ok(promoted)
     }
 
     /// Copies of the replicas whose placement `pick` accepts (an owner restoring).

@@ -7,10 +7,11 @@ use crate::algorithms::Millis;
 use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, InlineRules};
 use crate::config::rules::{RulesSource, Stamp};
+use crate::membership::Member;
 use crate::proto::peer::{
     CounterState, CountersRequest, CountersResponse, InstallRequest, KeyState as WireState,
-    RefundItem as WireRefund, RefundRequest, RulesRequest, RulesResponse, WriteRulesRequest,
-    WriteRulesResponse,
+    RefundItem as WireRefund, RefundRequest, RestoreRequest, RulesRequest, RulesResponse,
+    WriteRulesRequest, WriteRulesResponse,
 };
 use crate::shard::counters::{ClientCounters, ClientQuery, CounterReading};
 use crate::shard::Exported;
@@ -68,6 +69,15 @@ pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> I
                 inline: inline.inline_of(item.fingerprint).map(wire_inline),
             })
             .collect(),
+    }
+}
+
+/// A restore request: "push me the replicas of my keys".
+pub fn restore_request(me: &Member) -> RestoreRequest {
+    RestoreRequest {
+        from_node: me.node_id.clone(),
+        generation: me.generation,
+        peer_addr: me.peer_addr.to_string(),
     }
 }
 

@@ -185,6 +185,39 @@ impl PeerPool {
         .map_err(|status| calls::call_error(&owner.node_id, status.as_ref()))
     }
 
+    /// Send replicas to the keys' successor `to`; returns how many it holds and the
+    /// bytes of the request (for the replication metrics).
+    pub async fn replicate(
+        &self,
+        to: &Member,
+        states: &[Exported],
+    ) -> Result<(u64, usize), ForwardError> {
+        let mut client = self.link(to).client.clone();
+        let request = calls::install_request(&self.me, states, &self.inline);
+        let bytes = prost::Message::encoded_len(&request);
+        bounded(self.config.timeout, client.replicate(request))
+            .await
+            .map(|response| (response.installed, bytes))
+            .map_err(|status| calls::call_error(&to.node_id, status.as_ref()))
+    }
+
+    /// Ask `peer` to push this node (`me`: this incarnation) the replicas it holds of
+    /// keys its ring gives this node (an owner restoring after a restart); returns
+    /// (sent, installed, whether `peer` knew an earlier incarnation of this node).
+    pub async fn restore(
+        &self,
+        peer: &Member,
+        me: &Member,
+        deadline: Duration,
+    ) -> Result<(u64, u64, bool), ForwardError> {
+        let mut client = self.link(peer).client.clone();
+        let request = calls::restore_request(me);
+        bounded(deadline, client.restore(request))
+            .await
+            .map(|response| (response.sent, response.installed, response.earlier))
+            .map_err(|status| calls::call_error(&peer.node_id, status.as_ref()))
+    }
+
     /// Fetch `peer`'s rule set (its document as canonical JSON and the stamp it claims),
     /// for a node that saw a newer stamp in gossip. Checking the document is the caller's
     /// job: nothing a peer sends is enforced unvalidated.

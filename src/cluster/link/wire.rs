@@ -60,6 +60,7 @@ pub fn forward_item(item: &CheckItem) -> ForwardItem {
         drain: item.drain,
         peek: item.peek,
         rule_hash: rule_hash(&item.rule.name),
+        failover: item.failover,
     }
 }
 

@@ -1,0 +1,361 @@
+//! Successor replicas: every key's state also lives on the key's successor, the member
+//! that inherits the key when its owner dies (`Ring::successor_of_hash`).
+//!
+//! The [`Replicator`] runs on every node. Every `--replicate-interval-ms` it takes the
+//! keys its shards changed since the last round (coalesced per key, their states as
+//! the store keeps them) and sends each to its successor on the authenticated peer
+//! link (`Peer/Replicate`), which keeps it beside its own keys
+//! (`shard::replicas`). What a crash of the owner alone can lose is what the owner
+//! admitted in its last interval (plus any batch whose send failed: counted).
+//!
+//! It also:
+//! - re-sends the full state of every key whose successor changed when the ring
+//!   changes (a join, a leave, a dead successor replaced), at most
+//!   [`MAX_PER_ROUND`] keys per shard per round;
+//! - pushes the admissions this node made on replicas for unreachable owners (the
+//!   fail-over decisions) to those owners, merged there like a handoff's deltas;
+//! - restores: a node that starts with seeds asks every member it sees for the
+//!   replicas of its keys before it answers as owner ([`Restore`]).
+//!
+//! Promotion needs no step of its own: the first check of a key this node now owns
+//! finds the replica and continues its count (`shard::replication`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::cluster::handoff::MAX_INSTALL_STATES;
+use crate::cluster::link::PeerPool;
+use crate::membership::{ClusterView, Member};
+use crate::shard::replication::Pick;
+use crate::shard::{Exported, Shards};
+
+/// Most changed keys one shard hands the replicator per round: a ring change marks
+/// every key whose successor moved, and their full states go out over several rounds
+/// rather than in one burst.
+pub const MAX_PER_ROUND: usize = 8_192;
+
+/// Replication metrics.
+struct Metrics {
+    batches: metrics::Counter,
+    bytes: metrics::Counter,
+    states: metrics::Counter,
+    failed: metrics::Counter,
+    lag: metrics::Histogram,
+    resynced: metrics::Counter,
+    failover_pushed: metrics::Counter,
+    failover_lost: metrics::Counter,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        Self {
+            batches: metrics::counter!("ringlimit_replication_batches_total"),
+            bytes: metrics::counter!("ringlimit_replication_bytes_total"),
+            states: metrics::counter!("ringlimit_replication_states_total"),
+            failed: metrics::counter!("ringlimit_replication_failed_total"),
+            lag: metrics::histogram!("ringlimit_replication_lag_seconds"),
+            resynced: metrics::counter!("ringlimit_replication_resync_keys_total"),
+            failover_pushed: metrics::counter!("ringlimit_failover_deltas_total", "result" => "delivered"),
+            failover_lost: metrics::counter!("ringlimit_failover_deltas_total", "result" => "lost"),
+        }
+    }
+}
+
+/// Sends changed keys to their successors, every interval.
+pub struct Replicator {
+    me: Arc<str>,
+    shards: Shards,
+    peers: PeerPool,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+}
+
+impl Replicator {
+    /// The replicator of node `me`.
+    pub fn new(me: Arc<str>, shards: Shards, peers: PeerPool, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            me,
+            shards,
+            peers,
+            clock,
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// Replicate every `every` and follow ring changes, until `cancel`.
+    pub async fn run(
+        &self,
+        mut views: watch::Receiver<Arc<ClusterView>>,
+        every: Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut current = views.borrow_and_update().clone();
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = views.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let next = views.borrow_and_update().clone();
+                    if next.ring.digest() != current.ring.digest() {
+                        self.successors_changed(&current, &next).await;
+                    }
+                    current = next;
+                }
+                _ = tick.tick() => {
+                    self.round(&current).await;
+                }
+            }
+        }
+    }
+
+    /// Mark every key this node owns under `new` whose successor differs from `old`'s:
+    /// their new successor gets their full state over the next rounds.
+    async fn successors_changed(&self, old: &ClusterView, new: &ClusterView) {
+        let (me, old_ring, new_ring) = (self.me.clone(), old.ring.clone(), new.ring.clone());
+        let pick: Pick = Arc::new(move |p| {
+            new_ring.owner_of_hash(p) == Some(&*me)
+                && new_ring.successor_of_hash(p).is_some()
+                && (old_ring.successor_of_hash(p) != new_ring.successor_of_hash(p)
+                    || old_ring.owner_of_hash(p) != Some(&*me))
+        });
+        match self.shards.resync(pick).await {
+            Ok(marked) if marked > 0 => {
+                self.metrics.resynced.increment(marked as u64);
+                tracing::info!(keys = marked, "successors changed: full states to send");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "resync failed"),
+        }
+    }
+
+    /// One round: changed keys to their successors, fail-over admissions to their
+    /// owners. Returns how many replicas were sent.
+    pub async fn round(&self, view: &ClusterView) -> u64 {
+        let sent = match self.shards.drain_replication(MAX_PER_ROUND).await {
+            Ok(changed) => {
+                let now = self.clock.now_ms();
+                let mut to: HashMap<&str, Vec<(Exported, u64)>> = HashMap::new();
+                for c in changed {
+                    let p = c.state.id.placement;
+                    if view.ring.owner_of_hash(p) != Some(&*self.me) {
+                        continue;
+                    }
+                    if let Some(successor) = view.ring.successor_of_hash(p) {
+                        to.entry(successor)
+                            .or_default()
+                            .push((c.state, now.saturating_sub(c.since)));
+                    }
+                }
+                let mut sent = 0;
+                for (successor, states) in to {
+                    sent += self.send(view, successor, states).await;
+                }
+                sent
+            }
+            Err(error) => {
+                tracing::debug!(%error, "replication drain failed");
+                0
+            }
+        };
+        self.push_failover(view).await;
+        sent
+    }
+
+    async fn send(&self, view: &ClusterView, successor: &str, states: Vec<(Exported, u64)>) -> u64 {
+        let Some(member) = view.member(successor) else {
+            self.metrics.failed.increment(states.len() as u64);
+            return 0;
+        };
+        let mut sent = 0;
+        for chunk in states.chunks(MAX_INSTALL_STATES) {
+            let (states, ages): (Vec<Exported>, Vec<u64>) = chunk.iter().cloned().unzip();
+            match self.peers.replicate(member, &states).await {
+                Ok((_, bytes)) => {
+                    self.metrics.batches.increment(1);
+                    self.metrics.bytes.increment(bytes as u64);
+                    self.metrics.states.increment(states.len() as u64);
+                    for age in ages {
+                        self.metrics.lag.record(age as f64 / 1000.0);
+                    }
+                    sent += states.len() as u64;
+                }
+                Err(error) => {
+                    self.metrics.failed.increment(states.len() as u64);
+                    tracing::debug!(to = successor, %error, keys = states.len(), "replication batch not delivered");
+                }
+            }
+        }
+        sent
+    }
+
+    /// Push what this node admitted on replicas for unreachable owners to those owners
+    /// (merged there). A push that fails is lost and counted: the owner, if it is alive
+    /// and can be reached again, under-counts those admissions.
+    async fn push_failover(&self, view: &ClusterView) {
+        let owed = match self.shards.drain_failover().await {
+            Ok(owed) if !owed.is_empty() => owed,
+            _ => return,
+        };
+        let mut to: HashMap<&str, Vec<Exported>> = HashMap::new();
+        for state in owed {
+            match view.ring.owner_of_hash(state.id.placement) {
+                Some(owner) if owner != &*self.me => to.entry(owner).or_default().push(state),
+                // This node owns the key now: its replica was (or will be) promoted.
+                _ => {}
+            }
+        }
+        for (owner, states) in to {
+            let Some(member) = view.member(owner) else {
+                self.metrics.failover_lost.increment(states.len() as u64);
+                continue;
+            };
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                match self.peers.install(member, chunk).await {
+                    Ok(_) => self.metrics.failover_pushed.increment(chunk.len() as u64),
+                    Err(_) => self.metrics.failover_lost.increment(chunk.len() as u64),
+                }
+            }
+        }
+    }
+
+    /// Push `to` every replica held here of a key `view` gives it (it restarted and
+    /// restores): returns (sent, installed).
+    pub async fn send_replicas(&self, view: &ClusterView, member: &Member) -> (u64, u64) {
+        let ring = view.ring.clone();
+        let owner: Arc<str> = Arc::from(member.node_id.as_str());
+        let pick: Pick = Arc::new(move |p| ring.owner_of_hash(p) == Some(&*owner));
+        let states = match self.shards.select_replicas(pick).await {
+            Ok(states) => states,
+            Err(_) => return (0, 0),
+        };
+        let (mut sent, mut installed) = (0, 0);
+        for chunk in states.chunks(MAX_INSTALL_STATES) {
+            if let Ok(n) = self.peers.install(member, chunk).await {
+                sent += chunk.len() as u64;
+                installed += n;
+            }
+        }
+        (sent, installed)
+    }
+}
+
+/// Whether this node has restored its keys' replicas since it started: until then it
+/// does not answer as owner (client checks wait; forwarded ones are refused, so their
+/// entry nodes fail over to the keys' successors, which hold the replicas).
+#[derive(Debug)]
+pub struct Restore {
+    done: watch::Sender<bool>,
+}
+
+impl Restore {
+    /// Restored already (`done`), or to be restored.
+    pub fn new(done: bool) -> Self {
+        Self {
+            done: watch::Sender::new(done),
+        }
+    }
+
+    /// Whether the restore is over (done, or its deadline passed).
+    pub fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+
+    /// The restore is over.
+    pub fn finish(&self) {
+        self.done.send_replace(true);
+    }
+
+    /// Wait until the restore is over.
+    pub async fn wait(&self) {
+        let mut rx = self.done.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+}
+
+/// How long the membership must stay unchanged before a restore counts as complete:
+/// a restarted node first sees its seed, then the others within a gossip round or two.
+pub const RESTORE_SETTLE: Duration = Duration::from_millis(500);
+
+/// Restore this node's keys from the members it sees: wait (until `deadline`) for a
+/// view with another member, ask each member for its replicas of this node's keys (it
+/// pushes them here, merged into whatever this node decided since). If none of them
+/// knew an earlier incarnation of this node, it is a new member and owns nothing yet:
+/// done. Otherwise it restarted before the cluster noticed: ask each member that
+/// appears later too, and finish once the membership has been still for
+/// [`RESTORE_SETTLE`]. `restore` finishes at the deadline whatever happened. Returns
+/// whether every member seen answered.
+pub async fn restore_from_peers(
+    replicator: &Replicator,
+    mut views: watch::Receiver<Arc<ClusterView>>,
+    restore: &Restore,
+    deadline: Duration,
+) -> bool {
+    let mut asked: Vec<String> = Vec::new();
+    let mut complete = true;
+    let (mut sent, mut installed, mut restarted) = (0, 0, false);
+    let outcome = tokio::time::timeout(deadline, async {
+        loop {
+            let view = match views.wait_for(|v| v.members.len() > 1).await {
+                Ok(view) => view.clone(),
+                Err(_) => return,
+            };
+            let Some(me) = view.member(&replicator.me).cloned() else {
+                return;
+            };
+            for member in &view.members {
+                if member.node_id == me.node_id || asked.contains(&member.node_id) {
+                    continue;
+                }
+                asked.push(member.node_id.clone());
+                match replicator.peers.restore(member, &me, deadline).await {
+                    Ok((s, i, earlier)) => {
+                        sent += s;
+                        installed += i;
+                        restarted |= earlier;
+                    }
+                    Err(error) => {
+                        complete = false;
+                        tracing::warn!(peer = %member.node_id, %error, "restore: a member did not answer");
+                    }
+                }
+            }
+            if !restarted {
+                return;
+            }
+            views.borrow_and_update();
+            if tokio::time::timeout(RESTORE_SETTLE, views.changed()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let timed_out = outcome.is_err();
+    let complete = complete && !timed_out && !asked.is_empty();
+    tracing::info!(
+        asked = asked.len(),
+        restarted,
+        sent,
+        installed,
+        complete,
+        "restored replicas of this node's keys; answering as owner"
+    );
+    let result = if complete { "done" } else { "incomplete" };
+    metrics::counter!("ringlimit_restores_total", "result" => result).increment(1);
+    if timed_out {
+        tracing::warn!(
+            deadline_ms = deadline.as_millis() as u64,
+            "restore deadline passed: answering as owner with what was restored"
+        );
+    }
+    restore.finish();
+    complete
+}
