@@ -52,6 +52,7 @@ fn forward_item(key: String, route: &str) -> ForwardItem {
         drain: false,
         peek: false,
         rule_hash: 0,
+        failover: false,
     }
 }
 

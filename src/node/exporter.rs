@@ -18,6 +18,13 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
                     0.1, 0.25, 1.0,
                 ],
             )
+            .expect("non-empty buckets")
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
+                    "ringlimit_replication_lag_seconds".into(),
+                ),
+                &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5],
+            )
             .expect("non-empty buckets");
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
@@ -41,9 +48,59 @@ fn describe_metrics() {
     describe_forwarding();
     describe_shards();
     describe_ownership();
+    describe_replication();
     describe_security();
     describe_connections();
     describe_rules();
+}
+
+/// Successor replicas (docs/ownership.md, "Successor replicas").
+fn describe_replication() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "ringlimit_replicas",
+        "Replicas this shard holds for keys whose successor this node is."
+    );
+    describe_counter!(
+        "ringlimit_replication_states_total",
+        "Key states sent to their successors."
+    );
+    describe_counter!(
+        "ringlimit_replication_batches_total",
+        "Replicate calls that delivered a batch of key states."
+    );
+    describe_counter!(
+        "ringlimit_replication_bytes_total",
+        "Bytes of the Replicate calls sent (protobuf, before HTTP/2 framing)."
+    );
+    describe_counter!(
+        "ringlimit_replication_failed_total",
+        "Key states whose Replicate call failed: their replicas stay stale until the key changes again."
+    );
+    describe_histogram!(
+        "ringlimit_replication_lag_seconds",
+        "Per state sent: from the key's first change since its last replication to the acknowledged send."
+    );
+    describe_counter!(
+        "ringlimit_replication_resync_keys_total",
+        "Keys marked for a full send because their successor changed (a join, a leave, a death)."
+    );
+    describe_counter!(
+        "ringlimit_replica_promotions_total",
+        "Replicas promoted into live keys: this node became the key's owner and continued its count."
+    );
+    describe_counter!(
+        "ringlimit_failover_decisions_total",
+        "Checks decided here on a replica because the key's owner could not be reached."
+    );
+    describe_counter!(
+        "ringlimit_failover_deltas_total",
+        "Fail-over admissions pushed to their owner (result=delivered) or lost (result=lost)."
+    );
+    describe_counter!(
+        "ringlimit_restores_total",
+        "Restores of this node's keys from their successors at start (result=done or incomplete)."
+    );
 }
 
 /// Checks and their answers, on every front end.

@@ -338,6 +338,7 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
                 drain: false,
                 peek: false,
                 rule_hash,
+                failover: false,
             },
         );
     (

@@ -628,6 +628,7 @@ mod tests {
             drain: false,
             peek: false,
             rule_hash: 0,
+            failover: false,
         }
     }
 

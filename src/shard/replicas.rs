@@ -190,7 +190,7 @@ mod tests {
         )
     }
 
-    fn counter(limiter: &Limiter, key: &[u8]) -> Counter<'_> {
+    fn counter<'a>(limiter: &'a Limiter, key: &[u8]) -> Counter<'a> {
         Counter {
             id: KeyId::of("r", key, ""),
             fingerprint: 7,

@@ -753,6 +753,7 @@ impl Node {
                         give_back: it.give_back,
                         drain: it.drain,
                         peek: it.peek,
+                        failover: it.failover,
                     }),
                     self.owner_rules(),
                 )
@@ -824,6 +825,7 @@ impl Node {
                     give_back: 0,
                     drain: false,
                     peek: false,
+                    failover: false,
                 };
                 (input, it.at)
             }),

@@ -556,6 +556,20 @@ mod tests {
         ) -> Result<Response<crate::proto::peer::CountersResponse>, Status> {
             Err(Status::unimplemented(""))
         }
+
+        async fn replicate(
+            &self,
+            _: Request<InstallRequest>,
+        ) -> Result<Response<InstallResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn restore(
+            &self,
+            _: Request<crate::proto::peer::RestoreRequest>,
+        ) -> Result<Response<crate::proto::peer::RestoreResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
     }
 
     /// Serve `peer` on a loopback port; the member to forward to it.
