@@ -16,7 +16,8 @@ use ringlimit::proto::peer::{ForwardItem, ForwardRequest, InstallRequest, KeySta
 use ringlimit::shard::KeyId;
 
 use common::{
-    check, client, key_owned_by, member_config, rules_file, start, start_cluster, wait_converged,
+    check, client, key_owned_by, member_config, rules_file, start, start_cluster,
+    start_cluster_with, wait_converged,
 };
 
 /// 20 per hour: no window rolls over during a test. `GET /closed` fails closed.
@@ -292,10 +293,62 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
     }
 }
 
+/// With successor replicas (the default), a check whose owner is unreachable is decided
+/// by the key's successor on its replica, degraded, on the key's full limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_owner_fails_over_to_the_successor() {
+    let (_dir, rules) = rules_file(RULES);
+    let mut nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let key = key_owned_by("c", &["a", "b", "c"], "gone");
+    let successor =
+        ringlimit::ring::Ring::new(["a", "b", "c"], ringlimit::ring::Ring::DEFAULT_VNODES)
+            .successor_of_hash(ringlimit::ring::Ring::key_hash(key.as_bytes()))
+            .unwrap()
+            .to_string();
+    let mut via_a = client(&nodes[0]).await;
+    assert!(
+        via_a
+            .check(check(&key, "GET /t", None))
+            .await
+            .unwrap()
+            .into_inner()
+            .allowed
+    );
+    // Wait for the replica (one interval, 50 ms, and the call).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    nodes.pop().unwrap().shutdown().await;
+    for route in ["GET /t", "GET /closed"] {
+        let answer = via_a
+            .check(check(&key, route, None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.allowed && answer.degraded, "fail-over: {answer:?}");
+        let limit = if route == "GET /t" { LIMIT as u64 } else { 5 };
+        assert_eq!(answer.limit, limit, "the rule's own limit, not a share");
+        assert_eq!(answer.decider.unwrap().node_id, successor);
+        if route == "GET /t" {
+            assert_eq!(
+                answer.remaining,
+                (LIMIT - 2) as u64,
+                "the replica's count goes on"
+            );
+        }
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
+
+/// Without replicas (or when the successor cannot be reached either), the entry node
+/// decides: fail-open on its share, or fail-closed, per rule.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_owner_fails_open_or_closed_per_rule() {
     let (_dir, rules) = rules_file(RULES);
-    let mut nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let mut nodes = start_cluster_with(&["a", "b", "c"], Some(&rules), |config| {
+        config.replicate_interval = std::time::Duration::ZERO;
+    })
+    .await;
     let key = key_owned_by("c", &["a", "b", "c"], "gone");
     // Crash c; a and b still have it on their rings until failure detection (~1.2 s),
     // so their forwards fail and they decide without the owner.

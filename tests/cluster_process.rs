@@ -559,11 +559,18 @@ async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
     }
 }
 
+/// Fail-open, timed: without replicas (with them, node-a would send these checks to the
+/// key's successor: `tests/cluster.rs`, `an_unreachable_owner_fails_over_to_the_successor`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_owner_gets_degraded_answers_within_the_deadline() {
     let cluster = Cluster::start(
         &["node-a", "node-b", "node-c"],
-        &["--forward-timeout-ms", "200"],
+        &[
+            "--forward-timeout-ms",
+            "200",
+            "--replicate-interval-ms",
+            "0",
+        ],
     )
     .await;
     let key = key_owned_by("stopped", "node-c", "node-b");

@@ -647,6 +647,9 @@ async fn an_unreachable_owner_fails_open_degraded_or_answers_unavailable_per_rul
     for id in ids {
         let config = NodeConfig {
             envoy_path: Some(path.clone()),
+            // The entry node's own fallback: without replicas (with them the key's
+            // successor decides first, as tests/cluster.rs shows).
+            replicate_interval: std::time::Duration::ZERO,
             ..common::member_config(id, &seeds, None)
         };
         let node = common::start(config).await;

@@ -455,7 +455,12 @@ async fn an_unreachable_owner_is_an_error_of_its_items_only() {
     let mut nodes = Vec::new();
     let mut seeds: Vec<String> = Vec::new();
     for id in ["a", "b", "c"] {
-        let node = common::start(gub_config(id, &seeds)).await;
+        // Without replicas: with them the key's successor would answer for the owner.
+        let config = NodeConfig {
+            replicate_interval: std::time::Duration::ZERO,
+            ..gub_config(id, &seeds)
+        };
+        let node = common::start(config).await;
         seeds = vec![node.gossip_addr.to_string()];
         nodes.push(node);
     }

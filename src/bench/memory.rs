@@ -8,7 +8,7 @@ use anyhow::bail;
 use tonic::transport::Channel;
 
 use ringlimit::proto::peer::peer_client::PeerClient;
-use ringlimit::proto::peer::StatusRequest;
+use ringlimit::proto::peer::{StatusRequest, StatusResponse};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckBatchRequest, CheckRequest};
 
@@ -17,8 +17,11 @@ use super::nodes::{rule_toml, secret_path, start_nodes, tempfile_dir};
 use super::procfs::rss_bytes;
 use super::redis;
 
-/// Bytes per key: fill a fresh node with --keys keys of --algorithm, RSS after minus
-/// before, divided by keys (and Redis used_memory per client with --compare-redis).
+/// Bytes per key: fill a fresh node (or, with `--nodes N`, a fresh cluster: the keys
+/// enter through the first node and are forwarded to their owners) with --keys keys of
+/// --algorithm, RSS after minus before summed over the nodes, divided by keys (and
+/// Redis used_memory per client with --compare-redis). `--node-arg` reaches the nodes,
+/// so `--node-arg=--replicate-interval-ms=0` measures a cluster without replicas.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile_dir()?;
     // Each key gets one check. A limit of 100 per day keeps that check's trace alive
@@ -27,13 +30,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // within milliseconds and the store would rightly drop it, measuring nothing.
     let limit = 100;
     let rules = rule_toml(&args.algorithm, limit).replace("\"60s\"", "\"1d\"");
-    // A key cap above --keys: the shards' shares of the keys are not exactly even, and
-    // an eviction would make the figure look better than it is.
-    let cap = (args.keys + args.keys / 10).max(1_000).to_string();
-    let mut nodes = start_nodes(1, &dir, &rules, &["--max-keys", &cap])?;
-    let node = &mut nodes[0];
-    let pid = node.child.id();
-    let mut client = RateLimiterClient::connect(format!("http://{}", node.grpc)).await?;
+    // A key cap above --keys per node, replicas included: the shards' shares of the
+    // keys are not exactly even, and an eviction would make the figure look better
+    // than it is.
+    let cap = (2 * args.keys + args.keys / 10).max(1_000).to_string();
+    let mut extra = vec!["--max-keys", cap.as_str()];
+    extra.extend(args.node_args.iter().map(String::as_str));
+    let mut nodes = start_nodes(args.nodes, &dir, &rules, &extra)?;
+    let pids: Vec<u32> = nodes.iter().map(|n| n.child.id()).collect();
+    let mut client = RateLimiterClient::connect(format!("http://{}", nodes[0].grpc)).await?;
     // One check first, so connection buffers and lazily built structures are counted
     // in the baseline, not per key.
     client
@@ -44,32 +49,45 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         })
         .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_bytes(pid)?;
+    let before = total_rss(&pids)?;
     let started = Instant::now();
     fill(&mut client, args.keys).await?;
     settle(&client).await?;
-    let after = rss_bytes(pid)?;
-    let held = held_keys(&node.peer, &dir).await?;
+    let after = total_rss(&pids)?;
+    let (mut held, mut replicas) = (0, 0);
+    for node in &nodes {
+        let status = status(&node.peer, &dir).await?;
+        held += status.keys;
+        replicas += status.replicas;
+    }
     // The warm-up key is held too.
     anyhow::ensure!(
         held > args.keys as u64,
-        "the node holds {held} keys, not all {} filled: the figure would be wrong",
+        "the nodes hold {held} keys, not all {} filled: the figure would be wrong",
         args.keys
     );
     println!(
-        "ringlimit {:<24} keys {:>9}  RSS {:>7.1} MiB -> {:>7.1} MiB  bytes/key {:>6.1}  (filled in {:.1} s)",
+        "ringlimit {:<24} nodes {} keys {:>9} (held {held}, replicas {replicas})  RSS {:>7.1} MiB -> {:>7.1} MiB  bytes/key {:>6.1}  (filled in {:.1} s)",
         args.algorithm,
+        nodes.len(),
         args.keys,
         before as f64 / 1048576.0,
         after as f64 / 1048576.0,
         after.saturating_sub(before) as f64 / args.keys as f64,
         started.elapsed().as_secs_f64()
     );
-    node.stop();
+    for node in &mut nodes {
+        node.stop();
+    }
     if args.compare_redis {
         redis_memory(args).await?;
     }
     Ok(())
+}
+
+/// Resident bytes of every process in `pids` together.
+fn total_rss(pids: &[u32]) -> anyhow::Result<u64> {
+    pids.iter().map(|&pid| rss_bytes(pid)).sum()
 }
 
 /// One check on each of `keys` keys (`client_0`, ...), in batches of 1,000.
@@ -113,9 +131,9 @@ async fn settle(client: &RateLimiterClient<Channel>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How many keys the node whose peer face is at `peer` holds (`Peer/Status`, signed
-/// with the key in `dir`).
-async fn held_keys(peer: &str, dir: &Path) -> anyhow::Result<u64> {
+/// The status of the node whose peer face is at `peer` (`Peer/Status`, signed with
+/// the key in `dir`): how many keys and replicas it holds.
+async fn status(peer: &str, dir: &Path) -> anyhow::Result<StatusResponse> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{peer}"))?
         .connect()
         .await?;
@@ -127,8 +145,7 @@ async fn held_keys(peer: &str, dir: &Path) -> anyhow::Result<u64> {
     ))
     .status(StatusRequest {})
     .await?
-    .into_inner()
-    .keys)
+    .into_inner())
 }
 
 /// Redis `used_memory` per client key after the same fill through the reference script.

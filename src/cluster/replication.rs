@@ -105,6 +105,7 @@ impl Replicator {
                         return;
                     }
                     let next = views.borrow_and_update().clone();
+                    self.drop_leavers_replicas(&current, &next).await;
                     if next.ring.digest() != current.ring.digest() {
                         self.successors_changed(&current, &next).await;
                     }
@@ -114,6 +115,35 @@ impl Replicator {
                     self.round(&current).await;
                 }
             }
+        }
+    }
+
+    /// A member that announces a graceful leave hands its keys over itself (the
+    /// handoff pushes its full states): drop the replicas held of its keys, so that a
+    /// check here before its push arrives starts the key afresh and the push merges in,
+    /// exactly as without replicas. Promoting the replica instead would count the
+    /// replica's admissions twice once the push is merged.
+    async fn drop_leavers_replicas(&self, old: &ClusterView, new: &ClusterView) {
+        let leavers: Vec<String> = new
+            .members
+            .iter()
+            .filter(|m| m.leaving && old.member(&m.node_id).is_some_and(|o| !o.leaving))
+            .map(|m| m.node_id.clone())
+            .collect();
+        if leavers.is_empty() {
+            return;
+        }
+        let ring = old.ring.clone();
+        let pick: Pick = Arc::new(move |p| {
+            ring.owner_of_hash(p)
+                .is_some_and(|owner| leavers.iter().any(|l| l == owner))
+        });
+        match self.shards.drop_replicas(pick).await {
+            Ok(dropped) => tracing::info!(
+                dropped,
+                "a member is leaving: its keys' replicas dropped (its handoff brings their states)"
+            ),
+            Err(error) => tracing::debug!(%error, "dropping a leaver's replicas failed"),
         }
     }
 

@@ -489,6 +489,12 @@ impl Peer for PeerService {
             .keys()
             .await
             .map_err(CheckError::from)? as u64;
+        let replicas = self
+            .router
+            .shards()
+            .replicas_held()
+            .await
+            .map_err(CheckError::from)? as u64;
         let me = self.router.me();
         Ok(Response::new(StatusResponse {
             node_id: me.node_id.to_string(),
@@ -498,6 +504,7 @@ impl Peer for PeerService {
             keys,
             rules: self.cluster_rules.advert().encode(),
             envoy: self.cluster_rules.envoy_advert().encode(),
+            replicas,
         }))
     }
 

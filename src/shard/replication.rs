@@ -49,6 +49,13 @@ pub(super) enum Command {
     DrainFailover {
         reply: oneshot::Sender<Vec<Exported>>,
     },
+    Drop {
+        pick: Pick,
+        reply: oneshot::Sender<usize>,
+    },
+    Held {
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 /// The shard actor's replication state.
@@ -181,6 +188,22 @@ impl Side {
             Command::DrainFailover { reply } => {
                 let _ = reply.send(self.replicas.drain_failover());
             }
+            Command::Held { reply } => {
+                let _ = reply.send(self.replicas.len());
+            }
+            Command::Drop { pick, reply } => {
+                let ids: Vec<KeyId> = self
+                    .replicas
+                    .select(|p| pick(p))
+                    .into_iter()
+                    .map(|e| e.id)
+                    .collect();
+                for id in &ids {
+                    self.replicas.take(*id);
+                }
+                self.held.set(self.replicas.len() as f64);
+                let _ = reply.send(ids.len());
+            }
         }
         churn
     }
@@ -282,6 +305,30 @@ impl Shards {
             );
         }
         Ok(out)
+    }
+
+    /// Drop the replicas whose placement `pick` accepts (their owner is leaving and
+    /// hands its keys over itself). Returns how many.
+    pub async fn drop_replicas(&self, pick: Pick) -> Result<usize, ShardError> {
+        let mut dropped = 0;
+        for shard in 0..self.len() {
+            let pick = pick.clone();
+            dropped += self
+                .replication(shard, |reply| Command::Drop { pick, reply })
+                .await?;
+        }
+        Ok(dropped)
+    }
+
+    /// Replicas held by every shard together.
+    pub async fn replicas_held(&self) -> Result<usize, ShardError> {
+        let mut held = 0;
+        for shard in 0..self.len() {
+            held += self
+                .replication(shard, |reply| Command::Held { reply })
+                .await?;
+        }
+        Ok(held)
     }
 
     /// Fail-over admissions since the last call, owed to the keys' owners.

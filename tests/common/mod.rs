@@ -78,6 +78,15 @@ pub fn member_config(id: &str, seeds: &[String], rules: Option<&std::path::Path>
 
 /// Start `ids.len()` nodes, each joining through the first; waits until all agree.
 pub async fn start_cluster(ids: &[&str], rules: Option<&std::path::Path>) -> Vec<RunningNode> {
+    start_cluster_with(ids, rules, |_| {}).await
+}
+
+/// [`start_cluster`] with every member's config changed by `change` first.
+pub async fn start_cluster_with(
+    ids: &[&str],
+    rules: Option<&std::path::Path>,
+    change: impl Fn(&mut NodeConfig),
+) -> Vec<RunningNode> {
     let mut nodes: Vec<RunningNode> = Vec::new();
     for id in ids {
         let seeds: Vec<String> = nodes
@@ -85,7 +94,9 @@ pub async fn start_cluster(ids: &[&str], rules: Option<&std::path::Path>) -> Vec
             .map(|n| n.gossip_addr.to_string())
             .into_iter()
             .collect();
-        nodes.push(start(member_config(id, &seeds, rules)).await);
+        let mut config = member_config(id, &seeds, rules);
+        change(&mut config);
+        nodes.push(start(config).await);
     }
     wait_converged(&nodes, ids.len()).await;
     nodes
