@@ -2,8 +2,10 @@
 //! Aggregated Discovery Service on port 0 serving envoyproxy/ratelimit's
 //! `RateLimitConfig`), checked through the node's Envoy RLS face: a set is applied and
 //! ACKed, a bad one NACKed with its reason while the old one stays enforced, a control
-//! plane that goes away and comes back leaves the last good set in force, and a domain
-//! sent over xDS has the digest of the same domain in a YAML file (no drift reported).
+//! plane that goes away (its port refusing connections, or hung: accepting and never
+//! answering, found out by HTTP/2 keepalive) and comes back leaves the last good set in
+//! force, and a domain sent over xDS has the digest of the same domain in a YAML file (no
+//! drift reported).
 
 mod common;
 
@@ -96,12 +98,29 @@ impl AggregatedDiscoveryService for Ads {
     }
 }
 
+/// How a control plane is away.
+#[derive(Debug, Clone, Copy)]
+enum Away {
+    /// Its port refuses connections (the process is gone).
+    Refusing,
+    /// Its port accepts connections that nothing ever answers (the process hangs).
+    Silent,
+}
+
+/// The control plane's socket between incarnations.
+enum Held {
+    /// Listening: served, or (while `Silent`) connections wait in its backlog.
+    Listening(std::net::TcpListener),
+    /// Bound with SO_REUSEPORT but not listening: connections are refused, and no other
+    /// process can take the port before the control plane listens on it again.
+    Reserved(tokio::net::TcpSocket),
+}
+
 /// A control plane on a port of its own for the whole test: stopping it ends every
-/// stream and stops serving, but the listening socket stays bound (connections wait,
-/// unanswered, in its backlog), so it comes back at the same address.
+/// stream and stops serving, and it comes back at the same address.
 struct ControlPlane {
     addr: SocketAddr,
-    listener: std::net::TcpListener,
+    held: Option<Held>,
     set: watch::Sender<Option<DiscoveryResponse>>,
     requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
     requests_tx: mpsc::UnboundedSender<DiscoveryRequest>,
@@ -109,14 +128,22 @@ struct ControlPlane {
     running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
+/// A socket that may share its port with the control plane's other sockets.
+fn reusable() -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.set_reuseport(true).unwrap();
+    socket
+}
+
 impl ControlPlane {
     fn start() -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
+        let socket = reusable();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let (requests_tx, requests) = mpsc::unbounded_channel();
         let mut cp = ControlPlane {
-            addr: listener.local_addr().unwrap(),
-            listener,
+            addr: socket.local_addr().unwrap(),
+            held: Some(Held::Reserved(socket)),
             set: watch::channel(None).0,
             requests,
             requests_tx,
@@ -127,8 +154,12 @@ impl ControlPlane {
         cp
     }
 
-    /// Serves (again) on the same socket.
+    /// Serves (again) at the same address.
     fn serve(&mut self) {
+        let listener = match self.held.take().expect("a socket") {
+            Held::Listening(listener) => listener,
+            Held::Reserved(socket) => socket.listen(1024).unwrap().into_std().unwrap(),
+        };
         let down = CancellationToken::new();
         let ads = Ads {
             set: self.set.subscribe(),
@@ -136,14 +167,14 @@ impl ControlPlane {
             nonces: self.nonces.clone(),
             down: down.clone(),
         };
-        let listener =
-            tokio::net::TcpListener::from_std(self.listener.try_clone().unwrap()).unwrap();
+        let serving = tokio::net::TcpListener::from_std(listener.try_clone().unwrap()).unwrap();
+        self.held = Some(Held::Listening(listener));
         let stop = down.clone();
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    tokio_stream::wrappers::TcpListenerStream::new(serving),
                     stop.cancelled_owned(),
                 )
                 .await
@@ -152,7 +183,19 @@ impl ControlPlane {
         self.running = Some((down, task));
     }
 
-    /// Ends every stream with UNAVAILABLE and stops serving.
+    /// Ends every stream with UNAVAILABLE and stops serving; the port then refuses
+    /// connections or leaves them unanswered.
+    async fn away(&mut self, how: Away) {
+        if let Away::Refusing = how {
+            let reserve = reusable();
+            reserve.bind(self.addr).unwrap();
+            // Dropping the listener closes it: the reserve holds the port, not listening.
+            self.held = Some(Held::Reserved(reserve));
+        }
+        self.stop().await;
+    }
+
+    /// Ends every stream with UNAVAILABLE and stops serving (the socket stays held).
     async fn stop(&mut self) {
         let (down, task) = self.running.take().expect("running");
         down.cancel();
@@ -342,22 +385,44 @@ async fn a_set_is_acked_and_enforced_and_a_bad_one_is_nacked_with_its_reason_and
     node.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_control_plane_away_leaves_the_last_good_set_in_force_and_is_resubscribed_with_it() {
+/// The control plane goes `how` away and comes back with a new set.
+async fn away_and_back(how: Away, id: &str) {
     let mut cp = ControlPlane::start();
     cp.push(
         "1",
         &[config("web-config", "web", RateLimitUnit::Minute, 3)],
     );
-    let (node, _clock) = common::start_manual(xds_node(&cp, "xds-b"), T0).await;
+    let (node, _clock) = common::start_manual(xds_node(&cp, id), T0).await;
     cp.answer_to("1").await;
     let mut client = rls(&node).await;
     assert_eq!(admitted(&mut client, "web", "a", 5).await, 3);
 
-    // Away: every stream ends, nothing answers at the address.
-    cp.stop().await;
+    // Away: every stream ends; the node retries (with a 20-200 ms backoff in tests) and
+    // meanwhile enforces what it had.
+    // (The counter is shared by every node of this test process, so it can only tell
+    // that at least this many happened.)
+    let failures = || common::metric_sum("ringlimit_envoy_xds_stream_failures_total");
+    let before = failures();
+    cp.away(how).await;
+    let knock = std::net::TcpStream::connect(cp.addr);
+    match how {
+        Away::Refusing => assert_eq!(
+            knock.unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionRefused
+        ),
+        Away::Silent => drop(knock.expect("the backlog takes it")),
+    }
     assert_eq!(
         admitted(&mut client, "web", "b", 5).await,
+        3,
+        "still enforced"
+    );
+    assert!(
+        common::eventually(PATIENCE, || failures() >= before + 2.0).await,
+        "the stream's end and a failed attempt are counted"
+    );
+    assert_eq!(
+        admitted(&mut client, "web", "c", 5).await,
         3,
         "still enforced"
     );
@@ -377,8 +442,18 @@ async fn a_control_plane_away_leaves_the_last_good_set_in_force_and_is_resubscri
     assert_eq!(resubscribe.version_info, "1");
     let ack = cp.answer_to("2").await;
     assert!(ack.error_detail.is_none());
-    assert_eq!(admitted(&mut client, "web", "c", 6).await, 4);
+    assert_eq!(admitted(&mut client, "web", "d", 6).await, 4);
     node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_control_plane_gone_leaves_the_last_good_set_in_force_and_is_resubscribed_with_it() {
+    away_and_back(Away::Refusing, "xds-refused").await;
+}
+
+#[tokio::test]
+async fn a_control_plane_hung_leaves_the_last_good_set_in_force_and_is_resubscribed_with_it() {
+    away_and_back(Away::Silent, "xds-silent").await;
 }
 
 #[tokio::test]

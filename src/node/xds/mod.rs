@@ -22,7 +22,7 @@ pub use wire::Identity;
 use crate::cluster::rules::{hex, ClusterRules};
 use crate::config::xds::{Backoff, XdsSession, XdsStep};
 use crate::config::SharedEnvoy;
-use stream::XdsStream;
+use stream::XdsConnection;
 
 /// Why a stream to the control plane ended (the node reconnects after each).
 #[derive(Debug, thiserror::Error)]
@@ -117,11 +117,15 @@ async fn run_stream(
     rules: &ClusterRules,
     failures: &mut u32,
 ) -> XdsError {
-    let mut stream = match XdsStream::open(target, &session.subscribe()).await {
-        Ok(stream) => stream,
+    let connection = match XdsConnection::connect(target).await {
+        Ok(connection) => connection,
         Err(error) => return error,
     };
     metrics::gauge!("ringlimit_envoy_xds_connected").set(1.0);
+    let mut stream = match connection.subscribe(&session.subscribe()).await {
+        Ok(stream) => stream,
+        Err(error) => return error,
+    };
     tracing::info!(version = %session.accepted_version(), "subscribed to the xDS control plane");
     loop {
         let response = match stream.recv().await {

@@ -4,7 +4,7 @@
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use super::wire::{self, Identity};
 use super::XdsError;
@@ -30,35 +30,51 @@ pub struct XdsStream {
     identity: Identity,
 }
 
-impl XdsStream {
-    /// Connects and subscribes with `first`. The subscription is queued before the call
-    /// starts: a control plane may send its response headers only with its first
-    /// response, which it sends only once it has read the subscription.
-    pub async fn open(target: &XdsTarget, first: &XdsRequest) -> Result<Self, XdsError> {
+/// A connection to the control plane, not yet subscribed.
+pub struct XdsConnection {
+    client: AggregatedDiscoveryServiceClient<Channel>,
+    identity: Identity,
+}
+
+impl XdsConnection {
+    /// Connects (TCP and the HTTP/2 preface; bounded by the endpoint's connect timeout).
+    pub async fn connect(target: &XdsTarget) -> Result<Self, XdsError> {
         let channel = target
             .endpoint
             .connect()
             .await
             .map_err(|e| XdsError::Connect(causes(&e)))?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(target.max_message_bytes);
-        // Room for an ACK or NACK per response: the session sends one, then reads again.
-        let (requests, queued) = mpsc::channel(4);
-        requests
-            .try_send(wire::request(first, &target.identity))
-            .expect("an empty channel has room");
-        let responses = client
-            .stream_aggregated_resources(ReceiverStream::new(queued))
-            .await
-            .map_err(XdsError::Refused)?
-            .into_inner();
         Ok(Self {
-            requests,
-            responses,
+            client: AggregatedDiscoveryServiceClient::new(channel)
+                .max_decoding_message_size(target.max_message_bytes),
             identity: target.identity.clone(),
         })
     }
 
+    /// Opens the stream with `first`. The subscription is queued before the call
+    /// starts: a control plane may send its response headers only with its first
+    /// response, which it sends only once it has read the subscription.
+    pub async fn subscribe(mut self, first: &XdsRequest) -> Result<XdsStream, XdsError> {
+        // Room for an ACK or NACK per response: the session sends one, then reads again.
+        let (requests, queued) = mpsc::channel(4);
+        requests
+            .try_send(wire::request(first, &self.identity))
+            .expect("an empty channel has room");
+        let responses = self
+            .client
+            .stream_aggregated_resources(ReceiverStream::new(queued))
+            .await
+            .map_err(XdsError::Refused)?
+            .into_inner();
+        Ok(XdsStream {
+            requests,
+            responses,
+            identity: self.identity,
+        })
+    }
+}
+
+impl XdsStream {
     /// Sends an ACK or NACK.
     pub async fn send(&self, request: &XdsRequest) -> Result<(), XdsError> {
         self.requests
