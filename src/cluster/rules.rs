@@ -750,7 +750,7 @@ impl ClusterRules {
                 node_id = %self.me,
                 envoy = %mine.encode(),
                 %drifting,
-                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"
+                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files, --envoy-xds sets or --envoy-algorithm, or those flags on some nodes only)"
             ),
         }
     }

@@ -212,7 +212,7 @@ fn describe_rules() {
     );
     describe_gauge!(
         "ringlimit_envoy_xds_connected",
-        "1 while this node has a stream to its --envoy-xds control plane, else 0 (the last accepted set is still enforced)."
+        "1 while this node is connected to its --envoy-xds control plane, else 0 (the last accepted set is still enforced)."
     );
     describe_counter!(
         "ringlimit_envoy_xds_stream_failures_total",
@@ -224,7 +224,7 @@ fn describe_rules() {
     );
     describe_gauge!("ringlimit_rules_version", "Version of the rules this node enforces (cluster mode: the cluster's version; file mode: reloads since start).");
     describe_gauge!("ringlimit_rules_drift_nodes", "Members whose rules differ from this node's (different files, or mixed file and cluster sources).");
-    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files or --envoy-xds sets or --envoy-algorithm, or either flag on some nodes only).");
+    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files, --envoy-xds sets or --envoy-algorithm, or those flags on some nodes only).");
     describe_counter!(
         "ringlimit_rules_changes_total",
         "Rule sets swapped in, by origin (api, peer, file)."
