@@ -99,8 +99,8 @@ pub async fn follow(
         connected.set(0.0);
         failures_total.increment(1);
         let wait = backoff.delay(failures, &target.identity.node_id);
-        tracing::warn!(error = %ended, failures, retry_in_ms = wait.as_millis() as u64, version = %session.accepted_version(), "xDS control plane away; keeping the Envoy domains enforced");
         failures = failures.saturating_add(1);
+        tracing::warn!(error = %ended, failures, retry_in_ms = wait.as_millis() as u64, version = %session.accepted_version(), "xDS control plane away; keeping the Envoy domains enforced");
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}

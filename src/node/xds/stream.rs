@@ -97,9 +97,15 @@ impl XdsStream {
 fn causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
+    let mut last = text.clone();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // hyper and tonic wrap some causes in a layer saying the same thing.
+        let said = cause.to_string();
+        if said != last {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        last = said;
         source = cause.source();
     }
     text
