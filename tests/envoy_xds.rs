@@ -556,3 +556,28 @@ fn envoy_xds_and_envoy_config_are_one_or_the_other() {
     };
     assert!(tls.validate().unwrap_err().contains("plaintext"));
 }
+
+#[tokio::test]
+async fn the_rules_api_does_not_change_the_envoy_domains_of_an_xds_node() {
+    const TOKEN: &str = "xds-test-admin-token-0123456789";
+    let cp = ControlPlane::start();
+    let node = common::start(NodeConfig {
+        admin_token: Some(ringlimit::server::ops::AdminToken::new(TOKEN).unwrap()),
+        ..xds_node(&cp, "xds-api")
+    })
+    .await;
+    let put = common::http(
+        node.http_addr.expect("ops port"),
+        "PUT",
+        "/v1/rules/envoy",
+        &[
+            ("Authorization", &format!("Bearer {TOKEN}")),
+            ("If-Match", "\"0\""),
+        ],
+        r#"{"domains": ["domain: web\ndescriptors:\n  - key: api\n"]}"#,
+    )
+    .await;
+    assert_eq!(put.status, 409, "{}", put.body);
+    assert!(put.body.contains("--envoy-xds"), "{}", put.body);
+    node.shutdown().await;
+}
