@@ -17,12 +17,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
         "proto/envoy/type/v3/ratelimit_unit.proto",
         "proto/envoy/config/core/v3/base.proto",
+        "proto/envoy/service/discovery/v3/discovery.proto",
+        "proto/google/rpc/status.proto",
     ];
+    // The xDS client's protos (`serve --envoy-xds`): the aggregated discovery stream and
+    // envoyproxy/ratelimit's RateLimitConfig resource. A node is their client, so they are
+    // not in the public descriptor set; the generated server is what tests' control
+    // planes serve.
     let protos = [
         public_protos[0],
         public_protos[1],
         public_protos[2],
         "proto/peer.proto",
+        "proto/envoy/service/discovery/v3/ads.proto",
+        "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
     ];
     for p in protos.iter().chain(&imported) {
         println!("cargo:rerun-if-changed={p}");

@@ -29,8 +29,9 @@
 //! algorithms  ring                 pure: the five limiters; the consistent-hash ring
 //! ```
 //!
-//! `proto` (generated wire types) sits beside the floors: only `server` and the link's
-//! adapter files use it, and its generated services name `server`'s codec.
+//! `proto` (generated wire types) sits beside the floors: only `server`, the link's
+//! adapter files and the xDS client's (`node::xds`: wire, stream) use it, and its
+//! generated services name `server`'s codec.
 //!
 //! # One result, one name per floor
 //!
@@ -56,7 +57,7 @@
 //! - [`ring`]: the consistent-hash ring that places keys on cluster members.
 //! - [`clock`]: wall-clock milliseconds, clamped so they never run backwards.
 //! - [`config`]: the rule document and route syntax (most specific rule wins), version
-//!   stamps and the stored copy.
+//!   stamps and the stored copy; the xDS subscription to Envoy domains as a state machine.
 //! - [`keyring`]: the cluster key members prove on peer calls and gossip datagrams.
 //! - [`membership`]: chitchat gossip publishing a watch of the cluster view.
 //! - [`shard`]: the per-shard store and the actors that own it.
@@ -67,9 +68,10 @@
 //!   the ops HTTP face.
 //! - [`node`]: starts and stops a node as named steps, and wires its three faces
 //!   (public gRPC, peer, ops HTTP) with their authentication; `node::grpc` bounds what
-//!   one client can make the gRPC listener hold.
-//! - [`proto`]: generated wire types, used only by `server`, `cluster::link`'s adapter
-//!   files and tools.
+//!   one client can make the gRPC listener hold; `node::xds` follows an xDS control
+//!   plane's Envoy domains (`--envoy-xds`).
+//! - [`proto`]: generated wire types, used only by `server`, `cluster::link`'s and
+//!   `node::xds`'s adapter files and tools.
 //!
 //! What a gateway does with a verdict (the 429 contract, the ring-aware client) is the
 //! `ringlimit-client` crate (`client/`); gateways and the CLI import it directly.

@@ -33,6 +33,14 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+        /// `envoy.service.discovery.v3`: the aggregated discovery stream a node follows
+        /// with `serve --envoy-xds`. Only `node::xds`'s adapter files use it.
+        pub mod discovery {
+            /// `envoy.service.discovery.v3`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
     /// `envoy.extensions.common.ratelimit.v3`.
     pub mod extensions {
@@ -61,6 +69,30 @@ pub mod envoy {
             /// `envoy.config.core.v3`.
             pub mod v3 {
                 tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status`: the error a NACK carries (trimmed, `proto/google/rpc/`).
+pub mod google {
+    /// `google.rpc`.
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's configuration resource (`ratelimit.config.ratelimit.v3`,
+/// `proto/ratelimit/`), as control planes send it over xDS. Only `node::xds`'s adapter
+/// files use it.
+pub mod ratelimit {
+    /// `ratelimit.config.ratelimit.v3`.
+    pub mod config {
+        /// `ratelimit.config.ratelimit.v3`.
+        pub mod ratelimit {
+            /// `ratelimit.config.ratelimit.v3`.
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
             }
         }
     }

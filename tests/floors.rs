@@ -59,15 +59,42 @@ const FLOORS: &[(&str, &[&str])] = &[
     // The generated code names the codec `build.rs` wires in, and its docs name the
     // answers that codec encodes: `proto` sits beside the floors, used by the adapters.
     ("proto", &["server"]),
+    // The composition root may name every floor; it is listed for its prost rule below.
+    (
+        "node",
+        &[
+            "algorithms",
+            "check",
+            "clock",
+            "cluster",
+            "config",
+            "keyring",
+            "membership",
+            "proto",
+            "ring",
+            "server",
+            "shard",
+        ],
+    ),
 ];
 
+/// Floors that may name `proto` only in some files: their adapters.
 /// Inside `cluster`, only the peer client adapter's shell and wire files see prost
-/// types: the batcher, the session and every policy speak domain types.
-const PROTO_IN_CLUSTER: &[&str] = &[
-    "link/wire.rs",
-    "link/calls.rs",
-    "link/stream.rs",
-    "link/pool.rs",
+/// types: the batcher, the session and every policy speak domain types. Inside `node`,
+/// the faces register the generated services, and the xDS client's adapter (messages and
+/// stream) converts to the session's types; its shell (`xds/mod.rs`) and the session
+/// (`config::xds`) never see a prost type.
+const PROTO_ADAPTERS: &[(&str, &[&str])] = &[
+    (
+        "cluster",
+        &[
+            "link/wire.rs",
+            "link/calls.rs",
+            "link/stream.rs",
+            "link/pool.rs",
+        ],
+    ),
+    ("node", &["faces.rs", "xds/wire.rs", "xds/stream.rs"]),
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -131,12 +158,14 @@ fn every_floor_imports_only_the_floors_below_it() {
             for target in named(&code(&path)) {
                 if target == *floor || allowed.contains(&target.as_str()) {
                     let relative = path.strip_prefix(src.join(floor)).unwrap_or(&path);
-                    let adapter = PROTO_IN_CLUSTER.iter().any(|f| relative == Path::new(f));
-                    if *floor == "cluster" && target == "proto" && !adapter {
-                        wrong.push(format!(
-                            "{}: prost types outside the link's adapter files",
-                            path.display()
-                        ));
+                    let adapters = PROTO_ADAPTERS.iter().find(|(f, _)| f == floor);
+                    if let (Some((_, files)), "proto") = (adapters, target.as_str()) {
+                        if !files.iter().any(|f| relative == Path::new(f)) {
+                            wrong.push(format!(
+                                "{}: prost types outside {floor}'s adapter files",
+                                path.display()
+                            ));
+                        }
                     }
                     continue;
                 }

@@ -38,6 +38,17 @@ pub struct ServeArgs {
     /// directory of *.yaml / *.yml files (one domain each); re-read when it changes.
     #[arg(long, env = "RINGLIMIT_ENVOY_CONFIG")]
     envoy_config: Option<PathBuf>,
+    /// An xDS control plane (host:port or http://host:port) to take the Envoy domains
+    /// from instead: envoyproxy/ratelimit's RateLimitConfig resources, state of the
+    /// world, as Envoy Gateway serves them (docs/envoy.md). The last accepted set is kept
+    /// while the control plane is away.
+    #[arg(
+        long,
+        env = "RINGLIMIT_ENVOY_XDS",
+        value_name = "ADDR",
+        conflicts_with = "envoy_config"
+    )]
+    envoy_xds: Option<String>,
     /// Algorithm of an Envoy rate_limit without an `algorithm` key (default fixed_window,
     /// the reference server's, so a migrated file decides as before).
     #[arg(long, default_value = "fixed_window", value_parser = parse_algorithm)]
@@ -276,6 +287,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
         http_listen: (!args.no_http).then_some(http_listen),
         rules_path: args.rules,
         envoy_path: args.envoy_config,
+        envoy_xds: args.envoy_xds,
         envoy_algorithm: args.envoy_algorithm,
         envoy_headers: args.envoy_headers,
         rules_seed: args.rules_seed,

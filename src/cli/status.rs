@@ -168,7 +168,7 @@ fn print_drift(status: &StatusResponse) {
     };
     let summaries = [
         (drifting(|m| m.rules_drift), "rules drift: {nodes} {verb} different rules than {me} (different --rules files, or file and cluster sources mixed)"),
-        (drifting(|m| m.envoy_drift), "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"),
+        (drifting(|m| m.envoy_drift), "envoy config drift: {nodes} {verb} different Envoy domains than {me} (different --envoy-config files, --envoy-xds sets or --envoy-algorithm, or those flags on some nodes only)"),
     ];
     for (nodes, line) in summaries {
         if !nodes.is_empty() {

@@ -146,8 +146,8 @@ pub enum RulesWriteError {
     #[error("rules come from the --rules file on every node: the API is read-only (change the file instead)")]
     ReadOnly,
     /// The edit changes the `[envoy]` section, but this node serves Envoy from its own
-    /// `--envoy-config`: the change would not apply here.
-    #[error("this node serves Envoy domains from its --envoy-config files, so the API does not change them here (change the files, or send the write to a node started without --envoy-config)")]
+    /// `--envoy-config` or `--envoy-xds`: the change would not apply here.
+    #[error("this node serves Envoy domains from its --envoy-config files or --envoy-xds control plane, so the API does not change them here (change them there, or send the write to a node started without either)")]
     EnvoyReadOnly,
     /// `If-Match` named another version than the current one.
     #[error("If-Match names version {given}, but the current version is {current}: read the rules again and retry")]
@@ -750,7 +750,7 @@ impl ClusterRules {
                 node_id = %self.me,
                 envoy = %mine.encode(),
                 %drifting,
-                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only)"
+                "envoy config drift: these members enforce different Envoy domains than this node (different --envoy-config files, --envoy-xds sets or --envoy-algorithm, or those flags on some nodes only)"
             ),
         }
     }

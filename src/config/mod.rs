@@ -1,10 +1,12 @@
 //! Which limit applies to which check: [`rules`] (loaded from a TOML rule file) and
-//! [`route`], the route syntax rules and requests share. How a node starts lives with
+//! [`route`], the route syntax rules and requests share; [`xds`], the subscription that
+//! receives Envoy domains from an xDS control plane, as a state machine. How a node starts lives with
 //! the composition root (`node::config`), so nothing here imports a subsystem.
 
 pub mod bounds;
 pub mod route;
 pub mod rules;
+pub mod xds;
 
 use std::sync::Arc;
 

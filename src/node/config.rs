@@ -50,6 +50,15 @@ pub struct NodeConfig {
     /// Envoy RLS checks; re-read every `rules_poll`. `None`: every Envoy descriptor is
     /// unmatched (OK, no limit).
     pub envoy_path: Option<PathBuf>,
+    /// An xDS control plane (`host:port` or `http://host:port`) that sends the Envoy
+    /// domains as envoyproxy/ratelimit's `RateLimitConfig` resources (`--envoy-xds`),
+    /// instead of `envoy_path`. The last accepted set is kept while it is away.
+    pub envoy_xds: Option<String>,
+    /// How the xDS client waits between attempts to reach its control plane.
+    pub xds_backoff: crate::config::xds::Backoff,
+    /// HTTP/2 keepalive of the xDS stream: a control plane that stops answering pings
+    /// for this long twice over is taken as away.
+    pub xds_keepalive: Duration,
     /// The algorithm of an Envoy `rate_limit` without an `algorithm` key.
     pub envoy_algorithm: AlgorithmKind,
     /// Envoy RLS answers carry `Retry-After` and IETF `RateLimit` headers to add.
@@ -126,6 +135,9 @@ impl Default for NodeConfig {
             rules_poll: Duration::from_secs(1),
             max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,
             envoy_path: None,
+            envoy_xds: None,
+            xds_backoff: crate::config::xds::Backoff::default(),
+            xds_keepalive: Duration::from_secs(30),
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
             gubernator: false,
@@ -277,6 +289,12 @@ impl NodeConfig {
             rules_poll: Duration::from_millis(50),
             max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,
             envoy_path: None,
+            envoy_xds: None,
+            xds_backoff: crate::config::xds::Backoff {
+                initial: Duration::from_millis(20),
+                max: Duration::from_millis(200),
+            },
+            xds_keepalive: Duration::from_secs(2),
             envoy_algorithm: AlgorithmKind::FixedWindow,
             envoy_headers: false,
             gubernator: false,
@@ -371,6 +389,18 @@ impl NodeConfig {
                 "max rules bytes must be {MIN_RULES_BYTES}..={MAX_RULES_BYTES} (got {})",
                 self.max_rules_bytes
             ));
+        }
+        if let Some(addr) = &self.envoy_xds {
+            if self.envoy_path.is_some() {
+                return Err("give --envoy-config PATH (YAML files) or --envoy-xds ADDR (a control plane), not both: one source of Envoy domains".into());
+            }
+            super::xds::endpoint(addr, self.xds_keepalive).map_err(|e| e.to_string())?;
+            if self.xds_backoff.initial.is_zero() || self.xds_backoff.max < self.xds_backoff.initial
+            {
+                return Err(
+                    "xDS backoff: the first wait must be positive and at most the longest".into(),
+                );
+            }
         }
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());

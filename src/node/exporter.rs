@@ -261,7 +261,19 @@ fn describe_rules() {
     use metrics::{describe_counter, describe_gauge};
     describe_counter!(
         "ringlimit_envoy_config_reloads_total",
-        "Reloads of the Envoy (envoyproxy/ratelimit YAML) configuration, by result."
+        "Reloads of the Envoy (envoyproxy/ratelimit) configuration from --envoy-config files or --envoy-xds, by result (ok: a new set enforced; error: refused, the current one kept)."
+    );
+    describe_counter!(
+        "ringlimit_envoy_xds_updates_total",
+        "RateLimitConfig sets received from the --envoy-xds control plane, by result (accepted: ACKed; rejected: NACKed, nothing applied)."
+    );
+    describe_gauge!(
+        "ringlimit_envoy_xds_connected",
+        "1 while this node is connected to its --envoy-xds control plane, else 0 (the last accepted set is still enforced)."
+    );
+    describe_counter!(
+        "ringlimit_envoy_xds_stream_failures_total",
+        "Attempts to reach the --envoy-xds control plane that failed, and streams to it that ended; each is followed by a reconnection with backoff."
     );
     describe_counter!(
         "ringlimit_rules_reloads_total",
@@ -269,7 +281,7 @@ fn describe_rules() {
     );
     describe_gauge!("ringlimit_rules_version", "Version of the rules this node enforces (cluster mode: the cluster's version; file mode: reloads since start).");
     describe_gauge!("ringlimit_rules_drift_nodes", "Members whose rules differ from this node's (different files, or mixed file and cluster sources).");
-    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files or --envoy-algorithm, or --envoy-config on some nodes only).");
+    describe_gauge!("ringlimit_envoy_config_drift_nodes", "Members whose Envoy domains differ from this node's (different --envoy-config files, --envoy-xds sets or --envoy-algorithm, or those flags on some nodes only).");
     describe_counter!(
         "ringlimit_rules_changes_total",
         "Rule sets swapped in, by origin (api, peer, file)."

@@ -28,6 +28,7 @@ mod faces;
 pub mod grpc;
 mod ops_listener;
 mod rules;
+mod xds;
 
 use crate::check::Checker;
 use crate::clock::{Clock, SystemClock};
@@ -619,7 +620,8 @@ fn spawn_handoff(
     );
 }
 
-/// File mode: follow the rule file; with `--envoy-config`: follow that file.
+/// File mode: follow the rule file; with `--envoy-config`: follow that file; with
+/// `--envoy-xds`: follow that control plane.
 fn spawn_watchers(
     config: &NodeConfig,
     rule_file: Option<RuleFile>,
@@ -646,6 +648,28 @@ fn spawn_watchers(
                 path.clone(),
                 config.envoy_algorithm,
                 config.rules_poll,
+                envoy.clone(),
+                cluster_rules.clone(),
+                cancel.clone(),
+            ),
+        );
+    }
+    if let Some(addr) = &config.envoy_xds {
+        let target = xds::XdsTarget {
+            endpoint: xds::endpoint(addr, config.xds_keepalive)
+                .expect("checked by NodeConfig::validate"),
+            identity: xds::Identity {
+                node_id: config.node_id.clone(),
+                cluster: config.cluster_id.clone(),
+            },
+            max_message_bytes: config.max_rules_bytes.try_into().unwrap_or(usize::MAX),
+        };
+        spawn_in_span(
+            tracker,
+            xds::follow(
+                target,
+                config.envoy_algorithm,
+                config.xds_backoff,
                 envoy.clone(),
                 cluster_rules.clone(),
                 cancel.clone(),

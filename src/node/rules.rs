@@ -1,6 +1,7 @@
 //! The node's rules at start and while it runs: which rules it starts with (file, stored
-//! copy, seed or built-in), the watchers that follow `--rules` and `--envoy-config`, and
-//! the adverts that put this node's rules in gossip.
+//! copy, seed or built-in), the watchers that follow `--rules` and `--envoy-config` (the
+//! xDS client that follows `--envoy-xds` is `node::xds`), and the adverts that put this
+//! node's rules in gossip.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,8 +80,18 @@ pub fn load(config: &NodeConfig) -> Result<StartRules, NodeError> {
 }
 
 /// Envoy's domains come from --envoy-config when given (read here, followed by the
-/// watcher), else from the rule set's [envoy] section, swapped in with the rules.
+/// watcher), or from --envoy-xds (none until the control plane sends a set: the node
+/// starts with no domain, as envoyproxy/ratelimit does), else from the rule set's
+/// [envoy] section, swapped in with the rules.
 fn envoy_file(config: &NodeConfig, loaded: &RuleSet) -> Result<Option<EnvoyConfig>, NodeError> {
+    if let Some(addr) = &config.envoy_xds {
+        if loaded.doc().envoy.is_some() {
+            tracing::warn!(%addr, "the rule set has an [envoy] section, but this node serves Envoy from --envoy-xds: the section is not served here");
+        }
+        let empty = EnvoyConfig::from_domains(Vec::new(), config.envoy_algorithm)
+            .map_err(NodeError::Envoy)?;
+        return Ok(Some(empty));
+    }
     let Some(path) = &config.envoy_path else {
         return Ok(None);
     };

@@ -33,8 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+pub use super::envoy_doc::{DescriptorDoc, DomainDoc, RateLimitDoc, ReplaceDoc};
 use super::{
     read_rules_file, AlgorithmSpec, CountPer, DocEnvoy, FailMode, LeakyMode, Rule, Selector,
 };
@@ -184,52 +183,6 @@ pub const DEFAULT_SECTION_ALGORITHM: AlgorithmKind = AlgorithmKind::FixedWindow;
 /// Suffix of the name of a domain's override base ([`EnvoyConfig::override_base`]).
 pub const OVERRIDE_BASE_SUFFIX: &str = "~override-base";
 
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawDomain {
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawDescriptor {
-    key: String,
-    value: Option<String>,
-    rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
-    shadow_mode: bool,
-    // Accepted: ringlimit's metrics are per rule whatever this says (it only counts in
-    // the digest).
-    #[serde(default)]
-    detailed_metric: bool,
-    #[serde(default)]
-    share_threshold: bool,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawRateLimit {
-    unit: Option<String>,
-    requests_per_unit: Option<u64>,
-    #[serde(default)]
-    unlimited: bool,
-    name: Option<String>,
-    #[serde(default)]
-    replaces: Vec<RawReplace>,
-    algorithm: Option<String>,
-    on_unavailable: Option<String>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawReplace {
-    name: String,
-}
-
 /// A ringlimit spec for `limit` per `window` with `kind`.
 pub fn envoy_spec(kind: AlgorithmKind, limit: NonZeroU64, window: Duration) -> AlgorithmSpec {
     match kind {
@@ -374,17 +327,33 @@ impl EnvoyConfig {
         docs: &[(&Path, &str)],
         default: AlgorithmKind,
     ) -> Result<Self, EnvoyConfigError> {
+        let mut domains = Vec::with_capacity(docs.len());
+        for (path, text) in docs {
+            let doc: DomainDoc = serde_norway::from_str(text).map_err(|e| EnvoyConfigError {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            domains.push((path.to_path_buf(), doc));
+        }
+        Self::from_domains(domains, default)
+    }
+
+    /// Checks and builds one [`DomainDoc`] per domain, however they were written (YAML,
+    /// an xDS `RateLimitConfig`); each is named in errors by its `PathBuf`.
+    pub fn from_domains(
+        docs: Vec<(PathBuf, DomainDoc)>,
+        default: AlgorithmKind,
+    ) -> Result<Self, EnvoyConfigError> {
         let mut config = EnvoyConfig::default();
         // The digest covers what was parsed, not the bytes: per domain (in name order)
         // its canonical JSON, plus the default algorithm, which decides what a
         // `rate_limit` without `algorithm` means.
         let mut canonical: Vec<(String, String)> = Vec::with_capacity(docs.len());
-        for (path, text) in docs {
+        for (path, raw) in docs {
             let err = |message: String| EnvoyConfigError {
-                path: path.to_path_buf(),
+                path: path.clone(),
                 message,
             };
-            let raw: RawDomain = serde_norway::from_str(text).map_err(|e| err(e.to_string()))?;
             if raw.domain.is_empty() || raw.domain.len() > MAX_ENVOY_TEXT {
                 return Err(err(format!(
                     "domain: must be 1..={MAX_ENVOY_TEXT} bytes (got {})",
@@ -561,7 +530,7 @@ struct Builder<'a> {
 impl Builder<'_> {
     fn nodes(
         &mut self,
-        raw: &[RawDescriptor],
+        raw: &[DescriptorDoc],
         parent: &str,
         at: &str,
         depth: usize,
@@ -589,7 +558,7 @@ impl Builder<'_> {
 
     fn node(
         &mut self,
-        raw: &RawDescriptor,
+        raw: &DescriptorDoc,
         parent: &str,
         at: &str,
         depth: usize,
@@ -652,7 +621,7 @@ impl Builder<'_> {
 
     fn limit(
         &mut self,
-        raw: &RawRateLimit,
+        raw: &RateLimitDoc,
         path: &str,
         at: &str,
         shadow: bool,

@@ -19,8 +19,9 @@
 //! input; `file` reads the rule file without blocking or reading without bound and tells a
 //! watcher what each poll means; `index` answers "which rule governs this check" on the hot
 //! path; `stored` and `versioned` keep the cluster's copy and its version stamps; `envoy`
-//! reads envoyproxy/ratelimit domains. Only `envoy` is public; the others' public items are
-//! re-exported here.
+//! reads envoyproxy/ratelimit domains, from the shape `envoy_doc` gives one domain whether
+//! it came as YAML or over xDS. Only `envoy` is public (it re-exports `envoy_doc`); the
+//! others' public items are re-exported here.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -35,6 +36,7 @@ use crate::algorithms::{
 
 mod doc;
 pub mod envoy;
+mod envoy_doc;
 mod error;
 mod file;
 mod index;
