@@ -193,7 +193,7 @@ async fn a_graceful_leave_hands_exhausted_keys_to_their_new_owners() {
                 .into_inner();
             assert!(
                 !answer.allowed,
-                "key {key} stays exhausted after its owner left"
+                "key {key} stays exhausted after its owner left: {answer:?}"
             );
             assert!(!answer.degraded);
             let decider = answer.decider.unwrap().node_id;

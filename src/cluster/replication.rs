@@ -31,6 +31,7 @@ use crate::clock::Clock;
 use crate::cluster::handoff::MAX_INSTALL_STATES;
 use crate::cluster::link::PeerPool;
 use crate::membership::{ClusterView, Member};
+use crate::ring::Ring;
 use crate::shard::replication::Pick;
 use crate::shard::{Exported, Shards};
 
@@ -64,6 +65,16 @@ impl Metrics {
             failover_lost: metrics::counter!("ringlimit_failover_deltas_total", "result" => "lost"),
         }
     }
+}
+
+/// Whether the key at ring position `p` must go to its successor in full after the ring
+/// changed from `old` to `new`: `me` owns it under `new`, it has a successor, and either
+/// that successor is new or the key is new to `me` (inherited or handed over).
+pub fn needs_full_state(me: &str, old: &Ring, new: &Ring, p: u64) -> bool {
+    new.owner_of_hash(p) == Some(me)
+        && new.successor_of_hash(p).is_some()
+        && (old.successor_of_hash(p) != new.successor_of_hash(p)
+            || old.owner_of_hash(p) != Some(me))
 }
 
 /// Sends changed keys to their successors, every interval.
@@ -109,6 +120,7 @@ impl Replicator {
                     if next.ring.digest() != current.ring.digest() {
                         self.successors_changed(&current, &next).await;
                     }
+                    self.successors_restarted(&current, &next).await;
                     current = next;
                 }
                 _ = tick.tick() => {
@@ -147,16 +159,44 @@ impl Replicator {
         }
     }
 
+    /// A member that came back under the same id with a higher generation restarted
+    /// with empty memory: the ring is unchanged, but its replicas are gone. Mark every
+    /// key this node owns whose successor it is, so it gets their full states again.
+    async fn successors_restarted(&self, old: &ClusterView, new: &ClusterView) {
+        let restarted: Vec<String> = new
+            .members
+            .iter()
+            .filter(|m| {
+                old.member(&m.node_id)
+                    .is_some_and(|before| m.generation > before.generation)
+            })
+            .map(|m| m.node_id.clone())
+            .collect();
+        if restarted.is_empty() {
+            return;
+        }
+        let (me, ring) = (self.me.clone(), new.ring.clone());
+        let pick: Pick = Arc::new(move |p| {
+            ring.owner_of_hash(p) == Some(&*me)
+                && ring
+                    .successor_of_hash(p)
+                    .is_some_and(|s| restarted.iter().any(|r| r == s))
+        });
+        match self.shards.resync(pick).await {
+            Ok(marked) if marked > 0 => {
+                self.metrics.resynced.increment(marked as u64);
+                tracing::info!(keys = marked, "a successor restarted: full states to send");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "resync failed"),
+        }
+    }
+
     /// Mark every key this node owns under `new` whose successor differs from `old`'s:
     /// their new successor gets their full state over the next rounds.
     async fn successors_changed(&self, old: &ClusterView, new: &ClusterView) {
         let (me, old_ring, new_ring) = (self.me.clone(), old.ring.clone(), new.ring.clone());
-        let pick: Pick = Arc::new(move |p| {
-            new_ring.owner_of_hash(p) == Some(&*me)
-                && new_ring.successor_of_hash(p).is_some()
-                && (old_ring.successor_of_hash(p) != new_ring.successor_of_hash(p)
-                    || old_ring.owner_of_hash(p) != Some(&*me))
-        });
+        let pick: Pick = Arc::new(move |p| needs_full_state(&me, &old_ring, &new_ring, p));
         match self.shards.resync(pick).await {
             Ok(marked) if marked > 0 => {
                 self.metrics.resynced.increment(marked as u64);
@@ -388,4 +428,63 @@ pub async fn restore_from_peers(
     }
     restore.finish();
     complete
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(members: &[&str]) -> Ring {
+        Ring::new(members.iter().copied(), Ring::DEFAULT_VNODES)
+    }
+
+    /// Positions owned by `owner` in `ring`, from a fixed sample.
+    fn owned_by<'a>(ring: &'a Ring, owner: &'a str) -> impl Iterator<Item = u64> + 'a {
+        (0..20_000u64)
+            .map(|i| Ring::key_hash(format!("k{i}").as_bytes()))
+            .filter(move |&p| ring.owner_of_hash(p) == Some(owner))
+    }
+
+    #[test]
+    fn a_join_resends_exactly_the_keys_whose_successor_moved() {
+        let (old, new) = (ring(&["a", "b", "c"]), ring(&["a", "b", "c", "d"]));
+        let (mut moved, mut kept) = (0, 0);
+        for p in owned_by(&new, "a") {
+            let resend = needs_full_state("a", &old, &new, p);
+            assert_eq!(
+                resend,
+                old.successor_of_hash(p) != new.successor_of_hash(p),
+                "a owned it before and after: only a new successor needs it"
+            );
+            if resend {
+                moved += 1;
+                assert_eq!(
+                    new.successor_of_hash(p),
+                    Some("d"),
+                    "only the joiner is new"
+                );
+            } else {
+                kept += 1;
+            }
+        }
+        assert!(moved > 0 && kept > moved, "moved {moved}, kept {kept}");
+    }
+
+    #[test]
+    fn keys_inherited_from_a_dead_owner_go_to_their_new_successor_in_full() {
+        let (old, new) = (ring(&["a", "b", "c"]), ring(&["a", "b"]));
+        for p in owned_by(&new, "a") {
+            let inherited = old.owner_of_hash(p) == Some("c");
+            if inherited {
+                assert!(needs_full_state("a", &old, &new, p));
+            }
+        }
+        // Keys a does not own are never its to send.
+        for p in owned_by(&new, "b") {
+            assert!(!needs_full_state("a", &old, &new, p));
+        }
+        // Alone on the ring, nothing has a successor.
+        let alone = ring(&["a"]);
+        assert!(owned_by(&alone, "a").all(|p| !needs_full_state("a", &new, &alone, p)));
+    }
 }

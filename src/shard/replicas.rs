@@ -114,15 +114,18 @@ impl Replicas {
         now: Millis,
         cost: NonZeroU64,
     ) -> (Decision, Churn) {
-        if self.store.cap() == 0 {
-            // No room beside the live keys: decide on a state of one check's lifetime.
+        let (decision, churn) = if self.store.cap() == 0 {
+            // No room beside the live keys: decide on a state of one check's lifetime
+            // (what it admits still reaches the owner, below).
             let mut state = counter.limiter.new_state();
-            return (
+            (
                 counter.limiter.check(&mut state, now, cost),
                 Churn::default(),
-            );
-        }
-        let (decision, churn, _) = self.store.check(counter, now, cost);
+            )
+        } else {
+            let (decision, churn, _) = self.store.check(counter, now, cost);
+            (decision, churn)
+        };
         if decision.allowed {
             let pending = self.pending.entry(counter.id).or_insert_with(|| Pending {
                 fingerprint: counter.fingerprint,
@@ -285,6 +288,21 @@ mod tests {
             !replicas
                 .hold(owner_state(&limiter, b"z", 1), &limiter, NOW)
                 .0
+        );
+    }
+
+    #[test]
+    fn a_fail_over_admission_without_room_still_reaches_the_owner() {
+        let limiter = limiter();
+        let mut replicas = Replicas::new(3);
+        // Room 0: a node full of live keys (or one whose shard has not sized it yet).
+        let (decision, _) = replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN);
+        assert!(decision.allowed);
+        assert!(replicas.is_empty(), "nothing held without room");
+        assert_eq!(
+            replicas.drain_failover().len(),
+            1,
+            "but the admission is owed to the owner"
         );
     }
 

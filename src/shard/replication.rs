@@ -75,8 +75,11 @@ impl Side {
     /// The side of shard `index`, whose key cap and byte budget are `keys` and `bytes`.
     pub fn new(replicate: bool, keys: usize, bytes: usize, index: usize) -> Self {
         let shard = index.to_string();
+        let mut replicas = Replicas::new(index as u64 + 0x5eed);
+        // All the room while no key is live; the first checks shrink it.
+        replicas.fit_beside(&Store::new(1, 0), keys, bytes, 0);
         Self {
-            replicas: Replicas::new(index as u64 + 0x5eed),
+            replicas,
             dirty: replicate.then(HashMap::new),
             keys,
             bytes,
