@@ -63,7 +63,7 @@ pub(super) struct Side {
     replicas: Replicas,
     /// Keys changed since their last replication, with when they first changed; `None`
     /// when the node does not replicate (nothing is tracked, nothing costs).
-    dirty: Option<HashMap<KeyId, Millis>>,
+    dirty: Option<HashMap<KeyId, Millis, foldhash::fast::RandomState>>,
     keys: usize,
     bytes: usize,
     held: metrics::Gauge,
@@ -80,7 +80,8 @@ impl Side {
         replicas.fit_beside(&Store::new(1, 0), keys, bytes, 0);
         Self {
             replicas,
-            dirty: replicate.then(HashMap::new),
+            // A fast hash: this map is touched on every check of a replicating node.
+            dirty: replicate.then(HashMap::default),
             keys,
             bytes,
             held: metrics::gauge!("ringlimit_replicas", "shard" => shard),
