@@ -125,11 +125,15 @@ pub fn plan_batch<'a>(
         .map(|(i, input)| {
             let mut planned = plan_item(&input, owner, i)?;
             // A give-back or a drain changes a counter beyond a check: only for a rule
-            // a request carried, whose caller chose its numbers anyway.
-            if (input.give_back != 0 || input.drain || input.peek) && !planned.uncached {
+            // a request carried, whose caller chose its numbers anyway. A peek changes
+            // nothing, so it is accepted under any rule: this build's owners take it, so
+            // that the next build's entry nodes can send Envoy's `hits_addend = 0` as a
+            // peek (exact) instead of a probe given back (issue 22; entries of this build
+            // still send probes for named rules).
+            if (input.give_back != 0 || input.drain) && !planned.uncached {
                 return Err(CheckError::invalid(
                     format!("items[{i}].give_back"),
-                    "a give-back, a drain or a peek is for an inline rule only",
+                    "a give-back or a drain is for an inline rule only",
                 ));
             }
             planned.give_back = NonZeroU64::new(input.give_back);
@@ -311,10 +315,34 @@ mod tests {
         let mut item = plain("");
         item.named = Some(inline);
         assert_eq!(refusal(&[item], &envoy), "items[0].key: must not be empty");
+        let mut drain = plain("a");
+        drain.drain = true;
+        assert_eq!(
+            refusal(&[drain], &envoy),
+            "items[0].give_back: a give-back or a drain is for an inline rule only"
+        );
         let over = vec![plain("a"); MAX_FORWARD_ITEMS + 1];
         assert_eq!(
             refusal(&over, &envoy),
             "items: 1001 items in one call; at most 1000 are allowed"
         );
+    }
+
+    #[test]
+    fn a_peek_is_accepted_under_any_rule_and_planned_as_one() {
+        let envoy = EnvoyConfig::default();
+        let owner = OwnerRules {
+            rules: &RuleSet::builtin(),
+            envoy: &envoy,
+            known: &InlineRules::default(),
+        };
+        let mut peek = plain("a");
+        peek.peek = true;
+        let planned = plan_batch([peek].into_iter(), owner).unwrap();
+        assert!(
+            planned[0].peek,
+            "a TOML rule's forwarded peek is a peek on the owner"
+        );
+        assert!(!planned[0].uncached);
     }
 }
