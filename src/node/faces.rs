@@ -190,7 +190,19 @@ async fn within_grace<F: std::future::Future>(
 /// Messages up to `peer_message_cap` bytes are decoded
 /// ([`peer_message_cap`](super::config::peer_message_cap)): a forwarded rules write
 /// carries a whole document.
-pub async fn serve_peer(
+pub fn serve_peer(
+    listener: TcpListener,
+    peer: PeerService,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    config: &NodeConfig,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let auth = PeerAuthLayer::new(config.cluster_key.clone());
+    let cap = crate::node::config::peer_message_cap(config.max_rules_bytes);
+    serve_peer_with(listener, peer, auth, tls, config.grpc.clone(), cap, cancel)
+}
+
+async fn serve_peer_with(
     listener: TcpListener,
     peer: PeerService,
     auth: PeerAuthLayer,

@@ -42,7 +42,6 @@ use crate::config::rules::envoy::EnvoyConfigError;
 use crate::config::rules::{RuleFile, RulesError, StoreError};
 use crate::config::{SharedEnvoy, SharedRules};
 use crate::membership::{ClusterView, Membership};
-use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{PeerService, RateLimitService};
 use crate::shard::{ShardConfig, Shards};
 pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
@@ -324,18 +323,14 @@ async fn start_in_span(
         .with_inline(inline_rules)
         .with_shutdown(cancel.clone())
         .with_replicator(replicator.map(|(replicator, _)| replicator));
-    spawn_in_span(
-        &tracker,
-        faces::serve_peer(
-            listeners.peer,
-            peer_service,
-            PeerAuthLayer::new(config.cluster_key.clone()),
-            peer_tls,
-            config.grpc.clone(),
-            config::peer_message_cap(config.max_rules_bytes),
-            cancel.clone(),
-        ),
+    let peer_face = faces::serve_peer(
+        listeners.peer,
+        peer_service,
+        peer_tls,
+        &config,
+        cancel.clone(),
     );
+    spawn_in_span(&tracker, peer_face);
 
     Ok(RunningNode {
         grpc_addr: listeners.grpc_addr,
@@ -528,11 +523,7 @@ fn start_routing(
     membership: &Membership,
     peers: PeerPool,
     clock: Arc<dyn Clock>,
-) -> (
-    Arc<Router>,
-    Handoff,
-    Option<(Arc<Replicator>, Arc<Restore>)>,
-) {
+) -> (Arc<Router>, Handoff, Replication) {
     let inherited = Arc::new(Inherited::new(membership.view().borrow().ring.digest()));
     let mut router = Router::new(
         decider.clone(),
@@ -570,11 +561,14 @@ fn start_routing(
     (Arc::new(router), handoff, replicator)
 }
 
+/// The replicator and the restore gate, when the node replicates.
+type Replication = Option<(Arc<Replicator>, Arc<Restore>)>;
+
 /// Successor replicas: every interval, changed keys to their successors; at start, the
 /// restore of this node's keys from the members it sees (see `cluster::replication`).
 fn spawn_replication(
     config: &NodeConfig,
-    replicator: &Option<(Arc<Replicator>, Arc<Restore>)>,
+    replicator: &Replication,
     membership: &Membership,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
