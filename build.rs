@@ -87,6 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(
             ".ringlimit.v1.CheckBatchRequest",
             "crate::server::ringlimit_v1::V1BatchRequest",
+        )
+        .extern_path(
+            ".ringlimit.v1.ReserveResponse",
+            "crate::server::ringlimit_v1::ReserveAnswer",
         );
     tonic_prost_build::configure()
         .build_client(false)
