@@ -33,6 +33,8 @@ pub const MAX_RESERVATION_TTL_MS: i64 = 3_600_000;
 pub const DEFAULT_RESERVATION_TTL_MS: u64 = 60_000;
 /// Longest reservation id accepted, in bytes (an id this node makes is at most ~440).
 pub const MAX_RESERVATION_ID_BYTES: usize = 512;
+/// Largest concurrency limit a rule may declare (`concurrency = N`: requests in flight).
+pub const MAX_CONCURRENCY: u64 = 1_000_000;
 /// Items per forwarded batch or refund call between members: a sender batches at most
 /// what a client's batch could hold.
 pub const MAX_FORWARD_ITEMS: usize = MAX_BATCH;

@@ -580,9 +580,20 @@ impl RuleSet {
             }
 
             let built = build_spec(&mut issues, &r.spec());
+            let concurrency = r.concurrency.map(|v| {
+                bounded(
+                    &mut issues,
+                    "concurrency",
+                    v,
+                    1,
+                    crate::config::bounds::MAX_CONCURRENCY,
+                )
+            });
             if let (Some(name), Some(b), true) = (name, built, selector_ok) {
                 rules.push(
-                    Rule::new(name, selector, b.spec, b.on_unavailable, b.per).shadowed(b.shadow),
+                    Rule::new(name, selector, b.spec, b.on_unavailable, b.per)
+                        .shadowed(b.shadow)
+                        .with_concurrency(concurrency.flatten().map(|n| n as u32)),
                 );
             }
         }
