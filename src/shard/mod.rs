@@ -15,6 +15,7 @@
 
 pub mod counters;
 pub mod identity;
+pub mod leases;
 pub mod replicas;
 pub mod replication;
 pub mod reservations;

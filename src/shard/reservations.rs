@@ -36,6 +36,7 @@ use std::sync::Arc;
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::config::rules::Rule;
 
+use super::leases::{LeaseRefused, Leases};
 use super::{Charge, Churn, Counter, KeyId, Outcome, ShardError, Shards, Store};
 
 /// Most open reservations (and records of commits applied for moved keys) one shard
@@ -87,6 +88,23 @@ pub enum Op {
         /// Time until an uncommitted reservation is committed at its amount.
         ttl_ms: u64,
     },
+    /// Grant a lease of `charge`'s counter (one request in flight) if fewer than its
+    /// rule's `concurrency` are held; the lease ends `ttl_ms` later at the latest.
+    Acquire {
+        /// The planned acquire (its rule declares a concurrency limit).
+        charge: Charge,
+        /// Time until an unreleased lease is released.
+        ttl_ms: u64,
+    },
+    /// End a lease.
+    Release {
+        /// Which lease ([`Target::Moved`]: one granted by another owner, lost with it).
+        target: Target,
+        /// What its id says it holds.
+        claim: Claim,
+        /// The counter's rule as this node has it now (for the numbers after).
+        rule: Option<Arc<Rule>>,
+    },
     /// Close a reservation with what the work used.
     Commit {
         /// Which reservation.
@@ -109,6 +127,11 @@ pub enum Reply {
     Reserved(Result<Opened, Full>),
     /// To [`Op::Commit`].
     Committed(Result<Settled, CommitRefused>),
+    /// To [`Op::Acquire`]: the outcome's decision says granted or not, `limit` being the
+    /// concurrency limit and `remaining` the leases still grantable.
+    Acquired(Result<Opened, Full>),
+    /// To [`Op::Release`]: `returned` is 1 when a lease held here ended.
+    Released(Result<Settled, LeaseRefused>),
 }
 
 /// A reservation's check, and the reservation if the check admitted it.
@@ -340,6 +363,11 @@ struct ReservationMetrics {
     committed_moved: metrics::Counter,
     refused: metrics::Counter,
     expired: metrics::Counter,
+    leases_held: metrics::Gauge,
+    /// [granted, denied].
+    leases: [metrics::Counter; 2],
+    leases_full: metrics::Counter,
+    leases_expired: metrics::Counter,
 }
 
 impl ReservationMetrics {
@@ -349,7 +377,12 @@ impl ReservationMetrics {
         let commit =
             |result: &'static str| metrics::counter!("ringlimit_commits_total", "result" => result);
         Self {
-            held: metrics::gauge!("ringlimit_reservations_open", "shard" => shard),
+            held: metrics::gauge!("ringlimit_reservations_open", "shard" => shard.clone()),
+            leases_held: metrics::gauge!("ringlimit_leases_held", "shard" => shard),
+            leases: ["granted", "denied"]
+                .map(|outcome| metrics::counter!("ringlimit_leases_total", "outcome" => outcome)),
+            leases_full: metrics::counter!("ringlimit_leases_total", "outcome" => "full"),
+            leases_expired: metrics::counter!("ringlimit_leases_expired_total"),
             reserved: reserve("reserved"),
             denied: reserve("denied"),
             full: reserve("full"),
@@ -361,19 +394,26 @@ impl ReservationMetrics {
     }
 }
 
-/// A shard's reservations and their metrics: what the shard actor owns.
+/// A shard's reservations and leases, and their metrics: what the shard actor owns.
 pub struct ReservationShard {
     table: Reservations,
+    leases: Leases,
     metrics: ReservationMetrics,
 }
 
 impl ReservationShard {
-    /// The reservations of shard `index`, tagging ids with `key`.
+    /// The reservations and leases of shard `index`, tagging ids with `key`.
     pub fn new(index: usize, key: [u8; 32]) -> Self {
         Self {
             table: Reservations::new(MAX_RESERVATIONS_PER_SHARD, key),
+            leases: Leases::new(MAX_RESERVATIONS_PER_SHARD, key),
             metrics: ReservationMetrics::new(index),
         }
+    }
+
+    /// The leases.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
     }
 
     /// The table.
@@ -412,18 +452,114 @@ impl ReservationShard {
                 );
                 (Reply::Committed(settled), churn)
             }
+            Op::Acquire { charge, ttl_ms } => {
+                let acquired = self.acquire(&charge, ttl_ms, now, sequence);
+                (Reply::Acquired(acquired), Churn::default())
+            }
+            Op::Release {
+                target,
+                claim,
+                rule,
+            } => (
+                Reply::Released(self.release(target, &claim, rule.as_deref(), now, sequence)),
+                Churn::default(),
+            ),
         };
         self.metrics.held.set(self.table.len() as f64);
+        self.metrics.leases_held.set(self.leases.len() as f64);
         (reply, churn)
     }
 
-    /// Sweep due reservations (the actor's expiry tick).
+    fn acquire(
+        &mut self,
+        charge: &Charge,
+        ttl_ms: u64,
+        now: Millis,
+        sequence: &AtomicU64,
+    ) -> Result<Opened, Full> {
+        // Planning refuses a rule without a concurrency limit; none here grants nothing.
+        let limit = charge.rule.concurrency.unwrap_or(0);
+        let expired = self.leases.acquire(charge.id, limit, ttl_ms, now);
+        self.count_expired_leases();
+        let acquired = expired.inspect_err(|_| self.metrics.leases_full.increment(1))?;
+        let granted = acquired.lease.is_some();
+        self.metrics.leases[usize::from(!granted)].increment(1);
+        let decision = Decision {
+            allowed: granted,
+            limit: u64::from(limit),
+            remaining: u64::from(limit.saturating_sub(acquired.in_flight)),
+            retry_after_ms: 0,
+            reset_at_ms: acquired.lease.map_or(now, |(_, expires_at)| expires_at),
+            window_id: None,
+            delay_ms: 0,
+        };
+        Ok(Opened {
+            outcome: Outcome {
+                decision,
+                sequence: sequence.fetch_add(1, Ordering::Relaxed) + 1,
+                at: now,
+                fresh: false,
+            },
+            reservation: acquired.lease,
+        })
+    }
+
+    fn release(
+        &mut self,
+        target: Target,
+        claim: &Claim,
+        rule: Option<&Rule>,
+        now: Millis,
+        sequence: &AtomicU64,
+    ) -> Result<Settled, LeaseRefused> {
+        // A lease granted by another owner (or an earlier run) was lost with it: this
+        // node never counted it, so there is nothing to end.
+        let returned = match target {
+            Target::Own(ticket) => {
+                let released = self.leases.release(ticket, claim, now);
+                self.count_expired_leases();
+                released?;
+                1
+            }
+            Target::Moved(_) => 0,
+        };
+        let in_flight = self.leases.in_flight(&claim.counter);
+        let after = rule.and_then(|r| r.concurrency).map(|limit| Decision {
+            allowed: in_flight < limit,
+            limit: u64::from(limit),
+            remaining: u64::from(limit.saturating_sub(in_flight)),
+            retry_after_ms: 0,
+            reset_at_ms: now,
+            window_id: None,
+            delay_ms: 0,
+        });
+        Ok(Settled {
+            returned,
+            charged: 0,
+            uncharged: 0,
+            moved: matches!(target, Target::Moved(_)),
+            after,
+            sequence: sequence.fetch_add(1, Ordering::Relaxed) + 1,
+        })
+    }
+
+    fn count_expired_leases(&mut self) {
+        let ended = self.leases.take_expired();
+        if ended > 0 {
+            self.metrics.leases_expired.increment(ended);
+        }
+    }
+
+    /// Sweep due reservations and leases (the actor's expiry tick).
     pub fn expire(&mut self, now: Millis) {
         let expired = self.table.expire(now);
         if expired > 0 {
             self.metrics.expired.increment(expired);
         }
+        self.leases.expire(now);
+        self.count_expired_leases();
         self.metrics.held.set(self.table.len() as f64);
+        self.metrics.leases_held.set(self.leases.len() as f64);
     }
 
     fn reserve(
@@ -596,12 +732,12 @@ pub fn random_key() -> [u8; 32] {
 }
 
 impl Shards {
-    /// Apply a reservation op on the shard of ring position `placement`. A reservation
-    /// is refused [`ShardError::Overloaded`] by a full inbox, like a check; a commit
-    /// waits for room, since it must not be lost (its work is done).
+    /// Apply a reservation or lease op on the shard of ring position `placement`. A
+    /// reservation or an acquire is refused [`ShardError::Overloaded`] by a full inbox,
+    /// like a check; a commit or a release waits for room, since it must not be lost.
     pub async fn reservation(&self, placement: u64, op: Op) -> Result<Reply, ShardError> {
         let shard = self.shard_of_placement(placement);
-        let reserve = matches!(op, Op::Reserve { .. });
+        let reserve = matches!(op, Op::Reserve { .. } | Op::Acquire { .. });
         let (reply, rx) = tokio::sync::oneshot::channel();
         let command = super::Command::Reservation { op, reply };
         if reserve {

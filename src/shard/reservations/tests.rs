@@ -43,6 +43,7 @@ impl Harness {
         Self {
             shard: ReservationShard {
                 table: Reservations::new(cap, KEY),
+                leases: Leases::new(cap, KEY),
                 metrics: ReservationMetrics::new(0),
             },
             store: Store::new(1_000, 1),
@@ -476,4 +477,81 @@ proptest! {
             prop_assert_eq!(h.remaining(&c, now), limit - used);
         }
     }
+}
+
+#[test]
+fn leases_are_granted_up_to_the_rules_concurrency_and_released_through_the_step() {
+    let mut h = Harness::new();
+    let r = rule(
+        "[[rule]]\nname = \"jobs\"\nroute = \"/llm\"\nlimit = 100\nwindow = \"1h\"\nconcurrency = 2\n",
+    );
+    assert_eq!(r.concurrency, Some(2));
+    let c = charge(&r, "cust", 1);
+    let acquire = |h: &mut Harness, now| {
+        let op = Op::Acquire {
+            charge: c.clone(),
+            ttl_ms: 1_000,
+        };
+        match h.shard.step(&mut h.store, op, now, &h.sequence).0 {
+            Reply::Acquired(Ok(opened)) => opened,
+            other => panic!("{other:?}"),
+        }
+    };
+    let first = acquire(&mut h, 0);
+    assert_eq!(
+        (
+            first.outcome.decision.allowed,
+            first.outcome.decision.remaining
+        ),
+        (true, 1)
+    );
+    assert!(acquire(&mut h, 0).outcome.decision.allowed);
+    let denied = acquire(&mut h, 0);
+    assert_eq!(
+        (
+            denied.outcome.decision.allowed,
+            denied.outcome.decision.limit,
+            denied.reservation
+        ),
+        (false, 2, None)
+    );
+    assert_eq!(h.remaining(&c, 0), 100, "leases charge no rate counter");
+    let (ticket, expires_at) = first.reservation.unwrap();
+    let claim = Claim {
+        counter: c.id,
+        fingerprint: 0,
+        amount: 1,
+        expires_at,
+    };
+    let release = |h: &mut Harness, target| {
+        let op = Op::Release {
+            target,
+            claim,
+            rule: Some(r.clone()),
+        };
+        match h.shard.step(&mut h.store, op, 10, &h.sequence).0 {
+            Reply::Released(result) => result,
+            other => panic!("{other:?}"),
+        }
+    };
+    let released = release(&mut h, Target::Own(ticket)).unwrap();
+    assert_eq!(
+        (released.returned, released.after.unwrap().remaining),
+        (1, 1)
+    );
+    assert_eq!(
+        release(&mut h, Target::Own(ticket)),
+        Err(LeaseRefused::AlreadyReleased)
+    );
+    // A lease granted by a gone owner was never counted here: nothing to end.
+    let moved = release(&mut h, Target::Moved(9)).unwrap();
+    assert_eq!((moved.returned, moved.moved), (0, true));
+    assert!(acquire(&mut h, 10).outcome.decision.allowed);
+    assert_eq!(h.shard.leases().in_flight(&c.id), 2);
+    h.shard.expire(1_000);
+    assert_eq!(
+        h.shard.leases().in_flight(&c.id),
+        1,
+        "the TTL released the second"
+    );
 }
