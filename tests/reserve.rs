@@ -357,6 +357,7 @@ async fn peer_reserve_and_commit_without_the_cluster_key_are_refused() {
         tier: None,
         amount: 900,
         ttl_ms: 1_000,
+        lease: false,
     };
     let commit_call = PeerCommitRequest {
         from_node: "intruder".into(),

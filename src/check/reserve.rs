@@ -11,7 +11,7 @@
 use crate::algorithms::Millis;
 use crate::check::plan::{self, At, FieldNames, Leaf};
 use crate::check::{CheckError, CheckInput, Checker, DescriptorInput, Verdict};
-use crate::cluster::reservation::{ReservationError, ReservationId};
+use crate::cluster::reservation::{Hold, ReservationError, ReservationId};
 use crate::cluster::{CheckItem, Decided, DescriptorOutcome};
 use crate::config::bounds::{DEFAULT_RESERVATION_TTL_MS, MAX_COST, MAX_RESERVATION_TTL_MS};
 use crate::config::rules::RuleSet;
@@ -122,6 +122,49 @@ pub fn plan_reserve(
     })
 }
 
+/// An `Acquire` (a concurrency lease) as a front end hands it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireInput<'a> {
+    /// Who is limited (1..=256 bytes).
+    pub key: &'a str,
+    /// `METHOD /path` or `/path`.
+    pub route: &'a str,
+    /// Optional tier.
+    pub tier: Option<&'a str>,
+    /// How long the lease lasts at most, in ms; `None`: [`DEFAULT_RESERVATION_TTL_MS`].
+    pub ttl_ms: Option<i64>,
+}
+
+/// Validate an acquire and match its rule, which must declare a concurrency limit
+/// (`concurrency = N`); `rules` are this node's.
+pub fn plan_acquire(
+    input: &AcquireInput<'_>,
+    rules: &RuleSet,
+) -> Result<PlannedReserve, CheckError> {
+    let planned = plan_reserve(
+        &ReserveInput {
+            key: input.key,
+            route: input.route,
+            tier: input.tier,
+            amount: Some(1),
+            ttl_ms: input.ttl_ms,
+        },
+        rules,
+    )?;
+    if planned.item.rule.concurrency.is_none() {
+        return Err(CheckError::Refused {
+            field: "key".into(),
+            reason: format!(
+                "the rule that applies (\"{}\") declares no concurrency limit: add \
+                 `concurrency = N` to it, or to a more specific rule for this key, route \
+                 or tier",
+                planned.item.rule.name
+            ),
+        });
+    }
+    Ok(planned)
+}
+
 /// Validate a commit: a well-formed id and an amount used.
 pub fn plan_commit(input: &CommitInput<'_>) -> Result<(ReservationId, u64), CheckError> {
     let id = ReservationId::parse(input.reservation_id)
@@ -149,9 +192,15 @@ impl From<ReservationError> for CheckError {
         match error {
             ReservationError::Full(m) => CheckError::Exhausted(m),
             // An owner's refusal arrives as it said it, field first.
-            ReservationError::Refused(m) => CheckError::Refused {
-                field: "reservation_id".into(),
-                reason: m.strip_prefix("reservation_id: ").unwrap_or(&m).to_string(),
+            ReservationError::Refused(m) => match m.split_once(": ") {
+                Some((field, reason)) if !field.contains(' ') => CheckError::Refused {
+                    field: field.into(),
+                    reason: reason.into(),
+                },
+                _ => CheckError::Refused {
+                    field: "reservation_id".into(),
+                    reason: m,
+                },
             },
             // The owner names the field it refused, as this node's check layer would.
             ReservationError::Invalid(m) => match m.split_once(": ") {
@@ -172,7 +221,50 @@ impl Checker {
     /// Reserve units for work priced after it is done: see `docs/reservations.md`.
     pub async fn reserve(&self, input: &ReserveInput<'_>) -> Result<ReserveVerdict, CheckError> {
         let planned = plan_reserve(input, &self.rules.load())?;
-        let reservation = self.router.reserve(&planned.item, planned.ttl_ms).await?;
+        self.hold(planned, Hold::Reservation).await
+    }
+
+    /// Acquire a concurrency lease: see `docs/reservations.md`, "Concurrency limits".
+    pub async fn acquire(&self, input: &AcquireInput<'_>) -> Result<ReserveVerdict, CheckError> {
+        let planned = plan_acquire(input, &self.rules.load())?;
+        self.hold(planned, Hold::Lease).await
+    }
+
+    /// End a lease, on its key's current owner.
+    pub async fn release(&self, lease_id: &str) -> Result<CommitVerdict, CheckError> {
+        let (id, _) = plan_commit(&CommitInput {
+            reservation_id: lease_id,
+            actual: 0,
+        })
+        .map_err(|e| match e {
+            CheckError::InvalidArgument { reason, .. } => CheckError::invalid("lease_id", reason),
+            other => other,
+        })?;
+        if id.hold != Hold::Lease {
+            return Err(CheckError::invalid(
+                "lease_id",
+                "a reservation id, not a lease id: settle it with Commit",
+            ));
+        }
+        let released = self.router.commit(&self.rules.load(), &id, 0).await;
+        released.map_err(|e| match CheckError::from(e) {
+            CheckError::Refused { reason, .. } => CheckError::Refused {
+                field: "lease_id".into(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
+    async fn hold(
+        &self,
+        planned: PlannedReserve,
+        hold: Hold,
+    ) -> Result<ReserveVerdict, CheckError> {
+        let reservation = self
+            .router
+            .reserve(&planned.item, planned.ttl_ms, hold)
+            .await?;
         let (reservation_id, expires_at) = reservation.id.unzip();
         let decided = Decided {
             descriptors: smallvec::smallvec![DescriptorOutcome {
@@ -191,6 +283,12 @@ impl Checker {
     /// Commit a reservation with the units its work used, on its key's current owner.
     pub async fn commit(&self, input: &CommitInput<'_>) -> Result<CommitVerdict, CheckError> {
         let (id, actual) = plan_commit(input)?;
+        if id.hold != Hold::Reservation {
+            return Err(CheckError::invalid(
+                "reservation_id",
+                "a lease id, not a reservation id: end it with Release",
+            ));
+        }
         Ok(self.router.commit(&self.rules.load(), &id, actual).await?)
     }
 }
@@ -286,6 +384,7 @@ mod tests {
             assert_eq!(refusal(plan_commit(&i)), expected);
         }
         let id = crate::cluster::reservation::ReservationId {
+            hold: crate::cluster::reservation::Hold::Reservation,
             owner: "a".into(),
             generation: 1,
             rule: "default".into(),

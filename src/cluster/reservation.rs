@@ -9,7 +9,10 @@
 //! id names it, and as a commit of a moved key otherwise (nothing given back, the excess
 //! charged once), so a commit needs nothing but the id, wherever it arrives.
 //!
-//! The text is plain ASCII, `r1.` then ten dot-separated lowercase hex fields (names as
+//! A concurrency lease (`Acquire`) is named the same way, with the prefix `l1.`
+//! ([`Hold::Lease`]); a `Release` is routed like a commit.
+//!
+//! The text is plain ASCII, `r1.` (or `l1.`) then ten dot-separated lowercase hex fields (names as
 //! the hex of their bytes); [`ReservationId::parse`] accepts exactly what
 //! [`ReservationId::encode`] writes and nothing else. Pure: no I/O.
 
@@ -19,8 +22,24 @@ use crate::config::bounds::{MAX_COST, MAX_RESERVATION_ID_BYTES};
 use crate::shard::reservations::{Claim, Settled, Ticket};
 use crate::shard::KeyId;
 
-/// Version prefix of the id text: a different layout gets a different prefix.
-const PREFIX: &str = "r1";
+/// What an id holds: units of a counter (`Reserve`) or a place in flight (`Acquire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// A reservation, settled by `Commit`.
+    Reservation,
+    /// A concurrency lease, ended by `Release`.
+    Lease,
+}
+
+impl Hold {
+    /// The id text's prefix (its kind and layout version).
+    fn prefix(self) -> &'static str {
+        match self {
+            Hold::Reservation => "r1",
+            Hold::Lease => "l1",
+        }
+    }
+}
 
 /// Longest node id or rule name an id carries (both are bounded to 64 bytes where they
 /// are defined).
@@ -29,6 +48,8 @@ const MAX_NAME_BYTES: usize = 64;
 /// A reservation's id, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationId {
+    /// A reservation's or a lease's.
+    pub hold: Hold,
     /// The node that made it.
     pub owner: String,
     /// That node's generation then: a restarted node is another owner.
@@ -62,7 +83,8 @@ impl ReservationId {
     pub fn encode(&self) -> String {
         let c = &self.claim;
         format!(
-            "{PREFIX}.{}.{:x}.{}.{:x}.{:x}.{:x}.{:x}.{:x}.{:x}.{:x}",
+            "{}.{}.{:x}.{}.{:x}.{:x}.{:x}.{:x}.{:x}.{:x}.{:x}",
+            self.hold.prefix(),
             hex(&self.owner),
             self.generation,
             hex(&self.rule),
@@ -94,14 +116,16 @@ impl ReservationId {
         else {
             return Err(malformed());
         };
-        if prefix != PREFIX {
-            return Err(malformed());
-        }
+        let hold = [Hold::Reservation, Hold::Lease]
+            .into_iter()
+            .find(|h| h.prefix() == prefix)
+            .ok_or_else(malformed)?;
         let name = |h: &str| unhex(h).filter(|n| (1..=MAX_NAME_BYTES).contains(&n.len()));
         let amount = number(amount)
             .filter(|a| (1..=MAX_COST as u64).contains(a))
             .ok_or_else(malformed)?;
         Ok(Self {
+            hold,
             owner: name(owner).ok_or_else(malformed)?,
             generation: number(generation).ok_or_else(malformed)?,
             rule: name(rule).ok_or_else(malformed)?,
@@ -198,6 +222,7 @@ mod tests {
 
     fn sample() -> ReservationId {
         ReservationId {
+            hold: Hold::Reservation,
             owner: "node-1".into(),
             generation: 1_796_000_000_123_456_789,
             rule: "llm tokens".into(),
@@ -235,6 +260,7 @@ mod tests {
     #[test]
     fn the_longest_id_fits_the_bound() {
         let id = ReservationId {
+            hold: Hold::Lease,
             owner: "n".repeat(MAX_NAME_BYTES),
             generation: u64::MAX,
             rule: "r".repeat(MAX_NAME_BYTES),
@@ -305,9 +331,10 @@ mod tests {
         fn every_id_reads_back(
             owner in "[a-z0-9.-]{1,64}", rule in "\\PC{1,16}", generation: u64, serial: u64,
             tag: u64, placement: u64, disc: u64, fingerprint: u64,
-            amount in 1u64..=1_000_000_000, expires_at: u64,
+            amount in 1u64..=1_000_000_000, expires_at: u64, lease: bool,
         ) {
             let id = ReservationId {
+                hold: if lease { Hold::Lease } else { Hold::Reservation },
                 owner,
                 generation,
                 rule,

@@ -284,6 +284,13 @@ impl WireAnswer for crate::proto::CommitResponse {
     }
 }
 
+/// A prost message answers as prost encodes it (`Release`'s answer).
+impl WireAnswer for crate::proto::ReleaseResponse {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        self.encode_raw(buf);
+    }
+}
+
 /// The codec of `proto::v1_server`: [`SlicingDecoder`] for requests, answers
 /// encoded by their [`WireAnswer`] implementation.
 #[derive(Debug, Clone)]

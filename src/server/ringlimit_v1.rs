@@ -18,7 +18,7 @@ use tonic::{Request, Status};
 pub use super::ringlimit_v1_wire::{
     BatchAnswer, CheckAnswer, ReserveAnswer, Text, V1BatchRequest, V1Descriptor, V1Request,
 };
-use crate::check::reserve::{CommitInput, ReserveInput};
+use crate::check::reserve::{AcquireInput, CommitInput, ReserveInput};
 use crate::check::{At, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf};
 use crate::proto;
 use crate::proto::v1_server::rate_limiter_server::RateLimiter;
@@ -190,6 +190,41 @@ impl RateLimiter for RateLimitService {
             limit,
             remaining,
             rule: committed.rule,
+        }))
+    }
+
+    async fn acquire(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<tonic::Response<ReserveAnswer>, Status> {
+        let r = request.into_inner();
+        let input = AcquireInput {
+            key: &r.key,
+            route: &r.route,
+            tier: r.tier.as_deref(),
+            ttl_ms: r.ttl_ms,
+        };
+        let reserved = self.checker.acquire(&input).await?;
+        Ok(tonic::Response::new(ReserveAnswer { reserved }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<proto::ReleaseRequest>,
+    ) -> Result<tonic::Response<proto::ReleaseResponse>, Status> {
+        let released = self.checker.release(&request.into_inner().lease_id).await?;
+        let s = &released.settled;
+        let (limit, remaining) = crate::check::reserve::after(s);
+        Ok(tonic::Response::new(proto::ReleaseResponse {
+            released: s.returned > 0,
+            moved: s.moved,
+            decider: Some(proto::Decider {
+                node_id: released.decider.node_id.to_string(),
+                generation: released.decider.generation,
+            }),
+            limit,
+            remaining,
+            rule: released.rule,
         }))
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::algorithms::Decision;
 use crate::algorithms::Millis;
-use crate::cluster::reservation::{Committed, ReservationError};
+use crate::cluster::reservation::{Committed, Hold, ReservationError};
 use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, InlineRules};
 use crate::config::rules::{RulesSource, Stamp};
@@ -237,9 +237,11 @@ pub fn counters_error(peer: &str, status: Option<&tonic::Status>) -> CountersErr
     }
 }
 
-/// Node `me` asking a key's owner to reserve `item` (its cost is the amount).
-pub fn reserve_request(me: &str, item: &CheckItem, ttl_ms: u64) -> PeerReserveRequest {
+/// Node `me` asking a key's owner to reserve `item` (its cost is the amount), or to
+/// grant a lease of it.
+pub fn reserve_request(me: &str, item: &CheckItem, ttl_ms: u64, hold: Hold) -> PeerReserveRequest {
     PeerReserveRequest {
+        lease: hold == Hold::Lease,
         from_node: me.to_string(),
         key: item.client().to_string(),
         route: item.route().to_string(),

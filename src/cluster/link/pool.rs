@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 
 use crate::algorithms::Millis;
-use crate::cluster::reservation::{Committed, ReservationError};
+use crate::cluster::reservation::{Committed, Hold, ReservationError};
 use crate::cluster::rules_edit::RulesEdit;
 use crate::cluster::{CheckItem, InlineRules, Remote};
 use crate::membership::Member;
@@ -272,17 +272,18 @@ impl PeerPool {
         .map_err(|status| calls::counters_error(&owner.node_id, status.as_ref()))
     }
 
-    /// Ask `owner` to reserve `item` for `ttl_ms`: its check, and the id when admitted.
-    /// Never batched, never retried: a reservation whose answer was lost expires at its
-    /// TTL on the owner, committed at its amount.
+    /// Ask `owner` to reserve `item` for `ttl_ms` (or to grant a lease of it): its
+    /// check, and the id when admitted. Never batched, never retried: a reservation or
+    /// lease whose answer was lost ends at its TTL on the owner.
     pub async fn reserve(
         &self,
         owner: &Member,
         item: &CheckItem,
         ttl_ms: u64,
+        hold: Hold,
     ) -> Result<(Remote, Option<(String, Millis)>), ReservationError> {
         let mut client = self.link(owner).client.clone();
-        let request = calls::reserve_request(&self.me, item, ttl_ms);
+        let request = calls::reserve_request(&self.me, item, ttl_ms, hold);
         bounded(self.config.timeout, client.reserve(request))
             .await
             .map_err(|status| calls::reservation_error(&owner.node_id, status.as_ref()))

@@ -6,7 +6,7 @@
 //! fail-open answer: a reservation lives on its owner, and nowhere else could make one.
 
 use crate::cluster::policy;
-use crate::cluster::reservation::{Committed, Reservation, ReservationError, ReservationId};
+use crate::cluster::reservation::{Committed, Hold, Reservation, ReservationError, ReservationId};
 use crate::cluster::CheckItem;
 use crate::config::rules::RuleSet;
 use crate::shard::reservations::{Claim, Op, Reply, Target};
@@ -14,21 +14,23 @@ use crate::shard::reservations::{Claim, Op, Reply, Target};
 use super::Router;
 
 impl Router {
-    /// Reserve `item.cost` units of `item`'s counter for `ttl_ms`, on the key's owner.
+    /// Reserve `item.cost` units of `item`'s counter for `ttl_ms` (or, for a
+    /// [`Hold::Lease`], acquire a lease of it), on the key's owner.
     pub async fn reserve(
         &self,
         item: &CheckItem,
         ttl_ms: u64,
+        hold: Hold,
     ) -> Result<Reservation, ReservationError> {
         let view = self.view();
         let owner = view
             .owner_of_placement(item.id.placement)
             .ok_or(ReservationError::NoOwner)?;
         if owner.node_id == *self.me.node_id {
-            return self.reserve_here(item, ttl_ms).await;
+            return self.reserve_here(item, ttl_ms, hold).await;
         }
         self.metrics.forwarded.increment(1);
-        let (remote, id) = self.peers.reserve(owner, item, ttl_ms).await?;
+        let (remote, id) = self.peers.reserve(owner, item, ttl_ms, hold).await?;
         Ok(Reservation {
             answer: policy::remote_answer(item, remote, owner),
             id,
@@ -41,6 +43,7 @@ impl Router {
         &self,
         item: &CheckItem,
         ttl_ms: u64,
+        hold: Hold,
     ) -> Result<Reservation, ReservationError> {
         if !self.restore.is_done() {
             // Restarted, its counters not restored from their successors yet: not an
@@ -48,27 +51,45 @@ impl Router {
             return Err(crate::shard::ShardError::Restoring.into());
         }
         let charge = item.charge();
-        let op = Op::Reserve {
-            charge: charge.clone(),
-            ttl_ms,
+        let op = match hold {
+            Hold::Reservation => Op::Reserve {
+                charge: charge.clone(),
+                ttl_ms,
+            },
+            Hold::Lease => Op::Acquire {
+                charge: charge.clone(),
+                ttl_ms,
+            },
         };
-        let Reply::Reserved(opened) = self.shards.reservation(item.id.placement, op).await? else {
-            unreachable!("a reserve op is answered as one");
+        let (Reply::Reserved(opened) | Reply::Acquired(opened)) =
+            self.shards.reservation(item.id.placement, op).await?
+        else {
+            unreachable!("a reserve or acquire op is answered as one");
         };
         let opened = opened.map_err(|full| ReservationError::Full(full.to_string()))?;
         let o = opened.outcome;
         let answer = policy::local_answer(item, &self.me, o.decision, o.sequence, o.at, charge);
         let id = opened.reservation.map(|(ticket, expires_at)| {
             let id = ReservationId {
+                hold,
                 owner: self.me.node_id.to_string(),
                 generation: self.me.generation,
                 rule: item.rule.name.to_string(),
                 ticket,
-                claim: Claim {
-                    counter: item.id,
-                    fingerprint: item.rule.fingerprint,
-                    amount: item.cost.get(),
-                    expires_at,
+                claim: match hold {
+                    Hold::Reservation => Claim {
+                        counter: item.id,
+                        fingerprint: item.rule.fingerprint,
+                        amount: item.cost.get(),
+                        expires_at,
+                    },
+                    // What a lease's tag covers: the counter and the expiry.
+                    Hold::Lease => Claim {
+                        counter: item.id,
+                        fingerprint: 0,
+                        amount: 1,
+                        expires_at,
+                    },
                 },
             };
             (id.encode(), expires_at)
@@ -76,7 +97,8 @@ impl Router {
         Ok(Reservation { answer, id })
     }
 
-    /// Commit reservation `id` with `actual` units, on the current owner of its key.
+    /// Commit reservation `id` with `actual` units (or release lease `id`), on the
+    /// current owner of its key.
     pub async fn commit(
         &self,
         rules: &RuleSet,
@@ -112,19 +134,28 @@ impl Router {
         // The counter is touched only under the numbers it was charged under.
         let rule = rules
             .get(&id.rule)
-            .filter(|r| r.fingerprint == id.claim.fingerprint)
+            .filter(|r| id.hold == Hold::Lease || r.fingerprint == id.claim.fingerprint)
             .cloned();
         let name = rule.as_ref().map_or(String::new(), |r| r.name.to_string());
-        let op = Op::Commit {
-            target,
-            claim: id.claim,
-            actual,
-            rule,
+        let op = match id.hold {
+            Hold::Reservation => Op::Commit {
+                target,
+                claim: id.claim,
+                actual,
+                rule,
+            },
+            Hold::Lease => Op::Release {
+                target,
+                claim: id.claim,
+                rule,
+            },
         };
-        let Reply::Committed(settled) = self.shards.reservation(id.placement(), op).await? else {
-            unreachable!("a commit op is answered as one");
+        let settled = match self.shards.reservation(id.placement(), op).await? {
+            Reply::Committed(settled) => settled.map_err(|r| r.to_string()),
+            Reply::Released(settled) => settled.map_err(|r| r.to_string()),
+            _ => unreachable!("a commit or release op is answered as one"),
         };
-        let settled = settled.map_err(|refused| ReservationError::Refused(refused.to_string()))?;
+        let settled = settled.map_err(ReservationError::Refused)?;
         Ok(Committed {
             settled,
             decider: self.me.clone(),

@@ -5,9 +5,12 @@
 
 use tonic::Status;
 
-use crate::check::reserve::{plan_commit, plan_reserve, CommitInput, ReserveInput};
+use crate::check::reserve::{
+    plan_acquire, plan_commit, plan_reserve, AcquireInput, CommitInput, ReserveInput,
+};
 use crate::check::CheckError;
 use crate::cluster::link;
+use crate::cluster::reservation::Hold;
 use crate::proto::peer::{
     PeerCommitRequest, PeerCommitResponse, PeerReserveRequest, PeerReserveResponse,
 };
@@ -21,7 +24,8 @@ fn signed(n: u64) -> i64 {
 }
 
 impl PeerService {
-    /// Reserve on this node for a peer: its check, and the id when admitted.
+    /// Reserve (or acquire a lease) on this node for a peer: its check, and the id when
+    /// admitted.
     pub(super) async fn reserve_here(
         &self,
         r: PeerReserveRequest,
@@ -33,10 +37,21 @@ impl PeerService {
             amount: Some(signed(r.amount)),
             ttl_ms: Some(signed(r.ttl_ms)),
         };
-        let planned = plan_reserve(&input, &self.rules.load())?;
+        let rules = self.rules.load();
+        let (planned, hold) = if r.lease {
+            let acquire = AcquireInput {
+                key: input.key,
+                route: input.route,
+                tier: input.tier,
+                ttl_ms: input.ttl_ms,
+            };
+            (plan_acquire(&acquire, &rules)?, Hold::Lease)
+        } else {
+            (plan_reserve(&input, &rules)?, Hold::Reservation)
+        };
         let reservation = self
             .router
-            .reserve_here(&planned.item, planned.ttl_ms)
+            .reserve_here(&planned.item, planned.ttl_ms, hold)
             .await
             .map_err(CheckError::from)?;
         let me = self.router.me();
@@ -50,7 +65,7 @@ impl PeerService {
         })
     }
 
-    /// Commit on this node for a peer that found it the key's owner.
+    /// Commit (or release) on this node for a peer that found it the key's owner.
     pub(super) async fn commit_here(
         &self,
         r: PeerCommitRequest,
