@@ -422,6 +422,52 @@ mod tests {
         );
     }
 
+    fn wild() -> impl proptest::strategy::Strategy<Value = i64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(0),
+            Just(-1),
+            Just(i64::MIN),
+            Just(i64::MAX),
+            -5i64..2_000,
+            any::<i64>()
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any input is planned or refused naming one of the request's fields; never a
+        /// panic, and a plan always holds a cost and TTL inside the bounds.
+        #[test]
+        fn any_reservation_input_is_planned_or_refused_by_field(
+            key in ".{0,300}", route in ".{0,40}", tier in proptest::option::of(".{0,70}"),
+            amount in proptest::option::of(wild()), ttl in proptest::option::of(wild()),
+            id in ".{0,80}", actual in wild(),
+        ) {
+            let rules = RuleSet::builtin();
+            let input = ReserveInput { key: &key, route: &route, tier: tier.as_deref(), amount, ttl_ms: ttl };
+            let fields = ["key", "route", "tier", "amount", "ttl_ms", "reservation_id", "actual"];
+            let by_field = |e: CheckError| match e {
+                CheckError::InvalidArgument { field, .. } | CheckError::Refused { field, .. } => {
+                    fields.contains(&field.as_str())
+                }
+                _ => false,
+            };
+            match plan_reserve(&input, &rules) {
+                Ok(p) => {
+                    proptest::prop_assert!(p.item.cost.get() <= 100);
+                    proptest::prop_assert!((1..=MAX_RESERVATION_TTL_MS as u64).contains(&p.ttl_ms));
+                }
+                Err(e) => proptest::prop_assert!(by_field(e)),
+            }
+            let acquire = AcquireInput { key: &key, route: &route, tier: tier.as_deref(), ttl_ms: ttl };
+            // The built-in rule declares no concurrency limit: never granted a plan.
+            proptest::prop_assert!(plan_acquire(&acquire, &rules).is_err_and(by_field));
+            if let Err(e) = plan_commit(&CommitInput { reservation_id: &id, actual }) {
+                proptest::prop_assert!(by_field(e));
+            }
+        }
+    }
+
     #[test]
     fn an_owners_refusal_keeps_its_field() {
         let e: CheckError = ReservationError::Invalid("amount: too big".into()).into();
