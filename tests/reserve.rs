@@ -383,3 +383,47 @@ async fn peer_reserve_and_commit_without_the_cluster_key_are_refused() {
     );
     shutdown(nodes).await;
 }
+
+/// The replicas `node` holds for keys whose successor it is (`Peer/Status`, signed).
+async fn replicas_held(node: &RunningNode) -> u64 {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.peer_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let keyring = Keyring::from_text(ringlimit::node::config::TEST_CLUSTER_SECRET).unwrap();
+    let mut peer = PeerClient::new(Signed::new(channel, Some(keyring), "test".into()));
+    let status = peer.status(ringlimit::proto::peer::StatusRequest {}).await;
+    status.unwrap().into_inner().replicas
+}
+
+/// A reservation's charge is replicated like a check's; when its owner crashes, the
+/// commit arrives at the key's new owner (the successor, which promotes its replica):
+/// applied as moved, nothing given back, and the count goes on from the reservation.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_the_owner_crashes_a_commit_is_applied_on_the_successors_promoted_count() {
+    let (_dir, rules) = rules_file(RULES);
+    let mut nodes = two_nodes(&rules).await;
+    let key = key_owned_by("a", &["a", "b"], "crash-");
+    let r = reserve(&nodes[1], &key, 400).await;
+    assert_eq!(r.check.as_ref().unwrap().remaining, 600);
+    // Polled, not slept: the successor holds the replica within a few intervals.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while replicas_held(&nodes[1]).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no replica reached b"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes.remove(0).shutdown().await;
+    common::wait_converged(&nodes, 1).await;
+    let done = commit(&nodes[0], &r.reservation_id, 100).await.unwrap();
+    assert!(done.moved, "{done:?}");
+    assert_eq!(done.decider.unwrap().node_id, "b");
+    assert_eq!((done.returned, done.charged, done.remaining), (0, 0, 600));
+    let status = commit(&nodes[0], &r.reservation_id, 100).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "once");
+    assert_eq!(remaining_after_one(&nodes[0], &key).await, 599);
+    shutdown(nodes).await;
+}
