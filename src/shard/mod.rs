@@ -571,7 +571,8 @@ struct Actor {
     unlogged_evictions: u64,
     unlogged_denied_evictions: u64,
     last_eviction_log: Millis,
-    /// Open reservations of this shard's keys (`reservations.rs`).
+    /// Open reservations and concurrency leases of this shard's keys
+    /// (`reservations.rs`, `leases.rs`).
     reservations: reservations::ReservationShard,
 }
 
