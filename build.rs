@@ -87,6 +87,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(
             ".ringlimit.v1.CheckBatchRequest",
             "crate::server::ringlimit_v1::V1BatchRequest",
+        )
+        .extern_path(
+            ".ringlimit.v1.ReserveResponse",
+            "crate::server::ringlimit_v1::ReserveAnswer",
+        )
+        // The same layout (check = 1, id = 2, expires_at = 3), written by the same type.
+        .extern_path(
+            ".ringlimit.v1.AcquireResponse",
+            "crate::server::ringlimit_v1::ReserveAnswer",
         );
     tonic_prost_build::configure()
         .build_client(false)

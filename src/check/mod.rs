@@ -11,6 +11,8 @@
 //! - [`verdict`]: the pure combination of descriptor answers into the overall verdict.
 //! - [`forwarded`]: what a peer forwards (checks, refunds), re-planned by the owner with
 //!   the same code.
+//! - [`reserve`]: `Reserve` and `Commit` (units charged now for work priced after it
+//!   is done), planned like a one-descriptor check and sent to the key's owner.
 //! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
 //!   is invalid) and has the cluster decide it.
 //!
@@ -23,6 +25,7 @@ pub mod domain;
 pub mod forwarded;
 pub mod gubernator;
 pub mod plan;
+pub mod reserve;
 pub mod verdict;
 
 use std::sync::Arc;
@@ -86,6 +89,23 @@ pub enum CheckError {
         /// Its rule.
         rule: String,
     },
+    /// What the request names cannot be acted on (a reservation already committed,
+    /// expired, or never made); nothing changed. gRPC `FAILED_PRECONDITION`.
+    #[error("{field}: {reason}")]
+    Refused {
+        /// The field naming it.
+        field: String,
+        /// Why, in words a caller can act on.
+        reason: String,
+    },
+    /// A bounded table on the deciding node is full (its open reservations); nothing
+    /// was charged. gRPC `RESOURCE_EXHAUSTED`.
+    #[error("{0}")]
+    Exhausted(String),
+    /// The node that must decide (a reservation's owner) could not be reached, and
+    /// nothing else may decide in its place. gRPC `UNAVAILABLE`.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl CheckError {

@@ -11,6 +11,8 @@
 //!   everything else speaks the domain types below.
 //! - [`handoff`]: pushes state to new owners on ring changes.
 //! - [`deny_cache`]: "denied until T", answered without a hop.
+//! - [`reservation`]: reservation ids and answers (`Reserve`/`Commit`); the router
+//!   sends each to its key's owner (`router/reserve.rs`).
 //! - [`rules`]: the rule set as cluster state: versioned, written through the API,
 //!   copied between members over the peer face, persisted.
 //! - [`rules_edit`]: a rules write as it travels (what `rules` applies and `link`
@@ -24,6 +26,7 @@ pub mod handoff;
 pub mod link;
 pub mod policy;
 pub mod replication;
+pub mod reservation;
 pub mod router;
 pub mod rules;
 pub mod rules_edit;

@@ -26,6 +26,8 @@ use crate::ring::RingDiff;
 use crate::shard::counters::{ClientCounters, ClientQuery};
 use crate::shard::{Charge, ShardError, Shards};
 
+mod reserve;
+
 /// The owners' answers to one check's forwarded descriptors, in plan order: inline for
 /// one (a unary check's usual case).
 type Remotes =

@@ -25,6 +25,16 @@ pub const MAX_COST: i64 = 1_000_000_000;
 pub const MAX_DESCRIPTORS: usize = 8;
 /// Checks per batch call (`ringlimit.v1` `CheckBatch`).
 pub const MAX_BATCH: usize = 1000;
+/// Longest a reservation (`Reserve`) waits for its commit, in ms: one hour, longer than
+/// any model response a gateway waits for. A reservation holds a slot of its owner's
+/// bounded table until it is committed or its TTL ends.
+pub const MAX_RESERVATION_TTL_MS: i64 = 3_600_000;
+/// A reservation's TTL when the request sets none, in ms.
+pub const DEFAULT_RESERVATION_TTL_MS: u64 = 60_000;
+/// Longest reservation id accepted, in bytes (an id this node makes is at most ~440).
+pub const MAX_RESERVATION_ID_BYTES: usize = 512;
+/// Largest concurrency limit a rule may declare (`concurrency = N`: requests in flight).
+pub const MAX_CONCURRENCY: u64 = 1_000_000;
 /// Items per forwarded batch or refund call between members: a sender batches at most
 /// what a client's batch could hold.
 pub const MAX_FORWARD_ITEMS: usize = MAX_BATCH;

@@ -277,6 +277,20 @@ impl WireAnswer for crate::proto::TopologyResponse {
     }
 }
 
+/// A prost message answers as prost encodes it (`Commit`'s answer).
+impl WireAnswer for crate::proto::CommitResponse {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        self.encode_raw(buf);
+    }
+}
+
+/// A prost message answers as prost encodes it (`Release`'s answer).
+impl WireAnswer for crate::proto::ReleaseResponse {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        self.encode_raw(buf);
+    }
+}
+
 /// The codec of `proto::v1_server`: [`SlicingDecoder`] for requests, answers
 /// encoded by their [`WireAnswer`] implementation.
 #[derive(Debug, Clone)]

@@ -63,7 +63,11 @@ impl From<CheckError> for tonic::Status {
             CheckError::Shard(ShardError::Overloaded(_)) => ("overloaded", String::new()),
             CheckError::Shard(ShardError::Stopped(_)) => ("unavailable", String::new()),
             CheckError::Shard(ShardError::Restoring) => ("restoring", String::new()),
-            CheckError::Unavailable { .. } => ("owner_unreachable", String::new()),
+            CheckError::Unavailable { .. } | CheckError::Unreachable(_) => {
+                ("owner_unreachable", String::new())
+            }
+            CheckError::Refused { field, .. } => ("refused", field_label(field)),
+            CheckError::Exhausted(_) => ("full", String::new()),
         };
         metrics::counter!("ringlimit_refused_total", "reason" => reason, "field" => field)
             .increment(1);
@@ -74,7 +78,11 @@ impl From<CheckError> for tonic::Status {
             CheckError::Shard(ShardError::Overloaded(_)) => {
                 tonic::Status::resource_exhausted(error.to_string())
             }
-            CheckError::Unavailable { .. } => tonic::Status::unavailable(error.to_string()),
+            CheckError::Unavailable { .. } | CheckError::Unreachable(_) => {
+                tonic::Status::unavailable(error.to_string())
+            }
+            CheckError::Refused { .. } => tonic::Status::failed_precondition(error.to_string()),
+            CheckError::Exhausted(_) => tonic::Status::resource_exhausted(error.to_string()),
             CheckError::Shard(ShardError::Stopped(_) | ShardError::Restoring) => {
                 tonic::Status::unavailable(error.to_string())
             }
@@ -91,7 +99,8 @@ impl From<CheckError> for tonic::Status {
 }
 
 /// The trailer every refusal carries: why, as in `ringlimit_refused_total{reason}`
-/// (`invalid_argument`, `overloaded`, `unavailable`, `owner_unreachable`).
+/// (`invalid_argument`, `overloaded`, `unavailable`, `owner_unreachable`, `refused`,
+/// `full`).
 pub const REASON_METADATA: &str = "ringlimit-reason";
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ use crate::shard::counters::{ClientQuery, CounterReading};
 use crate::shard::{Exported, KeyId, Refund};
 
 mod replicas;
+mod reserve;
 mod stream;
 pub use stream::{ForwardAnswers, Intake, STREAM_IN_FLIGHT};
 
@@ -562,6 +563,22 @@ impl Peer for PeerService {
             );
         }
         Ok(Response::new(link::calls::counters_response(&answer)))
+    }
+
+    async fn reserve(
+        &self,
+        request: Request<crate::proto::peer::PeerReserveRequest>,
+    ) -> Result<Response<crate::proto::peer::PeerReserveResponse>, Status> {
+        Ok(Response::new(
+            self.reserve_here(request.into_inner()).await?,
+        ))
+    }
+
+    async fn commit(
+        &self,
+        request: Request<crate::proto::peer::PeerCommitRequest>,
+    ) -> Result<Response<crate::proto::peer::PeerCommitResponse>, Status> {
+        Ok(Response::new(self.commit_here(request.into_inner()).await?))
     }
 
     async fn rules(

@@ -16,8 +16,9 @@ use tonic::{Request, Status};
 
 /// The wire types of this API's requests and answers, with their codec.
 pub use super::ringlimit_v1_wire::{
-    BatchAnswer, CheckAnswer, Text, V1BatchRequest, V1Descriptor, V1Request,
+    BatchAnswer, CheckAnswer, ReserveAnswer, Text, V1BatchRequest, V1Descriptor, V1Request,
 };
+use crate::check::reserve::{AcquireInput, CommitInput, ReserveInput};
 use crate::check::{At, CheckInput, Checker, DescriptorInput, Descriptors, FieldNames, Leaf};
 use crate::proto;
 use crate::proto::v1_server::rate_limiter_server::RateLimiter;
@@ -146,6 +147,84 @@ impl RateLimiter for RateLimitService {
             placement_version: crate::ring::PLACEMENT,
             ring_digest: view.ring.digest(),
             node_id: self.checker.me().to_string(),
+        }))
+    }
+
+    async fn reserve(
+        &self,
+        request: Request<proto::ReserveRequest>,
+    ) -> Result<tonic::Response<ReserveAnswer>, Status> {
+        let r = request.into_inner();
+        let input = ReserveInput {
+            key: &r.key,
+            route: &r.route,
+            tier: r.tier.as_deref(),
+            amount: r.amount,
+            ttl_ms: r.ttl_ms,
+        };
+        let reserved = self.checker.reserve(&input).await?;
+        Ok(tonic::Response::new(ReserveAnswer { reserved }))
+    }
+
+    async fn commit(
+        &self,
+        request: Request<proto::CommitRequest>,
+    ) -> Result<tonic::Response<proto::CommitResponse>, Status> {
+        let r = request.into_inner();
+        let input = CommitInput {
+            reservation_id: &r.reservation_id,
+            actual: r.actual,
+        };
+        let committed = self.checker.commit(&input).await?;
+        let s = &committed.settled;
+        let (limit, remaining) = crate::check::reserve::after(s);
+        Ok(tonic::Response::new(proto::CommitResponse {
+            returned: s.returned,
+            charged: s.charged,
+            uncharged: s.uncharged,
+            moved: s.moved,
+            decider: Some(proto::Decider {
+                node_id: committed.decider.node_id.to_string(),
+                generation: committed.decider.generation,
+            }),
+            limit,
+            remaining,
+            rule: committed.rule,
+        }))
+    }
+
+    async fn acquire(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<tonic::Response<ReserveAnswer>, Status> {
+        let r = request.into_inner();
+        let input = AcquireInput {
+            key: &r.key,
+            route: &r.route,
+            tier: r.tier.as_deref(),
+            ttl_ms: r.ttl_ms,
+        };
+        let reserved = self.checker.acquire(&input).await?;
+        Ok(tonic::Response::new(ReserveAnswer { reserved }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<proto::ReleaseRequest>,
+    ) -> Result<tonic::Response<proto::ReleaseResponse>, Status> {
+        let released = self.checker.release(&request.into_inner().lease_id).await?;
+        let s = &released.settled;
+        let (limit, remaining) = crate::check::reserve::after(s);
+        Ok(tonic::Response::new(proto::ReleaseResponse {
+            released: s.returned > 0,
+            moved: s.moved,
+            decider: Some(proto::Decider {
+                node_id: released.decider.node_id.to_string(),
+                generation: released.decider.generation,
+            }),
+            limit,
+            remaining,
+            rule: released.rule,
         }))
     }
 }

@@ -360,6 +360,32 @@ impl super::codec::WireAnswer for BatchAnswer {
     }
 }
 
+/// The answer to one `Reserve`: its check's verdict and, when allowed, the reservation,
+/// written as a `ReserveResponse` (the check as its `CheckResponse`, encoded like
+/// `Check`'s answer).
+#[derive(Debug)]
+pub struct ReserveAnswer {
+    pub(super) reserved: crate::check::reserve::ReserveVerdict,
+}
+
+impl ReserveAnswer {
+    /// The reservation's verdict.
+    pub fn reserved(&self) -> &crate::check::reserve::ReserveVerdict {
+        &self.reserved
+    }
+}
+
+impl super::codec::WireAnswer for ReserveAnswer {
+    fn encode_to(&self, buf: &mut impl bytes::BufMut) {
+        use wire::Sink;
+        let r = &self.reserved;
+        let mut writer = wire::Writer(buf);
+        writer.message(1, &WireResponse(&r.verdict));
+        writer.text(2, r.reservation_id.as_deref().unwrap_or(""));
+        writer.int(3, reset_at(r.expires_at));
+    }
+}
+
 /// A `reset_at` on the wire is an `int64`; a later time than it can say is clamped.
 fn reset_at(ms: u64) -> i64 {
     ms.min(i64::MAX as u64) as i64

@@ -15,8 +15,10 @@
 
 pub mod counters;
 pub mod identity;
+pub mod leases;
 pub mod replicas;
 pub mod replication;
+pub mod reservations;
 pub mod store;
 
 use std::num::NonZeroU64;
@@ -203,6 +205,10 @@ enum Command {
         reply: oneshot::Sender<Vec<counters::CounterReading>>,
     },
     Replication(replication::Command),
+    Reservation {
+        op: reservations::Op,
+        reply: oneshot::Sender<reservations::Reply>,
+    },
 }
 
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
@@ -255,6 +261,10 @@ impl Shards {
                     unlogged_evictions: 0,
                     unlogged_denied_evictions: 0,
                     last_eviction_log: 0,
+                    reservations: reservations::ReservationShard::new(
+                        index,
+                        reservations::random_key(),
+                    ),
                 };
                 // In the spawning node's span, so eviction logs name the node.
                 tracker.spawn(tracing::Instrument::in_current_span(actor.run(
@@ -561,6 +571,9 @@ struct Actor {
     unlogged_evictions: u64,
     unlogged_denied_evictions: u64,
     last_eviction_log: Millis,
+    /// Open reservations and concurrency leases of this shard's keys
+    /// (`reservations.rs`, `leases.rs`).
+    reservations: reservations::ReservationShard,
 }
 
 impl Actor {
@@ -666,6 +679,9 @@ impl Actor {
                 let churn = self.replicas.handle(command, &mut self.store, now);
                 self.record_churn(churn);
             }
+            Command::Reservation { op, reply } => {
+                let _ = reply.send(self.reservation(op, now));
+            }
         }
     }
 
@@ -735,6 +751,7 @@ impl Actor {
         // ~16 ticks, while one tick stays a sub-millisecond pause.
         let budget = (self.store.len() / 16).max(1024);
         let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
+        self.reservations.expire(now);
         self.record_churn(Churn {
             expired,
             ..Churn::default()

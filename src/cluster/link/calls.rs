@@ -3,17 +3,21 @@
 
 use std::time::Duration;
 
+use crate::algorithms::Decision;
 use crate::algorithms::Millis;
+use crate::cluster::reservation::{Committed, Hold, ReservationError};
 use crate::cluster::rules_edit::{Refusal, RulesEdit, Written};
 use crate::cluster::{CheckItem, InlineRules};
 use crate::config::rules::{RulesSource, Stamp};
 use crate::membership::Member;
 use crate::proto::peer::{
     CounterState, CountersRequest, CountersResponse, InstallRequest, KeyState as WireState,
+    PeerCommitRequest, PeerCommitResponse, PeerReserveRequest, PeerReserveResponse,
     RefundItem as WireRefund, RefundRequest, RestoreRequest, RulesRequest, RulesResponse,
     WriteRulesRequest, WriteRulesResponse,
 };
 use crate::shard::counters::{ClientCounters, ClientQuery, CounterReading};
+use crate::shard::reservations::Settled;
 use crate::shard::Exported;
 
 use super::wire::{wire_inline, wire_named};
@@ -230,6 +234,108 @@ pub fn counters_error(peer: &str, status: Option<&tonic::Status>) -> CountersErr
             CountersError::Refused(s.message().to_string())
         }
         _ => CountersError::Failed(call_error(peer, status)),
+    }
+}
+
+/// Node `me` asking a key's owner to reserve `item` (its cost is the amount), or to
+/// grant a lease of it.
+pub fn reserve_request(me: &str, item: &CheckItem, ttl_ms: u64, hold: Hold) -> PeerReserveRequest {
+    PeerReserveRequest {
+        lease: hold == Hold::Lease,
+        from_node: me.to_string(),
+        key: item.client().to_string(),
+        route: item.route().to_string(),
+        tier: item.tier.as_deref().map(str::to_string),
+        amount: item.cost.get(),
+        ttl_ms,
+    }
+}
+
+/// An owner's answer to a reservation: its check, and the id when admitted. An answer
+/// without its check is a broken peer's, said as a failed call.
+pub fn reserve_answer(
+    r: PeerReserveResponse,
+    item: &CheckItem,
+) -> Result<(crate::cluster::Remote, Option<(String, Millis)>), ReservationError> {
+    let decider = crate::cluster::Decider {
+        node_id: std::sync::Arc::from(r.node_id.as_str()),
+        generation: r.generation,
+    };
+    let outcome = r.outcome.ok_or_else(|| {
+        ReservationError::Unreachable(ForwardError::Unreachable(
+            r.node_id.clone(),
+            "a reservation answer without its check".into(),
+        ))
+    })?;
+    let remote = super::wire::remote(outcome, &decider, item.rule.name.clone());
+    let id = (!r.reservation_id.is_empty()).then_some((r.reservation_id, r.expires_at));
+    Ok((remote, id))
+}
+
+/// Node `me` sending a commit to the current owner of the reservation's key.
+pub fn commit_request(me: &str, id: &str, actual: u64) -> PeerCommitRequest {
+    PeerCommitRequest {
+        from_node: me.to_string(),
+        reservation_id: id.to_string(),
+        actual,
+    }
+}
+
+/// What the owner did with a commit.
+pub fn commit_answer(r: PeerCommitResponse) -> Committed {
+    let after = r.limit.map(|limit| Decision {
+        allowed: r.remaining > 0,
+        limit,
+        remaining: r.remaining,
+        retry_after_ms: 0,
+        reset_at_ms: 0,
+        window_id: None,
+        delay_ms: 0,
+    });
+    Committed {
+        settled: Settled {
+            returned: r.returned,
+            charged: r.charged,
+            uncharged: r.uncharged,
+            moved: r.moved,
+            after,
+            sequence: r.sequence,
+        },
+        decider: crate::cluster::Decider {
+            node_id: std::sync::Arc::from(r.node_id.as_str()),
+            generation: r.generation,
+        },
+        rule: r.rule,
+    }
+}
+
+/// The wire form of a commit's answer (the server side of [`commit_answer`]).
+pub fn commit_response(c: &Committed) -> PeerCommitResponse {
+    let s = &c.settled;
+    PeerCommitResponse {
+        node_id: c.decider.node_id.to_string(),
+        generation: c.decider.generation,
+        returned: s.returned,
+        charged: s.charged,
+        uncharged: s.uncharged,
+        moved: s.moved,
+        limit: s.after.map(|d| d.limit),
+        remaining: s.after.map_or(0, |d| d.remaining),
+        rule: c.rule.clone(),
+        sequence: s.sequence,
+    }
+}
+
+/// A reservation or commit call that failed: the owner's refusal as it said it
+/// (`RESOURCE_EXHAUSTED`: its table or inbox is full, nothing charged;
+/// `FAILED_PRECONDITION`: the commit changed nothing; `INVALID_ARGUMENT`: the input),
+/// else a failed call whose effect is unknown.
+pub fn reservation_error(peer: &str, status: Option<&tonic::Status>) -> ReservationError {
+    match status.map(|s| (s.code(), s.message().to_string())) {
+        Some((tonic::Code::ResourceExhausted, m)) => ReservationError::Full(m),
+        Some((tonic::Code::FailedPrecondition, m)) => ReservationError::Refused(m),
+        Some((tonic::Code::InvalidArgument, m)) => ReservationError::Invalid(m),
+        _ => ReservationError::Unreachable(call_error(peer, status)),
     }
 }
 

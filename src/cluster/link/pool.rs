@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 
 use crate::algorithms::Millis;
+use crate::cluster::reservation::{Committed, Hold, ReservationError};
 use crate::cluster::rules_edit::RulesEdit;
 use crate::cluster::{CheckItem, InlineRules, Remote};
 use crate::membership::Member;
@@ -269,6 +270,43 @@ impl PeerPool {
         .await
         .map(calls::counters_answer)
         .map_err(|status| calls::counters_error(&owner.node_id, status.as_ref()))
+    }
+
+    /// Ask `owner` to reserve `item` for `ttl_ms` (or to grant a lease of it): its
+    /// check, and the id when admitted. Never batched, never retried: a reservation or
+    /// lease whose answer was lost ends at its TTL on the owner.
+    pub async fn reserve(
+        &self,
+        owner: &Member,
+        item: &CheckItem,
+        ttl_ms: u64,
+        hold: Hold,
+    ) -> Result<(Remote, Option<(String, Millis)>), ReservationError> {
+        let mut client = self.link(owner).client.clone();
+        let request = calls::reserve_request(&self.me, item, ttl_ms, hold);
+        bounded(self.config.timeout, client.reserve(request))
+            .await
+            .map_err(|status| calls::reservation_error(&owner.node_id, status.as_ref()))
+            .and_then(|answer| calls::reserve_answer(answer, item))
+    }
+
+    /// Send a commit of reservation `id` to `owner`, the current owner of its key.
+    /// Not on a caller's hot path (the work is done), so it may take longer than a check.
+    pub async fn commit(
+        &self,
+        owner: &Member,
+        id: &str,
+        actual: u64,
+    ) -> Result<Committed, ReservationError> {
+        let mut client = self.link(owner).client.clone();
+        let request = calls::commit_request(&self.me, id, actual);
+        bounded(
+            calls::pull_deadline(self.config.timeout),
+            client.commit(request),
+        )
+        .await
+        .map(calls::commit_answer)
+        .map_err(|status| calls::reservation_error(&owner.node_id, status.as_ref()))
     }
 
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.

@@ -570,6 +570,20 @@ mod tests {
         ) -> Result<Response<crate::proto::peer::RestoreResponse>, Status> {
             Err(Status::unimplemented(""))
         }
+
+        async fn reserve(
+            &self,
+            _: Request<crate::proto::peer::PeerReserveRequest>,
+        ) -> Result<Response<crate::proto::peer::PeerReserveResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn commit(
+            &self,
+            _: Request<crate::proto::peer::PeerCommitRequest>,
+        ) -> Result<Response<crate::proto::peer::PeerCommitResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
     }
 
     /// Serve `peer` on a loopback port; the member to forward to it.

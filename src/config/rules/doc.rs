@@ -109,6 +109,9 @@ pub struct DocRule {
     pub on_unavailable: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
+    /// At most this many of a client's requests in flight at once (`Acquire`/`Release`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<i64>,
 }
 
 /// The body of `PUT /v1/limits/{tier}`: one tier rule in the design reference's shape
@@ -249,6 +252,7 @@ impl RulesDoc {
             queue_depth: limit.queue_depth,
             on_unavailable: limit.on_unavailable,
             per: limit.per,
+            concurrency: None,
         };
         match existing {
             Some(i) => self.rule[i] = rule,
@@ -440,6 +444,7 @@ mod tests {
                     queue_depth,
                     on_unavailable,
                     per,
+                    concurrency: None,
                 },
             )
     }

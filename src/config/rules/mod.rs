@@ -97,6 +97,10 @@ pub struct Rule {
     /// denial never makes sibling descriptors refunded. Not part of the fingerprint:
     /// turning shadow mode off keeps the counters.
     pub shadow: bool,
+    /// `concurrency = N`: at most N of a client's requests in flight at once, held as
+    /// leases (`Acquire`/`Release`) on the key's owner, apart from the rate counters.
+    /// Not part of the fingerprint: changing it keeps the leases held.
+    pub concurrency: Option<u32>,
 }
 
 impl Rule {
@@ -193,7 +197,14 @@ impl Rule {
             on_unavailable,
             per,
             shadow: false,
+            concurrency: None,
         }
+    }
+
+    /// This rule with a concurrency limit (or none): see [`Rule::concurrency`].
+    pub fn with_concurrency(mut self, concurrency: Option<u32>) -> Self {
+        self.concurrency = concurrency;
+        self
     }
 
     /// This rule in shadow mode (or not): see [`Rule::shadow`].

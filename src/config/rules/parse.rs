@@ -580,9 +580,20 @@ impl RuleSet {
             }
 
             let built = build_spec(&mut issues, &r.spec());
+            let concurrency = r.concurrency.map(|v| {
+                bounded(
+                    &mut issues,
+                    "concurrency",
+                    v,
+                    1,
+                    crate::config::bounds::MAX_CONCURRENCY,
+                )
+            });
             if let (Some(name), Some(b), true) = (name, built, selector_ok) {
                 rules.push(
-                    Rule::new(name, selector, b.spec, b.on_unavailable, b.per).shadowed(b.shadow),
+                    Rule::new(name, selector, b.spec, b.on_unavailable, b.per)
+                        .shadowed(b.shadow)
+                        .with_concurrency(concurrency.flatten().map(|n| n as u32)),
                 );
             }
         }
@@ -723,7 +734,9 @@ mod tests {
         let start = doc.find("```toml\n").unwrap() + "```toml\n".len();
         let text = &doc[start..start + doc[start..].find("```\n").unwrap()];
         let rs = set(text);
-        assert_eq!(rs.len(), 5);
+        assert_eq!(rs.len(), 6);
+        assert_eq!(rs.get("jobs").unwrap().concurrency, Some(20));
+        assert_eq!(rs.get("free-charges").unwrap().concurrency, None);
         assert_eq!(rs.get("search-per-path").unwrap().per, CountPer::Route);
         assert_eq!(rs.get("vip-customer").unwrap().per, CountPer::Client);
         let free = rs.get("free-charges").unwrap();
