@@ -314,8 +314,19 @@ async fn an_unreachable_owner_fails_over_to_the_successor() {
             .into_inner()
             .allowed
     );
-    // Wait for the replica (one interval, 50 ms, and the call).
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Wait for the replica (one interval, 50 ms, and the call) on the successor.
+    let held_by = &nodes[["a", "b", "c"]
+        .iter()
+        .position(|n| *n == successor)
+        .unwrap()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while held_by.shards.replicas_held().await.unwrap() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replica on {successor} within 5 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     nodes.pop().unwrap().shutdown().await;
     for route in ["GET /t", "GET /closed"] {
         let answer = via_a

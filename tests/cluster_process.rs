@@ -800,6 +800,35 @@ async fn hammer(
     seen
 }
 
+/// Wait (while `clients` keep checking `key`, denied) until `owner` has sent its
+/// successor the key's state from after the last admission: two more states than when
+/// asked, so at least one replication round began after it.
+async fn wait_replicated(
+    cluster: &Cluster,
+    owner: &str,
+    clients: &mut [(&str, RateLimiterClient<Channel>)],
+    key: &str,
+) {
+    let metrics = cluster.node(owner).ready.metrics;
+    let start = metric(metrics, "ringlimit_replication_states_total")
+        .await
+        .unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = metric(metrics, "ringlimit_replication_states_total")
+            .await
+            .unwrap_or(0.0);
+        if sent >= start + 2.0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{owner} replicated nothing in 10 s"
+        );
+        hammer(clients, key, Duration::from_millis(50)).await;
+    }
+}
+
 fn admitted(seen: &[(String, Result<CheckResponse, String>)], tag: &str) -> u64 {
     for (via, answer) in seen {
         match answer {
@@ -837,6 +866,7 @@ async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
         0,
         "denied at the limit before the kill"
     );
+    wait_replicated(&cluster, "node-c", &mut clients, &key).await;
 
     cluster.crash("node-c");
     let after = hammer(&mut clients, &key, Duration::from_secs(4)).await;
@@ -897,6 +927,7 @@ async fn owner_restarted_at_once_restores_its_keys_before_answering() {
         0,
         "denied at the limit before the kill"
     );
+    wait_replicated(&cluster, "node-c", &mut clients, &key).await;
 
     cluster.crash("node-c");
     cluster.restart("node-c");

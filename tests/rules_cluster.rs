@@ -875,7 +875,15 @@ async fn the_ops_port_answers_health_readiness_and_owners_without_charging() {
     let nodes = three_nodes(&dirs).await;
     let addr = ops(&nodes[1]);
     assert_eq!(http(addr, "GET", "/healthz", &[], "").await.status, 200);
-    let ready = http(addr, "GET", "/readyz", &[], "").await;
+    // Ready once it has asked the members it sees for replicas of its keys (a fresh
+    // member finds none): a moment after the rings converge.
+    let mut ready = http(addr, "GET", "/readyz", &[], "").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ready.status != 200 && std::time::Instant::now() < deadline {
+        assert!(ready.body.contains("restoring"), "{}", ready.body);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        ready = http(addr, "GET", "/readyz", &[], "").await;
+    }
     assert_eq!(ready.status, 200, "{}", ready.body);
     let key = key_owned_by("n3", &["n1", "n2", "n3"], "who_");
     let owner = http(addr, "GET", &format!("/v1/owner?key={key}"), &[], "").await;

@@ -49,6 +49,7 @@ fn describe_metrics() {
     describe_shards();
     describe_ownership();
     describe_replication();
+    describe_reservations();
     describe_security();
     describe_connections();
     describe_rules();
@@ -100,6 +101,39 @@ fn describe_replication() {
     describe_counter!(
         "ringlimit_restores_total",
         "Restores of this node's keys from their successors at start (result=done or incomplete)."
+    );
+}
+
+/// Reservations and concurrency leases (docs/reservations.md).
+fn describe_reservations() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "ringlimit_reservations_total",
+        "Reserve calls decided on this node as owner (outcome=reserved, denied, or full: the shard's table)."
+    );
+    describe_counter!(
+        "ringlimit_commits_total",
+        "Commits applied (result=committed), applied to a counter whose owner changed (moved), or refused."
+    );
+    describe_counter!(
+        "ringlimit_reservations_expired_total",
+        "Reservations whose TTL ended uncommitted: committed at their amount."
+    );
+    describe_gauge!(
+        "ringlimit_reservations_open",
+        "Reservations this shard holds, not yet committed or expired."
+    );
+    describe_counter!(
+        "ringlimit_leases_total",
+        "Acquire calls decided on this node (outcome=granted, denied, or full: the shard's table)."
+    );
+    describe_counter!(
+        "ringlimit_leases_expired_total",
+        "Concurrency leases released by their TTL (never released by their holder)."
+    );
+    describe_gauge!(
+        "ringlimit_leases_held",
+        "Concurrency leases this shard holds."
     );
 }
 
