@@ -17,7 +17,9 @@ pub struct OverAdmission {
 }
 
 /// S3-bound: per (key, window), admitted ≤ L × D + Σ fallback limits, D = distinct
-/// non-degraded deciders, and each fail-open stand-in counter (one per entry node
+/// deciders (owners, and successors deciding fail-over checks: `Window::deciders`; a
+/// successor that decides fail-over checks and then, promoted, as owner is one
+/// decider, one counter), and each fail-open stand-in counter (one per entry node
 /// generation and ring size, so one limit may count several times:
 /// `Context::stand_in_budget`) adding its own limit.
 pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
@@ -32,7 +34,7 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
         let total: u64 = window
             .answers
             .iter()
-            .filter(|(_, a)| a.allowed && (!a.degraded || a.fallback()))
+            .filter(|(_, a)| a.allowed && (a.decides() || a.fallback()))
             .map(|(o, _)| o.cost)
             .sum();
         out.admitted += total;
@@ -67,12 +69,30 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
 }
 
 /// S3-owner: every non-degraded decider, on every route, owned the key on some node's
-/// sampled ring (or a view between two samples) within ±`VIEW_SLACK_MS` of the op.
+/// sampled ring (or a view between two samples) within ±`VIEW_SLACK_MS` of the op; every
+/// fail-over decider was the key's successor there (the entry node sends a fail-over
+/// check to the successor on its ring) or its owner (a successor whose ring already
+/// gave it the key, or that decides it on the live key it promoted).
 pub fn owner(ctx: &Context, report: &mut Report) {
     for op in ctx.ops {
-        let Some(a) = op.ok().filter(|a| !a.degraded) else {
+        let Some(a) = op.ok().filter(|a| a.decides()) else {
             continue;
         };
+        if a.failover {
+            let views = &ctx.views;
+            if !views.succeeded_by(&op.key, &a.decider, op.invoke, op.complete)
+                && !views.owned_by(&op.key, &a.decider, op.invoke, op.complete)
+            {
+                report.violate(
+                    "S3-owner",
+                    format!(
+                        "op {} key {} route {}: fail-over decider {}@{} was never the key's successor or owner in any node's ring view within ±{} ms of [{}, {}]",
+                        op.id, op.key, op.route, a.decider, a.generation, VIEW_SLACK_MS, op.invoke, op.complete
+                    ),
+                );
+            }
+            continue;
+        }
         if !ctx
             .views
             .owned_by(&op.key, &a.decider, op.invoke, op.complete)
@@ -92,6 +112,7 @@ pub fn owner(ctx: &Context, report: &mut Report) {
 mod tests {
     use super::super::testkit::*;
     use super::*;
+    use ringlimit::ring::Ring;
 
     const RING3: &str = "n1 n2 n3";
 
@@ -331,5 +352,60 @@ mod tests {
         };
         assert_eq!(decide_at(T0 + 2500), 0);
         assert_eq!(decide_at(T0 + 3500), 1);
+    }
+
+    #[test]
+    fn a_promoted_successor_is_one_decider_not_a_decider_and_a_stand_in() {
+        // n1 admits L, dies; n2 admits 10 on fail-over, then 1 as promoted owner: one
+        // counter of n2's past L, so above L × D = 20. (Before fail-over answers were
+        // told apart they counted as a stand-in of limit L: bound 30.)
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n3", "k", "n1");
+        for i in 0..L {
+            let seq = h.seq("n2", 1);
+            h.check(
+                T0 + 500 + i,
+                "n3",
+                FW,
+                "k",
+                1,
+                Ans::failover("n2", seq, true, 0),
+            );
+        }
+        let seq = h.seq("n2", 1);
+        h.check(T0 + 900, "n3", FW, "k", 1, Ans::decided("n2", seq, true, 0));
+        let msgs = messages(&run(&h, bound), "S3-bound").to_vec();
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].contains("admitted 21 > bound 20"), "{msgs:?}");
+    }
+
+    #[test]
+    fn a_fail_over_decider_must_be_the_keys_successor() {
+        let mut h = Hist::new();
+        stable(&mut h, T0 - 2000, T0 + 2000, RING3);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        let h2 = Ring::key_hash(key.as_bytes());
+        let succ = ring(RING3).successor_of_hash(h2).unwrap().to_string();
+        let other = ["n1", "n3"].into_iter().find(|n| *n != succ).unwrap();
+        h.check(T0, "n2", FW, &key, 1, Ans::failover(&succ, 1, true, 5));
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+        h.check(T0 + 10, "n2", FW, &key, 1, Ans::failover(other, 1, true, 5));
+        let msgs = owner_violations(&h);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].contains("fail-over decider"), "{msgs:?}");
+    }
+
+    #[test]
+    fn the_ring_places_a_key_by_the_hash_the_successor_is_found_with() {
+        // The checker finds a key's successor by `Ring::key_hash`: the same placement
+        // as `Ring::owner`, which the rest of the checker uses.
+        let r = ring("n1 n2 n3 n4 n5");
+        for i in 0..200 {
+            let k = format!("hot-{i}");
+            assert_eq!(
+                r.owner(k.as_bytes()),
+                r.owner_of_hash(Ring::key_hash(k.as_bytes()))
+            );
+        }
     }
 }
