@@ -211,10 +211,20 @@ fn crash_of<'a>(
 /// Whether every decider of the window is one the crash of the owner alone explains:
 /// the dead owner, one generation of the successor, and the owner's next incarnation
 /// if it came back before any node's sampled ring dropped it (it then restored the
-/// key from the successor's replica before answering as owner). `None`: some other
-/// decider; else `Some(the restarted incarnation, if it decided)`.
+/// key from the successor's replica before answering as owner); and whether the others
+/// decided only after the kill (a successor answering before it was a second decider
+/// for another reason: seed 4242, a healed partition's forward in the same window).
+/// `None`: some other decider; else `Some(the restarted incarnation, if it decided)`.
 fn allowed_deciders(ctx: &Context, crash: &Crash, window: &Window) -> Option<Option<Decider>> {
     let dead = (crash.exit.node.clone(), crash.exit.generation);
+    let before_the_kill = window
+        .decided
+        .iter()
+        .chain(&window.failovers)
+        .any(|(o, a)| a.decider_id() != dead && o.complete < crash.exit.t);
+    if before_the_kill {
+        return None;
+    }
     let others: Vec<&Decider> = window.deciders.iter().filter(|d| **d != dead).collect();
     let successor_gens: BTreeSet<u64> = others
         .iter()
@@ -485,5 +495,16 @@ mod tests {
         let (out, r) = check(&h, true);
         assert_eq!(r.total(), 0, "{}", r.details(5));
         assert_eq!((out.checked, out.worst_excess), (1, 1));
+    }
+
+    #[test]
+    fn a_successor_deciding_before_the_kill_is_another_change_not_checked() {
+        // Seed 4242 (short profile): right after a partition healed, a forward reached
+        // the successor, which decided the key as a second owner in the window in which
+        // the owner was then killed: L × D applies, not the crash bound.
+        let (mut h, key, succ) = crash(8, 0, 0, 50);
+        h.fw_many(5, T0 + 500, "n3", &key, &succ);
+        let (out, r) = check(&h, true);
+        assert_eq!((r.total(), out.checked, out.mixed), (0, 0, 1));
     }
 }
