@@ -2,6 +2,8 @@
 //! up to L more in that window, and every decider must have owned the key in some node's
 //! ring view around that time.
 
+use std::collections::BTreeMap;
+
 use super::context::Context;
 use super::views::VIEW_SLACK_MS;
 use super::Report;
@@ -14,6 +16,27 @@ pub struct OverAdmission {
     pub windows_over: usize,
     /// The largest excess over L and where; `i64::MIN` without any window.
     pub worst: (i64, String),
+    /// (key, window)s above L by the nemesis kinds around them ("kill-both+partition";
+    /// "none"): how many, and the largest excess. Replication narrows the crash rows
+    /// only; a partition's two deciders (merged on heal) are the same with it or not.
+    pub by_cause: BTreeMap<String, (usize, i64)>,
+}
+
+/// The kinds of the nemesis steps active around window `win` (from 3 s before it,
+/// detection and gossip, to its end; a step counts until 2 s after it settled), joined
+/// with '+'; "none" without any.
+fn causes(ctx: &Context, win: u64) -> String {
+    let (lo, hi) = ((win * ctx.w).saturating_sub(3000), (win + 1) * ctx.w);
+    let kinds: std::collections::BTreeSet<&str> = ctx
+        .faults()
+        .filter(|e| e.start <= hi && e.settled + 2000 >= lo)
+        .map(|e| e.kind.as_str())
+        .collect();
+    if kinds.is_empty() {
+        "none".into()
+    } else {
+        kinds.into_iter().collect::<Vec<_>>().join("+")
+    }
 }
 
 /// S3-bound: per (key, window), admitted ≤ L × D + Σ fallback limits, D = distinct
@@ -28,6 +51,7 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
         admitted: 0,
         windows_over: 0,
         worst: (i64::MIN, String::new()),
+        by_cause: BTreeMap::new(),
     };
     for ((key, win), window) in &ctx.windows {
         let d = window.deciders.len();
@@ -57,6 +81,9 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
         let excess = total as i64 - l as i64;
         if excess > 0 {
             out.windows_over += 1;
+            let cause = out.by_cause.entry(causes(ctx, *win)).or_insert((0, 0));
+            cause.0 += 1;
+            cause.1 = cause.1.max(excess);
         }
         if excess > out.worst.0 {
             out.worst = (
@@ -132,12 +159,14 @@ mod tests {
         let mut h = Hist::new();
         h.fw_many(L, T0, "n1", "k", "n1");
         h.fw_many(L, T0 + 500, "n1", "k", "n2");
+        h.nemesis(1, "partition", "n1", T0 - 1000, T0 + 400, T0 + 600);
         let (over, r) = run_with(&h, bound);
         assert_eq!(r.count("S3-bound"), 0);
         assert_eq!(
             (over.admitted, over.windows_over, over.worst.0),
             (2 * L, 1, L as i64)
         );
+        assert_eq!(over.by_cause["partition"], (1, L as i64));
     }
 
     #[test]

@@ -45,7 +45,9 @@ const AFTER_WINDOW_MS: u64 = 1000;
 /// upper bound of what the replica misses (an admission whose answer was lost with the
 /// process is not acknowledged and not counted in the admitted total either). T is
 /// when SIGKILL was sent, no later than the death. `needed_ms` in the report says how
-/// much of this window the run actually needed.
+/// much of this window the run actually needed: at most 21 ms over 246 checked (key,
+/// window)s of a 10-minute long run (seed 20261202, 90 steps, load average 7–12) and
+/// 0–3 ms in short runs, so 2 r is not what makes the property pass.
 pub fn loss_window_ms(r: u64) -> u64 {
     2 * r
 }

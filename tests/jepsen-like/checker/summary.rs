@@ -68,6 +68,20 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
             "none".into()
         }
     );
+    let causes: Vec<String> = over
+        .by_cause
+        .iter()
+        .map(|(cause, (n, worst))| format!("{cause}: {n} (+{worst})"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "| above L by the faults around the window: count (worst excess) | {} |",
+        if causes.is_empty() {
+            "none".into()
+        } else {
+            causes.join("; ")
+        }
+    );
     replicated_rows(&mut s, &stats.replicated);
     let _ = writeln!(
         s,
