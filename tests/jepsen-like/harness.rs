@@ -443,8 +443,10 @@ impl Harness {
         }
     }
 
-    /// kill -9 (the process is reaped; state Dead).
+    /// kill -9 (the process is reaped; state Dead). The `exit` line's time is when
+    /// SIGKILL was sent: no later than the death, which S3-replicated measures from.
     pub fn kill9(&self, id: &str) -> Option<u64> {
+        let t = now_ms();
         let mut inner = self.lock();
         let node = inner
             .nodes
@@ -457,7 +459,7 @@ impl Harness {
         let generation = node.process.ready.generation;
         drop(inner);
         self.history.record(&Entry::Exit {
-            t: now_ms(),
+            t,
             node: id.to_string(),
             generation,
             how: "kill -9".into(),

@@ -137,6 +137,14 @@ pub enum Entry {
         restarts: u64,
         fail_open: u64,
     },
+    /// Every node of the run was started with `--replicate-interval-ms interval_ms`
+    /// (0: replication off). A history without this line did not replicate (it predates
+    /// successor replicas, or comes from a simulator that does not model them), so the
+    /// S3-replicated property is not asserted on it.
+    Replication {
+        t: u64,
+        interval_ms: u64,
+    },
 }
 
 /// The history file, appended to by every task of a run.

@@ -10,6 +10,11 @@
 //!   `RINGLIMIT_CHAOS_MINUTES=60` for an hour).
 //! - `RINGLIMIT_CHAOS_SEED=N` repeats a run; `RINGLIMIT_CHAOS_RECHECK=FILE` re-checks a
 //!   history file offline.
+//! - `RINGLIMIT_CHAOS_REPLICATE=MS` starts the nodes with `--replicate-interval-ms MS`
+//!   (0: replication off, as before issue 23; unset: the nodes' default, 50 ms), so two
+//!   runs with one seed compare replication on and off. S3-replicated is asserted only
+//!   when the nodes replicate; `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1` asserts it anyway
+//!   (the negative control: a run without replication must fail it), `=0` never.
 
 mod checker;
 mod harness;
@@ -118,15 +123,31 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
         schedule: schedule.clone(),
         rules: rule_infos(),
     });
-    let extra: &[&str] = if profile.broken {
-        &["--broken-decide-locally"]
-    } else {
-        &[]
-    };
+    let replicate = replicate_from_env();
+    history.record(&Entry::Replication {
+        t: now_ms(),
+        interval_ms: replicate.unwrap_or(DEFAULT_REPLICATE_MS),
+    });
+    eprintln!(
+        "[chaos] replication: {}",
+        match replicate {
+            Some(0) => "off (--replicate-interval-ms 0)".to_string(),
+            Some(ms) => format!("--replicate-interval-ms {ms}"),
+            None => format!("the nodes' default ({DEFAULT_REPLICATE_MS} ms)"),
+        }
+    );
+    let mut extra: Vec<String> = Vec::new();
+    if profile.broken {
+        extra.push("--broken-decide-locally".into());
+    }
+    if let Some(ms) = replicate {
+        extra.extend(["--replicate-interval-ms".into(), ms.to_string()]);
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let h = Harness::new(
         dir.clone(),
         RULES,
-        extra,
+        &extra,
         ip_prefix,
         history.clone(),
         profile.faults,
@@ -239,7 +260,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     );
 
     let entries = history::load(&history_path);
-    let report = checker::check(&entries);
+    let report = checker::check_with(&entries, check_options());
     eprintln!(
         "\n==== summary: profile={} seed={seed} history={} ====",
         profile.name,
@@ -254,6 +275,27 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
         history: history_path,
         logs,
     }
+}
+
+/// The nodes' `--replicate-interval-ms` when the run does not set it.
+const DEFAULT_REPLICATE_MS: u64 = 50;
+
+/// `RINGLIMIT_CHAOS_REPLICATE`: the interval to start the nodes with (`None`: their
+/// default).
+fn replicate_from_env() -> Option<u64> {
+    std::env::var("RINGLIMIT_CHAOS_REPLICATE").ok().map(|s| {
+        s.trim()
+            .parse()
+            .expect("RINGLIMIT_CHAOS_REPLICATE must be a whole number of ms (0: off)")
+    })
+}
+
+/// `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1|0`: force S3-replicated on or off.
+fn check_options() -> checker::Options {
+    let assert_replicated = std::env::var("RINGLIMIT_CHAOS_ASSERT_REPLICATED")
+        .ok()
+        .map(|s| matches!(s.trim(), "1" | "true" | "yes"));
+    checker::Options { assert_replicated }
 }
 
 /// How long the long profile injects faults: `RINGLIMIT_CHAOS_MINUTES` (default 10).
@@ -350,7 +392,7 @@ fn recheck_history_file() {
         return;
     };
     let entries = history::load(std::path::Path::new(&path));
-    let report = checker::check(&entries);
+    let report = checker::check_with(&entries, check_options());
     eprintln!("{}\n{}", report.summary, report.details(20));
     assert_eq!(report.total(), 0, "violations in {path}");
 }

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringlimit::ring::Ring;
+
 use crate::harness::process::{signal, Signal};
 use crate::harness::{Harness, NodeState};
 use crate::history::{now_ms, Entry};
@@ -25,10 +27,14 @@ pub enum Kind {
     /// Step one node's wall clock forward or back (libfaketime), then back to real
     /// time: both directions in one step.
     ClockOffset,
+    /// kill -9 a hot key's owner and its successor together (the replica dies with the
+    /// owner: the documented loss, L × D), then restart both with their ids or replace
+    /// both with new ones.
+    KillBoth,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::KillRestart,
         Kind::KillReplace,
         Kind::Pause,
@@ -36,6 +42,7 @@ impl Kind {
         Kind::Leave,
         Kind::Partition,
         Kind::ClockOffset,
+        Kind::KillBoth,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -46,6 +53,7 @@ impl Kind {
             Kind::Leave => "leave",
             Kind::Partition => "partition",
             Kind::ClockOffset => "clock-offset",
+            Kind::KillBoth => "kill-both",
         }
     }
 }
@@ -87,6 +95,7 @@ fn hold_for(kind: Kind, rng: &mut Rng, long: bool) -> u64 {
         // Sometimes back before the failure detector notices (< ~1.1 s), sometimes after.
         Kind::KillRestart => rng.range(300, 3000 * scale),
         Kind::KillReplace => rng.range(1500, 3000 * scale),
+        Kind::KillBoth => rng.range(300, 3000 * scale),
         Kind::Pause => rng.range(1500, 3500 * scale),
         Kind::Partition => rng.range(2500, 4000 * scale),
         Kind::ClockOffset => rng.range(2000, 4000 * scale),
@@ -172,6 +181,58 @@ async fn scrape_all(h: &Harness) {
     }
 }
 
+/// The hot keys of the workload (`hot-0` ..): the kill-both nemesis picks one.
+const HOT_KEYS: u64 = 4;
+
+/// The owner and the successor of hot key `hot-<pick % HOT_KEYS>` on the ring over the
+/// running members (every node is up between steps), as the nodes place it.
+fn owner_and_successor(h: &Harness, pick: u64) -> Result<(String, String, String), String> {
+    let key = format!("hot-{}", pick % HOT_KEYS);
+    let ring = Ring::new(h.expected_ring(), Ring::DEFAULT_VNODES);
+    let owner = ring.owner(key.as_bytes()).ok_or("empty ring")?.to_string();
+    let successor = ring
+        .successor_of_hash(Ring::key_hash(key.as_bytes()))
+        .ok_or("a ring of one member has no successor")?
+        .to_string();
+    Ok((key, owner, successor))
+}
+
+/// kill -9 a hot key's owner and successor (within a millisecond of each other: one
+/// step for the checker), hold, then bring both back: with their ids (new generations)
+/// or, on odd picks, as two new nodes.
+async fn kill_both(h: &Arc<Harness>, n: u32, step: &Step) -> Result<String, String> {
+    scrape_all(h).await;
+    let (key, owner, successor) = owner_and_successor(h, step.victim_pick)?;
+    let victims = [owner, successor];
+    let ips: Vec<_> = victims.iter().map(|v| h.last_ip(v).unwrap()).collect();
+    let gens: Vec<_> = victims.iter().map(|v| h.kill9(v)).collect();
+    let label = victims.join("+");
+    record(
+        h,
+        n,
+        step.kind,
+        &label,
+        "start",
+        format!("{key}: killed owner and successor, generations {gens:?}"),
+    );
+    tokio::time::sleep(Duration::from_millis(step.hold_ms)).await;
+    let replace = (step.victim_pick >> 32) & 1 == 1;
+    let mut back = Vec::new();
+    for (victim, ip) in victims.iter().zip(ips) {
+        if replace {
+            let (id, ip) = h.new_identity();
+            h.start_node(&id, ip).await?;
+            back.push(format!("{victim} replaced by {id} on {ip}"));
+        } else {
+            h.start_node(victim, ip).await?;
+            let gen = h.with_node(victim, |n| n.process.ready.generation);
+            back.push(format!("{victim} restarted as generation {gen:?}"));
+        }
+    }
+    record(h, n, step.kind, &label, "end", back.join(", "));
+    Ok(label)
+}
+
 /// Run one step: inject, hold, heal, then wait for convergence and settle.
 pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), String> {
     let mut candidates: Vec<String> = h
@@ -181,7 +242,7 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
         .map(|(id, _)| id)
         .collect();
     candidates.sort();
-    let victim = candidates[(step.victim_pick % candidates.len() as u64) as usize].clone();
+    let mut victim = candidates[(step.victim_pick % candidates.len() as u64) as usize].clone();
     let hold = Duration::from_millis(step.hold_ms);
     match step.kind {
         Kind::KillRestart => {
@@ -321,6 +382,7 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
                 }
             }
         }
+        Kind::KillBoth => victim = kill_both(h, n, step).await?,
         Kind::ClockOffset => {
             if h.faketime.is_none() {
                 eprintln!("[nemesis] libfaketime unavailable: the clock-offset nemesis is SKIPPED");

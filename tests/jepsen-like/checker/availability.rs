@@ -100,7 +100,8 @@ pub fn unfaulted(ctx: &Context, report: &mut Report) -> Vec<Impact> {
             .filter(|o| o.invoke >= e.start && o.invoke <= until)
         {
             let hurt = match &op.outcome {
-                Outcome::Ok(a) => a.fallback(),
+                // A fail-over answer is degraded like a fallback: the owner was lost.
+                Outcome::Ok(a) => a.fallback() || a.failover,
                 _ => true,
             };
             if hurt {
@@ -110,12 +111,14 @@ pub fn unfaulted(ctx: &Context, report: &mut Report) -> Vec<Impact> {
                 continue;
             };
             let owner = b.owner(op.key.as_bytes());
-            let untouched = op.node != e.victim
-                && owner != Some(e.victim.as_str())
+            // A kill-both step names its two victims "a+b".
+            let victims: Vec<&str> = e.victim.split('+').collect();
+            let untouched = !victims.contains(&op.node.as_str())
+                && owner.is_none_or(|o| !victims.contains(&o))
                 && owner == a.owner(op.key.as_bytes());
             if untouched && op.invoke <= e.settled {
                 match &op.outcome {
-                    Outcome::Ok(a) if a.fallback() => degraded += 1,
+                    Outcome::Ok(a) if a.fallback() || a.failover => degraded += 1,
                     Outcome::Ok(_) => {}
                     _ => {
                         failed += 1;

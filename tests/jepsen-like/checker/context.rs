@@ -23,13 +23,22 @@ pub struct Answer {
     pub sequence: u64,
     pub degraded: bool,
     pub hops: u32,
+    /// A fail-over decision: the key's successor decided it on its replica while the
+    /// owner could not be reached (`Parsed::parse` tells it from a fallback).
+    pub failover: bool,
 }
 
 impl Answer {
     /// Fail-open fallback decision (a sequence number of the entry node's shard);
     /// deny-cache and fail-closed answers carry sequence 0.
     pub fn fallback(&self) -> bool {
-        self.degraded && self.sequence > 0
+        self.degraded && self.sequence > 0 && !self.failover
+    }
+
+    /// Decided on a counter of the key itself: by an owner's shard (not degraded) or by
+    /// the successor's replica (fail-over), never on a stand-in or a cache.
+    pub fn decides(&self) -> bool {
+        !self.degraded || self.failover
     }
 
     /// The decider identity: node id and generation.
@@ -138,6 +147,14 @@ pub struct Exit {
     pub how: String,
 }
 
+/// A node process that started (its ready line was read at `t`).
+#[derive(Clone, Debug)]
+pub struct Spawn {
+    pub t: u64,
+    pub node: String,
+    pub generation: u64,
+}
+
 /// The last metric scrape of one incarnation.
 #[derive(Clone, Copy, Debug)]
 pub struct Scrape {
@@ -162,6 +179,21 @@ pub struct Parsed {
     pub metrics: HashMap<(String, u64), Scrape>,
     /// Every node's clock offsets (the clock-offset nemesis).
     pub clocks: Clocks,
+    pub spawns: Vec<Spawn>,
+    /// The nodes' `--replicate-interval-ms` (the `replication` line); `None` without one.
+    pub replicate_interval_ms: Option<u64>,
+}
+
+/// Whether a degraded answer with a sequence number is a fail-over decision rather than
+/// a fail-open fallback. Both come from a shard, so the wire tells them apart only by
+/// the limit: a fallback decides on a stand-in counter with the entry node's share of
+/// the rule (`max(limit / ring size, 1)`, the same share of a token bucket's capacity),
+/// a fail-over on the key's replica with the rule's own numbers (`RuleInfo::burst`: the
+/// limit the answer names, a token bucket's capacity). A share equals the whole only on
+/// a ring of one member, and a node alone on its ring owns every key, so it never
+/// fails open.
+fn is_failover(a: &Answer, rule: Option<&RuleInfo>) -> bool {
+    a.degraded && a.sequence > 0 && rule.is_some_and(|r| a.limit == r.burst && r.burst > 1)
 }
 
 impl Parsed {
@@ -176,6 +208,8 @@ impl Parsed {
         let mut exits = Vec::new();
         let mut metrics = HashMap::new();
         let mut clocks = Clocks::default();
+        let mut spawns = Vec::new();
+        let mut replicate_interval_ms = None;
         for e in entries {
             match e {
                 Entry::Meta {
@@ -225,7 +259,7 @@ impl Parsed {
                 } => {
                     if let Some(op) = ops.get_mut(id) {
                         op.complete = *t;
-                        op.outcome = Outcome::Ok(Answer {
+                        let mut answer = Answer {
                             allowed: *allowed,
                             limit: *limit,
                             remaining: *remaining,
@@ -235,7 +269,11 @@ impl Parsed {
                             sequence: *sequence,
                             degraded: *degraded,
                             hops: *hops,
-                        });
+                            failover: false,
+                        };
+                        answer.failover =
+                            is_failover(&answer, rules.iter().find(|r| r.route == op.route));
+                        op.outcome = Outcome::Ok(answer);
                     }
                 }
                 Entry::Fail { id, t, .. } => {
@@ -335,7 +373,19 @@ impl Parsed {
                         },
                     );
                 }
-                Entry::Spawn { .. } => {}
+                Entry::Spawn {
+                    t,
+                    node,
+                    generation,
+                    ..
+                } => spawns.push(Spawn {
+                    t: *t,
+                    node: node.clone(),
+                    generation: *generation,
+                }),
+                Entry::Replication { interval_ms, .. } => {
+                    replicate_interval_ms = Some(*interval_ms);
+                }
             }
         }
         samples.sort_by_key(|s: &Sample| (s.t, s.node.clone()));
@@ -349,6 +399,8 @@ impl Parsed {
             exits,
             metrics,
             clocks,
+            spawns,
+            replicate_interval_ms,
         }
     }
 }
@@ -368,7 +420,14 @@ pub struct Window<'a> {
     pub answers: Vec<Answered<'a>>,
     /// The non-degraded answers: decided by an owner's shard.
     pub decided: Vec<Answered<'a>>,
-    /// Distinct non-degraded deciders (node id, generation): D of S3.
+    /// The fail-over answers: decided by the key's successor on its replica.
+    pub failovers: Vec<Answered<'a>>,
+    /// Distinct deciders (node id, generation) of non-degraded and fail-over answers:
+    /// D of S3. A successor deciding fail-over checks is one decider more, as an owner
+    /// is: it decides on one counter of its own, its replica, which it promotes into
+    /// its live key (merged) when the ring gives it the key, and a fail-over check of
+    /// a key it already holds live goes on that live count. So its fail-over and owner
+    /// decisions together share one budget of L.
     pub deciders: BTreeSet<Decider>,
     /// Cost admitted per fail-open stand-in counter.
     pub fallbacks: BTreeMap<StandIn, u64>,
@@ -382,6 +441,9 @@ pub struct Context<'a> {
     pub events: &'a [NemesisEvent],
     pub phases: &'a [Phase],
     pub exits: &'a [Exit],
+    pub spawns: &'a [Spawn],
+    /// The nodes' `--replicate-interval-ms`; `None`: the history does not say (off).
+    pub replicate_interval_ms: Option<u64>,
     pub metrics: &'a HashMap<(String, u64), Scrape>,
     pub clocks: &'a Clocks,
     /// The fixed window rule's limit L and window W (ms).
@@ -397,7 +459,8 @@ pub struct Context<'a> {
     pub windows: BTreeMap<(String, u64), Window<'a>>,
     /// (key, window) → fixed-window charges in doubt there (see `late_charge`).
     pub doubt: BTreeMap<(String, u64), Vec<&'a Op>>,
-    /// Non-degraded decider → key → its fixed-window answers in sequence order.
+    /// Decider (owner or fail-over successor) → key → its fixed-window answers in
+    /// sequence order.
     pub by_decider: BTreeMap<Decider, PerKey<'a>>,
 }
 
@@ -438,7 +501,10 @@ impl<'a> Context<'a> {
 
         let mut doubt: BTreeMap<(String, u64), Vec<&Op>> = BTreeMap::new();
         for op in &fw_ops {
-            if op.is_info() || op.ok().is_some_and(|a| a.fallback()) {
+            // A fail-over answer is in doubt like a fallback: the forward to the owner
+            // timed out but may still be applied there, and what the successor admits
+            // is pushed to the owner as a delta and merged into its count.
+            if op.is_info() || op.ok().is_some_and(|a| a.fallback() || a.failover) {
                 let late = late_charge(op, &p.events, p.deadline_ms);
                 let (first, last) = (p.clocks.earliest(op.invoke, late), p.clocks.latest(late));
                 for win in (first / w)..=(last / w) {
@@ -447,9 +513,11 @@ impl<'a> Context<'a> {
             }
         }
 
+        // A successor's fail-over answers join its own sequence: they are decided on its
+        // replica, which becomes (or already is) the live key it decides as owner.
         let mut by_decider: BTreeMap<Decider, PerKey> = BTreeMap::new();
         for op in &fw_ops {
-            if let Some(a) = op.ok().filter(|a| !a.degraded) {
+            if let Some(a) = op.ok().filter(|a| a.decides()) {
                 by_decider
                     .entry(a.decider_id())
                     .or_default()
@@ -470,6 +538,8 @@ impl<'a> Context<'a> {
             events: &p.events,
             phases: &p.phases,
             exits: &p.exits,
+            spawns: &p.spawns,
+            replicate_interval_ms: p.replicate_interval_ms,
             metrics: &p.metrics,
             clocks: &p.clocks,
             l,
@@ -525,7 +595,16 @@ impl<'a> Window<'a> {
             .copied()
             .filter(|(_, a)| !a.degraded)
             .collect();
-        let deciders = decided.iter().map(|(_, a)| a.decider_id()).collect();
+        let failovers: Vec<(&Op, &Answer)> = answers
+            .iter()
+            .copied()
+            .filter(|(_, a)| a.failover)
+            .collect();
+        let deciders = decided
+            .iter()
+            .chain(&failovers)
+            .map(|(_, a)| a.decider_id())
+            .collect();
         let mut fallbacks: BTreeMap<StandIn, u64> = BTreeMap::new();
         for (o, a) in answers.iter().filter(|(_, a)| a.fallback()) {
             let admitted = fallbacks.entry(a.stand_in()).or_insert(0);
@@ -537,6 +616,7 @@ impl<'a> Window<'a> {
             ops,
             answers,
             decided,
+            failovers,
             deciders,
             fallbacks,
         }

@@ -11,6 +11,7 @@
 //! | S1-fw, S1-fallback, S1-log, S1-tb | `s1_bound::{fixed_window, fallback, sliding_log, token_bucket}` |
 //! | S2 | `s2_sequence::sequential` |
 //! | S3-bound, S3-owner | `s3_over_admission::{bound, owner}` |
+//! | S3-replicated | `s3_replicated::replicated` |
 //! | S4 | `s4_no_false_deny::no_false_deny` |
 //! | S5 | `s5_exactness::exactness` |
 //! | S6 | `s6_routing::routing` |
@@ -26,6 +27,7 @@ mod observability;
 mod s1_bound;
 mod s2_sequence;
 mod s3_over_admission;
+mod s3_replicated;
 mod s4_no_false_deny;
 mod s5_exactness;
 mod s6_routing;
@@ -77,7 +79,7 @@ impl Report {
     }
 }
 
-pub const PROPERTIES: [&str; 14] = [
+pub const PROPERTIES: [&str; 15] = [
     "S1-fw",
     "S1-fallback",
     "S1-log",
@@ -85,6 +87,7 @@ pub const PROPERTIES: [&str; 14] = [
     "S2",
     "S3-bound",
     "S3-owner",
+    "S3-replicated",
     "S4",
     "S5",
     "S6",
@@ -94,8 +97,22 @@ pub const PROPERTIES: [&str; 14] = [
     "OBS",
 ];
 
+/// How to check a history.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Assert S3-replicated: `None` = when the history's nodes replicated (a
+    /// `replication` line with an interval > 0); `Some(true)` forces it on a run without
+    /// replication (the negative control: it must fail), `Some(false)` turns it off.
+    pub assert_replicated: Option<bool>,
+}
+
 /// Check every property of a history.
 pub fn check(entries: &[Entry]) -> Report {
+    check_with(entries, Options::default())
+}
+
+/// Check every property of a history, with `options`.
+pub fn check_with(entries: &[Entry], options: Options) -> Report {
     let parsed = Parsed::parse(entries);
     let ctx = Context::new(&parsed);
     let mut report = Report::default();
@@ -107,6 +124,12 @@ pub fn check(entries: &[Entry]) -> Report {
     s2_sequence::sequential(&ctx, &mut report);
     let over = s3_over_admission::bound(&ctx, &mut report);
     s3_over_admission::owner(&ctx, &mut report);
+    let replicating = ctx.replicate_interval_ms.is_some_and(|r| r > 0);
+    let replicated = s3_replicated::replicated(
+        &ctx,
+        &mut report,
+        options.assert_replicated.unwrap_or(replicating),
+    );
     s4_no_false_deny::no_false_deny(&ctx, &mut report);
     let s5_windows = s5_exactness::exactness(&ctx, &mut report);
     s6_routing::routing(&ctx, &mut report);
@@ -116,6 +139,7 @@ pub fn check(entries: &[Entry]) -> Report {
     let resets = observability::resets(&ctx, &mut report);
     let stats = summary::Stats {
         over,
+        replicated,
         s5_windows,
         impacts,
         resets,

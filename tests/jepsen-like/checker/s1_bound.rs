@@ -9,7 +9,11 @@ use crate::history::RuleInfo;
 use super::context::{Context, Op};
 use super::Report;
 
-/// S1-fw: per non-degraded decider, key and fixed window, admitted cost ≤ L.
+/// S1-fw: per decider, key and fixed window, admitted cost ≤ L. A decider is an
+/// owner's shard (non-degraded answers) or a successor deciding fail-over checks; a
+/// successor's fail-over and owner decisions count together, on one budget: they are
+/// one counter (its replica, promoted into the live key by a merge that only adds, or
+/// the live key it already held; `Window::deciders`).
 pub fn fixed_window(ctx: &Context, report: &mut Report) {
     let l = ctx.l;
     for ((key, win), window) in &ctx.windows {
@@ -17,6 +21,7 @@ pub fn fixed_window(ctx: &Context, report: &mut Report) {
             let admitted: Vec<&Op> = window
                 .decided
                 .iter()
+                .chain(&window.failovers)
                 .filter(|(_, a)| a.allowed && &a.decider == d && a.generation == *g)
                 .map(|(o, _)| *o)
                 .collect();
@@ -58,7 +63,7 @@ pub fn fallback(ctx: &Context, report: &mut Report) {
     }
 }
 
-/// S1-log: per non-degraded decider and key of the sliding window log, admissions whose
+/// S1-log: per decider (owner or fail-over successor) and key of the sliding window log, admissions whose
 /// decisions surely lie within less than W on the decider's clock (`complete_j −
 /// invoke_i < W` when the clock-offset nemesis left it alone) cost ≤ L.
 pub fn sliding_log(ctx: &Context, report: &mut Report) {
@@ -86,7 +91,7 @@ pub fn sliding_log(ctx: &Context, report: &mut Report) {
     }
 }
 
-/// S1-tb: per non-degraded decider and key of the token bucket, admitted cost over any
+/// S1-tb: per decider (owner or fail-over successor) and key of the token bucket, admitted cost over any
 /// run of decisions ≤ burst + L × (elapsed upper bound, on the decider's clock) / W.
 pub fn token_bucket(ctx: &Context, report: &mut Report) {
     let Some(r) = ctx.token_bucket else { return };
@@ -114,15 +119,15 @@ pub fn token_bucket(ctx: &Context, report: &mut Report) {
     }
 }
 
-/// Non-degraded admissions on `rule`'s route per (decider, generation, key), in
-/// sequence order.
+/// Admissions on `rule`'s route per (decider, generation, key), in sequence order:
+/// non-degraded ones and a successor's fail-over ones (one counter: `Window::deciders`).
 fn admissions<'a>(
     ctx: &Context<'a>,
     rule: &RuleInfo,
 ) -> BTreeMap<(String, u64, String), Vec<&'a Op>> {
     let mut per: BTreeMap<(String, u64, String), Vec<&Op>> = BTreeMap::new();
     for op in ctx.ops.iter().filter(|o| o.route == rule.route) {
-        if let Some(a) = op.ok().filter(|a| !a.degraded && a.allowed) {
+        if let Some(a) = op.ok().filter(|a| a.decides() && a.allowed) {
             per.entry((a.decider.clone(), a.generation, op.key.clone()))
                 .or_default()
                 .push(op);
@@ -404,5 +409,47 @@ mod tests {
             }
         }
         assert_eq!(run(&h, token_bucket).count("S1-tb"), 0);
+    }
+
+    #[test]
+    fn a_successors_fail_over_and_owner_decisions_share_one_limit() {
+        // n2 decides 6 on its replica, then, promoted, 4 as owner: one counter, L.
+        let history = |as_owner: u64| {
+            let mut h = Hist::new();
+            for i in 0..6 {
+                let seq = h.seq("n2", 1);
+                h.check(
+                    T0 + i,
+                    "n1",
+                    FW,
+                    "k",
+                    1,
+                    Ans::failover("n2", seq, true, 9 - i),
+                );
+            }
+            for i in 0..as_owner {
+                let seq = h.seq("n2", 1);
+                let a = Ans::decided("n2", seq, true, 3u64.saturating_sub(i));
+                h.check(T0 + 500 + i, "n1", FW, "k", 1, a);
+            }
+            h
+        };
+        assert_eq!(run(&history(4), fixed_window).count("S1-fw"), 0);
+        assert_eq!(run(&history(5), fixed_window).count("S1-fw"), 1);
+    }
+
+    #[test]
+    fn fail_over_answers_are_not_fallback_counters() {
+        // The rule's own limit marks a fail-over: S1-fallback ignores it, S1-fw counts it.
+        let mut h = Hist::new();
+        for i in 0..=L {
+            let seq = h.seq("n2", 1);
+            h.check(T0 + i, "n1", FW, "k", 1, Ans::failover("n2", seq, true, 0));
+        }
+        let r = run(&h, |ctx, r| {
+            fallback(ctx, r);
+            fixed_window(ctx, r);
+        });
+        assert_eq!((r.count("S1-fallback"), r.count("S1-fw")), (0, 1));
     }
 }

@@ -58,7 +58,8 @@ fn unique_sequences(ctx: &Context, report: &mut Report) {
     let mut seqs: HashMap<(String, u64), HashMap<u64, u64>> = HashMap::new();
     for op in ctx.ops {
         let Some(a) = op.ok() else { continue };
-        if (!a.degraded || a.fallback()) && a.sequence > 0 {
+        // Fail-over answers too: the successor's shard numbers them with its own.
+        if (a.decides() || a.fallback()) && a.sequence > 0 {
             if let Some(other) = seqs
                 .entry(a.decider_id())
                 .or_default()

@@ -2,6 +2,8 @@
 //! up to L more in that window, and every decider must have owned the key in some node's
 //! ring view around that time.
 
+use std::collections::BTreeMap;
+
 use super::context::Context;
 use super::views::VIEW_SLACK_MS;
 use super::Report;
@@ -14,10 +16,33 @@ pub struct OverAdmission {
     pub windows_over: usize,
     /// The largest excess over L and where; `i64::MIN` without any window.
     pub worst: (i64, String),
+    /// (key, window)s above L by the nemesis kinds around them ("kill-both+partition";
+    /// "none"): how many, and the largest excess. Replication narrows the crash rows
+    /// only; a partition's two deciders (merged on heal) are the same with it or not.
+    pub by_cause: BTreeMap<String, (usize, i64)>,
+}
+
+/// The kinds of the nemesis steps active around window `win` (from 3 s before it,
+/// detection and gossip, to its end; a step counts until 2 s after it settled), joined
+/// with '+'; "none" without any.
+fn causes(ctx: &Context, win: u64) -> String {
+    let (lo, hi) = ((win * ctx.w).saturating_sub(3000), (win + 1) * ctx.w);
+    let kinds: std::collections::BTreeSet<&str> = ctx
+        .faults()
+        .filter(|e| e.start <= hi && e.settled + 2000 >= lo)
+        .map(|e| e.kind.as_str())
+        .collect();
+    if kinds.is_empty() {
+        "none".into()
+    } else {
+        kinds.into_iter().collect::<Vec<_>>().join("+")
+    }
 }
 
 /// S3-bound: per (key, window), admitted ≤ L × D + Σ fallback limits, D = distinct
-/// non-degraded deciders, and each fail-open stand-in counter (one per entry node
+/// deciders (owners, and successors deciding fail-over checks: `Window::deciders`; a
+/// successor that decides fail-over checks and then, promoted, as owner is one
+/// decider, one counter), and each fail-open stand-in counter (one per entry node
 /// generation and ring size, so one limit may count several times:
 /// `Context::stand_in_budget`) adding its own limit.
 pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
@@ -26,13 +51,14 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
         admitted: 0,
         windows_over: 0,
         worst: (i64::MIN, String::new()),
+        by_cause: BTreeMap::new(),
     };
     for ((key, win), window) in &ctx.windows {
         let d = window.deciders.len();
         let total: u64 = window
             .answers
             .iter()
-            .filter(|(_, a)| a.allowed && (!a.degraded || a.fallback()))
+            .filter(|(_, a)| a.allowed && (a.decides() || a.fallback()))
             .map(|(o, _)| o.cost)
             .sum();
         out.admitted += total;
@@ -55,6 +81,9 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
         let excess = total as i64 - l as i64;
         if excess > 0 {
             out.windows_over += 1;
+            let cause = out.by_cause.entry(causes(ctx, *win)).or_insert((0, 0));
+            cause.0 += 1;
+            cause.1 = cause.1.max(excess);
         }
         if excess > out.worst.0 {
             out.worst = (
@@ -67,12 +96,30 @@ pub fn bound(ctx: &Context, report: &mut Report) -> OverAdmission {
 }
 
 /// S3-owner: every non-degraded decider, on every route, owned the key on some node's
-/// sampled ring (or a view between two samples) within ±`VIEW_SLACK_MS` of the op.
+/// sampled ring (or a view between two samples) within ±`VIEW_SLACK_MS` of the op; every
+/// fail-over decider was the key's successor there (the entry node sends a fail-over
+/// check to the successor on its ring) or its owner (a successor whose ring already
+/// gave it the key, or that decides it on the live key it promoted).
 pub fn owner(ctx: &Context, report: &mut Report) {
     for op in ctx.ops {
-        let Some(a) = op.ok().filter(|a| !a.degraded) else {
+        let Some(a) = op.ok().filter(|a| a.decides()) else {
             continue;
         };
+        if a.failover {
+            let views = &ctx.views;
+            if !views.succeeded_by(&op.key, &a.decider, op.invoke, op.complete)
+                && !views.owned_by(&op.key, &a.decider, op.invoke, op.complete)
+            {
+                report.violate(
+                    "S3-owner",
+                    format!(
+                        "op {} key {} route {}: fail-over decider {}@{} was never the key's successor or owner in any node's ring view within ±{} ms of [{}, {}]",
+                        op.id, op.key, op.route, a.decider, a.generation, VIEW_SLACK_MS, op.invoke, op.complete
+                    ),
+                );
+            }
+            continue;
+        }
         if !ctx
             .views
             .owned_by(&op.key, &a.decider, op.invoke, op.complete)
@@ -92,6 +139,7 @@ pub fn owner(ctx: &Context, report: &mut Report) {
 mod tests {
     use super::super::testkit::*;
     use super::*;
+    use ringlimit::ring::Ring;
 
     const RING3: &str = "n1 n2 n3";
 
@@ -111,12 +159,14 @@ mod tests {
         let mut h = Hist::new();
         h.fw_many(L, T0, "n1", "k", "n1");
         h.fw_many(L, T0 + 500, "n1", "k", "n2");
+        h.nemesis(1, "partition", "n1", T0 - 1000, T0 + 400, T0 + 600);
         let (over, r) = run_with(&h, bound);
         assert_eq!(r.count("S3-bound"), 0);
         assert_eq!(
             (over.admitted, over.windows_over, over.worst.0),
             (2 * L, 1, L as i64)
         );
+        assert_eq!(over.by_cause["partition"], (1, L as i64));
     }
 
     #[test]
@@ -331,5 +381,60 @@ mod tests {
         };
         assert_eq!(decide_at(T0 + 2500), 0);
         assert_eq!(decide_at(T0 + 3500), 1);
+    }
+
+    #[test]
+    fn a_promoted_successor_is_one_decider_not_a_decider_and_a_stand_in() {
+        // n1 admits L, dies; n2 admits 10 on fail-over, then 1 as promoted owner: one
+        // counter of n2's past L, so above L × D = 20. (Before fail-over answers were
+        // told apart they counted as a stand-in of limit L: bound 30.)
+        let mut h = Hist::new();
+        h.fw_many(L, T0, "n3", "k", "n1");
+        for i in 0..L {
+            let seq = h.seq("n2", 1);
+            h.check(
+                T0 + 500 + i,
+                "n3",
+                FW,
+                "k",
+                1,
+                Ans::failover("n2", seq, true, 0),
+            );
+        }
+        let seq = h.seq("n2", 1);
+        h.check(T0 + 900, "n3", FW, "k", 1, Ans::decided("n2", seq, true, 0));
+        let msgs = messages(&run(&h, bound), "S3-bound").to_vec();
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].contains("admitted 21 > bound 20"), "{msgs:?}");
+    }
+
+    #[test]
+    fn a_fail_over_decider_must_be_the_keys_successor() {
+        let mut h = Hist::new();
+        stable(&mut h, T0 - 2000, T0 + 2000, RING3);
+        let key = key_owned_by(RING3, "n2", |_| true);
+        let h2 = Ring::key_hash(key.as_bytes());
+        let succ = ring(RING3).successor_of_hash(h2).unwrap().to_string();
+        let other = ["n1", "n3"].into_iter().find(|n| *n != succ).unwrap();
+        h.check(T0, "n2", FW, &key, 1, Ans::failover(&succ, 1, true, 5));
+        assert_eq!(owner_violations(&h), Vec::<String>::new());
+        h.check(T0 + 10, "n2", FW, &key, 1, Ans::failover(other, 1, true, 5));
+        let msgs = owner_violations(&h);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(msgs[0].contains("fail-over decider"), "{msgs:?}");
+    }
+
+    #[test]
+    fn the_ring_places_a_key_by_the_hash_the_successor_is_found_with() {
+        // The checker finds a key's successor by `Ring::key_hash`: the same placement
+        // as `Ring::owner`, which the rest of the checker uses.
+        let r = ring("n1 n2 n3 n4 n5");
+        for i in 0..200 {
+            let k = format!("hot-{i}");
+            assert_eq!(
+                r.owner(k.as_bytes()),
+                r.owner_of_hash(Ring::key_hash(k.as_bytes()))
+            );
+        }
     }
 }

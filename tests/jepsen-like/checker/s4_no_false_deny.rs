@@ -17,7 +17,7 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
             if a.allowed {
                 continue;
             }
-            let why = if !a.degraded {
+            let why = if a.decides() {
                 decided(ctx.l, window, in_doubt, o, a)
             } else if a.fallback() {
                 fallback(window, in_doubt, o, a)
@@ -31,12 +31,16 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
     }
 }
 
-/// A decider's denial: the admissions it may have seen plus every charge in doubt must
-/// leave less than the cost.
+/// A decider's denial (an owner's, or a successor's on its replica): the admissions it
+/// may have seen plus every charge in doubt must leave less than the cost. Fail-over
+/// admissions count among them: they are on the successor's replica, which holds the
+/// owner's replicated count, and they reach the owner's count too (promotion, or the
+/// delta the successor pushes to an owner that comes back).
 fn decided(l: u64, window: &Window, in_doubt: &[&Op], o: &Op, a: &Answer) -> Option<String> {
     let admitted: u64 = window
         .decided
         .iter()
+        .chain(&window.failovers)
         .filter(|(x, b)| b.allowed && x.invoke <= o.complete)
         .map(|(x, _)| x.cost)
         .sum();
@@ -349,6 +353,30 @@ mod tests {
         // Through another entry node it filled no cache of n1's.
         let mut h = Hist::new();
         woken_entry_node(&mut h, true, "n3");
+        assert_eq!(s4(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_fail_over_denial_counts_the_owners_admissions_on_the_replica() {
+        // n1 admitted 8 and died; n2 admits 2 on its replica and denies the next.
+        let mut h = Hist::new();
+        admitted(&mut h, T0, 8);
+        for i in 0..2 {
+            h.check(
+                T0 + 500 + i,
+                "n3",
+                FW,
+                "k",
+                1,
+                Ans::failover("n2", i + 1, true, 1 - i),
+            );
+        }
+        h.check(T0 + 600, "n3", FW, "k", 1, Ans::failover("n2", 3, false, 0));
+        assert_eq!(s4(&h), Vec::<String>::new());
+        // With room left on the replica it is a false deny.
+        let mut h = Hist::new();
+        admitted(&mut h, T0, 5);
+        h.check(T0 + 600, "n3", FW, "k", 1, Ans::failover("n2", 1, false, 0));
         assert_eq!(s4(&h).len(), 1);
     }
 }

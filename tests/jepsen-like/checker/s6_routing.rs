@@ -3,15 +3,17 @@
 use super::context::Context;
 use super::Report;
 
-/// S6: hops ≤ 1; 0 hops ⇔ the node asked decided; a degraded admission only from the
-/// entry node's own fail-open fallback.
+/// S6: hops ≤ 1; 0 hops ⇔ the node asked decided (an owner, or a successor deciding a
+/// fail-over check: forwarded once to the successor instead of the owner, or decided
+/// by the entry node when it is the successor); a degraded admission only from the
+/// entry node's own fail-open fallback or a successor's fail-over.
 pub fn routing(ctx: &Context, report: &mut Report) {
     for op in ctx.ops {
         let Some(a) = op.ok() else { continue };
         if a.hops > 1 {
             report.violate("S6", format!("op {} answered after {} hops", op.id, a.hops));
         }
-        if !a.degraded {
+        if a.decides() {
             if a.hops == 0 && a.decider != op.node {
                 report.violate(
                     "S6",
@@ -103,5 +105,26 @@ mod tests {
             Ans::decided("n1", 0, true, 9).degraded(),
         );
         assert_eq!(s6(&h).len(), 2);
+    }
+
+    #[test]
+    fn fail_over_answers_forwarded_once_or_decided_by_the_entry_node_pass() {
+        // The successor n2 decides on its replica: asked directly (0 hops) or through
+        // n1 (1 hop).
+        let mut h = Hist::new();
+        h.check(T0, "n1", FW, "k", 1, Ans::failover("n2", 1, true, 3));
+        h.check(T0 + 10, "n2", FW, "k", 1, Ans::failover("n2", 2, true, 2));
+        assert_eq!(s6(&h), Vec::<String>::new());
+        // Counted as hops like an owner's answer.
+        let mut h = Hist::new();
+        h.check(
+            T0,
+            "n1",
+            FW,
+            "k",
+            1,
+            Ans::failover("n2", 1, true, 3).hops(0),
+        );
+        assert!(s6(&h)[0].contains("0 hops but decided by n2"));
     }
 }

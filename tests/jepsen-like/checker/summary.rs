@@ -6,11 +6,13 @@ use super::availability::Impact;
 use super::context::{Context, Op, Outcome};
 use super::observability::Resets;
 use super::s3_over_admission::OverAdmission;
+use super::s3_replicated::Replicated;
 use super::{Report, PROPERTIES};
 
 /// The numbers the properties computed on the way.
 pub struct Stats {
     pub over: OverAdmission,
+    pub replicated: Replicated,
     pub s5_windows: usize,
     pub impacts: Vec<Impact>,
     pub resets: Resets,
@@ -24,7 +26,11 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
     let info = count(&|o| o.is_info());
     let admitted = count(&|o| o.ok().is_some_and(|a| a.allowed));
     let degraded = count(&|o| o.ok().is_some_and(|a| a.fallback()));
-    let cached = count(&|o| o.ok().is_some_and(|a| a.degraded && !a.fallback()));
+    let failovers = count(&|o| o.ok().is_some_and(|a| a.failover));
+    let cached = count(&|o| {
+        o.ok()
+            .is_some_and(|a| a.degraded && !a.fallback() && !a.failover)
+    });
     let max_deciders = ctx
         .windows
         .values()
@@ -43,7 +49,7 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
     let _ = writeln!(s, "| admitted ops (all routes) | {admitted} |");
     let _ = writeln!(
         s,
-        "| fail-open fallback answers / deny-cache answers | {degraded} / {cached} |"
+        "| fail-open fallback answers / fail-over answers / deny-cache answers | {degraded} / {failovers} / {cached} |"
     );
     let _ = writeln!(
         s,
@@ -62,6 +68,21 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
             "none".into()
         }
     );
+    let causes: Vec<String> = over
+        .by_cause
+        .iter()
+        .map(|(cause, (n, worst))| format!("{cause}: {n} (+{worst})"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "| above L by the faults around the window: count (worst excess) | {} |",
+        if causes.is_empty() {
+            "none".into()
+        } else {
+            causes.join("; ")
+        }
+    );
+    replicated_rows(&mut s, &stats.replicated);
     let _ = writeln!(
         s,
         "| S5 (key, window)s checked in fault-free phases | {} |",
@@ -100,4 +121,56 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
         let _ = writeln!(s, "| {p} | {} |", report.count(p));
     }
     s
+}
+
+/// The S3-replicated rows: the crash bound with successor replicas.
+fn replicated_rows(s: &mut String, r: &Replicated) {
+    let excess = |n: i64| {
+        if n > 0 {
+            format!("+{n}")
+        } else {
+            "none".into()
+        }
+    };
+    let _ = writeln!(
+        s,
+        "| S3-replicated: replication interval / loss window / asserted | {} / {} ms / {} |",
+        if r.interval_ms == 0 {
+            "off".to_string()
+        } else {
+            format!("{} ms", r.interval_ms)
+        },
+        r.loss_ms,
+        if r.asserted { "yes" } else { "no" }
+    );
+    let _ = writeln!(
+        s,
+        "| S3-replicated: owner crashed alone: (key, window)s checked / above L / worst excess / largest loss window needed | {} / {} / {} / {} |",
+        r.checked,
+        r.above_l,
+        excess(r.worst_excess),
+        match r.needed_ms {
+            u64::MAX => "more than any (a successor started from less than the replica)".to_string(),
+            ms => format!("{ms} ms"),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "| S3-replicated: tightest margin (bound − admitted) | {} |",
+        r.tightest
+            .as_ref()
+            .map_or("n/a".into(), |(m, at)| format!("{m} ({at})"))
+    );
+    let _ = writeln!(
+        s,
+        "| owner and successor crashed together: (key, window)s / above L / worst excess (bound L × D) | {} / {} / {} |",
+        r.with_successor,
+        r.with_successor_above_l,
+        excess(r.with_successor_worst)
+    );
+    let _ = writeln!(
+        s,
+        "| crash windows with another decider too (bound L × D) | {} |",
+        r.mixed
+    );
 }

@@ -67,6 +67,15 @@ impl Ans {
         }
     }
 
+    /// A fail-over decision of the key's successor `node` on its replica (degraded,
+    /// the rule's own limit L).
+    pub fn failover(node: &str, sequence: u64, allowed: bool, remaining: u64) -> Ans {
+        Ans {
+            degraded: true,
+            ..Ans::decided(node, sequence, allowed, remaining)
+        }
+    }
+
     /// A deny-cache answer of entry node `node` (degraded, sequence 0).
     pub fn cached(node: &str) -> Ans {
         Ans {

@@ -89,16 +89,30 @@ impl Views {
     /// Whether `decider` owned `key` in some node's view (sampled, or passed through
     /// between two samples) within ±`VIEW_SLACK_MS` of [lo, hi].
     pub fn owned_by(&self, key: &str, decider: &str, lo: u64, hi: u64) -> bool {
+        self.in_some_view(lo, hi, |ring| ring.owner(key.as_bytes()) == Some(decider))
+    }
+
+    /// Whether `decider` was `key`'s successor (the member that inherits it from its
+    /// owner: where an entry node sends a fail-over check) in some node's view within
+    /// ±`VIEW_SLACK_MS` of [lo, hi].
+    pub fn succeeded_by(&self, key: &str, decider: &str, lo: u64, hi: u64) -> bool {
+        let h = Ring::key_hash(key.as_bytes());
+        self.in_some_view(lo, hi, |ring| ring.successor_of_hash(h) == Some(decider))
+    }
+
+    /// Whether `pred` holds for the ring of some node's view (sampled, or passed through
+    /// between two samples) within ±`VIEW_SLACK_MS` of [lo, hi].
+    fn in_some_view(&self, lo: u64, hi: u64, pred: impl Fn(&Ring) -> bool) -> bool {
         let overlaps = |from: u64, to: u64| {
             from.saturating_sub(VIEW_SLACK_MS) <= hi && lo <= to.saturating_add(VIEW_SLACK_MS)
         };
-        self.runs.iter().any(|run| {
-            overlaps(run.lo, run.hi)
-                && self.rings[&run.digest].owner(key.as_bytes()) == Some(decider)
-        }) || self
-            .transitions
+        self.runs
             .iter()
-            .any(|tr| overlaps(tr.from, tr.to) && tr.ring.owner(key.as_bytes()) == Some(decider))
+            .any(|run| overlaps(run.lo, run.hi) && pred(&self.rings[&run.digest]))
+            || self
+                .transitions
+                .iter()
+                .any(|tr| overlaps(tr.from, tr.to) && pred(&tr.ring))
     }
 
     /// The ring of the sampling round closest to `t` (the last one before it when
