@@ -225,10 +225,11 @@ impl Replicator {
                             .push((c.state, now.saturating_sub(c.since)));
                     }
                 }
-                let mut sent = 0;
+                let (mut sent, mut failed) = (0, Vec::new());
                 for (successor, states) in to {
-                    sent += self.send(view, successor, states).await;
+                    sent += self.send(view, successor, states, &mut failed).await;
                 }
+                self.retry(failed).await;
                 sent
             }
             Err(error) => {
@@ -240,9 +241,18 @@ impl Replicator {
         sent
     }
 
-    async fn send(&self, view: &ClusterView, successor: &str, states: Vec<(Exported, u64)>) -> u64 {
+    /// Send `states` to `successor`; the placements of those not delivered go to
+    /// `failed`. Returns how many were delivered.
+    async fn send(
+        &self,
+        view: &ClusterView,
+        successor: &str,
+        states: Vec<(Exported, u64)>,
+        failed: &mut Vec<u64>,
+    ) -> u64 {
         let Some(member) = view.member(successor) else {
             self.metrics.failed.increment(states.len() as u64);
+            failed.extend(states.iter().map(|(s, _)| s.id.placement));
             return 0;
         };
         let mut sent = 0;
@@ -260,11 +270,27 @@ impl Replicator {
                 }
                 Err(error) => {
                     self.metrics.failed.increment(states.len() as u64);
+                    failed.extend(states.iter().map(|s| s.id.placement));
                     tracing::debug!(to = successor, %error, keys = states.len(), "replication batch not delivered");
                 }
             }
         }
         sent
+    }
+
+    /// Mark the keys at `placements` changed again, so the next round sends them: a
+    /// replica whose batch failed is not left stale until its key next changes. (A
+    /// successor that stays unreachable is dropped from the ring, and its keys' new
+    /// successor gets their full state then.)
+    async fn retry(&self, placements: Vec<u64>) {
+        if placements.is_empty() {
+            return;
+        }
+        let placements: std::collections::HashSet<u64> = placements.into_iter().collect();
+        let pick: Pick = Arc::new(move |p| placements.contains(&p));
+        if let Err(error) = self.shards.resync(pick).await {
+            tracing::debug!(%error, "marking undelivered replicas for the next round failed");
+        }
     }
 
     /// Push what this node admitted on replicas for unreachable owners to those owners

@@ -328,7 +328,7 @@ impl Router {
         results: Remotes,
         now: policy::Now,
         answers: &mut [Option<Answer>],
-    ) -> Vec<usize> {
+    ) -> Vec<(usize, bool)> {
         let mut failed = Vec::new();
         for ((i, owner), result) in remote.iter().zip(results) {
             let item = flat[*i];
@@ -347,29 +347,30 @@ impl Router {
                 Err(error) => {
                     self.metrics.forward_errors.increment(1);
                     tracing::debug!(%error, key = %item.client(), "owner unreachable; falling back");
-                    failed.push(*i);
+                    failed.push((*i, error.owner_unreachable()));
                 }
             }
         }
         failed
     }
 
-    /// Send each descriptor whose owner did not answer to the key's successor, which
-    /// decides it on its replica (degraded); give each the successor cannot answer
-    /// either its fallback: a fail-closed denial now, or a fail-open stand-in counter,
+    /// Send each descriptor whose owner could not be reached to the key's successor,
+    /// which decides it on its replica (degraded); give each the successor cannot
+    /// answer either, and each an owner refused (it is alive: a second decider would
+    /// not be bounded by its count), its fallback: a fail-closed denial now, or a fail-open stand-in counter,
     /// returned for [`Router::decide_open`].
     async fn fail_over(
         &self,
         flat: &[&CheckItem],
-        failed: Vec<usize>,
+        failed: Vec<(usize, bool)>,
         view: &ClusterView,
         now: policy::Now,
         answers: &mut [Option<Answer>],
     ) -> Result<Vec<(usize, Charge)>, ShardError> {
         let mut open = Vec::new();
-        for i in failed {
+        for (i, unreachable) in failed {
             let item = flat[i];
-            if self.failover {
+            if self.failover && unreachable {
                 if let Some(answer) = self.decide_on_successor(item, view).await? {
                     answers[i] = Some(answer);
                     continue;

@@ -76,7 +76,7 @@ fn describe_replication() {
     );
     describe_counter!(
         "ringlimit_replication_failed_total",
-        "Key states whose Replicate call failed: their replicas stay stale until the key changes again."
+        "Key states whose Replicate call failed: stale replicas until a later round delivers them (sent again every round)."
     );
     describe_histogram!(
         "ringlimit_replication_lag_seconds",

@@ -37,7 +37,9 @@ pub fn pull_deadline(timeout: Duration) -> Duration {
 /// A failed call to `peer` as the link reports it: `None` is a call that ran out of time.
 pub fn call_error(peer: &str, status: Option<&tonic::Status>) -> ForwardError {
     match status {
-        Some(status) => ForwardError::Unreachable(peer.to_string(), status.message().to_string()),
+        Some(status) => {
+            ForwardError::from_status(peer, status.code(), status.message().to_string())
+        }
         None => ForwardError::Timeout(peer.to_string()),
     }
 }

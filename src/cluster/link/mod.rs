@@ -137,6 +137,39 @@ pub enum ForwardError {
     /// The peer's queue is full.
     #[error("forward queue to {0} is full")]
     Overloaded(String),
+    /// The owner answered and refused the batch: it is alive (a stale batch, an
+    /// overloaded owner, input it would not take). Nothing was decided; the entry node
+    /// falls back without sending the checks to the key's successor, which would make a
+    /// second decider beside a live owner.
+    #[error("owner {0} refused the batch: {1}")]
+    Refused(String, String),
+}
+
+impl ForwardError {
+    /// The error for a status `peer` answered with: a refusal when the code says the
+    /// peer decided to refuse, unreachable when it says the call did not get through
+    /// (tonic reports transport failures as UNAVAILABLE, UNKNOWN or CANCELLED, and a
+    /// restarting owner refuses with UNAVAILABLE so its checks fail over).
+    pub fn from_status(peer: &str, code: tonic::Code, message: String) -> Self {
+        use tonic::Code;
+        match code {
+            Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::Internal
+            | Code::DataLoss => ForwardError::Unreachable(peer.to_string(), message),
+            _ => ForwardError::Refused(peer.to_string(), message),
+        }
+    }
+
+    /// Whether the owner may be down or cut off (no answer, or a call that did not get
+    /// through): then the key's successor may decide for it.
+    pub fn owner_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::Timeout(_) | ForwardError::Unreachable(..)
+        )
+    }
 }
 
 /// The coordinator's answer to a rules write.

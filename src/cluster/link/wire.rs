@@ -89,7 +89,11 @@ pub fn stream_answer(
             peer.to_string(),
             "an answer without a response".into(),
         )),
-        _ => Err(ForwardError::Unreachable(peer.to_string(), answer.message)),
+        _ => Err(ForwardError::from_status(
+            peer,
+            tonic::Code::from(answer.code as i32),
+            answer.message,
+        )),
     };
     (answer.call, result)
 }

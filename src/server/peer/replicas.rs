@@ -92,7 +92,11 @@ impl PeerService {
             member.peer_addr = addr;
             member.generation = request.generation;
         }
-        let Some(to) = to else {
+        let Some(to) = to.filter(|_| earlier) else {
+            // Not an earlier incarnation this node still counts on: a new member, or one
+            // that came back after the cluster dropped it. Its keys come back by the
+            // ring's handoff (whoever held them pushes their state); replicas pushed too
+            // would be merged on top of that and counted twice.
             return Ok(RestoreResponse::default());
         };
         let (sent, installed) = replicator.send_replicas(&view, &to).await;
