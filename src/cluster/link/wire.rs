@@ -181,10 +181,22 @@ mod tests {
             code: tonic::Code::DeadlineExceeded as u32,
             message: "late".into(),
         };
-        assert_eq!(
-            stream_answer(refused, "p").1.unwrap_err(),
-            ForwardError::Unreachable("p".into(), "late".into())
+        let refusal = stream_answer(refused, "p").1.unwrap_err();
+        assert_eq!(refusal, ForwardError::Refused("p".into(), "late".into()));
+        assert!(
+            !refusal.owner_unreachable(),
+            "an owner that refuses is alive"
         );
+        let restoring = ForwardAnswer {
+            call: 7,
+            response: None,
+            code: tonic::Code::Unavailable as u32,
+            message: "restoring".into(),
+        };
+        assert!(stream_answer(restoring, "p")
+            .1
+            .unwrap_err()
+            .owner_unreachable());
     }
 
     #[test]
