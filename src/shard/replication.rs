@@ -162,35 +162,18 @@ impl Side {
                 let _ = reply.send(self.drain(live, max));
             }
             Command::Resync { pick, reply } => {
-                let marked = match &mut self.dirty {
-                    Some(dirty) => {
-                        let ids = live.select(|p| pick(p));
-                        let n = ids.len();
-                        for e in ids {
-                            dirty.entry(e.id).or_insert(now);
-                        }
-                        n
-                    }
-                    None => 0,
-                };
-                let _ = reply.send(marked);
+                let _ = reply.send(self.resync(live, &pick, now));
             }
             Command::Hold { items, reply } => {
-                churn += self.replicas.fit_beside(live, self.keys, self.bytes, now);
-                let mut held = 0;
-                for (item, rule) in items {
-                    let (kept, c) = self.replicas.hold(item, &rule.limiter, now);
-                    held += usize::from(kept);
-                    churn += c;
-                }
-                self.held.set(self.replicas.len() as f64);
+                let (held, c) = self.hold(live, items, now);
+                churn += c;
                 let _ = reply.send(held);
             }
             Command::Select { pick, reply } => {
-                let _ = reply.send(self.replicas.select(|p| pick(p)));
+                let _ = reply.send(self.select(&pick));
             }
             Command::DrainFailover { reply } => {
-                let _ = reply.send(self.replicas.drain_failover());
+                let _ = reply.send(self.drain_failover());
             }
             Command::Held { reply } => {
                 let _ = reply.send(self.replicas.len());
@@ -212,8 +195,58 @@ impl Side {
         churn
     }
 
+    /// Mark every live key whose placement `pick` accepts as changed (their successor
+    /// changed). Returns how many.
+    pub fn resync(&mut self, live: &Store, pick: &Pick, now: Millis) -> usize {
+        match &mut self.dirty {
+            Some(dirty) => {
+                let ids = live.select(|p| pick(p));
+                let n = ids.len();
+                for e in ids {
+                    dirty.entry(e.id).or_insert(now);
+                }
+                n
+            }
+            None => 0,
+        }
+    }
+
+    /// Keep replicas sent by their owners, in the room `live` leaves. Returns how many
+    /// are held.
+    pub fn hold(
+        &mut self,
+        live: &Store,
+        items: Vec<(Exported, Arc<Rule>)>,
+        now: Millis,
+    ) -> (usize, Churn) {
+        let mut churn = self.replicas.fit_beside(live, self.keys, self.bytes, now);
+        let mut held = 0;
+        for (item, rule) in items {
+            let (kept, c) = self.replicas.hold(item, &rule.limiter, now);
+            held += usize::from(kept);
+            churn += c;
+        }
+        self.held.set(self.replicas.len() as f64);
+        (held, churn)
+    }
+
+    /// Copies of the replicas whose placement `pick` accepts.
+    pub fn select(&self, pick: &Pick) -> Vec<Exported> {
+        self.replicas.select(|p| pick(p))
+    }
+
+    /// Fail-over admissions since the last call, owed to the keys' owners.
+    pub fn drain_failover(&mut self) -> Vec<Exported> {
+        self.replicas.drain_failover()
+    }
+
+    /// Replicas held.
+    pub fn len(&self) -> usize {
+        self.replicas.len()
+    }
+
     /// Up to `max` changed keys' states (the rest stay owed for the next call).
-    fn drain(&mut self, live: &Store, max: usize) -> Vec<Changed> {
+    pub fn drain(&mut self, live: &Store, max: usize) -> Vec<Changed> {
         let Some(dirty) = &mut self.dirty else {
             return Vec::new();
         };
