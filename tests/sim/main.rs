@@ -26,6 +26,7 @@ mod checker;
 mod history;
 mod link;
 mod node;
+mod replicated;
 mod rng;
 #[path = "../jepsen-like/rules.rs"]
 mod rules;
@@ -64,12 +65,21 @@ fn write_history(outcome: &scenario::Outcome, broken: bool) -> PathBuf {
 }
 
 fn line(o: &scenario::Outcome) -> String {
+    let r = &o.replicated;
     format!(
-        "sim seed={} ops={} digest={:016x} violations={}",
+        "sim seed={} ops={} digest={:016x} violations={} replicated: kills={} pair_kills={} \
+         windows={} over_l={} worst={} lost={} rejudged={}",
         o.seed,
         o.ops,
         o.digest,
-        o.violations()
+        o.violations(),
+        r.kills,
+        r.pair_kills,
+        r.checked,
+        r.over_l,
+        r.worst,
+        r.lost,
+        r.rejudged
     )
 }
 
