@@ -534,12 +534,10 @@ impl Node {
         let shard = &mut self.shards[Self::shard_of(item.id.placement)];
         let now = shard.clock.now_ms();
         let sequence = &mut self.sequence;
-        let (outcomes, _) = shard
-            .core
-            .check(std::slice::from_ref(item), now, |_, _| {
-                *sequence += 1;
-                *sequence
-            });
+        let (outcomes, _) = shard.core.check(std::slice::from_ref(item), now, |_, _| {
+            *sequence += 1;
+            *sequence
+        });
         outcomes[0]
     }
 
@@ -840,8 +838,7 @@ impl Node {
             Some(request) if self.restoring() && request.items.iter().any(|it| !it.failover) => {
                 refuse(
                     14,
-                    "this node is restoring its keys from their successors after a restart"
-                        .into(),
+                    "this node is restoring its keys from their successors after a restart".into(),
                 )
             }
             Some(request) => {

@@ -278,7 +278,9 @@ fn pair_availability(
                 format!("owned by Some(\"{partner}\")"),
             );
             let before = messages.len();
-            messages.retain(|m| !(m.starts_with(&prefix) && (m.contains(&asked) || m.contains(&owned))));
+            messages.retain(|m| {
+                !(m.starts_with(&prefix) && (m.contains(&asked) || m.contains(&owned)))
+            });
             figures.rejudged += before - messages.len();
         }
     }
@@ -349,7 +351,11 @@ fn rejudge(
             .map(|o| o.cost)
             .sum();
         if admitted + doubt + op.cost <= l {
-            report.violations.entry("S4-failover").or_default().push(format!(
+            report
+                .violations
+                .entry("S4-failover")
+                .or_default()
+                .push(format!(
                 "op {id} key {} window {win}: fail-over denied cost {} by {}@{} although at most \
                  {admitted} admitted + {doubt} in doubt (L={l})",
                 op.key, op.cost, a.decider, a.generation

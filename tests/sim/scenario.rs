@@ -8,10 +8,10 @@ use std::sync::Arc;
 use ringlimit::config::rules::RuleSet;
 
 use crate::checker;
-use crate::replicated;
 use crate::history::Entry;
 use crate::link::LinkConfig;
 use crate::node::NodeConfig;
+use crate::replicated;
 use crate::rng::Rng;
 use crate::workload::Workload;
 use crate::world::{State, World, DEADLINE_MS};

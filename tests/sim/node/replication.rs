@@ -24,7 +24,6 @@ use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
 use ringlimit::shard::replication::Pick;
 use ringlimit::shard::{Charge, Exported};
 
-
 use super::{Msg, Node, Out, Pending, Timer};
 use crate::link::{Effects, Waiter};
 
@@ -361,12 +360,7 @@ impl Node {
                         let charge = failover.charge();
                         let o = self.shard_check(&charge);
                         let mut answer = policy::local_answer(
-                            &item,
-                            &self.me,
-                            o.decision,
-                            o.sequence,
-                            o.at,
-                            charge,
+                            &item, &self.me, o.decision, o.sequence, o.at, charge,
                         );
                         answer.degraded = true;
                         p.answers[i] = Some(answer);
