@@ -952,11 +952,18 @@ impl Node {
     /// `Peer/Install`: decode, vet against this node's rules and clock
     /// (`handoff::with_rules`), install (merging with what is held).
     fn on_install(&mut self, request: InstallRequest) {
+        self.stats.installed += self.install(request);
+    }
+
+    /// Vet and install (merge) `request`'s states; returns how many were installed.
+    fn install(&mut self, request: InstallRequest) -> u64 {
+        let mut installed = 0;
         for (item, rule) in self.vet(request) {
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
-            self.stats.installed += shard.core.install(vec![(item, rule)], now) as u64;
+            installed += shard.core.install(vec![(item, rule)], now) as u64;
         }
+        installed
     }
 
     /// `PeerService::vet_states`: decode the states, keep those a local rule could

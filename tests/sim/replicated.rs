@@ -363,3 +363,102 @@ fn rejudge(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 1_800_000_000_000;
+    const G1: u64 = 1;
+
+    /// n1 admits 10 of L = 10 on key k in the window starting at T, the last `late` of
+    /// them in its last 20 ms; it is killed alone at T + 1000, and n2 then admits
+    /// `after` more (fail-over, then as owner).
+    fn history(late: u64, after: u64) -> Vec<Entry> {
+        let mut h = vec![Entry::Meta {
+            t: T,
+            seed: 1,
+            profile: "test".into(),
+            broken: false,
+            deadline_ms: 2000,
+            schedule: Vec::new(),
+            rules: crate::rules::rule_infos(),
+        }];
+        let mut id = 0;
+        let mut op = |h: &mut Vec<Entry>, t: u64, decider: &str, degraded: bool| {
+            id += 1;
+            h.push(Entry::Invoke {
+                id,
+                client: 0,
+                t,
+                key: "k".into(),
+                route: "GET /fw".into(),
+                cost: 1,
+                node: "n3".into(),
+                addr: String::new(),
+            });
+            h.push(Entry::Ok {
+                id,
+                t: t + 2,
+                allowed: true,
+                limit: 10,
+                remaining: 0,
+                decider: decider.into(),
+                generation: G1,
+                window_id: Some(T / 2000),
+                sequence: id,
+                degraded,
+                hops: 1,
+                rule: "fw".into(),
+                retry_after_ms: 0,
+            });
+        };
+        for i in 0..10 {
+            let t = if i < 10 - late { T + 100 + i } else { T + 985 };
+            op(&mut h, t, "n1", false);
+        }
+        h.push(Entry::Exit {
+            t: T + 1000,
+            node: "n1".into(),
+            generation: G1,
+            how: "kill -9".into(),
+        });
+        for (edge, t) in [
+            ("start", T + 1000),
+            ("end", T + 1300),
+            ("settled", T + 1900),
+        ] {
+            h.push(Entry::Nemesis {
+                t,
+                n: 1,
+                kind: "kill-restart".into(),
+                victim: "n1".into(),
+                edge: edge.into(),
+                detail: String::new(),
+            });
+        }
+        for i in 0..after {
+            op(&mut h, T + 1100 + 10 * i, "n2", i % 2 == 0);
+        }
+        h
+    }
+
+    fn violations(h: &[Entry]) -> usize {
+        let mut report = Report::default();
+        check(h, &BTreeSet::new(), 50, &mut report);
+        report.count("S3-replicated")
+    }
+
+    #[test]
+    fn admissions_up_to_the_dead_owners_last_interval_pass() {
+        assert_eq!(violations(&history(3, 3)), 0);
+        assert_eq!(violations(&history(0, 0)), 0);
+    }
+
+    #[test]
+    fn a_new_owner_starting_from_empty_fails() {
+        // What a crash cost before replication: the new owner admits L again.
+        assert_eq!(violations(&history(0, 10)), 1);
+        assert_eq!(violations(&history(3, 4)), 1);
+    }
+}

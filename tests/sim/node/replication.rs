@@ -82,8 +82,10 @@ pub struct ReplicationStats {
     pub failover_failed: u64,
     /// Fail-over admissions pushed to their owners.
     pub failover_pushed: u64,
-    /// Replicas pushed to restarted owners.
+    /// Replicas pushed to restarted owners (or joiners: `send_replicas` pushes to
+    /// any member that asks), and installed (merged) by this node from such pushes.
     pub restored: u64,
+    pub restore_installed: u64,
 }
 
 impl Node {
@@ -253,7 +255,7 @@ impl Node {
         let ok = match answer {
             Ok((installs, response)) => {
                 for install in installs {
-                    self.on_install(install);
+                    self.repl.restore_installed += self.install(install);
                 }
                 self.restore.restarted |= response.earlier;
                 true
