@@ -241,3 +241,86 @@ impl ShardCore {
         self.store.holds(id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rules::RuleSet;
+
+    const NOW: Millis = 1_800_000_000_000;
+
+    fn charge(rule: &Arc<Rule>, key: &[u8]) -> Charge {
+        Charge {
+            id: KeyId::of(&rule.name, key, ""),
+            rule: rule.clone(),
+            cost: NonZeroU64::MIN,
+            give_back: None,
+            drain: false,
+            peek: false,
+            failover: false,
+        }
+    }
+
+    fn allowed(core: &mut ShardCore, item: &Charge) -> bool {
+        let (outcomes, _) = core.check(std::slice::from_ref(item), NOW, |_, _| 0);
+        outcomes[0].decision.allowed
+    }
+
+    #[test]
+    fn a_key_handed_away_keeps_its_count_when_its_replica_arrives() {
+        // Simulator seed 603: this node handed a full key to a joiner, which started it
+        // from empty before the handoff reached it and replicated that state back here
+        // (this node is its successor); a forward from a node on the old view must
+        // still be decided on the handed-over count, not on the replica.
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
+        )
+        .unwrap();
+        let rule = rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "r")
+            .unwrap()
+            .clone();
+        let item = charge(&rule, b"k");
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        for _ in 0..3 {
+            assert!(allowed(&mut core, &item));
+        }
+        assert!(!allowed(&mut core, &item));
+        let handed = core.export(NOW, |_| Some(Arc::from("new-owner")));
+        assert_eq!(handed.len(), 1);
+        let mut joiner = ShardCore::new(true, 100, 1 << 20, 1);
+        assert!(allowed(&mut joiner, &item));
+        let replica = joiner.drain_changed(10).remove(0).state;
+        assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
+        assert!(!allowed(&mut core, &item), "3 of 3 used here already");
+        assert_eq!(core.replicas(), 1, "the replica stays a replica");
+    }
+
+    #[test]
+    fn a_replica_is_promoted_by_the_first_check_of_a_key_not_held() {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
+        )
+        .unwrap();
+        let rule = rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "r")
+            .unwrap()
+            .clone();
+        let item = charge(&rule, b"k");
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
+        for _ in 0..2 {
+            assert!(allowed(&mut owner, &item));
+        }
+        let replica = owner.drain_changed(10).remove(0).state;
+        let mut successor = ShardCore::new(true, 100, 1 << 20, 1);
+        successor.hold(vec![(replica, rule.clone())], NOW);
+        assert!(allowed(&mut successor, &item), "the third of 3");
+        assert!(!allowed(&mut successor, &item));
+        assert_eq!(successor.replicas(), 0);
+        assert!(successor.holds(item.id));
+    }
+}
