@@ -13,6 +13,7 @@
 //! A full inbox is an explicit [`ShardError::Overloaded`] answer, never an unbounded
 //! queue: a limiter that queues without bound under overload stops protecting anything.
 
+pub mod core;
 pub mod counters;
 pub mod identity;
 pub mod leases;
@@ -31,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use self::core::ShardCore;
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::clock::{Clamped, Clock};
 use crate::config::rules::Rule;
@@ -247,14 +249,7 @@ impl Shards {
                 let (tx, rx) = mpsc::channel(config.inbox.max(1));
                 let actor = Actor {
                     index,
-                    store: Store::new(per_shard_cap, index as u64 + 1)
-                        .with_byte_budget(per_shard_bytes),
-                    replicas: replication::Side::new(
-                        config.replicate,
-                        per_shard_cap,
-                        per_shard_bytes,
-                        index,
-                    ),
+                    core: ShardCore::new(config.replicate, per_shard_cap, per_shard_bytes, index),
                     clock: Clamped::new(clock.clone()),
                     sequence: sequence.clone(),
                     metrics: ShardMetrics::new(index),
@@ -559,9 +554,8 @@ impl RuleCounters {
 
 struct Actor {
     index: usize,
-    store: Store,
-    /// This shard's replicas of other owners' keys, and its own changed keys.
-    replicas: replication::Side,
+    /// The keys, the replicas and every decision on them.
+    core: ShardCore,
     clock: Clamped,
     sequence: Arc<AtomicU64>,
     metrics: ShardMetrics,
@@ -606,7 +600,11 @@ impl Actor {
                 _ = tick.tick() => self.expire(),
             }
         }
-        tracing::debug!(shard = self.index, keys = self.store.len(), "shard stopped");
+        tracing::debug!(
+            shard = self.index,
+            keys = self.core.store().len(),
+            "shard stopped"
+        );
     }
 
     fn handle(&mut self, command: Command, now: Millis) {
@@ -617,35 +615,24 @@ impl Actor {
                 let _ = reply.send(outcomes);
             }
             Command::Refund { items } => {
-                for refund in items {
-                    self.store
-                        .refund(refund.charge.counter(), refund.at, refund.charge.cost);
-                    self.replicas.changed(&refund.charge.counter(), now);
+                for refund in &items {
+                    self.core.refund(refund, now);
                 }
             }
             Command::Len { reply } => {
-                let _ = reply.send(self.store.len());
+                let _ = reply.send(self.core.store().len());
             }
             Command::Export { new_owner, reply } => {
-                let exported = self.store.export(now, |placement| new_owner(placement));
-                self.metrics.keys.set(self.store.len() as f64);
+                let exported = self.core.export(now, |placement| new_owner(placement));
+                self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(exported);
             }
             Command::DrainDeltas { reply } => {
-                let _ = reply.send(self.store.drain_deltas());
+                let _ = reply.send(self.core.drain_deltas());
             }
             Command::Install { items, reply } => {
-                let mut installed = 0;
-                // A state from an owner whose clock ran ahead needs no help here: every
-                // algorithm state clamps time to the newest instant it has acted on.
-                for (item, rule) in items {
-                    let id = item.id;
-                    if self.store.install(item, &rule.limiter, now) {
-                        installed += 1;
-                        self.replicas.changed_id(id, now);
-                    }
-                }
-                self.metrics.keys.set(self.store.len() as f64);
+                let installed = self.core.install(items, now);
+                self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(installed);
             }
             Command::Counters {
@@ -653,30 +640,14 @@ impl Actor {
                 reset,
                 reply,
             } => {
-                let readings = items
-                    .into_iter()
-                    .filter_map(|item| {
-                        let counter = Counter {
-                            id: item.id,
-                            fingerprint: item.rule.fingerprint,
-                            limiter: &item.rule.limiter,
-                            local: false,
-                        };
-                        let decision = if reset {
-                            self.store.reset(counter, now)
-                        } else {
-                            self.store.inspect(counter, now)
-                        }?;
-                        Some(counters::CounterReading::of(&item, &decision))
-                    })
-                    .collect();
+                let readings = self.core.counters(items, reset, now);
                 if reset {
-                    self.metrics.keys.set(self.store.len() as f64);
+                    self.metrics.keys.set(self.core.store().len() as f64);
                 }
                 let _ = reply.send(readings);
             }
             Command::Replication(command) => {
-                let churn = self.replicas.handle(command, &mut self.store, now);
+                let churn = self.core.replication(command, now);
                 self.record_churn(churn);
             }
             Command::Reservation { op, reply } => {
@@ -685,72 +656,20 @@ impl Actor {
         }
     }
 
-    /// Decide one message's charges, in order.
+    /// Decide one message's charges, in order (see [`ShardCore::check`]).
     fn check(&mut self, items: &Charges, now: Millis) -> Outcomes {
-        let mut churn = Churn::default();
-        let outcomes = items
-            .iter()
-            .map(|item| {
-                // A fail-over check of a key this node holds live (its replica was
-                // promoted: this node owns it now) continues the live count.
-                let (decision, c, fresh) = if item.failover && !self.store.holds(item.id) {
-                    self.replicas.decide_failover(item, now)
-                } else {
-                    churn += self.replicas.promote_on_check(item, &mut self.store, now);
-                    let decided = self.decide(item, now);
-                    self.replicas.changed(&item.counter(), now);
-                    decided
-                };
-                churn += c;
-                self.metrics.checks.of(&item.rule)[usize::from(!decision.allowed)].increment(1);
-                Outcome {
-                    decision,
-                    sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
-                    at: now,
-                    fresh,
-                }
-            })
-            .collect();
-        churn += self.replicas.fit(&self.store, now);
+        let (checks, sequence) = (&mut self.metrics.checks, &self.sequence);
+        let (outcomes, churn) = self.core.check(items, now, |item, decision| {
+            checks.of(&item.rule)[usize::from(!decision.allowed)].increment(1);
+            sequence.fetch_add(1, Ordering::Relaxed) + 1
+        });
         self.record_churn(churn);
         outcomes
     }
 
-    /// Decide one charge on its live key: any give-back first, then the check (or a
-    /// peek), then a drain of what a denial left.
-    fn decide(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
-        if let Some(units) = item.give_back {
-            self.store.give_back(item.counter(), now, units);
-        }
-        let (mut decision, mut churn, fresh) = if item.peek {
-            (
-                self.store.peek(item.counter(), now),
-                Churn::default(),
-                false,
-            )
-        } else {
-            self.store.check(item.counter(), now, item.cost)
-        };
-        if item.drain && !decision.allowed && decision.remaining > 0 {
-            let units = NonZeroU64::new(decision.remaining).expect("> 0");
-            let (drained, c, _) = self.store.check(item.counter(), now, units);
-            churn += c;
-            if drained.allowed {
-                decision = Decision {
-                    allowed: false,
-                    ..drained
-                };
-            }
-        }
-        (decision, churn, fresh)
-    }
-
     fn expire(&mut self) {
         let now = self.clock.now_ms();
-        // Examine a sixteenth of the keys per tick (at least 1024): a full pass every
-        // ~16 ticks, while one tick stays a sub-millisecond pause.
-        let budget = (self.store.len() / 16).max(1024);
-        let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
+        let expired = self.core.expire(now);
         self.reservations.expire(now);
         self.record_churn(Churn {
             expired,
@@ -782,7 +701,7 @@ impl Actor {
                     shard = self.index,
                     evicted = self.unlogged_evictions,
                     denied = self.unlogged_denied_evictions,
-                    cap = self.store.cap(),
+                    cap = self.core.store().cap(),
                     "key cap or state byte budget reached with every key denied: evicted {} \
                      exhausted keys, whose \
                      clients are admitted early; raise --max-keys or --max-state-bytes",
@@ -793,7 +712,7 @@ impl Actor {
                     shard = self.index,
                     evicted = self.unlogged_evictions,
                     denied = 0,
-                    cap = self.store.cap(),
+                    cap = self.core.store().cap(),
                     "key cap or state byte budget reached: evicted live rate-limit state \
                      (no denied key); raise --max-keys or --max-state-bytes"
                 );
@@ -802,8 +721,10 @@ impl Actor {
             self.unlogged_denied_evictions = 0;
             self.last_eviction_log = self.clock.now_ms();
         }
-        self.metrics.keys.set(self.store.len() as f64);
-        self.metrics.state_bytes.set(self.store.side_bytes() as f64);
+        self.metrics.keys.set(self.core.store().len() as f64);
+        self.metrics
+            .state_bytes
+            .set(self.core.store().side_bytes() as f64);
     }
 }
 

@@ -762,18 +762,11 @@ impl super::Actor {
     /// replication afterwards.
     pub(super) fn reservation(&mut self, op: Op, now: Millis) -> Reply {
         let touched = touched(&op);
-        let mut churn = Churn::default();
-        if let Some(charge) = &touched {
-            churn += self.replicas.promote_on_check(charge, &mut self.store, now);
-        }
-        let (reply, c) = self
-            .reservations
-            .step(&mut self.store, op, now, &self.sequence);
+        let (reservations, sequence) = (&mut self.reservations, &self.sequence);
+        let ((reply, c), mut churn) = self.core.step_live(touched.as_ref(), now, |store| {
+            reservations.step(store, op, now, sequence)
+        });
         churn += c;
-        if let Some(charge) = &touched {
-            self.replicas.changed(&charge.counter(), now);
-            churn += self.replicas.fit(&self.store, now);
-        }
         if let (Some(charge), Reply::Reserved(Ok(opened))) = (&touched, &reply) {
             let denied = !opened.outcome.decision.allowed;
             self.metrics.checks.of(&charge.rule)[usize::from(denied)].increment(1);

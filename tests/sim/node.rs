@@ -21,7 +21,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -35,20 +34,25 @@ use ringlimit::clock::{Clamped, Clock};
 use ringlimit::cluster::deny_cache::DenyCache;
 use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
 use ringlimit::cluster::link::calls;
-use ringlimit::cluster::policy::{self, Fallback, Now, Origin, Routing};
+use ringlimit::cluster::policy::{self, Now, Origin, Routing};
 use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, InlineRules, Remote};
 use ringlimit::config::rules::{Rule, RuleSet};
 use ringlimit::membership::{
     build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
 };
 use ringlimit::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, RefundRequest,
+    ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, RefundRequest, RestoreRequest,
+    RestoreResponse,
 };
-use ringlimit::shard::{Charge, Exported, KeyId, Outcome, Store};
+use ringlimit::shard::{Charge, Exported, KeyId, Outcome, ShardCore};
 
 use crate::history::Entry;
 use crate::link::{Effects, Link, LinkConfig, Waiter};
 use crate::rng::Rng;
+
+mod replication;
+pub use replication::ReplicationStats;
+use replication::Restore;
 
 /// Shards per node (the process suite's nodes run 2 on this machine).
 const SHARDS: usize = 2;
@@ -145,8 +149,16 @@ pub enum Msg {
     },
     /// Refunds of admitted charges (TCP).
     Refund(RefundRequest),
-    /// Handed-over state (TCP).
+    /// Handed-over state, or fail-over admissions for their owner (TCP).
     Install(InstallRequest),
+    /// Replicas for the keys' successor (TCP; a call that cannot be made in time is
+    /// lost, see `World::deliver`).
+    Replicate(InstallRequest),
+    /// A restarted node asking for the replicas of its keys.
+    Restore(RestoreRequest),
+    /// The replicas pushed back (each an `Install` call, made before the answer) and
+    /// the answer; `Err`: the call failed.
+    Restored(Result<(Vec<InstallRequest>, RestoreResponse), String>),
 }
 
 impl Msg {
@@ -166,7 +178,15 @@ impl Msg {
             Msg::Forward { call, .. } => grpc(call.encoded_len()),
             Msg::Answer { answer, .. } => answer.as_ref().map_or(0, |a| grpc(a.encoded_len())),
             Msg::Refund(r) => grpc(r.encoded_len()),
-            Msg::Install(r) => grpc(r.encoded_len()),
+            Msg::Install(r) | Msg::Replicate(r) => grpc(r.encoded_len()),
+            Msg::Restore(r) => grpc(r.encoded_len()),
+            Msg::Restored(r) => r.as_ref().map_or(0, |(installs, response)| {
+                installs
+                    .iter()
+                    .map(|i| grpc(i.encoded_len()))
+                    .sum::<usize>()
+                    + grpc(response.encoded_len())
+            }),
         }
     }
 }
@@ -177,6 +197,10 @@ pub enum Timer {
     Gossip,
     Deltas,
     Link,
+    /// The replicator's round (`--replicate-interval-ms`).
+    Replicate,
+    /// The restore's settle wait or its deadline.
+    Restore,
 }
 
 /// What a node asks the world to do.
@@ -190,11 +214,15 @@ pub enum Out {
         at: u64,
         timer: Timer,
     },
-    /// A completed check for a client (`t` is filled in when the client gets it).
+    /// A completed check for a client (`t` is filled in when the client gets it);
+    /// `failover`: a descriptor was answered by the key's successor (the history
+    /// cannot tell such an answer from a fail-open one: the simulator's own checks
+    /// need to).
     Answer {
         client: u32,
         op: u64,
         entry: Entry,
+        failover: bool,
     },
     /// Gossip bytes owed to this node for key-values it sent (see `GOSSIP_DELTA`).
     GossipDelta(usize),
@@ -210,7 +238,8 @@ pub struct NodeStats {
 }
 
 struct Shard {
-    store: Store,
+    /// The shard's real core: live keys, replicas and every decision on them.
+    core: ShardCore,
     clock: Clamped,
 }
 
@@ -223,7 +252,18 @@ struct Pending {
     flat: Vec<CheckItem>,
     answers: Vec<Option<Answer>>,
     remote: Vec<(usize, Member)>,
+    /// Answers from the owners (`remote`'s order), then from successors (`second`).
     results: Vec<Option<Result<Remote, String>>>,
+    /// Results still due.
+    waiting: usize,
+    /// Fail-overs sent to successors: (position in `results`, descriptor, successor).
+    second: Vec<(usize, usize, Member)>,
+    /// The owners' answers are settled (`settle_remote` ran).
+    settled: bool,
+    /// Fail-open charges to decide here at the end (`decide_open`).
+    open: Vec<(usize, Charge)>,
+    /// A descriptor was answered by its successor.
+    failover: bool,
     view: Arc<ClusterView>,
     now: Now,
 }
@@ -261,6 +301,10 @@ pub struct NodeConfig {
     pub stall_hold: bool,
     /// Ids gossiped with when the node knows too few live peers.
     pub seeds: Vec<String>,
+    /// `--replicate-interval-ms`: 0, no replicas, no fail-over, no restore.
+    pub replicate_ms: u64,
+    /// `--restore-timeout-ms`.
+    pub restore_timeout_ms: u64,
 }
 
 pub struct Node {
@@ -294,6 +338,8 @@ pub struct Node {
     cfg: NodeConfig,
     rng: Rng,
     pub stats: NodeStats,
+    pub repl: ReplicationStats,
+    restore: Restore,
 }
 
 impl Node {
@@ -305,12 +351,19 @@ impl Node {
         time: Arc<AtomicU64>,
         rules: Arc<RuleSet>,
         cfg: NodeConfig,
-        mut rng: Rng,
+        rng: Rng,
     ) -> Node {
+        let time_now = time.load(Ordering::SeqCst);
         let clock = Arc::new(SimClock::new(time));
+        let replicate = cfg.replicate_ms > 0;
         let shards = (0..SHARDS)
-            .map(|_| Shard {
-                store: Store::new(SHARD_CAP, rng.next_u64()),
+            .map(|index| Shard {
+                core: ShardCore::new(
+                    replicate,
+                    SHARD_CAP,
+                    SHARD_CAP * ringlimit::shard::DEFAULT_STATE_BYTES_PER_KEY,
+                    index,
+                ),
                 clock: Clamped::new(clock.clone()),
             })
             .collect();
@@ -349,9 +402,14 @@ impl Node {
             link: Link::new(cfg.link),
             pending: BTreeMap::new(),
             next_check: 1,
+            restore: Restore::new(
+                cfg.replicate_ms > 0 && cfg.seeds.iter().any(|s| **s != *id),
+                time_now + cfg.restore_timeout_ms,
+            ),
             cfg,
             rng,
             stats: NodeStats::default(),
+            repl: ReplicationStats::default(),
         }
     }
 
@@ -359,7 +417,7 @@ impl Node {
     pub fn boot(&mut self, now: u64) -> Vec<Out> {
         self.last_run = now;
         let phase = self.rng.range(1, self.cfg.gossip_ms);
-        vec![
+        let mut out = vec![
             Out::Timer {
                 at: now + phase,
                 timer: Timer::Gossip,
@@ -368,7 +426,20 @@ impl Node {
                 at: now + self.cfg.delta_ms,
                 timer: Timer::Deltas,
             },
-        ]
+        ];
+        if self.replicating() {
+            out.push(Out::Timer {
+                at: now + self.cfg.replicate_ms,
+                timer: Timer::Replicate,
+            });
+        }
+        if self.restoring() {
+            out.push(Out::Timer {
+                at: now + self.cfg.restore_timeout_ms,
+                timer: Timer::Restore,
+            });
+        }
+        out
     }
 
     fn now(&self) -> Now {
@@ -384,8 +455,7 @@ impl Node {
                 // 100 ms, push late admissions).
                 for shard in &mut self.shards {
                     let now = shard.clock.now_ms();
-                    let budget = (shard.store.len() / 16).max(1024);
-                    shard.store.expire(now, budget);
+                    shard.core.expire(now);
                 }
                 let mut out = self.flush_deltas();
                 out.push(Out::Timer {
@@ -398,6 +468,8 @@ impl Node {
                 let fx = self.link.on_tick(self.now());
                 self.link_effects(fx)
             }
+            Timer::Replicate => self.replicate_round(),
+            Timer::Restore => self.restore_step(false),
         }
     }
 
@@ -434,6 +506,12 @@ impl Node {
                 self.on_install(request);
                 Vec::new()
             }
+            Msg::Replicate(request) => {
+                self.on_replicate(request);
+                Vec::new()
+            }
+            Msg::Restore(request) => self.on_restore(from, request),
+            Msg::Restored(answer) => self.on_restored(from, answer),
         }
     }
 
@@ -450,39 +528,17 @@ impl Node {
             % SHARDS as u64) as usize
     }
 
-    /// The shard actor's `Command::Check` for one charge, at the shard's clamped clock.
+    /// The shard actor's `Command::Check` for one charge, at the shard's clamped clock:
+    /// the real `ShardCore::check`.
     fn shard_check(&mut self, item: &Charge) -> Outcome {
         let shard = &mut self.shards[Self::shard_of(item.id.placement)];
         let now = shard.clock.now_ms();
-        if let Some(units) = item.give_back {
-            shard.store.give_back(item.counter(), now, units);
-        }
-        let (mut decision, _, fresh) = if item.peek {
-            (
-                shard.store.peek(item.counter(), now),
-                Default::default(),
-                false,
-            )
-        } else {
-            shard.store.check(item.counter(), now, item.cost)
-        };
-        if item.drain && !decision.allowed && decision.remaining > 0 {
-            let units = NonZeroU64::new(decision.remaining).expect("> 0");
-            let (drained, _, _) = shard.store.check(item.counter(), now, units);
-            if drained.allowed {
-                decision = ringlimit::algorithms::Decision {
-                    allowed: false,
-                    ..drained
-                };
-            }
-        }
-        self.sequence += 1;
-        Outcome {
-            decision,
-            sequence: self.sequence,
-            at: now,
-            fresh,
-        }
+        let sequence = &mut self.sequence;
+        let (outcomes, _) = shard.core.check(std::slice::from_ref(item), now, |_, _| {
+            *sequence += 1;
+            *sequence
+        });
+        outcomes[0]
     }
 
     /// `Router::decide_here`: each item on its own counter, answered as this node.
@@ -507,6 +563,13 @@ impl Node {
         route: &str,
         cost: u64,
     ) -> Vec<Out> {
+        if self.restoring() {
+            // `Router::decide` waits for the restore.
+            self.restore
+                .queued
+                .push((client, op, key.to_string(), route.to_string(), cost));
+            return Vec::new();
+        }
         let input = CheckInput {
             descriptors: smallvec::smallvec![DescriptorInput {
                 key,
@@ -521,6 +584,7 @@ impl Node {
                 return vec![Out::Answer {
                     client,
                     op,
+                    failover: false,
                     entry: Entry::Fail {
                         id: op,
                         t: 0,
@@ -574,6 +638,11 @@ impl Node {
                 answers,
                 remote: remote.clone(),
                 results: (0..n).map(|_| None).collect(),
+                waiting: n,
+                second: Vec::new(),
+                settled: false,
+                open: Vec::new(),
+                failover: false,
                 view,
                 now,
             },
@@ -615,7 +684,8 @@ impl Node {
                 continue;
             }
             p.results[waiter.pos] = Some(result);
-            if p.results.iter().all(Option::is_some) {
+            p.waiting -= 1;
+            if p.waiting == 0 {
                 out.extend(self.finish(waiter.check));
             }
         }
@@ -629,43 +699,63 @@ impl Node {
     }
 
     /// The rest of `Router::decide` once every owner answered or failed:
-    /// `settle_remote`, `decide_open`, `combine`, `refund`, then the verdict.
+    /// `settle_remote`, `fail_over` (which may wait for successors' answers),
+    /// `decide_open`, `combine`, `refund`, then the verdict.
     fn finish(&mut self, id: u64) -> Vec<Out> {
-        let p = self.pending.remove(&id).expect("pending");
+        let mut p = self.pending.remove(&id).expect("pending");
+        if !p.settled {
+            p.settled = true;
+            // settle_remote
+            let mut failed = Vec::new();
+            for (k, (i, owner)) in p.remote.iter().enumerate() {
+                let item = &p.flat[*i];
+                match p.results[k].clone().expect("every result in") {
+                    Ok(remote) => {
+                        let answer = policy::remote_answer(item, remote, owner);
+                        if let Some(denial) = policy::denial(item, &answer, p.now.mono)
+                            .filter(|_| !item.rule.shadow && !item.uncached)
+                        {
+                            self.deny.insert(item.id, denial, p.now.mono);
+                        }
+                        p.answers[*i] = Some(answer);
+                    }
+                    Err(_) => failed.push(*i),
+                }
+            }
+            let fx = self.fail_over(id, failed, &mut p);
+            if p.waiting > 0 {
+                self.pending.insert(id, p);
+                return self.link_effects(fx);
+            }
+        } else {
+            // The successors' answers: decided on their replicas, degraded.
+            for (k, i, successor) in std::mem::take(&mut p.second) {
+                match p.results[k].clone().expect("every result in") {
+                    Ok(remote) => {
+                        let mut answer = policy::remote_answer(&p.flat[i], remote, &successor);
+                        answer.degraded = true;
+                        p.answers[i] = Some(answer);
+                        p.failover = true;
+                    }
+                    Err(_) => {
+                        self.repl.failover_failed += 1;
+                        let item = p.flat[i].clone();
+                        let (view, now) = (p.view.clone(), p.now);
+                        self.unreachable(i, &item, &view, now, &mut p.answers, &mut p.open);
+                    }
+                }
+            }
+        }
         let Pending {
             client,
             op,
             checks,
             flat,
             mut answers,
-            remote,
-            results,
-            view,
-            now,
+            open,
+            failover,
+            ..
         } = p;
-        // settle_remote
-        let mut open: Vec<(usize, Charge)> = Vec::new();
-        for ((i, owner), result) in remote.iter().zip(results) {
-            let item = &flat[*i];
-            match result.expect("every result in") {
-                Ok(remote) => {
-                    let answer = policy::remote_answer(item, remote, owner);
-                    if let Some(denial) = policy::denial(item, &answer, now.mono)
-                        .filter(|_| !item.rule.shadow && !item.uncached)
-                    {
-                        self.deny.insert(item.id, denial, now.mono);
-                    }
-                    answers[*i] = Some(answer);
-                }
-                Err(_) => match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
-                    Fallback::Closed(answer) => answers[*i] = Some(*answer),
-                    Fallback::Open { nodes } => {
-                        let rule = self.fallback_rule(item, nodes);
-                        open.push((*i, item.under(rule)));
-                    }
-                },
-            }
-        }
         // decide_open
         for (i, charge) in open {
             let o = self.shard_check(&charge);
@@ -685,7 +775,8 @@ impl Node {
         let mut out = Vec::new();
         for r in refunds.here {
             let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
-            shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
+            let now = shard.clock.now_ms();
+            shard.core.refund(&r, now);
         }
         for (owner, items) in refunds.remote {
             out.push(Out::Send {
@@ -698,6 +789,7 @@ impl Node {
         out.push(Out::Answer {
             client,
             op,
+            failover,
             entry: Entry::Ok {
                 id: op,
                 t: 0,
@@ -740,6 +832,14 @@ impl Node {
             Some(request) if policy::arrived_too_late(request.deadline_ms, self.clock.now_ms()) => {
                 self.stats.refused_late += request.items.len() as u64;
                 refuse(4, "forwarded batch arrived after its deadline".into())
+            }
+            // `Router::decide_forwarded`: not an owner until restored (the sender fails
+            // over to the successor); `ShardError::Restoring` is UNAVAILABLE.
+            Some(request) if self.restoring() && request.items.iter().any(|it| !it.failover) => {
+                refuse(
+                    14,
+                    "this node is restoring its keys from their successors after a restart".into(),
+                )
             }
             Some(request) => {
                 // `PeerService::forward_batch`: the owner's one planning path.
@@ -835,7 +935,8 @@ impl Node {
         };
         for r in refunds {
             let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
-            shard.store.refund(r.charge.counter(), r.at, r.charge.cost);
+            let now = shard.clock.now_ms();
+            shard.core.refund(&r, now);
         }
     }
 
@@ -851,6 +952,23 @@ impl Node {
     /// `Peer/Install`: decode, vet against this node's rules and clock
     /// (`handoff::with_rules`), install (merging with what is held).
     fn on_install(&mut self, request: InstallRequest) {
+        self.stats.installed += self.install(request);
+    }
+
+    /// Vet and install (merge) `request`'s states; returns how many were installed.
+    fn install(&mut self, request: InstallRequest) -> u64 {
+        let mut installed = 0;
+        for (item, rule) in self.vet(request) {
+            let shard = &mut self.shards[Self::shard_of(item.id.placement)];
+            let now = shard.clock.now_ms();
+            installed += shard.core.install(vec![(item, rule)], now) as u64;
+        }
+        installed
+    }
+
+    /// `PeerService::vet_states`: decode the states, keep those a local rule could
+    /// have produced by now.
+    fn vet(&self, request: InstallRequest) -> Vec<(Exported, Arc<Rule>)> {
         let states: Vec<Exported> = request
             .states
             .into_iter()
@@ -866,12 +984,7 @@ impl Node {
                 })
             })
             .collect();
-        let vetted = handoff::with_rules(states, &self.rules, self.clock.now_ms());
-        for (item, rule) in vetted.items {
-            let shard = &mut self.shards[Self::shard_of(item.id.placement)];
-            let now = shard.clock.now_ms();
-            self.stats.installed += u64::from(shard.store.install(item, &rule.limiter, now));
-        }
+        handoff::with_rules(states, &self.rules, self.clock.now_ms()).items
     }
 
     // ---- handoff -----------------------------------------------------------------------
@@ -897,7 +1010,7 @@ impl Node {
         let mut exported = Vec::new();
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
-            exported.extend(shard.store.export(now, |placement| {
+            exported.extend(shard.core.export(now, |placement| {
                 ring.owner_of_hash(placement)
                     .filter(|owner| *owner != &*me)
                     .map(Arc::from)
@@ -910,7 +1023,7 @@ impl Node {
     fn flush_deltas(&mut self) -> Vec<Out> {
         let mut deltas = Vec::new();
         for shard in &mut self.shards {
-            deltas.extend(shard.store.drain_deltas());
+            deltas.extend(shard.core.drain_deltas());
         }
         if deltas.is_empty() {
             return Vec::new();
@@ -1168,6 +1281,9 @@ impl Node {
         }
         let old = std::mem::replace(&mut self.view, Arc::new(new));
         let new = self.view.clone();
-        self.view_changed(&old, new)
+        self.successors_changed(&old, &new);
+        let mut out = self.view_changed(&old, new);
+        out.extend(self.restore_step(true));
+        out
     }
 }

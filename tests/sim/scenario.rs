@@ -11,6 +11,7 @@ use crate::checker;
 use crate::history::Entry;
 use crate::link::LinkConfig;
 use crate::node::NodeConfig;
+use crate::replicated;
 use crate::rng::Rng;
 use crate::workload::Workload;
 use crate::world::{State, World, DEADLINE_MS};
@@ -33,10 +34,13 @@ pub enum Kind {
     Delay,
     /// A new node joins.
     Add,
+    /// kill -9 of a node and of the successor of one of its keys together, then both
+    /// restart with their ids: the keys they shared lose their replicas too.
+    KillPair,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 8] = [
         Kind::KillRestart,
         Kind::Pause,
         Kind::Partition,
@@ -44,6 +48,7 @@ impl Kind {
         Kind::Loss,
         Kind::Delay,
         Kind::Add,
+        Kind::KillPair,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -54,6 +59,7 @@ impl Kind {
             Kind::Loss => "loss",
             Kind::Delay => "delay",
             Kind::Add => "add",
+            Kind::KillPair => "kill-pair",
         }
     }
 }
@@ -112,7 +118,7 @@ impl Profile {
                 live += 1;
             }
             let hold_ms = match kind {
-                Kind::KillRestart => rng.range(300, 3000),
+                Kind::KillRestart | Kind::KillPair => rng.range(300, 3000),
                 Kind::Pause => rng.range(1500, 3500),
                 Kind::Partition => rng.range(2500, 4000),
                 Kind::ClockOffset | Kind::Loss | Kind::Delay => rng.range(2000, 4000),
@@ -153,6 +159,8 @@ pub struct Outcome {
     pub report: checker::Report,
     pub schedule: Vec<String>,
     pub history: Vec<Entry>,
+    /// S3-replicated's figures.
+    pub replicated: replicated::Figures,
     /// The run itself failed (the cluster never converged where the process suite's
     /// harness would have given up).
     pub errors: Vec<String>,
@@ -175,8 +183,13 @@ pub fn node_config(broken: bool, seeds: Vec<String>) -> NodeConfig {
         broken,
         stall_hold: true,
         seeds,
+        replicate_ms: REPLICATE_MS,
+        restore_timeout_ms: 3000,
     }
 }
+
+/// The replication interval the simulated nodes run with (the node's default).
+pub const REPLICATE_MS: u64 = 50;
 
 fn nemesis(w: &mut World, n: u32, kind: Kind, victim: &str, edge: &str, detail: String) {
     w.log(Entry::Nemesis {
@@ -231,6 +244,7 @@ fn run_step(w: &mut World, n: u32, step: &Step, next_id: &mut usize, errors: &mu
                 format!("restarted as generation {g}"),
             );
         }
+        Kind::KillPair => kill_pair(w, n, step, &victim),
         Kind::Pause => {
             w.pause(&victim);
             nemesis(w, n, kind, &victim, "start", "SIGSTOP".into());
@@ -308,14 +322,52 @@ fn run_step(w: &mut World, n: u32, step: &Step, next_id: &mut usize, errors: &mu
     w.run_for(settle);
 }
 
+/// The `kill-pair` step: `victim` and the successor (on its ring) of the first of the
+/// workload's keys it owns, killed together, restarted after the hold.
+fn kill_pair(w: &mut World, n: u32, step: &Step, victim: &str) {
+    let partner = w.node(victim).and_then(|node| {
+        let ring = &node.view.ring;
+        let keys = (0..4)
+            .map(|i| format!("hot-{i}"))
+            .chain((0..200).map(|i| format!("z-{i}")));
+        keys.into_iter().find_map(|key| {
+            let h = ringlimit::ring::Ring::key_hash(key.as_bytes());
+            (ring.owner_of_hash(h) == Some(victim))
+                .then(|| ring.successor_of_hash(h).map(String::from))
+                .flatten()
+        })
+    });
+    let partner = partner.filter(|p| w.slots.get(p).is_some_and(|s| s.state == State::Up));
+    let g = w.kill(victim);
+    let detail = match &partner {
+        Some(p) => format!("killed generation {g} and its successor {p}@{}", w.kill(p)),
+        None => format!("killed generation {g} (no successor up)"),
+    };
+    nemesis(w, n, Kind::KillPair, victim, "start", detail);
+    w.run_for(step.hold_ms);
+    w.start_serving(victim);
+    if let Some(p) = &partner {
+        w.start_serving(p);
+    }
+    nemesis(w, n, Kind::KillPair, victim, "end", "restarted both".into());
+}
+
 /// Run one seed and check its history.
 pub fn run(seed: u64, broken: bool) -> Outcome {
+    run_with(seed, broken, REPLICATE_MS)
+}
+
+/// [`run`] with the replication interval `replicate_ms` (0: no replicas, the
+/// negative control of S3-replicated).
+pub fn run_with(seed: u64, broken: bool, replicate_ms: u64) -> Outcome {
     let started = std::time::Instant::now();
     let profile = Profile::of(seed, broken);
     let rules = Arc::new(RuleSet::from_toml_str(RULES).expect("the rules parse"));
     let ids: Vec<String> = (1..=profile.nodes).map(|i| format!("n{i}")).collect();
     let seeds = ids.iter().take(3).cloned().collect();
-    let mut w = World::new(seed, rules, node_config(broken, seeds));
+    let mut cfg = node_config(broken, seeds);
+    cfg.replicate_ms = replicate_ms;
+    let mut w = World::new(seed, rules, cfg);
     let schedule: Vec<String> = profile.steps.iter().map(Step::describe).collect();
     let mut errors = Vec::new();
     w.log(Entry::Meta {
@@ -366,8 +418,12 @@ pub fn run(seed: u64, broken: bool) -> Outcome {
         .filter(|e| matches!(e, Entry::Invoke { .. }))
         .count();
     let simulated = started.elapsed();
-    let report = checker::check(&history);
+    let mut report = checker::check(&history);
+    // The property is what replication promises: its interval is the node default's
+    // even when the run replicates nothing (the negative control).
+    let replicated = replicated::check(&history, &w.failover_ops, REPLICATE_MS, &mut report);
     Outcome {
+        replicated,
         took: (simulated, started.elapsed() - simulated),
         seed,
         ops,

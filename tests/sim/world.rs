@@ -150,6 +150,8 @@ pub struct World {
     pub bytes: BTreeMap<String, Bytes>,
     /// Record ring samples and ops (off for the large measurement runs).
     pub record: bool,
+    /// Ops answered (in part) by a key's successor: fail-over answers.
+    pub failover_ops: BTreeSet<u64>,
 }
 
 impl World {
@@ -174,6 +176,7 @@ impl World {
             round: 0,
             bytes: BTreeMap::new(),
             record: true,
+            failover_ops: BTreeSet::new(),
         }
     }
 
@@ -458,27 +461,32 @@ impl World {
             return;
         };
         if slot.state == State::Down || inc.is_some_and(|i| i != slot.inc) {
-            // A forward to a dead process: its kernel refuses the connection, and the
-            // sender's stream driver ends.
-            if let NodeEv::Msg {
-                from,
-                from_inc,
-                msg: Msg::Forward { stream, .. },
-            } = what
-            {
-                if slot.state == State::Down {
-                    let d = self.rng.range(1, 3);
-                    self.deliver(
-                        id,
-                        u64::MAX,
+            // A forward (or a restore) to a dead process: its kernel refuses the
+            // connection, and the sender's stream driver ends (its call fails).
+            if slot.state == State::Down {
+                let refused = match what {
+                    NodeEv::Msg {
+                        from,
+                        from_inc,
+                        msg: Msg::Forward { stream, .. },
+                    } => Some((
                         from,
                         Msg::Answer {
                             to_inc: from_inc,
                             stream,
                             answer: Err("connection refused".into()),
                         },
-                        d,
-                    );
+                    )),
+                    NodeEv::Msg {
+                        from,
+                        msg: Msg::Restore(_),
+                        ..
+                    } => Some((from, Msg::Restored(Err("connection refused".into())))),
+                    _ => None,
+                };
+                if let Some((from, msg)) = refused {
+                    let d = self.rng.range(1, 3);
+                    self.deliver(id, u64::MAX, from, msg, d);
                 }
             }
             return;
@@ -554,7 +562,15 @@ impl World {
                         what: NodeEv::Timer(timer),
                     },
                 ),
-                Out::Answer { client, op, entry } => {
+                Out::Answer {
+                    client,
+                    op,
+                    entry,
+                    failover,
+                } => {
+                    if failover {
+                        self.failover_ops.insert(op);
+                    }
                     let d = self.rng.range(0, 2);
                     self.at(self.now + d, Ev::ClientDone { client, op, entry });
                 }
@@ -565,8 +581,12 @@ impl World {
     /// Put a message on the simulated network with base delay `d`.
     fn deliver(&mut self, from: String, from_inc: u64, to: String, msg: Msg, d: u64) {
         let side = |id: &str| self.net.side.get(id).copied().unwrap_or(0);
+        // A replication call that cannot arrive within the forward timeout fails (the
+        // replicator counts it and its states wait for their keys' next change): one
+        // held behind a partition, or one whose segment is lost.
+        let call = matches!(msg, Msg::Replicate(_));
         if side(&from) != side(&to) {
-            if msg.tcp() {
+            if msg.tcp() && !call {
                 self.net.held.push((from, from_inc, to, msg));
             }
             return;
@@ -576,7 +596,7 @@ impl World {
             delay += self.rng.range(lo, hi);
         }
         if self.net.loss > 0.0 && self.rng.chance(self.net.loss) {
-            if !msg.tcp() {
+            if !msg.tcp() || call {
                 return;
             }
             // TCP retransmits after its timeout.

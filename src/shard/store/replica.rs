@@ -31,6 +31,14 @@ impl Store {
             .is_some_and(|i| !self.slots[i].has(MOVED))
     }
 
+    /// Whether the store keeps `id` only as handed away to a new owner (its count
+    /// still decides the forwards of nodes on the old view, and its late admissions go
+    /// to the new owner as deltas).
+    pub fn handed_away(&self, id: KeyId) -> bool {
+        self.find(self.hasher.hash_one(id), id)
+            .is_some_and(|i| self.slots[i].has(MOVED))
+    }
+
     /// Remove `id` and return its state.
     pub fn take(&mut self, id: KeyId) -> Option<Exported> {
         let i = self.find(self.hasher.hash_one(id), id)?;

@@ -1,0 +1,326 @@
+//! The pure core of one shard: its live keys ([`Store`]) and its side of replication
+//! (changed-key tracking and the replicas it keeps, [`replication::Side`]), driven by
+//! plain calls that take `now`. No channel, no clock, no task: the shard actor
+//! ([`super::Actor`]) reads its clock once per drained batch and calls this; the
+//! deterministic simulator (`tests/sim`) calls the same methods on simulated time, so
+//! what it checks is the shard's decision logic itself, not a copy of it.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use super::replication::{self, Changed, Pick};
+use super::{counters, Charge, Churn, Counter, Exported, KeyId, Outcome, Outcomes, Refund, Store};
+use crate::algorithms::{Decision, Millis};
+use crate::config::rules::Rule;
+
+/// One shard's state: live keys and replicas, and how both change.
+pub struct ShardCore {
+    store: Store,
+    /// This shard's replicas of other owners' keys, and its own changed keys.
+    replicas: replication::Side,
+}
+
+impl ShardCore {
+    /// Shard `index` holding at most `keys` keys (live and replicas together) and
+    /// `bytes` bytes of side state; `replicate`: remember which keys changed, for
+    /// their successors.
+    pub fn new(replicate: bool, keys: usize, bytes: usize, index: usize) -> Self {
+        Self {
+            store: Store::new(keys, index as u64 + 1).with_byte_budget(bytes),
+            replicas: replication::Side::new(replicate, keys, bytes, index),
+        }
+    }
+
+    /// The live keys (for lengths, caps and gauges).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Decide one message's charges, in order, at `now`. `decided` is told of each
+    /// decision and returns its sequence number (the actor counts it in its metrics
+    /// and takes the next number of the node-wide counter).
+    pub fn check(
+        &mut self,
+        items: &[Charge],
+        now: Millis,
+        mut decided: impl FnMut(&Charge, &Decision) -> u64,
+    ) -> (Outcomes, Churn) {
+        let mut churn = Churn::default();
+        let outcomes = items
+            .iter()
+            .map(|item| {
+                let (decision, c, fresh) = self.decide(item, now);
+                churn += c;
+                Outcome {
+                    decision,
+                    sequence: decided(item, &decision),
+                    at: now,
+                    fresh,
+                }
+            })
+            .collect();
+        churn += self.replicas.fit(&self.store, now);
+        (outcomes, churn)
+    }
+
+    /// Decide one charge: a fail-over check of a key this node does not hold live on
+    /// its replica; anything else on the live key, after promoting a replica of it if
+    /// one is here (this node has become its owner).
+    fn decide(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
+        // A fail-over check of a key this node holds live (its replica was promoted:
+        // this node owns it now) continues the live count.
+        if item.failover && !self.store.holds(item.id) {
+            return self.replicas.decide_failover(item, now);
+        }
+        let mut churn = self.replicas.promote_on_check(item, &mut self.store, now);
+        let (decision, c, fresh) = self.decide_live(item, now);
+        churn += c;
+        self.replicas.changed(&item.counter(), now);
+        (decision, churn, fresh)
+    }
+
+    /// Decide one charge on its live key: any give-back first, then the check (or a
+    /// peek), then a drain of what a denial left.
+    fn decide_live(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
+        if let Some(units) = item.give_back {
+            self.store.give_back(item.counter(), now, units);
+        }
+        let (mut decision, mut churn, fresh) = if item.peek {
+            (
+                self.store.peek(item.counter(), now),
+                Churn::default(),
+                false,
+            )
+        } else {
+            self.store.check(item.counter(), now, item.cost)
+        };
+        if item.drain && !decision.allowed && decision.remaining > 0 {
+            let units = NonZeroU64::new(decision.remaining).expect("> 0");
+            let (drained, c, _) = self.store.check(item.counter(), now, units);
+            churn += c;
+            if drained.allowed {
+                decision = Decision {
+                    allowed: false,
+                    ..drained
+                };
+            }
+        }
+        (decision, churn, fresh)
+    }
+
+    /// Run `step` on the live keys as a check of `charge` runs (its replica promoted
+    /// first, the key marked changed for its successor after), for the shard's steps
+    /// that are not plain checks (reservations and leases).
+    pub fn step_live<R>(
+        &mut self,
+        charge: Option<&Charge>,
+        now: Millis,
+        step: impl FnOnce(&mut Store) -> R,
+    ) -> (R, Churn) {
+        let mut churn = Churn::default();
+        if let Some(charge) = charge {
+            churn += self.replicas.promote_on_check(charge, &mut self.store, now);
+        }
+        let r = step(&mut self.store);
+        if let Some(charge) = charge {
+            self.replicas.changed(&charge.counter(), now);
+            churn += self.replicas.fit(&self.store, now);
+        }
+        (r, churn)
+    }
+
+    /// Give back an admitted charge (at the time it was admitted).
+    pub fn refund(&mut self, refund: &Refund, now: Millis) {
+        let counter = refund.charge.counter();
+        self.store.refund(counter, refund.at, refund.charge.cost);
+        self.replicas.changed(&counter, now);
+    }
+
+    /// Install handed-over states (merged with what is held); returns how many.
+    pub fn install(&mut self, items: Vec<(Exported, Arc<Rule>)>, now: Millis) -> usize {
+        let mut installed = 0;
+        // A state from an owner whose clock ran ahead needs no help here: every
+        // algorithm state clamps time to the newest instant it has acted on.
+        for (item, rule) in items {
+            let id = item.id;
+            if self.store.install(item, &rule.limiter, now) {
+                installed += 1;
+                self.replicas.changed_id(id, now);
+            }
+        }
+        installed
+    }
+
+    /// Hand over every key `new_owner` gives to another node (see [`Store::export`]).
+    pub fn export(
+        &mut self,
+        now: Millis,
+        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, Exported)> {
+        self.store.export(now, new_owner)
+    }
+
+    /// Admissions made on handed-over keys since the last call, per destination.
+    pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
+        self.store.drain_deltas()
+    }
+
+    /// Read (or, with `reset`, read then drop) one client's counters.
+    pub fn counters(
+        &mut self,
+        items: Vec<counters::ClientCounter>,
+        reset: bool,
+        now: Millis,
+    ) -> Vec<counters::CounterReading> {
+        items
+            .into_iter()
+            .filter_map(|item| {
+                let counter = Counter {
+                    id: item.id,
+                    fingerprint: item.rule.fingerprint,
+                    limiter: &item.rule.limiter,
+                    local: false,
+                };
+                let decision = if reset {
+                    self.store.reset(counter, now)
+                } else {
+                    self.store.inspect(counter, now)
+                }?;
+                Some(counters::CounterReading::of(&item, &decision))
+            })
+            .collect()
+    }
+
+    /// The expiry tick: drop expired live keys and replicas, examining a sixteenth of
+    /// the keys (at least 1024). Returns how many expired.
+    pub fn expire(&mut self, now: Millis) -> u64 {
+        // A full pass every ~16 ticks, while one tick stays a sub-millisecond pause.
+        let budget = (self.store.len() / 16).max(1024);
+        self.store.expire(now, budget) + self.replicas.expire(now, budget)
+    }
+
+    // ---- replication (the replicator's and the peer service's side) ------------------
+
+    /// Answer one replication message of the actor's inbox.
+    pub(super) fn replication(&mut self, command: replication::Command, now: Millis) -> Churn {
+        self.replicas.handle(command, &mut self.store, now)
+    }
+
+    /// Up to `max` changed keys' states for their successors (the rest stay owed).
+    pub fn drain_changed(&mut self, max: usize) -> Vec<Changed> {
+        self.replicas.drain(&self.store, max)
+    }
+
+    /// Mark every live key whose placement `pick` accepts as changed; returns how many.
+    pub fn resync(&mut self, pick: &Pick, now: Millis) -> usize {
+        self.replicas.resync(&self.store, pick, now)
+    }
+
+    /// Keep replicas sent by their owners; returns how many are held.
+    pub fn hold(&mut self, items: Vec<(Exported, Arc<Rule>)>, now: Millis) -> (usize, Churn) {
+        self.replicas.hold(&self.store, items, now)
+    }
+
+    /// Copies of the replicas whose placement `pick` accepts (an owner restoring).
+    pub fn select_replicas(&self, pick: &Pick) -> Vec<Exported> {
+        self.replicas.select(pick)
+    }
+
+    /// Fail-over admissions since the last call, owed to the keys' owners.
+    pub fn drain_failover(&mut self) -> Vec<Exported> {
+        self.replicas.drain_failover()
+    }
+
+    /// Replicas held.
+    pub fn replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Whether this shard holds `id` as a live key of its own.
+    pub fn holds(&self, id: KeyId) -> bool {
+        self.store.holds(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rules::RuleSet;
+
+    const NOW: Millis = 1_800_000_000_000;
+
+    fn charge(rule: &Arc<Rule>, key: &[u8]) -> Charge {
+        Charge {
+            id: KeyId::of(&rule.name, key, ""),
+            rule: rule.clone(),
+            cost: NonZeroU64::MIN,
+            give_back: None,
+            drain: false,
+            peek: false,
+            failover: false,
+        }
+    }
+
+    fn allowed(core: &mut ShardCore, item: &Charge) -> bool {
+        let (outcomes, _) = core.check(std::slice::from_ref(item), NOW, |_, _| 0);
+        outcomes[0].decision.allowed
+    }
+
+    #[test]
+    fn a_key_handed_away_keeps_its_count_when_its_replica_arrives() {
+        // Simulator seed 603: this node handed a full key to a joiner, which started it
+        // from empty before the handoff reached it and replicated that state back here
+        // (this node is its successor); a forward from a node on the old view must
+        // still be decided on the handed-over count, not on the replica.
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
+        )
+        .unwrap();
+        let rule = rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "r")
+            .unwrap()
+            .clone();
+        let item = charge(&rule, b"k");
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        for _ in 0..3 {
+            assert!(allowed(&mut core, &item));
+        }
+        assert!(!allowed(&mut core, &item));
+        let handed = core.export(NOW, |_| Some(Arc::from("new-owner")));
+        assert_eq!(handed.len(), 1);
+        let mut joiner = ShardCore::new(true, 100, 1 << 20, 1);
+        assert!(allowed(&mut joiner, &item));
+        let replica = joiner.drain_changed(10).remove(0).state;
+        assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
+        assert!(!allowed(&mut core, &item), "3 of 3 used here already");
+        assert_eq!(core.replicas(), 1, "the replica stays a replica");
+    }
+
+    #[test]
+    fn a_replica_is_promoted_by_the_first_check_of_a_key_not_held() {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
+        )
+        .unwrap();
+        let rule = rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "r")
+            .unwrap()
+            .clone();
+        let item = charge(&rule, b"k");
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
+        for _ in 0..2 {
+            assert!(allowed(&mut owner, &item));
+        }
+        let replica = owner.drain_changed(10).remove(0).state;
+        let mut successor = ShardCore::new(true, 100, 1 << 20, 1);
+        successor.hold(vec![(replica, rule.clone())], NOW);
+        assert!(allowed(&mut successor, &item), "the third of 3");
+        assert!(!allowed(&mut successor, &item));
+        assert_eq!(successor.replicas(), 0);
+        assert!(successor.holds(item.id));
+    }
+}

@@ -1,0 +1,411 @@
+//! The simulated node's successor replicas (issue 23): the replicator's round, the
+//! successor's side of `Peer/Replicate` and `Peer/Restore`, the fail-over of a check
+//! whose owner cannot be reached, and a restarted node's restore.
+//!
+//! Real (called): the shard's [`ShardCore`](ringlimit::shard::ShardCore) does every
+//! decision, hold, drain, resync, promotion and selection; the ring's
+//! `successor_of_hash` places replicas; `link::calls` builds the requests (so their
+//! sizes are the protocol's); `policy` answers. Modelled, step by step, as noted on
+//! each function: the async shells `Replicator::round` / `successors_changed` /
+//! `push_failover`, `Router::fail_over` / `decide_on_successor`,
+//! `PeerService::send_replicas` and `restore_from_peers`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ringlimit::clock::Clock;
+use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
+use ringlimit::cluster::link::calls;
+use ringlimit::cluster::policy::{self, Fallback};
+use ringlimit::cluster::replication::{MAX_PER_ROUND, RESTORE_SETTLE};
+use ringlimit::cluster::{Answer, CheckItem};
+use ringlimit::membership::ClusterView;
+use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
+use ringlimit::shard::replication::Pick;
+use ringlimit::shard::{Charge, Exported};
+
+use super::{Msg, Node, Out, Pending, Timer};
+use crate::link::{Effects, Waiter};
+
+/// Where a restarted node's restore stands (`restore_from_peers`' loop as states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a view with another member.
+    Waiting,
+    /// Asked the members in `waiting`; their answers are due.
+    Asking,
+    /// Every member asked answered and one knew an earlier incarnation: waiting for
+    /// the membership to stay still for `RESTORE_SETTLE` (or change: ask the new ones).
+    Settling { until: u64 },
+}
+
+/// A node's restore: until it is done, client checks wait and forwarded checks that
+/// are not fail-overs are refused (their senders fail over to the successor).
+pub struct Restore {
+    pub done: bool,
+    phase: Phase,
+    asked: BTreeSet<String>,
+    waiting: BTreeSet<String>,
+    restarted: bool,
+    deadline: u64,
+    /// Client checks that arrived meanwhile: (client, op, key, route, cost).
+    pub queued: Vec<(u32, u64, String, String, u64)>,
+}
+
+impl Restore {
+    /// A node that replicates and has seeds restores (`Restore::new(!replicating ||
+    /// seeds.is_empty())`), until `deadline` at the latest.
+    pub fn new(needed: bool, deadline: u64) -> Restore {
+        Restore {
+            done: !needed,
+            phase: Phase::Waiting,
+            asked: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            restarted: false,
+            deadline,
+            queued: Vec::new(),
+        }
+    }
+}
+
+/// Counts of the replication, for the figures.
+#[derive(Default, Debug, Clone)]
+pub struct ReplicationStats {
+    /// States sent to successors, and in how many batches.
+    pub replicated: u64,
+    pub batches: u64,
+    /// Changed keys whose successor was not in the view.
+    pub lost: u64,
+    /// Checks this node sent to a key's successor (its owner unreachable), and of
+    /// those the successor could not answer either (failed open or closed).
+    pub failed_over: u64,
+    pub failover_failed: u64,
+    /// Fail-over admissions pushed to their owners.
+    pub failover_pushed: u64,
+    /// Replicas pushed to restarted owners (or joiners: `send_replicas` pushes to
+    /// any member that asks), and installed (merged) by this node from such pushes.
+    pub restored: u64,
+    pub restore_installed: u64,
+}
+
+impl Node {
+    pub(super) fn replicating(&self) -> bool {
+        self.cfg.replicate_ms > 0
+    }
+
+    /// `Replicator::round`: every changed key this node owns to its successor (in
+    /// chunks of `MAX_INSTALL_STATES`, one `Peer/Replicate` each), then the fail-over
+    /// admissions made here to their owners (`push_failover`, by `Peer/Install`).
+    pub(super) fn replicate_round(&mut self) -> Vec<Out> {
+        let mut changed = Vec::new();
+        for shard in &mut self.shards {
+            changed.extend(shard.core.drain_changed(MAX_PER_ROUND));
+        }
+        let view = self.view.clone();
+        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
+        for c in changed {
+            let p = c.state.id.placement;
+            if view.ring.owner_of_hash(p) != Some(&*self.id) {
+                continue;
+            }
+            if let Some(successor) = view.ring.successor_of_hash(p) {
+                to.entry(successor.to_string()).or_default().push(c.state);
+            }
+        }
+        let mut out = Vec::new();
+        for (successor, mut states) in to {
+            // The shard's changed-key table iterates in hash order: sort for one history.
+            states.sort_by_key(|s| (s.id.placement, s.id.disc));
+            if view.member(&successor).is_none() {
+                self.repl.lost += states.len() as u64;
+                continue;
+            }
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                self.repl.replicated += chunk.len() as u64;
+                self.repl.batches += 1;
+                out.push(Out::Send {
+                    to: successor.clone(),
+                    msg: Msg::Replicate(calls::install_request(&self.id, chunk, &self.inline)),
+                });
+            }
+        }
+        out.extend(self.push_failover(&view));
+        out.push(Out::Timer {
+            at: self.clock.monotonic_ms() + self.cfg.replicate_ms,
+            timer: Timer::Replicate,
+        });
+        out
+    }
+
+    /// `Replicator::push_failover`.
+    fn push_failover(&mut self, view: &ClusterView) -> Vec<Out> {
+        let mut owed = Vec::new();
+        for shard in &mut self.shards {
+            owed.extend(shard.core.drain_failover());
+        }
+        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
+        for state in owed {
+            match view.ring.owner_of_hash(state.id.placement) {
+                Some(owner) if owner != &*self.id => {
+                    to.entry(owner.to_string()).or_default().push(state)
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for (owner, mut states) in to {
+            states.sort_by_key(|s| (s.id.placement, s.id.disc));
+            if view.member(&owner).is_none() {
+                continue;
+            }
+            self.repl.failover_pushed += states.len() as u64;
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                out.push(Out::Send {
+                    to: owner.clone(),
+                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
+                });
+            }
+        }
+        out
+    }
+
+    /// `Replicator::successors_changed`: mark every key this node owns under `new`
+    /// whose successor (or owner) differs from `old`'s.
+    pub(super) fn successors_changed(&mut self, old: &ClusterView, new: &ClusterView) {
+        if !self.replicating() || old.ring.digest() == new.ring.digest() {
+            return;
+        }
+        let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
+        let pick: Pick = Arc::new(move |p| {
+            new_ring.owner_of_hash(p) == Some(&*me)
+                && new_ring.successor_of_hash(p).is_some()
+                && (old_ring.successor_of_hash(p) != new_ring.successor_of_hash(p)
+                    || old_ring.owner_of_hash(p) != Some(&*me))
+        });
+        for shard in &mut self.shards {
+            let now = shard.clock.now_ms();
+            shard.core.resync(&pick, now);
+        }
+    }
+
+    /// `PeerService::hold_replicas`: vet like an install, keep as replicas.
+    pub(super) fn on_replicate(&mut self, request: InstallRequest) {
+        let vetted = self.vet(request);
+        for (item, rule) in vetted {
+            let shard = &mut self.shards[Self::shard_of(item.id.placement)];
+            let now = shard.clock.now_ms();
+            shard.core.hold(vec![(item, rule)], now);
+        }
+    }
+
+    /// `PeerService::send_replicas`: push `from` every replica held here of a key this
+    /// node's ring gives it, and say whether this node knew an earlier incarnation.
+    pub(super) fn on_restore(&mut self, from: &str, request: RestoreRequest) -> Vec<Out> {
+        let answer = |installs, response| {
+            vec![Out::Send {
+                to: from.to_string(),
+                msg: Msg::Restored(Ok((installs, response))),
+            }]
+        };
+        if !self.replicating() {
+            return answer(Vec::new(), RestoreResponse::default());
+        }
+        let view = self.view.clone();
+        let Some(to) = view.member(&request.from_node) else {
+            return answer(Vec::new(), RestoreResponse::default());
+        };
+        let earlier = to.generation < request.generation;
+        let (ring, owner) = (view.ring.clone(), request.from_node.clone());
+        let pick: Pick = Arc::new(move |p| ring.owner_of_hash(p) == Some(owner.as_str()));
+        let mut states: Vec<Exported> = Vec::new();
+        for shard in &self.shards {
+            states.extend(shard.core.select_replicas(&pick));
+        }
+        states.sort_by_key(|s| (s.id.placement, s.id.disc));
+        self.repl.restored += states.len() as u64;
+        let installs = states
+            .chunks(MAX_INSTALL_STATES)
+            .map(|chunk| calls::install_request(&self.id, chunk, &self.inline))
+            .collect();
+        let n = states.len() as u64;
+        answer(
+            installs,
+            RestoreResponse {
+                sent: n,
+                installed: n,
+                earlier,
+            },
+        )
+    }
+
+    // ---- the restore (`restore_from_peers`) ------------------------------------------
+
+    /// Whether this node answers as owner yet.
+    pub(super) fn restoring(&self) -> bool {
+        !self.restore.done
+    }
+
+    /// A peer's answer to this node's restore request (its replicas, installed first:
+    /// the real peer pushes them before it answers).
+    pub(super) fn on_restored(
+        &mut self,
+        from: &str,
+        answer: Result<(Vec<InstallRequest>, RestoreResponse), String>,
+    ) -> Vec<Out> {
+        let ok = match answer {
+            Ok((installs, response)) => {
+                for install in installs {
+                    self.repl.restore_installed += self.install(install);
+                }
+                self.restore.restarted |= response.earlier;
+                true
+            }
+            Err(_) => false,
+        };
+        if self.restore.phase != Phase::Asking || !self.restore.waiting.remove(from) {
+            return Vec::new();
+        }
+        let _ = ok;
+        if !self.restore.waiting.is_empty() {
+            return Vec::new();
+        }
+        if !self.restore.restarted {
+            return self.finish_restore();
+        }
+        self.settle_restore()
+    }
+
+    fn settle_restore(&mut self) -> Vec<Out> {
+        let until = self.clock.monotonic_ms() + RESTORE_SETTLE.as_millis() as u64;
+        self.restore.phase = Phase::Settling { until };
+        vec![Out::Timer {
+            at: until,
+            timer: Timer::Restore,
+        }]
+    }
+
+    /// One step of the restore: at start, on every new view, and on its timer.
+    pub(super) fn restore_step(&mut self, view_changed: bool) -> Vec<Out> {
+        if self.restore.done {
+            return Vec::new();
+        }
+        let now = self.clock.monotonic_ms();
+        if now >= self.restore.deadline {
+            return self.finish_restore();
+        }
+        match self.restore.phase {
+            Phase::Asking => return Vec::new(),
+            Phase::Settling { until } if !view_changed => {
+                return if now >= until {
+                    self.finish_restore()
+                } else {
+                    Vec::new()
+                };
+            }
+            _ => {}
+        }
+        let view = self.view.clone();
+        if view.members.len() <= 1 || view.member(&self.id).is_none() {
+            return Vec::new();
+        }
+        let me = view.member(&self.id).expect("present").clone();
+        let new: Vec<String> = view
+            .members
+            .iter()
+            .map(|m| m.node_id.clone())
+            .filter(|id| **id != *self.id && !self.restore.asked.contains(id))
+            .collect();
+        if new.is_empty() {
+            // Only after a change of view while settling: wait again.
+            return self.settle_restore();
+        }
+        let mut out = Vec::new();
+        for id in new {
+            self.restore.asked.insert(id.clone());
+            self.restore.waiting.insert(id.clone());
+            out.push(Out::Send {
+                to: id,
+                msg: Msg::Restore(calls::restore_request(&me)),
+            });
+        }
+        self.restore.phase = Phase::Asking;
+        out
+    }
+
+    /// The restore is over: answer as owner, and take the client checks that waited.
+    fn finish_restore(&mut self) -> Vec<Out> {
+        self.restore.done = true;
+        let mut out = Vec::new();
+        for (client, op, key, route, cost) in std::mem::take(&mut self.restore.queued) {
+            out.extend(self.on_client_check(client, op, &key, &route, cost));
+        }
+        out
+    }
+
+    // ---- fail-over (`Router::fail_over` + `decide_on_successor`) ------------------------
+
+    /// For each descriptor whose owner did not answer: send it to the key's successor
+    /// (decided here at once if this node is it), or give it its fallback (fail-open
+    /// charges go to `p.open`). Successors' answers are due in `p.results` (counted in
+    /// `p.waiting`); returns what the link did.
+    pub(super) fn fail_over(&mut self, check: u64, failed: Vec<usize>, p: &mut Pending) -> Effects {
+        let mut fx = Effects::default();
+        let view = p.view.clone();
+        for i in failed {
+            let item = p.flat[i].clone();
+            if self.replicating() {
+                if let Some(successor) = view.ring.successor_of_hash(item.id.placement) {
+                    let mut failover = item.clone();
+                    failover.failover = true;
+                    self.repl.failed_over += 1;
+                    if successor == &*self.id {
+                        let charge = failover.charge();
+                        let o = self.shard_check(&charge);
+                        let mut answer = policy::local_answer(
+                            &item, &self.me, o.decision, o.sequence, o.at, charge,
+                        );
+                        answer.degraded = true;
+                        p.answers[i] = Some(answer);
+                        p.failover = true;
+                        continue;
+                    }
+                    if let Some(member) = view.member(successor) {
+                        let waiter = Waiter {
+                            check,
+                            pos: p.results.len(),
+                        };
+                        p.second.push((p.results.len(), i, member.clone()));
+                        p.results.push(None);
+                        p.waiting += 1;
+                        let step = self.link.forward(self.now(), member, &failover, waiter);
+                        fx.send.extend(step.send);
+                        fx.done.extend(step.done);
+                        continue;
+                    }
+                    self.repl.failover_failed += 1;
+                }
+            }
+            self.unreachable(i, &item, &view, p.now, &mut p.answers, &mut p.open);
+        }
+        fx
+    }
+
+    /// `policy::on_unreachable`: a fail-closed denial now, or a fail-open stand-in.
+    pub(super) fn unreachable(
+        &mut self,
+        i: usize,
+        item: &CheckItem,
+        view: &ClusterView,
+        now: policy::Now,
+        answers: &mut [Option<Answer>],
+        open: &mut Vec<(usize, Charge)>,
+    ) {
+        match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
+            Fallback::Closed(answer) => answers[i] = Some(*answer),
+            Fallback::Open { nodes } => {
+                let rule = self.fallback_rule(item, nodes);
+                open.push((i, item.under(rule)));
+            }
+        }
+    }
+}
