@@ -8,9 +8,10 @@ BIN=${1:-target/release/ringlimit}
 ROUNDS=${2:-4}
 KEYS=${3:-200000}
 off=(--node-arg=--replicate-interval-ms --node-arg=0)
+on=(--node-arg=--replicate-interval-ms --node-arg=50)
 for r in $(seq 1 "$ROUNDS"); do
     for mode in on off; do
-        args=()
+        args=("${on[@]}")
         [ "$mode" = off ] && args=("${off[@]}")
         line=$("$BIN" bench --concurrency 50 --duration 5 --warmup 1 --nodes 3 "${args[@]}" 2>/dev/null |
             grep -E '^ringlimit +(checks/s|server CPU)' | tr -s ' ' | tr '\n' ' ')
@@ -18,7 +19,7 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 for mode in on off; do
-    args=()
+    args=("${on[@]}")
     [ "$mode" = off ] && args=("${off[@]}")
     echo "memory replicas=$mode $("$BIN" bench --memory --nodes 3 --keys "$KEYS" "${args[@]}" 2>/dev/null | grep '^ringlimit')"
 done

@@ -298,7 +298,10 @@ async fn a_forwarded_check_is_decided_by_its_receiver_even_if_its_ring_disagrees
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_owner_fails_over_to_the_successor() {
     let (_dir, rules) = rules_file(RULES);
-    let mut nodes = start_cluster(&["a", "b", "c"], Some(&rules)).await;
+    let mut nodes = start_cluster_with(&["a", "b", "c"], Some(&rules), |config| {
+        config.replicate_interval = std::time::Duration::from_millis(50);
+    })
+    .await;
     let key = key_owned_by("c", &["a", "b", "c"], "gone");
     let successor =
         ringlimit::ring::Ring::new(["a", "b", "c"], ringlimit::ring::Ring::DEFAULT_VNODES)

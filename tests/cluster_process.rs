@@ -851,7 +851,11 @@ fn admitted(seen: &[(String, Result<CheckResponse, String>)], tag: &str) -> u64 
 async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
     // No deny cache: every check reaches an owner or the successor, none is answered
     // from a remembered denial.
-    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--deny-cache", "0"]).await;
+    let mut cluster = Cluster::start(
+        &["node-a", "node-b", "node-c"],
+        &["--deny-cache", "0", "--replicate-interval-ms", "50"],
+    )
+    .await;
     let key = key_owned_by("replicated", "node-c", "node-b");
     let mut via_a = cluster.client("node-a").await;
     exhaust(&mut via_a, "node-a", &key, "node-c").await;
@@ -913,7 +917,11 @@ async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
 /// the crash): it restores its keys from their successors before answering as owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_restarted_at_once_restores_its_keys_before_answering() {
-    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--deny-cache", "0"]).await;
+    let mut cluster = Cluster::start(
+        &["node-a", "node-b", "node-c"],
+        &["--deny-cache", "0", "--replicate-interval-ms", "50"],
+    )
+    .await;
     let key = key_owned_by("restarted", "node-c", "node-b");
     let mut via_a = cluster.client("node-a").await;
     exhaust(&mut via_a, "node-a", &key, "node-c").await;

@@ -49,6 +49,9 @@ async fn two_nodes(rules: &std::path::Path) -> Vec<RunningNode> {
             .into_iter()
             .collect();
         let mut config = member_config(id, &seeds, Some(rules));
+        // With successor replicas, as these tests were written (one shows a commit
+        // landing on the successor's promoted replica).
+        config.replicate_interval = Duration::from_millis(50);
         config.forward = ForwardConfig {
             timeout: Duration::from_secs(5),
             ..config.forward.clone()

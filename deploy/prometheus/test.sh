@@ -78,7 +78,8 @@ start_node() { # start_node I [SEED]
         --gossip-listen 127.0.0.1:0 --peer-listen 127.0.0.1:0
         --cluster-secret-file "$work/cluster.secret"
         --rules "$work/rules-$i.toml" --envoy-config "$work/envoy-$i.yaml"
-        --max-keys 24 --shards 2 --threads 1 --forward-timeout-ms 1000)
+        --max-keys 24 --shards 2 --threads 1 --forward-timeout-ms 1000
+        --replicate-interval-ms 50) # successor replicas: their alert and panels need series
     [ -n "$seed" ] && args+=(--seed "$seed")
     "$bin" "${args[@]}" >"$work/node-$i.out" 2>"$work/node-$i.log" &
     pids+=($!)

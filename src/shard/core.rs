@@ -68,14 +68,21 @@ impl ShardCore {
     /// one is here (this node has become its owner).
     fn decide(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
         // A fail-over check of a key this node holds live (its replica was promoted:
-        // this node owns it now) continues the live count.
-        if item.failover && !self.store.holds(item.id) {
+        // this node owns it now) continues the live count; so does one of a key it
+        // handed away (to an owner that restarted and is restoring, say): the
+        // handed-over count goes on, and what it admits goes to the new owner as a late
+        // delta, as for a forward from a node on the old ring.
+        if item.failover && !self.store.contains(item.id) {
             return self.replicas.decide_failover(item, now);
         }
         let mut churn = self.replicas.promote_on_check(item, &mut self.store, now);
         let (decision, c, fresh) = self.decide_live(item, now);
         churn += c;
-        self.replicas.changed(&item.counter(), now);
+        // A denial that left no state (a fresh key) changes nothing to replicate: marking
+        // it would let random denied keys grow the changed-key map beyond the store.
+        if decision.allowed || self.store.holds(item.id) {
+            self.replicas.changed(&item.counter(), now);
+        }
         (decision, churn, fresh)
     }
 
@@ -222,7 +229,7 @@ impl ShardCore {
     }
 
     /// Copies of the replicas whose placement `pick` accepts (an owner restoring).
-    pub fn select_replicas(&self, pick: &Pick) -> Vec<Exported> {
+    pub fn select_replicas(&mut self, pick: &Pick) -> Vec<Exported> {
         self.replicas.select(pick)
     }
 

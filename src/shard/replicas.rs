@@ -28,6 +28,10 @@ use crate::algorithms::{Decision, KeyState, Limiter, Millis};
 use crate::shard::store::{Churn, Counter, Exported, Store};
 use crate::shard::KeyId;
 
+/// Most keys one shard owes fail-over admissions for at once (drained every replication
+/// round): a bound on memory outside the key cap.
+pub const MAX_OWED: usize = 65_536;
+
 /// Admissions made here on a replica for an owner that could not be reached.
 #[derive(Debug)]
 struct Pending {
@@ -114,30 +118,58 @@ impl Replicas {
         now: Millis,
         cost: NonZeroU64,
     ) -> (Decision, Churn) {
-        let (decision, churn) = if self.store.cap() == 0 {
-            // No room beside the live keys: decide on a state of one check's lifetime
-            // (what it admits still reaches the owner, below).
-            let mut state = counter.limiter.new_state();
-            (
-                counter.limiter.check(&mut state, now, cost),
+        if self.store.cap() == 0 {
+            return (
+                self.check_without_room(counter, now, cost),
                 Churn::default(),
-            )
-        } else {
-            let (decision, churn, _) = self.store.check(counter, now, cost);
-            (decision, churn)
-        };
+            );
+        }
+        let (decision, churn, _) = self.store.check(counter, now, cost);
         if decision.allowed {
-            let pending = self.pending.entry(counter.id).or_insert_with(|| Pending {
-                fingerprint: counter.fingerprint,
-                delta: counter.limiter.new_state(),
-            });
-            if pending.fingerprint != counter.fingerprint {
-                pending.fingerprint = counter.fingerprint;
-                pending.delta = counter.limiter.new_state();
+            if let Some(pending) = self.owed(counter) {
+                counter.limiter.check(&mut pending.delta, now, cost);
             }
-            counter.limiter.check(&mut pending.delta, now, cost);
         }
         (decision, churn)
+    }
+
+    /// A fail-over check with no room for replicas beside the live keys: decided on
+    /// what this node admitted for the key since its owner last heard of it (the delta
+    /// it owes the owner), so the key's fail-over admissions stay bounded by its limit
+    /// per window; denied when even that table is full (the strict side).
+    fn check_without_room(
+        &mut self,
+        counter: Counter<'_>,
+        now: Millis,
+        cost: NonZeroU64,
+    ) -> Decision {
+        match self.owed(counter) {
+            Some(pending) => counter.limiter.check(&mut pending.delta, now, cost),
+            None => {
+                let mut full = counter.limiter.new_state();
+                let mut decision = counter.limiter.check(&mut full, now, cost);
+                decision.allowed = false;
+                decision.remaining = 0;
+                decision
+            }
+        }
+    }
+
+    /// The delta this node owes the owner of `counter`'s key (`None` when the table of
+    /// such deltas is full: at most [`MAX_OWED`] keys per shard).
+    fn owed(&mut self, counter: Counter<'_>) -> Option<&mut Pending> {
+        if !self.pending.contains_key(&counter.id) && self.pending.len() >= MAX_OWED {
+            return None;
+        }
+        let pending = self.pending.entry(counter.id).or_insert_with(|| Pending {
+            fingerprint: counter.fingerprint,
+            delta: counter.limiter.new_state(),
+        });
+        if pending.fingerprint != counter.fingerprint {
+            pending.fingerprint = counter.fingerprint;
+            pending.delta = counter.limiter.new_state();
+        }
+        Some(pending)
     }
 
     /// The numbers a fail-over check of the key would see, changing nothing.
@@ -166,8 +198,14 @@ impl Replicas {
     }
 
     /// Copies of the replicas whose placement `pick` accepts (for an owner restoring).
-    pub fn select(&self, pick: impl FnMut(u64) -> bool) -> Vec<Exported> {
-        self.store.select(pick)
+    /// Their fail-over admissions are in those states: they are no longer owed as
+    /// deltas too (the owner would merge them twice).
+    pub fn select(&mut self, pick: impl FnMut(u64) -> bool) -> Vec<Exported> {
+        let selected = self.store.select(pick);
+        for state in &selected {
+            self.pending.remove(&state.id);
+        }
+        selected
     }
 
     /// Drop expired replicas, examining at most `budget`.

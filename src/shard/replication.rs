@@ -237,7 +237,7 @@ impl Side {
     }
 
     /// Copies of the replicas whose placement `pick` accepts.
-    pub fn select(&self, pick: &Pick) -> Vec<Exported> {
+    pub fn select(&mut self, pick: &Pick) -> Vec<Exported> {
         self.replicas.select(|p| pick(p))
     }
 

@@ -278,7 +278,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
 }
 
 /// The nodes' `--replicate-interval-ms` when the run does not set it.
-const DEFAULT_REPLICATE_MS: u64 = 50;
+const DEFAULT_REPLICATE_MS: u64 = 0;
 
 /// `RINGLIMIT_CHAOS_REPLICATE`: the interval to start the nodes with (`None`: their
 /// default).

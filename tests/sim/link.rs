@@ -83,7 +83,7 @@ pub struct Effects {
     /// Calls to put on the wire.
     pub send: Vec<Frame>,
     /// Callers answered: the owner's answer, or why there is none.
-    pub done: Vec<(Waiter, Result<Remote, String>)>,
+    pub done: Vec<(Waiter, Result<Remote, ForwardError>)>,
 }
 
 /// A check queued for a peer (the shell's `Pending`): `gave_up` is its caller's reply
@@ -187,7 +187,7 @@ impl Link {
             let error = ForwardError::Overloaded(owner.node_id.clone());
             return Effects {
                 send: Vec::new(),
-                done: vec![(waiter, Err(error.to_string()))],
+                done: vec![(waiter, Err(error))],
             };
         }
         peer.channel.push_back(Pending {
@@ -262,7 +262,7 @@ impl Link {
             }
             let ((_, waiter), owner) = entry.remove_entry();
             let error = ForwardError::Timeout(owner.to_string());
-            fx.done.push((waiter, Err(error.to_string())));
+            fx.done.push((waiter, Err(error)));
         }
         let ids: Vec<String> = self.peers.keys().cloned().collect();
         for id in ids {
@@ -394,7 +394,7 @@ fn fail(failed: Option<Failed<Reply>>, callers: &mut Callers, fx: &mut Effects) 
 fn fail_batch(replies: Vec<Reply>, error: &ForwardError, callers: &mut Callers, fx: &mut Effects) {
     for (waiter, _, at) in replies {
         if callers.remove(&(at, waiter)).is_some() {
-            fx.done.push((waiter, Err(error.to_string())));
+            fx.done.push((waiter, Err(error.clone())));
         }
     }
 }
@@ -529,6 +529,7 @@ mod tests {
             .1
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("connection reset"));
         let sent = link.forward(at(2), &owner(), &item("b"), waiter(2));
         assert_ne!(sent.send[0].stream, first.send[0].stream, "a new stream");
@@ -543,6 +544,7 @@ mod tests {
             .1
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("after its deadline"));
     }
 
@@ -556,6 +558,7 @@ mod tests {
             .1
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("connection refused"));
         assert!(link
             .on_answer(at(2), "n2", stream, allowed(call, 1))

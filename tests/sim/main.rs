@@ -101,7 +101,12 @@ fn run_seeds(seeds: &[u64], broken: bool) -> Vec<scenario::Outcome> {
                 s.spawn(move || {
                     part.iter()
                         .map(|&seed| {
-                            let mut o = scenario::run_with(seed, broken, replicate_ms());
+                            let mut o = scenario::run_with(
+                                seed,
+                                broken,
+                                replicate_ms(),
+                                replicate_ms() > 0,
+                            );
                             if o.violations() == 0 {
                                 // Only a failing seed's history is written out.
                                 o.history = Vec::new();
@@ -228,7 +233,7 @@ fn deciding_locally_is_caught_within_20_seeds() {
 #[test]
 fn without_replication_a_crashed_owner_is_caught_by_s3_replicated() {
     let caught = (1..=40).find(|&seed| {
-        let o = scenario::run_with(seed, false, 0);
+        let o = scenario::run_with(seed, false, 0, true);
         println!("no replication {}", line(&o));
         o.report.count("S3-replicated") > 0
     });

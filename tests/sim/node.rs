@@ -253,7 +253,7 @@ struct Pending {
     answers: Vec<Option<Answer>>,
     remote: Vec<(usize, Member)>,
     /// Answers from the owners (`remote`'s order), then from successors (`second`).
-    results: Vec<Option<Result<Remote, String>>>,
+    results: Vec<Option<Result<Remote, ringlimit::cluster::link::ForwardError>>>,
     /// Results still due.
     waiting: usize,
     /// Fail-overs sent to successors: (position in `results`, descriptor, successor).
@@ -719,7 +719,7 @@ impl Node {
                         }
                         p.answers[*i] = Some(answer);
                     }
-                    Err(_) => failed.push(*i),
+                    Err(error) => failed.push((*i, error.owner_unreachable())),
                 }
             }
             let fx = self.fail_over(id, failed, &mut p);

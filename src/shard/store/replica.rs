@@ -39,6 +39,11 @@ impl Store {
             .is_some_and(|i| self.slots[i].has(MOVED))
     }
 
+    /// Whether the store has an entry for `id`, its own or handed away.
+    pub fn contains(&self, id: KeyId) -> bool {
+        self.find(self.hasher.hash_one(id), id).is_some()
+    }
+
     /// Remove `id` and return its state.
     pub fn take(&mut self, id: KeyId) -> Option<Exported> {
         let i = self.find(self.hasher.hash_one(id), id)?;

@@ -18,8 +18,8 @@ use ringlimit::ring::Ring;
 use super::context::{Answered, Context, Decider, Exit, Window};
 use super::Report;
 
-/// The nodes' default `--replicate-interval-ms`: the loss window a forced check of a run
-/// without replication uses (the negative control).
+/// The `--replicate-interval-ms` operators are told to use (50 ms): the loss window a
+/// forced check of a run without replication uses (the negative control).
 pub const DEFAULT_INTERVAL_MS: u64 = 50;
 /// Kills this close together are one nemesis step (both of a kill-both step are sent
 /// within a millisecond; two steps are at least a settle time, ≥ 1 s, apart).

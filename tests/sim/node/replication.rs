@@ -215,10 +215,15 @@ impl Node {
             return answer(Vec::new(), RestoreResponse::default());
         };
         let earlier = to.generation < request.generation;
+        if !earlier {
+            // As the real service: a new member, or one back after the cluster dropped
+            // it, gets its keys by handoff, not replicas (both would be merged).
+            return answer(Vec::new(), RestoreResponse::default());
+        }
         let (ring, owner) = (view.ring.clone(), request.from_node.clone());
         let pick: Pick = Arc::new(move |p| ring.owner_of_hash(p) == Some(owner.as_str()));
         let mut states: Vec<Exported> = Vec::new();
-        for shard in &self.shards {
+        for shard in &mut self.shards {
             states.extend(shard.core.select_replicas(&pick));
         }
         states.sort_by_key(|s| (s.id.placement, s.id.disc));
@@ -348,12 +353,19 @@ impl Node {
     /// (decided here at once if this node is it), or give it its fallback (fail-open
     /// charges go to `p.open`). Successors' answers are due in `p.results` (counted in
     /// `p.waiting`); returns what the link did.
-    pub(super) fn fail_over(&mut self, check: u64, failed: Vec<usize>, p: &mut Pending) -> Effects {
+    pub(super) fn fail_over(
+        &mut self,
+        check: u64,
+        failed: Vec<(usize, bool)>,
+        p: &mut Pending,
+    ) -> Effects {
         let mut fx = Effects::default();
         let view = p.view.clone();
-        for i in failed {
+        for (i, unreachable) in failed {
             let item = p.flat[i].clone();
-            if self.replicating() {
+            // As the router: only an owner that could not be reached is failed over;
+            // one that refused the batch is alive.
+            if self.replicating() && unreachable {
                 if let Some(successor) = view.ring.successor_of_hash(item.id.placement) {
                     let mut failover = item.clone();
                     failover.failover = true;
