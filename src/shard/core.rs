@@ -1,7 +1,7 @@
 //! The pure core of one shard: its live keys ([`Store`]) and its side of replication
-//! (changed-key tracking and the replicas it keeps, [`replication::Side`]), driven by
+//! (changed-key tracking and the replicas it keeps, `replication::Side`), driven by
 //! plain calls that take `now`. No channel, no clock, no task: the shard actor
-//! ([`super::Actor`]) reads its clock once per drained batch and calls this; the
+//! (`Actor`) reads its clock once per drained batch and calls this; the
 //! deterministic simulator (`tests/sim`) calls the same methods on simulated time, so
 //! what it checks is the shard's decision logic itself, not a copy of it.
 
