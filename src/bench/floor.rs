@@ -13,7 +13,7 @@
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use prost::Message;
@@ -83,13 +83,50 @@ fn threads_arg(node_args: &[String]) -> Option<&str> {
     })
 }
 
-/// Every measured run of one system, in round order.
+/// Which call a series sends.
+#[derive(Clone, Copy)]
+enum Call {
+    Health,
+    Check,
+    EnvoyRls,
+}
+
+/// One system of the run (a server and the call it is sent) and every measured run of
+/// it, in round order.
 struct Series {
     name: &'static str,
+    addr: [String; 1],
+    pid: u32,
+    call: Call,
     runs: Vec<RunResult>,
 }
 
 impl Series {
+    fn new(name: &'static str, addr: &str, pid: u32, call: Call) -> Self {
+        Self {
+            name,
+            addr: [addr.to_string()],
+            pid,
+            call,
+            runs: Vec::new(),
+        }
+    }
+
+    /// One measured run, printed and kept.
+    async fn measure(&mut self, args: &BenchArgs, keys: &Keys, round: usize) -> anyhow::Result<()> {
+        println!("round {round}: {}", self.name);
+        let target = match self.call {
+            Call::Health => Target::Health(&self.addr),
+            Call::Check => Target::Ringlimit(&self.addr),
+            Call::EnvoyRls => Target::Envoy(&self.addr),
+        };
+        let mut result = drive(args, keys, target, &[self.pid], None).await?;
+        result.system = self.name;
+        result.print();
+        self.runs.push(result);
+        Ok(())
+    }
+
     fn cpu(&self) -> Option<f64> {
         let c: Vec<f64> = self
             .runs
@@ -108,7 +145,7 @@ impl Series {
 pub async fn run(args: &BenchArgs, keys: &Keys) -> anyhow::Result<()> {
     let dir = nodes::tempfile_dir()?;
     let (mut node, targets) = nodes::start_for_load(args, &dir)?;
-    let node_pid = node[0].child.id();
+    let (node_pid, node_addr) = (node[0].child.id(), targets[0].as_str());
     let threads = threads_arg(&args.node_args);
     let mut floors = vec![FloorServer::start("bare", &[], threads)?];
     for layer in Layer::ALL {
@@ -116,11 +153,10 @@ pub async fn run(args: &BenchArgs, keys: &Keys) -> anyhow::Result<()> {
     }
     floors.push(FloorServer::start("bare+all", &Layer::ALL, threads)?);
     println!(
-        "bench floor: concurrency {} duration {} s, {} rounds, node {} (pid {node_pid}), node args {:?}; floor servers: {}",
+        "bench floor: concurrency {} duration {} s, {} rounds, node {node_addr} (pid {node_pid}), node args {:?}; floor servers: {}",
         args.concurrency,
         args.duration,
         args.rounds.max(1),
-        targets[0],
         args.node_args,
         floors
             .iter()
@@ -131,97 +167,61 @@ pub async fn run(args: &BenchArgs, keys: &Keys) -> anyhow::Result<()> {
     let h2load = H2load::find(args);
     let mut series: Vec<Series> = floors
         .iter()
-        .map(|f| f.name)
-        .chain(["node-health", "node-check", "node-envoy-rls"])
-        .map(|name| Series {
-            name,
-            runs: Vec::new(),
-        })
+        .map(|f| Series::new(f.name, &f.addr, f.child.id(), Call::Health))
         .collect();
+    let floor_count = series.len();
+    series.push(Series::new(
+        "node-health",
+        node_addr,
+        node_pid,
+        Call::Health,
+    ));
+    series.push(Series::new("node-check", node_addr, node_pid, Call::Check));
+    series.push(Series::new(
+        "node-envoy-rls",
+        node_addr,
+        node_pid,
+        Call::EnvoyRls,
+    ));
     let mut h2 = H2Figures::default();
+    // The node's own CPU while the floor servers take the load: its background work
+    // (timers, gossip, the ops face), CPU seconds per second.
+    let mut idle = Vec::new();
     for round in 1..=args.rounds.max(1) {
-        for (i, floor) in floors.iter().enumerate() {
-            let addr = [floor.addr.clone()];
-            let pid = [floor.child.id()];
-            measure(
-                args,
-                keys,
-                round,
-                &mut series[i],
-                Target::Health(&addr),
-                &pid,
-            )
-            .await?;
+        let (idle_cpu, idle_from) = (cpu_seconds(&[node_pid]), Instant::now());
+        for s in &mut series[..floor_count] {
+            s.measure(args, keys, round).await?;
         }
-        let n = floors.len();
-        let pid = [node_pid];
-        measure(
-            args,
-            keys,
-            round,
-            &mut series[n],
-            Target::Health(&targets),
-            &pid,
-        )
-        .await?;
-        measure(
-            args,
-            keys,
-            round,
-            &mut series[n + 1],
-            Target::Ringlimit(&targets),
-            &pid,
-        )
-        .await?;
-        measure(
-            args,
-            keys,
-            round,
-            &mut series[n + 2],
-            Target::Envoy(&targets),
-            &pid,
-        )
-        .await?;
+        if let (Some(before), Some(after)) = (idle_cpu, cpu_seconds(&[node_pid])) {
+            idle.push((after - before) / idle_from.elapsed().as_secs_f64());
+        }
+        for s in &mut series[floor_count..] {
+            s.measure(args, keys, round).await?;
+        }
         if let Some(h2load) = &h2load {
             let bare = &floors[0];
-            h2.bare.push(
-                h2load
-                    .run("bare", &bare.addr, HEALTH, bare.child.id())
-                    .await?,
-            );
-            h2.health.push(
-                h2load
-                    .run("node-health", &targets[0], HEALTH, node_pid)
-                    .await?,
-            );
-            h2.check.push(
-                h2load
-                    .run("node-check", &targets[0], CHECK, node_pid)
-                    .await?,
-            );
+            let runs = [
+                ("bare", bare.addr.as_str(), HEALTH, bare.child.id()),
+                ("node-health", node_addr, HEALTH, node_pid),
+                ("node-check", node_addr, CHECK, node_pid),
+            ];
+            for (i, (name, addr, path, pid)) in runs.into_iter().enumerate() {
+                h2.runs[i].push(h2load.run(name, addr, path, pid).await?);
+            }
         }
     }
     print_summary(&series, args);
+    if !idle.is_empty() {
+        let per_s = median(idle);
+        println!(
+            "floor node idle CPU (while the floor servers are driven) {:.2} ms/s, i.e. {:.2} µs/call at node-health's calls/s",
+            per_s * 1e3,
+            per_s * 1e6 / series[floor_count].rate()
+        );
+    }
     h2.print(h2load.is_some());
     drop(floors);
     node[0].stop();
-    Ok(())
-}
-
-/// One measured run of `target` (CPU of `pids`), printed and added to `series`.
-async fn measure(
-    args: &BenchArgs,
-    keys: &Keys,
-    round: usize,
-    series: &mut Series,
-    target: Target<'_>,
-    pids: &[u32],
-) -> anyhow::Result<()> {
-    println!("round {round}: {}", series.name);
-    let mut result = drive(args, keys, target, pids, None).await?;
-    result.system = series.name;
-    result.print();
-    series.runs.push(result);
     Ok(())
 }
 
@@ -235,10 +235,21 @@ fn print_summary(series: &[Series], args: &BenchArgs) {
     };
     for s in series {
         let cpu = s.cpu().unwrap_or(f64::NAN);
+        // The same round's difference, whose median drifts less than two medians.
+        let paired: Vec<f64> = s
+            .runs
+            .iter()
+            .zip(&bare.runs)
+            .filter_map(|(x, y)| Some(x.cpu_us_per_check()? - y.cpu_us_per_check()?))
+            .collect();
+        let paired = if paired.is_empty() {
+            f64::NAN
+        } else {
+            median(paired)
+        };
         println!(
-            "floor {:<15} median server CPU {cpu:.1} µs/call ({:+.1} µs, x{:.3} of bare), calls/s {:.0}",
+            "floor {:<15} median server CPU {cpu:.1} µs/call (x{:.3} of bare; over bare in the same round: median {paired:+.1} µs), calls/s {:.0}",
             s.name,
-            cpu - bare_cpu,
             cpu / bare_cpu,
             s.rate()
         );
@@ -283,12 +294,11 @@ fn print_summary(series: &[Series], args: &BenchArgs) {
     }
 }
 
-/// h2load runs, one per round and system: (server CPU µs per call, calls/s).
+/// h2load runs of the bare server's health check, the node's and the node's `Check`,
+/// one per round: (server CPU µs per call, calls/s).
 #[derive(Default)]
 struct H2Figures {
-    bare: Vec<(f64, f64)>,
-    health: Vec<(f64, f64)>,
-    check: Vec<(f64, f64)>,
+    runs: [Vec<(f64, f64)>; 3],
 }
 
 impl H2Figures {
@@ -296,27 +306,24 @@ impl H2Figures {
         if !ran {
             return;
         }
-        let med = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| median(v.iter().map(f).collect());
-        let bare = med(&self.bare, |r| r.0);
-        for (name, runs) in [
-            ("bare", &self.bare),
-            ("node-health", &self.health),
-            ("node-check", &self.check),
-        ] {
+        let cpu = |v: &[(f64, f64)]| median(v.iter().map(|r| r.0).collect());
+        let rate = |v: &[(f64, f64)]| median(v.iter().map(|r| r.1).collect());
+        let bare = cpu(&self.runs[0]);
+        for (name, runs) in ["bare", "node-health", "node-check"].iter().zip(&self.runs) {
             println!(
                 "floor h2load {name:<11} median server CPU {:.1} µs/call (x{:.3} of bare), calls/s {:.0}",
-                med(runs, |r| r.0),
-                med(runs, |r| r.0) / bare,
-                med(runs, |r| r.1)
+                cpu(runs),
+                cpu(runs) / bare,
+                rate(runs)
             );
         }
         println!(
             "ratio h2load node-health/bare cpu_per_call: {:.2} (goal <= 1.05)",
-            med(&self.health, |r| r.0) / bare
+            cpu(&self.runs[1]) / bare
         );
         println!(
             "ratio h2load node-check/bare cpu_per_call: {:.2}",
-            med(&self.check, |r| r.0) / bare
+            cpu(&self.runs[2]) / bare
         );
     }
 }
