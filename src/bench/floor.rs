@@ -148,7 +148,7 @@ pub async fn run(args: &BenchArgs, keys: &Keys) -> anyhow::Result<()> {
     let (node_pid, node_addr) = (node[0].child.id(), targets[0].as_str());
     let threads = threads_arg(&args.node_args);
     let mut floors = vec![FloorServer::start("bare", &[], threads)?];
-    for layer in Layer::ALL {
+    for layer in Layer::EACH {
         floors.push(FloorServer::start(layer.label(), &[layer], threads)?);
     }
     floors.push(FloorServer::start("bare+all", &Layer::ALL, threads)?);

@@ -11,6 +11,7 @@
 //! - `limits`: the HTTP/2 and timeout settings of `node::grpc::limited` (the request
 //!   timeout is a tower layer around every call; keepalive and maximum age are timers
 //!   per connection).
+//! - `timeout`: of those, the request timeout alone (`Server::builder().timeout(..)`).
 //! - `incoming`: the node's accept loop, `node::grpc::incoming` (connection cap,
 //!   handshake deadline on every read until the preface, a gauge per connection).
 //! - `layers`: `StatusMappingLayer` and `HoldUntilSentLayer`, the two tower layers the
@@ -33,6 +34,7 @@ use ringlimit::server::answer_budget::HoldUntilSentLayer;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Layer {
     Limits,
+    Timeout,
     Incoming,
     Layers,
     Services,
@@ -41,7 +43,18 @@ pub enum Layer {
 }
 
 impl Layer {
-    /// Every layer, in the order the bench adds them.
+    /// Every layer, in the order the bench adds them one at a time.
+    pub const EACH: [Layer; 7] = [
+        Layer::Limits,
+        Layer::Timeout,
+        Layer::Incoming,
+        Layer::Layers,
+        Layer::Services,
+        Layer::Logging,
+        Layer::Metrics,
+    ];
+
+    /// All of them at once (`limits` includes `timeout`).
     pub const ALL: [Layer; 6] = [
         Layer::Limits,
         Layer::Incoming,
@@ -55,6 +68,7 @@ impl Layer {
     pub fn name(self) -> &'static str {
         match self {
             Layer::Limits => "limits",
+            Layer::Timeout => "timeout",
             Layer::Incoming => "incoming",
             Layer::Layers => "layers",
             Layer::Services => "services",
@@ -67,6 +81,7 @@ impl Layer {
     pub fn label(self) -> &'static str {
         match self {
             Layer::Limits => "bare+limits",
+            Layer::Timeout => "bare+timeout",
             Layer::Incoming => "bare+incoming",
             Layer::Layers => "bare+layers",
             Layer::Services => "bare+services",
@@ -102,6 +117,8 @@ pub fn run(args: FloorServerArgs) -> anyhow::Result<()> {
         let limits = GrpcLimits::default();
         let mut builder = if has(Layer::Limits) {
             grpc::limited(&limits)
+        } else if has(Layer::Timeout) {
+            tonic::transport::Server::builder().timeout(limits.request_timeout)
         } else {
             tonic::transport::Server::builder()
         };
