@@ -4,7 +4,9 @@
 # figure with checks/s, p50/p99/p99.9 and server CPU per check, and the command.
 #
 # Scenarios: native Check and CheckBatch 32 against Redis + the reference Lua; tonic's
-# health check beside them (the floor of a unary gRPC call); Envoy RLS
+# health check beside them (the floor of a unary gRPC call); the true floor (a bare tonic
+# server's health check beside the node's health, Check and Envoy RLS, and the bare
+# server with each of the node's layers; h2load too when installed); Envoy RLS
 # and Gubernator against the native Check on the same node; 3-node cluster with random
 # entry and with the ring-aware client (plain and coalescing); half-peak latency (open
 # loop at half the closed-loop peak just measured) on one node (Redis beside it at the same
@@ -43,7 +45,7 @@ run() { # name, bench args...
     {
         echo "== $name: ringlimit bench --warmup $WARMUP $*"
         # Every measured run's figure line and every ratio line of the scenario.
-        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware|health) +(checks/s|server CPU)|^median|^ratio' "$OUT/$name.txt" || true
+        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware|health) +(checks/s|server CPU)|^median|^ratio|^floor' "$OUT/$name.txt" || true
     } >>"$OUT/summary.txt"
 }
 
@@ -68,6 +70,14 @@ run zipf-unary-c50 --compare-redis "${common[@]}" --distribution zipf --zipf-s 1
 # Check and Redis, alternating on one node: what any unary gRPC call costs this server.
 run health-floor-c50 --protocol health --compare-redis "${common[@]}" --rounds "$ROUNDS"
 run health-floor-threads1-c50 --protocol health --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
+
+# The true floor (issue 25, point 0): a bare tonic server (this binary's hidden
+# bench-floor-server: the same tonic, hyper and runtime builder, health only, no layers)
+# beside the node's health check, native Check and Envoy RLS, and the bare server with
+# each of the node's layers, alternating; h2load's rounds when h2load is on the PATH
+# (Debian's nghttp2-client; not installed here: skipped with a message otherwise).
+run floor-c50 --protocol floor "${common[@]}" --rounds "$ROUNDS"
+run floor-threads1-c50 --protocol floor --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
 
 # One node: Envoy RLS and Gubernator against the native Check, alternating on one node.
 run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"

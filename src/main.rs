@@ -61,6 +61,9 @@ enum Command {
     /// Load generator: checks/s and latency percentiles, optionally side by side with
     /// Redis + the design reference's Lua script (--compare-redis).
     Bench(bench::BenchArgs),
+    /// The bare tonic server `bench --protocol floor` measures beside the node.
+    #[command(hide = true)]
+    BenchFloorServer(bench::FloorServerArgs),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +76,9 @@ fn main() -> ExitCode {
         Command::Cluster { command } => command.run(),
         Command::DevCluster(args) => cli::dev_cluster::run(args),
         Command::Bench(args) => cli::block_on(bench::run(args)).map(|()| ExitCode::SUCCESS),
+        Command::BenchFloorServer(args) => {
+            bench::floor_server::run(args).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

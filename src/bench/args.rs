@@ -46,6 +46,12 @@ pub enum Protocol {
     /// the same nodes: the floor any unary gRPC call pays on this server, beside what a
     /// check pays (with `--compare-redis`, Redis too).
     Health,
+    /// The true floor (issue 25): a bare tonic server's health check (the same tonic,
+    /// hyper and runtime settings, only health, no layers), the same server with each
+    /// of the node's layers, and one local node's health check, native `Check` and
+    /// Envoy RLS, alternating rounds, with their ratios to the bare server (and the
+    /// same by h2load when it is installed).
+    Floor,
 }
 
 impl Protocol {
@@ -191,6 +197,11 @@ impl BenchArgs {
         anyhow::ensure!(
             !args.compare_redis || matches!(args.protocol, Protocol::Ringlimit | Protocol::Health),
             "--compare-redis compares the native path; use --protocol ringlimit (or health)"
+        );
+        anyhow::ensure!(
+            args.protocol != Protocol::Floor
+                || (args.targets.is_empty() && args.nodes == 1 && args.kill_node_after.is_none()),
+            "--protocol floor starts its own node and floor servers: one local node (no --addr, --nodes 1)"
         );
         Ok(())
     }

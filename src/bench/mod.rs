@@ -11,9 +11,13 @@
 //! - `rounds` alternates the systems; `drive` measures one run; `worker` is one caller
 //!   (`lean` its minimal gRPC client, `redis` the reference design); `report` prints.
 //! - `memory`: bytes per key instead of load; `procfs`: CPU time and RSS of processes.
+//! - `floor`: `--protocol floor`, the node beside a bare tonic server (`floor_server`,
+//!   this binary's hidden `bench-floor-server`) and that server with each of our layers.
 
 mod args;
 mod drive;
+mod floor;
+pub mod floor_server;
 mod keys;
 mod lean;
 mod memory;
@@ -27,6 +31,7 @@ mod worker;
 use std::time::Duration;
 
 pub use args::BenchArgs;
+pub use floor_server::FloorServerArgs;
 
 use keys::Keys;
 use rounds::{Rounds, Systems};
@@ -36,6 +41,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     if args.memory {
         return memory::run(&args).await;
+    }
+    if args.protocol == args::Protocol::Floor {
+        return floor::run(&args, &Keys::new(&args)).await;
     }
     let rules_dir = nodes::tempfile_dir()?;
     let (mut nodes, targets) = if args.targets.is_empty() {

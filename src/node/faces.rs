@@ -125,7 +125,7 @@ pub async fn serve_public(
         .build_v1alpha()
         .map_err(|e| NodeError::Reflection(e.to_string()))?;
     let max = MAX_MESSAGE_BYTES;
-    let mut builder = limited(limits);
+    let mut builder = grpc::limited(limits);
     if let Some(tls) = tls {
         // Validated at start (`NodeConfig::validate`); never serve the face in the
         // clear when TLS was asked for.
@@ -211,7 +211,7 @@ async fn serve_peer_with(
     peer_message_cap: usize,
     cancel: CancellationToken,
 ) {
-    let mut builder = limited(&limits);
+    let mut builder = grpc::limited(&limits);
     if let Some(tls) = tls {
         builder = match builder.tls_config(grpc::with_handshake_timeout(tls, &limits)) {
             Ok(builder) => builder,
@@ -234,21 +234,6 @@ async fn serve_peer_with(
         tracing::error!(%error, "peer gRPC server failed");
         cancel.cancel();
     }
-}
-
-/// A gRPC server builder with the HTTP/2 limits of `limits`.
-fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .timeout(limits.request_timeout)
-        .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .max_connection_age(limits.max_connection_age)
-        .max_connection_age_grace(limits.max_connection_age_grace)
-        .max_frame_size(limits.max_frame_size)
-        .http2_max_header_list_size(limits.max_header_list_size)
-        .initial_stream_window_size(limits.initial_stream_window)
-        .initial_connection_window_size(limits.initial_connection_window)
 }
 
 /// The ops face: `/metrics`, health, the cluster and owner views and the rules API over

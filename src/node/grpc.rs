@@ -16,7 +16,7 @@
 //! - [`raise_fd_limit`]: the soft RLIMIT_NOFILE raised to the hard limit at start.
 //!
 //! The HTTP/2 settings themselves (streams, windows, keepalive, frame and header sizes)
-//! are tonic's, set from [`GrpcLimits`] in the composition root.
+//! are tonic's, set from [`GrpcLimits`] by [`limited`] for both gRPC faces.
 
 use std::future::Future;
 use std::io;
@@ -251,6 +251,22 @@ impl AsyncWrite for Conn {
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
     }
+}
+
+/// A gRPC server builder with the HTTP/2 limits of `limits`: the public and the peer
+/// face's (and the bench's floor server when it adds our limits to a bare server).
+pub fn limited(limits: &GrpcLimits) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .max_frame_size(limits.max_frame_size)
+        .http2_max_header_list_size(limits.max_header_list_size)
+        .initial_stream_window_size(limits.initial_stream_window)
+        .initial_connection_window_size(limits.initial_connection_window)
 }
 
 /// Raise the soft RLIMIT_NOFILE to the hard limit, so the connection cap, not the
