@@ -106,7 +106,7 @@ fn merge_fixed_window(l: &FixedWindow, a: &mut FixedWindowState, b: FixedWindowS
 /// The `(prev, curr)` counters of `s` as seen from window `to >= s.idx`, exactly as a check in
 /// window `to` would roll them: one window behind, the current count becomes the previous one;
 /// two or more behind, both have aged out.
-fn roll_counter(s: &SlidingCounterState, to: u64) -> (u64, u64) {
+pub(super) fn roll_counter(s: &SlidingCounterState, to: u64) -> (u64, u64) {
     if to == s.idx {
         (s.prev, s.curr)
     } else if s.idx.checked_add(1) == Some(to) {
@@ -137,7 +137,7 @@ fn merge_sliding_counter(l: &SlidingCounter, a: &mut SlidingCounterState, b: Sli
 
 /// The deficit of `s` refilled up to `t >= s.last`, as the bucket's own lazy refill would leave
 /// it: it shrinks by `refill` scaled units per elapsed ms and saturates at 0 (a full bucket).
-fn deficit_at(l: &TokenBucket, s: &TokenBucketState, t: u64) -> u128 {
+pub(super) fn deficit_at(l: &TokenBucket, s: &TokenBucketState, t: u64) -> u128 {
     let dripped = u128::from(t.saturating_sub(s.last)) * u128::from(l.refill);
     u128::from(s.deficit).saturating_sub(dripped)
 }
@@ -206,6 +206,18 @@ fn merge_gcra(l: &Gcra, a: &mut GcraState, b: GcraState) {
 /// live count equals the union's) or every kept unit is live and the window is full — in both
 /// cases at least as full as either input's.
 fn merge_sliding_log(l: &SlidingLog, a: &mut SlidingLogState, b: SlidingLogState) {
+    union_logs(l, a, b, u64::saturating_add);
+}
+
+/// The union of two logs at the later `high`, entries at the same millisecond combined
+/// by `same` (a merge adds two nodes' admissions; a join keeps the larger of two views
+/// of one node's), the oldest units trimmed until the sum fits the limit.
+pub(super) fn union_logs(
+    l: &SlidingLog,
+    a: &mut SlidingLogState,
+    b: SlidingLogState,
+    same: fn(u64, u64) -> u64,
+) {
     let high = a.high.max(b.high);
     let live = |at: u64| high.saturating_sub(at) < l.window_ms;
     let mine = std::mem::take(&mut a.entries);
@@ -218,7 +230,7 @@ fn merge_sliding_log(l: &SlidingLog, a: &mut SlidingLogState, b: SlidingLogState
             (Some(x), Some(y)) if x.0 == y.0 => {
                 xs.next();
                 ys.next();
-                (x.0, x.1.saturating_add(y.1))
+                (x.0, same(x.1, y.1))
             }
             (Some(x), Some(y)) if x.0 < y.0 => {
                 xs.next();
