@@ -203,6 +203,7 @@ fn shard_round_trip(bencher: Bencher) {
         drain: false,
         peek: false,
         failover: false,
+        in_doubt: false,
     };
     bencher.bench_local(|| {
         runtime

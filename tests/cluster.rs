@@ -54,6 +54,7 @@ fn forward_item(key: String, route: &str) -> ForwardItem {
         peek: false,
         rule_hash: 0,
         failover: false,
+        failover_in_doubt: false,
     }
 }
 

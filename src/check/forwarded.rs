@@ -45,6 +45,8 @@ pub struct ForwardedInput<'a> {
     pub peek: bool,
     /// Decide on this node's replica of the key: its owner could not be reached.
     pub failover: bool,
+    /// With `failover`: the owner may have charged it already (its forward timed out).
+    pub in_doubt: bool,
 }
 
 /// A rule named by the sender: an Envoy rule (with the request's override), or the
@@ -140,6 +142,7 @@ pub fn plan_batch<'a>(
             planned.drain = input.drain;
             planned.peek = input.peek;
             planned.failover = input.failover;
+            planned.in_doubt = input.failover && input.in_doubt;
             Ok(planned)
         })
         .collect()
@@ -262,6 +265,7 @@ mod tests {
             drain: false,
             peek: false,
             failover: false,
+            in_doubt: false,
         }
     }
 

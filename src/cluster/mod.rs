@@ -100,6 +100,9 @@ pub struct CheckItem {
     /// entry node when it sends the check to the key's successor instead (see
     /// [`Charge::failover`]).
     pub failover: bool,
+    /// With `failover`: the forward to the owner timed out, so the owner may have
+    /// charged this check already (see [`Charge::in_doubt`]).
+    pub in_doubt: bool,
 }
 
 /// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
@@ -257,6 +260,7 @@ impl CheckItem {
             peek: false,
             uncached: false,
             failover: false,
+            in_doubt: false,
         }
     }
 
@@ -299,6 +303,7 @@ impl CheckItem {
             drain: self.drain,
             peek: self.peek,
             failover: self.failover,
+            in_doubt: self.in_doubt,
         }
     }
 
@@ -314,6 +319,7 @@ impl CheckItem {
             drain: self.drain,
             peek: self.peek,
             failover: false,
+            in_doubt: false,
         }
     }
 }

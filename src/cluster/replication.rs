@@ -77,6 +77,96 @@ pub fn needs_full_state(me: &str, old: &Ring, new: &Ring, p: u64) -> bool {
             || old.owner_of_hash(p) != Some(me))
 }
 
+/// The replicas to drop when the view goes from `old` to `new` (`None`: none), for
+/// keys a live old owner hands over itself (its handoff pushes the full state to the
+/// new owner): a replica of such a key promoted or restored as well would count the
+/// same admissions twice once the push is merged. Two cases:
+/// - the old owner announced a leave;
+/// - the key moved to a member that joined (or came back) in `new`, from another
+///   member that is still here as the same incarnation (the simulator's seed 257: a
+///   successor held a replica from a key's interim owner, and the key's owner came
+///   back, got the interim owner's handoff and that replica too).
+///
+/// Keys whose old owner is gone keep their replicas: that is what they are for; and so
+/// do keys this node owned under `old` (it hands its live count over; its replica of
+/// a key it never promoted is still the dead owner's count).
+pub fn handed_over_by_live_owner(me: &str, old: &ClusterView, new: &ClusterView) -> Option<Pick> {
+    if old.ring.digest() == new.ring.digest() {
+        return None;
+    }
+    let same = |id: &str| {
+        let (before, after) = (old.member(id), new.member(id));
+        before.is_some_and(|b| after.is_some_and(|a| a.generation == b.generation))
+    };
+    let stays: Vec<String> = old
+        .members
+        .iter()
+        .filter(|m| m.node_id != me && same(&m.node_id))
+        .map(|m| m.node_id.clone())
+        .collect();
+    let leavers: Vec<String> = new
+        .members
+        .iter()
+        .filter(|m| m.leaving && old.member(&m.node_id).is_some_and(|o| !o.leaving))
+        .map(|m| m.node_id.clone())
+        .collect();
+    let joiners: Vec<String> = new
+        .members
+        .iter()
+        .filter(|m| !same(&m.node_id))
+        .map(|m| m.node_id.clone())
+        .collect();
+    if stays.is_empty() || (leavers.is_empty() && joiners.is_empty()) {
+        return None;
+    }
+    let (old_ring, new_ring) = (old.ring.clone(), new.ring.clone());
+    Some(Arc::new(move |p| {
+        let (Some(before), after) = (old_ring.owner_of_hash(p), new_ring.owner_of_hash(p)) else {
+            return false;
+        };
+        let live = stays.iter().any(|s| s == before);
+        live && (leavers.iter().any(|l| l == before)
+            || after.is_some_and(|a| a != before && joiners.iter().any(|j| j == a)))
+    }))
+}
+
+/// Whether a replica of the key at `placement` sent by `from` is kept: only if `from`
+/// owns the key under this node's view. A sender whose view is behind (it has not seen
+/// the key's new owner join yet) would leave a replica here that the new owner's restore
+/// or this node's promotion counts beside the sender's own handoff of the same state
+/// (the simulator's seed 257). A replica refused while the views converge is sent again
+/// when its key next changes (or in full, when the sender sees the ring change).
+pub fn from_owner(view: &ClusterView, placement: u64, from: &str) -> bool {
+    view.ring.owner_of_hash(placement) == Some(from)
+}
+
+/// The replicas `me` sends back to `owner` restoring: those of keys `view` gives
+/// `owner` and whose successor is `me`. Only a key's successor holds its replica, and it
+/// takes replicas only from the key's owner ([`from_owner`]): so these are the owner's
+/// own (an earlier incarnation's, or kept here unpromoted while it was off the ring).
+/// A replica held from another owner (one the key moved from when `owner` joined) is
+/// not: its successor under `view` is that owner, which hands the key over itself.
+pub fn restorable(me: &str, view: &ClusterView, owner: &str) -> Pick {
+    let ring = view.ring.clone();
+    let (me, owner): (Arc<str>, Arc<str>) = (Arc::from(me), Arc::from(owner));
+    Arc::new(move |p| {
+        ring.owner_of_hash(p) == Some(&*owner) && ring.successor_of_hash(p) == Some(&*me)
+    })
+}
+
+/// Members of `new` that were in `old` as an earlier incarnation (the same id, a lower
+/// generation): they restarted before the cluster dropped them.
+pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
+    new.members
+        .iter()
+        .filter(|m| {
+            old.member(&m.node_id)
+                .is_some_and(|before| m.generation > before.generation)
+        })
+        .cloned()
+        .collect()
+}
+
 /// Sends changed keys to their successors, every interval.
 pub struct Replicator {
     me: Arc<str>,
@@ -84,9 +174,25 @@ pub struct Replicator {
     peers: PeerPool,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    /// Members seen to restart in place (a higher generation while on the ring), and
+    /// their new generation: see [`Replicator::restarted_in_place`].
+    restarted: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 impl Replicator {
+    /// Whether `node` at `generation` restarted in place as far as this node saw (its
+    /// view went from an earlier incarnation straight to this one): its keys' replicas
+    /// here are its own earlier incarnation's, to be restored. The view alone may
+    /// already show only the new incarnation when its restore request arrives (gossip
+    /// got here first; the simulator's seed 149).
+    pub fn restarted_in_place(&self, node: &str, generation: u64) -> bool {
+        self.restarted
+            .lock()
+            .expect("restarted lock")
+            .get(node)
+            .is_some_and(|&g| g == generation)
+    }
+
     /// The replicator of node `me`.
     pub fn new(me: Arc<str>, shards: Shards, peers: PeerPool, clock: Arc<dyn Clock>) -> Self {
         Self {
@@ -95,6 +201,7 @@ impl Replicator {
             peers,
             clock,
             metrics: Metrics::new(),
+            restarted: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -116,7 +223,7 @@ impl Replicator {
                         return;
                     }
                     let next = views.borrow_and_update().clone();
-                    self.drop_leavers_replicas(&current, &next).await;
+                    self.drop_handed_over(&current, &next).await;
                     if next.ring.digest() != current.ring.digest() {
                         self.successors_changed(&current, &next).await;
                     }
@@ -130,32 +237,19 @@ impl Replicator {
         }
     }
 
-    /// A member that announces a graceful leave hands its keys over itself (the
-    /// handoff pushes its full states): drop the replicas held of its keys, so that a
-    /// check here before its push arrives starts the key afresh and the push merges in,
-    /// exactly as without replicas. Promoting the replica instead would count the
-    /// replica's admissions twice once the push is merged.
-    async fn drop_leavers_replicas(&self, old: &ClusterView, new: &ClusterView) {
-        let leavers: Vec<String> = new
-            .members
-            .iter()
-            .filter(|m| m.leaving && old.member(&m.node_id).is_some_and(|o| !o.leaving))
-            .map(|m| m.node_id.clone())
-            .collect();
-        if leavers.is_empty() {
+    /// Keys whose owner changed while the old owner is still a member hand themselves
+    /// over: drop their replicas here (see [`handed_over_by_live_owner`]).
+    async fn drop_handed_over(&self, old: &ClusterView, new: &ClusterView) {
+        let Some(pick) = handed_over_by_live_owner(&self.me, old, new) else {
             return;
-        }
-        let ring = old.ring.clone();
-        let pick: Pick = Arc::new(move |p| {
-            ring.owner_of_hash(p)
-                .is_some_and(|owner| leavers.iter().any(|l| l == owner))
-        });
-        match self.shards.drop_replicas(pick).await {
+        };
+        match self.shards.take_replicas(pick).await {
+            Ok(dropped) if dropped.is_empty() => {}
             Ok(dropped) => tracing::info!(
-                dropped,
-                "a member is leaving: its keys' replicas dropped (its handoff brings their states)"
+                dropped = dropped.len(),
+                "keys moved away from live owners: their replicas dropped (the handoff brings their states)"
             ),
-            Err(error) => tracing::debug!(%error, "dropping a leaver's replicas failed"),
+            Err(error) => tracing::debug!(%error, "dropping handed-over replicas failed"),
         }
     }
 
@@ -163,18 +257,17 @@ impl Replicator {
     /// with empty memory: the ring is unchanged, but its replicas are gone. Mark every
     /// key this node owns whose successor it is, so it gets their full states again.
     async fn successors_restarted(&self, old: &ClusterView, new: &ClusterView) {
-        let restarted: Vec<String> = new
-            .members
-            .iter()
-            .filter(|m| {
-                old.member(&m.node_id)
-                    .is_some_and(|before| m.generation > before.generation)
-            })
-            .map(|m| m.node_id.clone())
-            .collect();
+        let restarted = restarted_in_place(old, new);
         if restarted.is_empty() {
             return;
         }
+        {
+            let mut known = self.restarted.lock().expect("restarted lock");
+            for m in &restarted {
+                known.insert(m.node_id.clone(), m.generation);
+            }
+        }
+        let restarted: Vec<String> = restarted.into_iter().map(|m| m.node_id).collect();
         let (me, ring) = (self.me.clone(), new.ring.clone());
         let pick: Pick = Arc::new(move |p| {
             ring.owner_of_hash(p) == Some(&*me)
@@ -326,9 +419,7 @@ impl Replicator {
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
     /// restores): returns (sent, installed).
     pub async fn send_replicas(&self, view: &ClusterView, member: &Member) -> (u64, u64) {
-        let ring = view.ring.clone();
-        let owner: Arc<str> = Arc::from(member.node_id.as_str());
-        let pick: Pick = Arc::new(move |p| ring.owner_of_hash(p) == Some(&*owner));
+        let pick = restorable(&self.me, view, &member.node_id);
         let states = match self.shards.select_replicas(pick).await {
             Ok(states) => states,
             Err(_) => return (0, 0),

@@ -85,6 +85,24 @@ impl Inherited {
     }
 }
 
+/// Why a forwarded descriptor got no answer, as the fail-over step needs it.
+#[derive(Debug, Clone, Copy)]
+struct Failed {
+    /// The owner may be down or cut off: its successor may decide (else it refused).
+    unreachable: bool,
+    /// The owner may have charged it all the same (the call timed out).
+    in_doubt: bool,
+}
+
+impl Failed {
+    fn of(error: &crate::cluster::link::ForwardError) -> Self {
+        Self {
+            unreachable: error.owner_unreachable(),
+            in_doubt: error.may_have_charged(),
+        }
+    }
+}
+
 /// Node-level counters of the routing layer.
 struct RouterMetrics {
     forwarded: metrics::Counter,
@@ -328,7 +346,7 @@ impl Router {
         results: Remotes,
         now: policy::Now,
         answers: &mut [Option<Answer>],
-    ) -> Vec<(usize, bool)> {
+    ) -> Vec<(usize, Failed)> {
         let mut failed = Vec::new();
         for ((i, owner), result) in remote.iter().zip(results) {
             let item = flat[*i];
@@ -347,7 +365,7 @@ impl Router {
                 Err(error) => {
                     self.metrics.forward_errors.increment(1);
                     tracing::debug!(%error, key = %item.client(), "owner unreachable; falling back");
-                    failed.push((*i, error.owner_unreachable()));
+                    failed.push((*i, Failed::of(&error)));
                 }
             }
         }
@@ -362,16 +380,16 @@ impl Router {
     async fn fail_over(
         &self,
         flat: &[&CheckItem],
-        failed: Vec<(usize, bool)>,
+        failed: Vec<(usize, Failed)>,
         view: &ClusterView,
         now: policy::Now,
         answers: &mut [Option<Answer>],
     ) -> Result<Vec<(usize, Charge)>, ShardError> {
         let mut open = Vec::new();
-        for (i, unreachable) in failed {
+        for (i, failed) in failed {
             let item = flat[i];
-            if self.failover && unreachable {
-                if let Some(answer) = self.decide_on_successor(item, view).await? {
+            if self.failover && failed.unreachable {
+                if let Some(answer) = self.decide_on_successor(item, failed, view).await? {
                     answers[i] = Some(answer);
                     continue;
                 }
@@ -395,6 +413,7 @@ impl Router {
     async fn decide_on_successor(
         &self,
         item: &CheckItem,
+        failed: Failed,
         view: &ClusterView,
     ) -> Result<Option<Answer>, ShardError> {
         let Some(successor) = view.ring.successor_of_hash(item.id.placement) else {
@@ -402,6 +421,7 @@ impl Router {
         };
         let mut failover = item.clone();
         failover.failover = true;
+        failover.in_doubt = failed.in_doubt;
         let mut answer = if successor == &*self.me.node_id {
             let outcome = self
                 .shards

@@ -339,6 +339,7 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
                 peek: false,
                 rule_hash,
                 failover: false,
+                failover_in_doubt: false,
             },
         );
     (

@@ -79,6 +79,7 @@ fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
         drain: item.drain,
         peek: item.peek,
         failover: item.failover,
+        in_doubt: item.failover_in_doubt,
     }
 }
 
@@ -94,6 +95,7 @@ fn refund_input(item: &RefundItem) -> (ForwardedInput<'_>, u64) {
         drain: false,
         peek: false,
         failover: false,
+        in_doubt: false,
     };
     (input, item.at)
 }
@@ -653,6 +655,7 @@ mod tests {
             peek: false,
             rule_hash: 0,
             failover: false,
+            failover_in_doubt: false,
         }
     }
 

@@ -150,6 +150,8 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
+            self.replicas
+                .promote_on_install(id, &rule.limiter, &mut self.store, now);
             if self.store.install(item, &rule.limiter, now) {
                 installed += 1;
                 self.replicas.changed_id(id, now);
@@ -233,6 +235,12 @@ impl ShardCore {
         self.replicas.select(pick)
     }
 
+    /// Take out the replicas whose placement `pick` accepts (see
+    /// [`Shards::take_replicas`](super::Shards::take_replicas)).
+    pub fn take_replicas(&mut self, pick: &Pick) -> Vec<Exported> {
+        self.replicas.take_picked(pick)
+    }
+
     /// Fail-over admissions since the last call, owed to the keys' owners.
     pub fn drain_failover(&mut self) -> Vec<Exported> {
         self.replicas.drain_failover()
@@ -265,6 +273,7 @@ mod tests {
             drain: false,
             peek: false,
             failover: false,
+            in_doubt: false,
         }
     }
 

@@ -121,6 +121,10 @@ pub struct Charge {
     /// Decide on the key's replica, not on a live key: this node is the key's
     /// successor and its owner could not be reached (see [`replicas`]).
     pub failover: bool,
+    /// With `failover`: the entry's forward to the owner timed out, so the owner may
+    /// have charged this check already. It is decided on the replica like any fail-over
+    /// check but not owed to the owner: pushing it could charge it twice there.
+    pub in_doubt: bool,
 }
 
 impl Charge {

@@ -44,6 +44,9 @@ struct Pending {
 pub struct Replicas {
     store: Store,
     pending: HashMap<KeyId, Pending>,
+    /// Keys this node decided fail-over checks on, until their state expires: their
+    /// next replicas are joined with what is held ([`Replicas::hold`]).
+    failed_over: HashMap<KeyId, Millis>,
 }
 
 impl Replicas {
@@ -54,6 +57,7 @@ impl Replicas {
         Self {
             store,
             pending: HashMap::new(),
+            failed_over: HashMap::new(),
         }
     }
 
@@ -92,31 +96,55 @@ impl Replicas {
     /// admissions not yet delivered to the owner stay counted on top of it. Returns
     /// whether it is held (a full node holds no replica, and a state already
     /// equivalent to fresh needs none).
-    pub fn hold(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> (bool, Churn) {
+    ///
+    /// A key this node decided fail-over checks on keeps the stricter of the two
+    /// ([`Limiter::join`]): the owner may have built this state before it merged the
+    /// admissions pushed to it (they are in flight), or it never gets the in-doubt ones
+    /// (checks whose forward timed out, which it may have charged itself). Replacing
+    /// would take them back and answer the next fail-over check with more than the last.
+    pub fn hold(&mut self, mut item: Exported, limiter: &Limiter, now: Millis) -> (bool, Churn) {
         if self.store.cap() == 0 {
             return (false, Churn::default());
         }
         let id = item.id;
-        let (held, churn) = self.store.put(item, limiter, now);
-        if held {
-            if let Some(pending) = self.pending.get(&id) {
-                if let Some(mut merged) = self.store.take(id) {
-                    limiter.merge(&mut merged.state, pending.delta.clone());
-                    self.store.put(merged, limiter, now);
+        if let Some(pending) = self.pending.get(&id) {
+            limiter.merge(&mut item.state, pending.delta.clone());
+        }
+        if self.joins(id, now) {
+            if let Some(held) = self.store.snapshot(id) {
+                if held.fingerprint == item.fingerprint {
+                    limiter.join(&mut item.state, held.state);
                 }
             }
         }
-        (held, churn)
+        self.store.put(item, limiter, now)
+    }
+
+    /// Whether the next replica of `id` is joined with the one held (a fail-over check
+    /// was decided on it, and that state has not expired).
+    fn joins(&mut self, id: KeyId, now: Millis) -> bool {
+        match self.failed_over.get(&id) {
+            Some(&until) if until > now => true,
+            Some(_) => {
+                self.failed_over.remove(&id);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Decide a check on the key's replica, for an owner that could not be reached: a
     /// key with no replica starts from a fresh state, as its new owner would. What is
-    /// admitted is also kept as a delta for the owner ([`Replicas::drain_failover`]).
+    /// admitted is also kept as a delta for the owner ([`Replicas::drain_failover`]),
+    /// if `owed`: a check whose forward timed out may have been charged by the owner
+    /// already, so it counts on the replica only (the owner's next state replaces it).
+    /// Without room for replicas, every admission is owed: nothing else could keep it.
     pub fn check_failover(
         &mut self,
         counter: Counter<'_>,
         now: Millis,
         cost: NonZeroU64,
+        owed: bool,
     ) -> (Decision, Churn) {
         if self.store.cap() == 0 {
             return (
@@ -126,8 +154,16 @@ impl Replicas {
         }
         let (decision, churn, _) = self.store.check(counter, now, cost);
         if decision.allowed {
-            if let Some(pending) = self.owed(counter) {
-                counter.limiter.check(&mut pending.delta, now, cost);
+            if owed {
+                if let Some(pending) = self.owed(counter) {
+                    counter.limiter.check(&mut pending.delta, now, cost);
+                }
+            }
+            if self.failed_over.len() < MAX_OWED || self.failed_over.contains_key(&counter.id) {
+                if let Some(held) = self.store.snapshot(counter.id) {
+                    let until = counter.limiter.expires_at(&held.state);
+                    self.failed_over.insert(counter.id, until);
+                }
             }
         }
         (decision, churn)
@@ -194,6 +230,7 @@ impl Replicas {
     /// its state already: they are no longer owed to anyone.
     pub fn take(&mut self, id: KeyId) -> Option<Exported> {
         self.pending.remove(&id);
+        self.failed_over.remove(&id);
         self.store.take(id)
     }
 
@@ -204,12 +241,16 @@ impl Replicas {
         let selected = self.store.select(pick);
         for state in &selected {
             self.pending.remove(&state.id);
+            self.failed_over.remove(&state.id);
         }
         selected
     }
 
     /// Drop expired replicas, examining at most `budget`.
     pub fn expire(&mut self, now: Millis, budget: usize) -> u64 {
+        if !self.failed_over.is_empty() {
+            self.failed_over.retain(|_, until| *until > now);
+        }
         if self.store.is_empty() {
             return 0;
         }
@@ -284,9 +325,24 @@ mod tests {
         replicas.fit_beside(&live, 100, 1 << 20, NOW);
         replicas.hold(owner_state(&limiter, b"k", 8), &limiter, NOW);
         let c = counter(&limiter, b"k");
-        assert!(replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
-        assert!(replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
-        assert!(!replicas.check_failover(c, NOW, NonZeroU64::MIN).0.allowed);
+        assert!(
+            replicas
+                .check_failover(c, NOW, NonZeroU64::MIN, true)
+                .0
+                .allowed
+        );
+        assert!(
+            replicas
+                .check_failover(c, NOW, NonZeroU64::MIN, true)
+                .0
+                .allowed
+        );
+        assert!(
+            !replicas
+                .check_failover(c, NOW, NonZeroU64::MIN, true)
+                .0
+                .allowed
+        );
         // The owner's next replica (it has not had the delta yet) keeps both on top.
         replicas.hold(owner_state(&limiter, b"k", 8), &limiter, NOW);
         assert_eq!(remaining(&mut replicas, &limiter, b"k"), 0);
@@ -300,6 +356,38 @@ mod tests {
             "the delta is the 2 admitted"
         );
         assert!(replicas.drain_failover().is_empty());
+    }
+
+    #[test]
+    fn a_replica_built_before_the_owner_had_the_fail_over_admissions_takes_none_back() {
+        let limiter = limiter();
+        let live = Store::new(100, 2);
+        let mut replicas = Replicas::new(3);
+        replicas.fit_beside(&live, 100, 1 << 20, NOW);
+        replicas.hold(owner_state(&limiter, b"k", 5), &limiter, NOW);
+        let c = counter(&limiter, b"k");
+        // One owed admission (pushed, in flight) and one in doubt (never pushed).
+        assert!(
+            replicas
+                .check_failover(c, NOW, NonZeroU64::MIN, true)
+                .0
+                .allowed
+        );
+        assert!(
+            replicas
+                .check_failover(c, NOW, NonZeroU64::MIN, false)
+                .0
+                .allowed
+        );
+        assert_eq!(replicas.drain_failover().len(), 1, "only the owed one");
+        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 3);
+        // The owner's state from before it merged the push: nothing is taken back.
+        replicas.hold(owner_state(&limiter, b"k", 5), &limiter, NOW);
+        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 3);
+        // The owner admitted one more and merged the push (and had charged the timed-out
+        // check itself): 5 + 1 + 1 + 1 = 8 used, nothing counted twice.
+        replicas.hold(owner_state(&limiter, b"k", 8), &limiter, NOW);
+        assert_eq!(remaining(&mut replicas, &limiter, b"k"), 2);
     }
 
     #[test]
@@ -334,7 +422,8 @@ mod tests {
         let limiter = limiter();
         let mut replicas = Replicas::new(3);
         // Room 0: a node full of live keys (or one whose shard has not sized it yet).
-        let (decision, _) = replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN);
+        let (decision, _) =
+            replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN, true);
         assert!(decision.allowed);
         assert!(replicas.is_empty(), "nothing held without room");
         assert_eq!(
@@ -351,7 +440,7 @@ mod tests {
         let mut replicas = Replicas::new(3);
         replicas.fit_beside(&live, 100, 1 << 20, NOW);
         replicas.hold(owner_state(&limiter, b"k", 5), &limiter, NOW);
-        replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN);
+        replicas.check_failover(counter(&limiter, b"k"), NOW, NonZeroU64::MIN, true);
         let id = counter(&limiter, b"k").id;
         let taken = replicas.take(id).unwrap();
         assert_eq!(limiter.peek(&taken.state, NOW).remaining, 4);

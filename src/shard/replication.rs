@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::replicas::Replicas;
 use super::{Charge, Churn, Counter, Exported, KeyId, ShardError, Shards, Store};
-use crate::algorithms::{Decision, Millis};
+use crate::algorithms::{Decision, Limiter, Millis};
 use crate::config::rules::Rule;
 
 /// Which ring placements a message is about (keys whose successor changed, keys this
@@ -46,13 +46,14 @@ pub(super) enum Command {
         pick: Pick,
         reply: oneshot::Sender<Vec<Exported>>,
     },
+    Take {
+        pick: Pick,
+        reply: oneshot::Sender<Vec<Exported>>,
+    },
     DrainFailover {
         reply: oneshot::Sender<Vec<Exported>>,
     },
-    Drop {
-        pick: Pick,
-        reply: oneshot::Sender<usize>,
-    },
+
     Held {
         reply: oneshot::Sender<usize>,
     },
@@ -114,17 +115,37 @@ impl Side {
     /// reached it). Replacing the count with the replica would let this node admit past
     /// the limit in one window (the simulator's seeds 111 and 603).
     pub fn promote_on_check(&mut self, item: &Charge, live: &mut Store, now: Millis) -> Churn {
-        if self.replicas.is_empty() || live.holds(item.id) || live.handed_away(item.id) {
-            return Churn::default();
+        self.promote(item.id, &item.rule.limiter, live, now);
+        Churn::default()
+    }
+
+    /// Before a handed-over state of a key `live` does not hold as its own is merged
+    /// in: promote the replica first, for the same reason. A peer that pushes a key's
+    /// state here has made this node its owner; the replica holds the old owner's count
+    /// and the fail-over checks decided here, none of which the pushed state includes
+    /// (a peer that owned the key for a moment hands over only what it admitted).
+    /// Without this, the key would be held live and its replica never promoted.
+    pub fn promote_on_install(
+        &mut self,
+        id: KeyId,
+        limiter: &Limiter,
+        live: &mut Store,
+        now: Millis,
+    ) {
+        self.promote(id, limiter, live, now);
+    }
+
+    fn promote(&mut self, id: KeyId, limiter: &Limiter, live: &mut Store, now: Millis) {
+        if self.replicas.is_empty() || live.holds(id) || live.handed_away(id) {
+            return;
         }
-        let Some(replica) = self.replicas.take(item.id) else {
-            return Churn::default();
+        let Some(replica) = self.replicas.take(id) else {
+            return;
         };
-        if live.install(replica, &item.rule.limiter, now) {
+        if live.install(replica, limiter, now) {
             self.promoted.increment(1);
         }
         self.held.set(self.replicas.len() as f64);
-        Churn::default()
     }
 
     /// Decide a fail-over check on the key's replica (see [`Replicas::check_failover`]).
@@ -139,7 +160,10 @@ impl Side {
                 false,
             );
         }
-        let (decision, churn) = self.replicas.check_failover(item.counter(), now, item.cost);
+        let owed = !item.in_doubt;
+        let (decision, churn) = self
+            .replicas
+            .check_failover(item.counter(), now, item.cost, owed);
         (decision, churn, false)
     }
 
@@ -178,24 +202,14 @@ impl Side {
             Command::Select { pick, reply } => {
                 let _ = reply.send(self.select(&pick));
             }
+            Command::Take { pick, reply } => {
+                let _ = reply.send(self.take_picked(&pick));
+            }
             Command::DrainFailover { reply } => {
                 let _ = reply.send(self.drain_failover());
             }
             Command::Held { reply } => {
                 let _ = reply.send(self.replicas.len());
-            }
-            Command::Drop { pick, reply } => {
-                let ids: Vec<KeyId> = self
-                    .replicas
-                    .select(|p| pick(p))
-                    .into_iter()
-                    .map(|e| e.id)
-                    .collect();
-                for id in &ids {
-                    self.replicas.take(*id);
-                }
-                self.held.set(self.replicas.len() as f64);
-                let _ = reply.send(ids.len());
             }
         }
         churn
@@ -236,9 +250,22 @@ impl Side {
         (held, churn)
     }
 
-    /// Copies of the replicas whose placement `pick` accepts.
+    /// Copies of the replicas whose placement `pick` accepts (an owner restoring).
     pub fn select(&mut self, pick: &Pick) -> Vec<Exported> {
         self.replicas.select(|p| pick(p))
+    }
+
+    /// Take out the replicas whose placement `pick` accepts (they go to their owner,
+    /// or are dropped).
+    pub fn take_picked(&mut self, pick: &Pick) -> Vec<Exported> {
+        let taken: Vec<Exported> = self
+            .replicas
+            .select(|p| pick(p))
+            .into_iter()
+            .filter_map(|e| self.replicas.take(e.id))
+            .collect();
+        self.held.set(self.replicas.len() as f64);
+        taken
     }
 
     /// Fail-over admissions since the last call, owed to the keys' owners.
@@ -337,7 +364,8 @@ impl Shards {
         Ok(held)
     }
 
-    /// Copies of the replicas whose placement `pick` accepts (an owner restoring).
+    /// Copies of the replicas whose placement `pick` accepts (an owner restoring: the
+    /// replicas stay, for the fail-over checks decided here until it answers as owner).
     pub async fn select_replicas(&self, pick: Pick) -> Result<Vec<Exported>, ShardError> {
         let mut out = Vec::new();
         for shard in 0..self.len() {
@@ -350,17 +378,18 @@ impl Shards {
         Ok(out)
     }
 
-    /// Drop the replicas whose placement `pick` accepts (their owner is leaving and
-    /// hands its keys over itself). Returns how many.
-    pub async fn drop_replicas(&self, pick: Pick) -> Result<usize, ShardError> {
-        let mut dropped = 0;
+    /// Take out the replicas whose placement `pick` accepts: for the new owner of a key
+    /// this node never promoted, or to drop.
+    pub async fn take_replicas(&self, pick: Pick) -> Result<Vec<Exported>, ShardError> {
+        let mut out = Vec::new();
         for shard in 0..self.len() {
             let pick = pick.clone();
-            dropped += self
-                .replication(shard, |reply| Command::Drop { pick, reply })
-                .await?;
+            out.extend(
+                self.replication(shard, |reply| Command::Take { pick, reply })
+                    .await?,
+            );
         }
-        Ok(dropped)
+        Ok(out)
     }
 
     /// Replicas held by every shard together.

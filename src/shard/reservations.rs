@@ -793,6 +793,7 @@ fn touched(op: &Op) -> Option<Charge> {
             drain: false,
             peek: false,
             failover: false,
+            in_doubt: false,
         }),
         _ => None,
     }

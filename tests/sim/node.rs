@@ -340,6 +340,8 @@ pub struct Node {
     pub stats: NodeStats,
     pub repl: ReplicationStats,
     restore: Restore,
+    /// `Replicator::restarted`: members seen to restart in place, at their generation.
+    restarted: BTreeMap<String, u64>,
 }
 
 impl Node {
@@ -410,6 +412,7 @@ impl Node {
             rng,
             stats: NodeStats::default(),
             repl: ReplicationStats::default(),
+            restarted: BTreeMap::new(),
         }
     }
 
@@ -719,7 +722,9 @@ impl Node {
                         }
                         p.answers[*i] = Some(answer);
                     }
-                    Err(error) => failed.push((*i, error.owner_unreachable())),
+                    Err(error) => {
+                        failed.push((*i, error.owner_unreachable(), error.may_have_charged()))
+                    }
                 }
             }
             let fx = self.fail_over(id, failed, &mut p);
@@ -854,6 +859,7 @@ impl Node {
                         drain: it.drain,
                         peek: it.peek,
                         failover: it.failover,
+                        in_doubt: it.failover_in_doubt,
                     }),
                     self.owner_rules(),
                 )
@@ -926,6 +932,7 @@ impl Node {
                     drain: false,
                     peek: false,
                     failover: false,
+                    in_doubt: false,
                 };
                 (input, it.at)
             }),
@@ -1281,8 +1288,8 @@ impl Node {
         }
         let old = std::mem::replace(&mut self.view, Arc::new(new));
         let new = self.view.clone();
-        self.successors_changed(&old, &new);
-        let mut out = self.view_changed(&old, new);
+        let mut out = self.successors_changed(&old, &new);
+        out.extend(self.view_changed(&old, new));
         out.extend(self.restore_step(true));
         out
     }

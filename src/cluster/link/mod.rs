@@ -170,6 +170,15 @@ impl ForwardError {
             ForwardError::Timeout(_) | ForwardError::Unreachable(..)
         )
     }
+
+    /// Whether the owner may have decided (and charged) the check although no answer
+    /// came back: the call timed out, so it may have arrived. A call that did not get
+    /// through (refused, reset, a restoring owner's refusal) charged nothing there.
+    /// (A reset can cut a call the owner already decided; an owner that died with it
+    /// lost that charge, so counting it on the successor again is what it should be.)
+    pub fn may_have_charged(&self) -> bool {
+        matches!(self, ForwardError::Timeout(_))
+    }
 }
 
 /// The coordinator's answer to a rules write.

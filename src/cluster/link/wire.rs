@@ -61,6 +61,7 @@ pub fn forward_item(item: &CheckItem) -> ForwardItem {
         peek: item.peek,
         rule_hash: rule_hash(&item.rule.name),
         failover: item.failover,
+        failover_in_doubt: item.in_doubt,
     }
 }
 

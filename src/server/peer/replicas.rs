@@ -8,6 +8,7 @@ use super::{decode_install_with, PeerService};
 use crate::algorithms::Implausible;
 use crate::check::CheckError;
 use crate::cluster::handoff::{self, Vetted};
+use crate::cluster::replication;
 use crate::proto::peer::{
     InstallRequest, InstallResponse, KeyState as WireState, RestoreRequest, RestoreResponse,
 };
@@ -60,7 +61,11 @@ impl PeerService {
         request: InstallRequest,
     ) -> Result<InstallResponse, Status> {
         let total = request.states.len() as u64;
-        let vetted = self.vet_states(request.states, &request.from_node, "replicated")?;
+        let mut vetted = self.vet_states(request.states, &request.from_node, "replicated")?;
+        let view = self.router.view();
+        vetted.items.retain(|(item, _)| {
+            replication::from_owner(&view, item.id.placement, &request.from_node)
+        });
         let held = self
             .router
             .shards()
@@ -85,7 +90,8 @@ impl PeerService {
         let mut to = view.member(&request.from_node).cloned();
         let earlier = to
             .as_ref()
-            .is_some_and(|m| m.generation < request.generation);
+            .is_some_and(|m| m.generation < request.generation)
+            || replicator.restarted_in_place(&request.from_node, request.generation);
         // The sender may have restarted on new ports before this node's view noticed:
         // push where it says it is now.
         if let (Some(member), Ok(addr)) = (&mut to, request.peer_addr.parse()) {

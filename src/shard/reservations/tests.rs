@@ -25,6 +25,7 @@ fn charge(rule: &Arc<Rule>, client: &str, cost: u64) -> Charge {
         drain: false,
         peek: false,
         failover: false,
+        in_doubt: false,
     }
 }
 

@@ -17,7 +17,7 @@ use ringlimit::clock::Clock;
 use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
 use ringlimit::cluster::link::calls;
 use ringlimit::cluster::policy::{self, Fallback};
-use ringlimit::cluster::replication::{MAX_PER_ROUND, RESTORE_SETTLE};
+use ringlimit::cluster::replication::{self, MAX_PER_ROUND, RESTORE_SETTLE};
 use ringlimit::cluster::{Answer, CheckItem};
 use ringlimit::membership::ClusterView;
 use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
@@ -169,18 +169,51 @@ impl Node {
         out
     }
 
-    /// `Replicator::successors_changed`: mark every key this node owns under `new`
-    /// whose successor (or owner) differs from `old`'s.
-    pub(super) fn successors_changed(&mut self, old: &ClusterView, new: &ClusterView) {
-        if !self.replicating() || old.ring.digest() == new.ring.digest() {
+    /// `Replicator::run`'s step for a new view: `drop_handed_over`, then
+    /// `successors_changed` (mark every key this node owns under `new` whose successor
+    /// or owner differs from `old`'s).
+    pub(super) fn successors_changed(&mut self, old: &ClusterView, new: &ClusterView) -> Vec<Out> {
+        if !self.replicating() {
+            return Vec::new();
+        }
+        self.successors_restarted(old, new);
+        if old.ring.digest() == new.ring.digest() {
+            return Vec::new();
+        }
+        if let Some(pick) = replication::handed_over_by_live_owner(&self.id, old, new) {
+            for shard in &mut self.shards {
+                shard.core.take_replicas(&pick);
+            }
+        }
+        let out = Vec::new();
+
+        let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
+        let pick: Pick =
+            Arc::new(move |p| replication::needs_full_state(&me, &old_ring, &new_ring, p));
+        for shard in &mut self.shards {
+            let now = shard.clock.now_ms();
+            shard.core.resync(&pick, now);
+        }
+        out
+    }
+
+    /// `Replicator::successors_restarted`: remember members that restarted in place,
+    /// and send every key this node owns whose successor one of them is in full.
+    fn successors_restarted(&mut self, old: &ClusterView, new: &ClusterView) {
+        let restarted = replication::restarted_in_place(old, new);
+        if restarted.is_empty() {
             return;
         }
-        let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
+        for m in &restarted {
+            self.restarted.insert(m.node_id.clone(), m.generation);
+        }
+        let ids: Vec<String> = restarted.into_iter().map(|m| m.node_id).collect();
+        let (me, ring) = (self.id.clone(), new.ring.clone());
         let pick: Pick = Arc::new(move |p| {
-            new_ring.owner_of_hash(p) == Some(&*me)
-                && new_ring.successor_of_hash(p).is_some()
-                && (old_ring.successor_of_hash(p) != new_ring.successor_of_hash(p)
-                    || old_ring.owner_of_hash(p) != Some(&*me))
+            ring.owner_of_hash(p) == Some(&*me)
+                && ring
+                    .successor_of_hash(p)
+                    .is_some_and(|s| ids.iter().any(|r| r == s))
         });
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
@@ -190,16 +223,22 @@ impl Node {
 
     /// `PeerService::hold_replicas`: vet like an install, keep as replicas.
     pub(super) fn on_replicate(&mut self, request: InstallRequest) {
+        let from = request.from_node.clone();
         let vetted = self.vet(request);
+        let view = self.view.clone();
         for (item, rule) in vetted {
+            if !replication::from_owner(&view, item.id.placement, &from) {
+                continue;
+            }
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
             shard.core.hold(vec![(item, rule)], now);
         }
     }
 
-    /// `PeerService::send_replicas`: push `from` every replica held here of a key this
-    /// node's ring gives it, and say whether this node knew an earlier incarnation.
+    /// `PeerService::send_replicas`: push `from` its own replicas held here
+    /// (`replication::restorable`), and say whether this node knew an earlier
+    /// incarnation.
     pub(super) fn on_restore(&mut self, from: &str, request: RestoreRequest) -> Vec<Out> {
         let answer = |installs, response| {
             vec![Out::Send {
@@ -214,14 +253,14 @@ impl Node {
         let Some(to) = view.member(&request.from_node) else {
             return answer(Vec::new(), RestoreResponse::default());
         };
-        let earlier = to.generation < request.generation;
+        let earlier = to.generation < request.generation
+            || self.restarted.get(&request.from_node) == Some(&request.generation);
         if !earlier {
             // As the real service: a new member, or one back after the cluster dropped
             // it, gets its keys by handoff, not replicas (both would be merged).
             return answer(Vec::new(), RestoreResponse::default());
         }
-        let (ring, owner) = (view.ring.clone(), request.from_node.clone());
-        let pick: Pick = Arc::new(move |p| ring.owner_of_hash(p) == Some(owner.as_str()));
+        let pick = replication::restorable(&self.id, &view, &request.from_node);
         let mut states: Vec<Exported> = Vec::new();
         for shard in &mut self.shards {
             states.extend(shard.core.select_replicas(&pick));
@@ -356,12 +395,12 @@ impl Node {
     pub(super) fn fail_over(
         &mut self,
         check: u64,
-        failed: Vec<(usize, bool)>,
+        failed: Vec<(usize, bool, bool)>,
         p: &mut Pending,
     ) -> Effects {
         let mut fx = Effects::default();
         let view = p.view.clone();
-        for (i, unreachable) in failed {
+        for (i, unreachable, in_doubt) in failed {
             let item = p.flat[i].clone();
             // As the router: only an owner that could not be reached is failed over;
             // one that refused the batch is alive.
@@ -369,6 +408,7 @@ impl Node {
                 if let Some(successor) = view.ring.successor_of_hash(item.id.placement) {
                     let mut failover = item.clone();
                     failover.failover = true;
+                    failover.in_doubt = in_doubt;
                     self.repl.failed_over += 1;
                     if successor == &*self.id {
                         let charge = failover.charge();
