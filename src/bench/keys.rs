@@ -39,6 +39,20 @@ impl Keys {
         }
     }
 
+    /// The keys `keep` accepts, drawn uniformly (`--entry`: a node's own keys, or the
+    /// others'). At least one key must be kept.
+    pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> anyhow::Result<Self> {
+        let names: Vec<String> = self.names.iter().filter(|k| keep(k)).cloned().collect();
+        anyhow::ensure!(
+            !names.is_empty(),
+            "no key of the run passes the entry filter"
+        );
+        Ok(Self {
+            names: Arc::new(names),
+            cdf: Arc::new(Vec::new()),
+        })
+    }
+
     /// The next key drawn with `rng`.
     pub fn next(&self, rng: &mut u64) -> &str {
         let r = splitmix(rng);
