@@ -162,6 +162,10 @@ pub struct BenchArgs {
     /// `CheckBatch` calls (the crate's default `Coalesce`).
     #[arg(long)]
     pub coalesce: bool,
+    /// With `--coalesce`: most `CheckBatch` calls out to one node at a time (0: the
+    /// crate's default), to measure what the setting costs and saves.
+    #[arg(long, default_value_t = 0)]
+    pub coalesce_in_flight: usize,
     /// On 2 or more nodes: send each check to its key's owner, to a node that does not
     /// own it, or both in alternating runs (keys are placed with the ring the nodes
     /// publish; uniform keys, the lean client).
@@ -213,6 +217,10 @@ impl BenchArgs {
         anyhow::ensure!(
             !args.coalesce || args.client == ClientKind::RingAware,
             "--coalesce is an option of --client ring-aware"
+        );
+        anyhow::ensure!(
+            args.coalesce_in_flight == 0 || args.coalesce,
+            "--coalesce-in-flight is an option of --coalesce"
         );
         anyhow::ensure!(
             args.entry == Entry::Random

@@ -142,7 +142,13 @@ async fn ring_aware_client(
     // A bench measures the cluster: a check that misses a short gateway deadline
     // must be a slow answer, not a local fail-open one.
     config.deadline = Duration::from_secs(5);
-    config.coalesce = args.coalesce.then(ringlimit_client::Coalesce::default);
+    config.coalesce = args.coalesce.then(|| {
+        let mut coalesce = ringlimit_client::Coalesce::default();
+        if args.coalesce_in_flight > 0 {
+            coalesce.max_in_flight = args.coalesce_in_flight;
+        }
+        coalesce
+    });
     let client = ringlimit_client::Client::connect(config).await?;
     anyhow::ensure!(
         client.members().len() == targets.len(),
