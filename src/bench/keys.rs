@@ -76,3 +76,31 @@ fn splitmix(state: &mut u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Keys {
+        Keys {
+            names: Arc::new((0..n).map(|i| format!("client_{i}")).collect()),
+            cdf: Arc::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn a_filtered_key_set_draws_only_the_keys_it_kept() {
+        let odd = keys(10)
+            .filtered(|k| k.ends_with(['1', '3', '5', '7', '9']))
+            .unwrap();
+        let mut rng = 7;
+        for _ in 0..100 {
+            let k = odd.next(&mut rng);
+            assert!(k.ends_with(['1', '3', '5', '7', '9']), "{k}");
+        }
+        assert!(
+            keys(10).filtered(|_| false).is_err(),
+            "an empty set is refused"
+        );
+    }
+}
