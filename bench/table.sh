@@ -80,3 +80,5 @@ row "p99 at half of peak ÷ Redis's p99 at that rate" half-peak-one-node \
 batch_rounds=$(per_round batch32-c50 'ratio ringlimit/redis checks_per_s')
 row "CheckBatch 32 ÷ Redis pipelined 32 (checks/s; goal in every round: the worst round)" batch32-c50 \
     "$(printf '%s' "$batch_rounds" | smallest)" "$batch_rounds" "1.98–2.57" ">=" 2.5
+grep -h "h2load not found" "$OUT"/floor-c50.txt "$OUT"/floor-threads1-c50.txt 2>/dev/null | head -n 1 |
+    sed 's/^/note: /' || true
