@@ -13,13 +13,19 @@
 # rate, as the control) and on the 3-node cluster;
 # a hot key through a node that does not own it; memory per key at 1,000,000 keys for
 # every algorithm; the HTTP/2 window settings (bench/h2-settings.sh); allocations per
-# check; the store and algorithm microbenchmarks.
+# check; the store and algorithm microbenchmarks. At the end, issue 25's table
+# (bench/table.sh): every row as a ratio of this run with the issue's figure and goal.
 #
 # Takes about 30 minutes on 2 cores with the defaults. Needs nothing but a release build
 # (made if missing) and Debian's redis-server (installed by `ringlimit bench` if missing).
 # DURATION (s per run, default 8) and ROUNDS (alternating rounds, default 2; H2_ROUNDS,
 # default 3, for bench/h2-settings.sh) trade time for spread. Run it on a quiet machine:
 # compare ratios within one run, not across runs.
+#
+# TABLE_ONLY=1 runs only the scenarios issue 25's table reads (about 10 minutes on 2
+# cores with DURATION=5 ROUNDS=2 WARMUP=1): unary and CheckBatch 32 against Redis, the
+# true floor on 2 workers and on one, the fronts, forwarded against local, the gateway
+# path (ring-aware client, coalescing) against Redis on 1 and 3 nodes, half of peak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release/ringlimit
@@ -27,6 +33,7 @@ OUT=${OUT:-target/bench-results}
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-2}
 WARMUP=${WARMUP:-2}
+TABLE_ONLY=${TABLE_ONLY:-0}
 mkdir -p "$OUT"
 : >"$OUT/summary.txt"
 [ -x "$BIN" ] || cargo build --release
@@ -34,7 +41,7 @@ mkdir -p "$OUT"
 {
     echo "# ringlimit bench/run-all.sh, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
-    echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), DURATION=$DURATION ROUNDS=$ROUNDS"
+    echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), DURATION=$DURATION ROUNDS=$ROUNDS WARMUP=$WARMUP TABLE_ONLY=$TABLE_ONLY"
 } | tee -a "$OUT/summary.txt"
 
 run() { # name, bench args...
@@ -45,7 +52,7 @@ run() { # name, bench args...
     {
         echo "== $name: ringlimit bench --warmup $WARMUP $*"
         # Every measured run's figure line and every ratio line of the scenario.
-        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware|health) +(checks/s|server CPU)|^median|^ratio|^floor' "$OUT/$name.txt" || true
+        grep -E '^(ringlimit|redis|envoy-rls|gubernator|ring-aware|health|local|forwarded) +(checks/s|server CPU)|^median|^ratio|^floor' "$OUT/$name.txt" || true
     } >>"$OUT/summary.txt"
 }
 
@@ -60,6 +67,7 @@ common=(--concurrency 50 --duration "$DURATION")
 # One node: the native API against Redis + Lua, unary and batched.
 run unary-c50 --compare-redis "${common[@]}" --rounds "$ROUNDS"
 run batch32-c50 --compare-redis "${common[@]}" --batch 32 --rounds "$ROUNDS"
+if [ "$TABLE_ONLY" != 1 ]; then
 # The same with the node on one worker thread (`serve --threads 1`), like single-threaded
 # Redis: on cores it shares with the load generator, no wake-ups between its own threads.
 run unary-c50-threads1 --compare-redis --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
@@ -70,18 +78,29 @@ run zipf-unary-c50 --compare-redis "${common[@]}" --distribution zipf --zipf-s 1
 # Check and Redis, alternating on one node: what any unary gRPC call costs this server.
 run health-floor-c50 --protocol health --compare-redis "${common[@]}" --rounds "$ROUNDS"
 run health-floor-threads1-c50 --protocol health --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
+fi
 
 # The true floor (issue 25, point 0): a bare tonic server (this binary's hidden
 # bench-floor-server: the same tonic, hyper and runtime builder, health only, no layers)
 # beside the node's health check, native Check and Envoy RLS, and the bare server with
 # each of the node's layers, alternating; h2load's rounds when h2load is on the PATH
-# (Debian's nghttp2-client; not installed here: skipped with a message otherwise).
+# (Debian's nghttp2-client, installed by .ci/deps; skipped with a message otherwise).
 run floor-c50 --protocol floor "${common[@]}" --rounds "$ROUNDS"
 run floor-threads1-c50 --protocol floor --node-arg=--threads=1 "${common[@]}" --rounds "$ROUNDS"
 
 # One node: Envoy RLS and Gubernator against the native Check, alternating on one node.
 run fronts-c50 --protocol all "${common[@]}" --rounds "$ROUNDS"
 
+# Forwarded against local (issue 25, point 2), alternating in one run on a 3-node
+# cluster: every caller's keys are those its node owns, then those it does not own.
+run forwarded-c50 --nodes 3 --entry both "${common[@]}" --rounds "$ROUNDS"
+
+# The gateway path as a user runs it (issue 25, point 3): the client crate, ring-aware
+# and coalescing, beside Redis + Lua with the same callers, on one node and on 3.
+run gateway-nodes1 --client ring-aware --coalesce --compare-redis "${common[@]}" --rounds "$ROUNDS"
+run gateway-nodes3 --nodes 3 --client ring-aware --coalesce --compare-redis "${common[@]}" --rounds "$ROUNDS"
+
+if [ "$TABLE_ONLY" != 1 ]; then
 # 3-node cluster: random entry (about 2/3 forwarded), batched, and the ring-aware client
 # (each round also runs a random-entry round first, for a ratio within one run).
 run cluster3-unary-c50 --nodes 3 "${common[@]}"
@@ -93,12 +112,14 @@ run cluster3-batch32-c50 --nodes 3 "${common[@]}" --batch 32
 run single-batch32-c50 --nodes 1 "${common[@]}" --batch 32
 run cluster3-ring-aware --nodes 3 --client ring-aware "${common[@]}" --rounds "$ROUNDS"
 run cluster3-ring-aware-coalesce --nodes 3 --client ring-aware --coalesce "${common[@]}"
+fi
 
 # Latency at half of the peak just measured (open loop: no coordinated omission).
 one_peak=$(peak unary-c50 ringlimit)
 # Redis at the same open-loop rate is the control: what the machine and the load
 # generator sharing its cores add to any server's tail at this load.
-run half-peak-one-node --compare-redis --rate "$(awk -v p="$one_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
+run half-peak-one-node --compare-redis --rate "$(awk -v p="$one_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}" --rounds "$ROUNDS"
+if [ "$TABLE_ONLY" != 1 ]; then
 cluster_peak=$(peak cluster3-unary-c50 ringlimit)
 run half-peak-cluster3 --nodes 3 --rate "$(awk -v p="$cluster_peak" 'BEGIN {printf "%d", p / 2}')" "${common[@]}"
 fronts_peak=$(peak fronts-c50 envoy-rls)
@@ -161,6 +182,9 @@ cargo bench --bench decision 2>/dev/null | tee -a "$OUT/micro.txt"
     grep -E '[0-9.]+ (ns|µs|ms) +│' "$OUT/micro.txt" || true
 } >>"$OUT/summary.txt"
 
+fi
+
+bash bench/table.sh "$OUT" >>"$OUT/summary.txt"
 echo
 echo "summary: $OUT/summary.txt"
 cat "$OUT/summary.txt"

@@ -24,6 +24,21 @@ pub enum ClientKind {
     RingAware,
 }
 
+/// Which node a lean caller sends its checks to, on two or more nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Entry {
+    /// Caller i to node i mod n with any key: about (n-1)/n of checks are forwarded.
+    Random,
+    /// Caller i to node i mod n with only the keys that node owns: none forwarded.
+    Owner,
+    /// Caller i to node i mod n with only the keys that node does not own: every
+    /// check is forwarded once (the entry's and the owner's CPU are both counted).
+    NonOwner,
+    /// Each round runs `owner`, then `non-owner`: the forwarded check's server CPU
+    /// against the local one's, in one run (issue 25's "forwarded ÷ local").
+    Both,
+}
+
 /// Which API the load is sent through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Protocol {
@@ -147,6 +162,15 @@ pub struct BenchArgs {
     /// `CheckBatch` calls (the crate's default `Coalesce`).
     #[arg(long)]
     pub coalesce: bool,
+    /// With `--coalesce`: most `CheckBatch` calls out to one node at a time (0: the
+    /// crate's default), to measure what the setting costs and saves.
+    #[arg(long, default_value_t = 0)]
+    pub coalesce_in_flight: usize,
+    /// On 2 or more nodes: send each check to its key's owner, to a node that does not
+    /// own it, or both in alternating runs (keys are placed with the ring the nodes
+    /// publish; uniform keys, the lean client).
+    #[arg(long, value_enum, default_value_t = Entry::Random)]
+    pub entry: Entry,
     /// Algorithm for --memory.
     #[arg(long, default_value = "sliding_window_counter")]
     pub algorithm: String,
@@ -193,6 +217,20 @@ impl BenchArgs {
         anyhow::ensure!(
             !args.coalesce || args.client == ClientKind::RingAware,
             "--coalesce is an option of --client ring-aware"
+        );
+        anyhow::ensure!(
+            args.coalesce_in_flight == 0 || args.coalesce,
+            "--coalesce-in-flight is an option of --coalesce"
+        );
+        anyhow::ensure!(
+            args.entry == Entry::Random
+                || (args.client == ClientKind::Lean
+                    && args.protocol == Protocol::Ringlimit
+                    && args.distribution == Distribution::Uniform
+                    && !args.compare_redis
+                    && args.kill_node_after.is_none()
+                    && (args.nodes >= 2 || args.targets.len() >= 2)),
+            "--entry owner / non-owner / both: 2 or more nodes, the native Check over the lean client, uniform keys, no --compare-redis or --kill-node-after"
         );
         anyhow::ensure!(
             !args.compare_redis || matches!(args.protocol, Protocol::Ringlimit | Protocol::Health),

@@ -26,6 +26,9 @@ pub enum Target<'a> {
     Gubernator(&'a [String]),
     /// tonic's health check on the nodes (no check at all).
     Health(&'a [String]),
+    /// The native API on these nodes, caller i to node i mod n drawing from the i mod
+    /// n-th key set (`--entry`: each node's own keys, or the keys it does not own).
+    Pinned(&'a [String], &'a [Keys]),
     /// Redis at this address, with the script of this SHA.
     Redis(&'a str, &'a str),
 }
@@ -53,9 +56,14 @@ pub async fn drive(
     let forwarded = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..args.concurrency)
         .map(|worker| {
+            let keys = match &target {
+                Target::Pinned(_, pinned) => &pinned[worker % pinned.len()],
+                _ => keys,
+            };
             let ctx = caller(args, keys, &target, worker, &counters);
             match &target {
                 Target::Ringlimit(targets)
+                | Target::Pinned(targets, _)
                 | Target::Envoy(targets)
                 | Target::Gubernator(targets)
                 | Target::Health(targets) => {
@@ -103,7 +111,7 @@ pub async fn drive(
     }
     Ok(RunResult {
         system: match target {
-            Target::Ringlimit(_) => "ringlimit",
+            Target::Ringlimit(_) | Target::Pinned(..) => "ringlimit",
             Target::RingAware(_) => "ring-aware",
             Target::Envoy(_) => "envoy-rls",
             Target::Gubernator(_) => "gubernator",
@@ -134,7 +142,13 @@ async fn ring_aware_client(
     // A bench measures the cluster: a check that misses a short gateway deadline
     // must be a slow answer, not a local fail-open one.
     config.deadline = Duration::from_secs(5);
-    config.coalesce = args.coalesce.then(ringlimit_client::Coalesce::default);
+    config.coalesce = args.coalesce.then(|| {
+        let mut coalesce = ringlimit_client::Coalesce::default();
+        if args.coalesce_in_flight > 0 {
+            coalesce.max_in_flight = args.coalesce_in_flight;
+        }
+        coalesce
+    });
     let client = ringlimit_client::Client::connect(config).await?;
     anyhow::ensure!(
         client.members().len() == targets.len(),

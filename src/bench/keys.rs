@@ -39,6 +39,20 @@ impl Keys {
         }
     }
 
+    /// The keys `keep` accepts, drawn uniformly (`--entry`: a node's own keys, or the
+    /// others'). At least one key must be kept.
+    pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> anyhow::Result<Self> {
+        let names: Vec<String> = self.names.iter().filter(|k| keep(k)).cloned().collect();
+        anyhow::ensure!(
+            !names.is_empty(),
+            "no key of the run passes the entry filter"
+        );
+        Ok(Self {
+            names: Arc::new(names),
+            cdf: Arc::new(Vec::new()),
+        })
+    }
+
     /// The next key drawn with `rng`.
     pub fn next(&self, rng: &mut u64) -> &str {
         let r = splitmix(rng);
@@ -61,4 +75,32 @@ fn splitmix(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Keys {
+        Keys {
+            names: Arc::new((0..n).map(|i| format!("client_{i}")).collect()),
+            cdf: Arc::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn a_filtered_key_set_draws_only_the_keys_it_kept() {
+        let odd = keys(10)
+            .filtered(|k| k.ends_with(['1', '3', '5', '7', '9']))
+            .unwrap();
+        let mut rng = 7;
+        for _ in 0..100 {
+            let k = odd.next(&mut rng);
+            assert!(k.ends_with(['1', '3', '5', '7', '9']), "{k}");
+        }
+        assert!(
+            keys(10).filtered(|_| false).is_err(),
+            "an empty set is refused"
+        );
+    }
 }

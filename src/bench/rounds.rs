@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::args::{BenchArgs, ClientKind, Protocol};
+use super::args::{BenchArgs, ClientKind, Entry, Protocol};
 use super::drive::{drive, Target};
 use super::keys::Keys;
 use super::redis;
@@ -31,6 +31,10 @@ pub struct Rounds {
     health: Vec<RunResult>,
     /// The ring-aware client.
     aware: Vec<RunResult>,
+    /// `--entry owner`: every check sent to its key's owner.
+    local: Vec<RunResult>,
+    /// `--entry non-owner`: every check forwarded once.
+    forwarded: Vec<RunResult>,
 }
 
 impl Rounds {
@@ -42,6 +46,13 @@ impl Rounds {
         mut kill: Option<(u32, Duration)>,
     ) -> anyhow::Result<Self> {
         let mut rounds = Rounds::default();
+        if args.entry != Entry::Random {
+            let (own, others) = entry_keys(keys, systems.targets).await?;
+            for round in 1..=args.rounds.max(1) {
+                rounds.by_entry(args, systems, round, &own, &others).await?;
+            }
+            return Ok(rounds);
+        }
         for round in 1..=args.rounds.max(1) {
             if args.client == ClientKind::RingAware {
                 rounds
@@ -89,6 +100,53 @@ impl Rounds {
         let result = drive(args, keys, Target::RingAware(targets), pids, None).await?;
         result.print();
         self.aware.push(result);
+        self.redis_run(args, keys, systems, round).await
+    }
+
+    /// With `--compare-redis`, Redis + the reference script with the same callers.
+    async fn redis_run(
+        &mut self,
+        args: &BenchArgs,
+        keys: &Keys,
+        systems: &Systems<'_>,
+        round: usize,
+    ) -> anyhow::Result<()> {
+        if let Some((server, sha)) = systems.redis {
+            println!("round {round}: redis");
+            let redis_pid = [server.pid()];
+            let target = Target::Redis(&server.addr, sha);
+            let result = drive(args, keys, target, &redis_pid, None).await?;
+            result.print();
+            self.theirs.push(result);
+        }
+        Ok(())
+    }
+
+    /// An `--entry` round: to the owners, then to non-owners (as `--entry` says).
+    async fn by_entry(
+        &mut self,
+        args: &BenchArgs,
+        systems: &Systems<'_>,
+        round: usize,
+        own: &[Keys],
+        others: &[Keys],
+    ) -> anyhow::Result<()> {
+        let (targets, pids) = (systems.targets, systems.pids);
+        if matches!(args.entry, Entry::Owner | Entry::Both) {
+            println!("round {round}: every check to its key's owner (local)");
+            let mut result = drive(args, &own[0], Target::Pinned(targets, own), pids, None).await?;
+            result.system = "local";
+            result.print();
+            self.local.push(result);
+        }
+        if matches!(args.entry, Entry::NonOwner | Entry::Both) {
+            println!("round {round}: every check to a node that does not own its key (forwarded)");
+            let target = Target::Pinned(targets, others);
+            let mut result = drive(args, &others[0], target, pids, None).await?;
+            result.system = "forwarded";
+            result.print();
+            self.forwarded.push(result);
+        }
         Ok(())
     }
 
@@ -127,15 +185,7 @@ impl Rounds {
         let result = drive(args, keys, Target::Ringlimit(targets), pids, kill.take()).await?;
         result.print();
         self.ours.push(result);
-        if let Some((server, sha)) = systems.redis {
-            println!("round {round}: redis");
-            let redis_pid = [server.pid()];
-            let target = Target::Redis(&server.addr, sha);
-            let result = drive(args, keys, target, &redis_pid, None).await?;
-            result.print();
-            self.theirs.push(result);
-        }
-        Ok(())
+        self.redis_run(args, keys, systems, round).await
     }
 
     /// The medians and ratios across rounds (bench/run-all.sh parses these lines).
@@ -143,11 +193,18 @@ impl Rounds {
         print_front_ratio("envoy-rls", &self.envoy, &self.ours);
         print_front_ratio("gubernator", &self.gubernator, &self.ours);
         print_front_ratio("health", &self.health, &self.ours);
+        print_forwarded(&self.forwarded, &self.local);
         if !self.aware.is_empty() && !self.ours.is_empty() {
             self.print_ring_aware();
         }
         if !self.theirs.is_empty() {
-            self.print_redis();
+            if self.aware.is_empty() {
+                self.print_redis("ringlimit", &self.ours);
+            } else {
+                // The gateway path (issue 25, point 3): the ring-aware client against
+                // Redis with the same callers; random entry is the line above.
+                self.print_redis("ring-aware", &self.aware);
+            }
         }
     }
 
@@ -171,25 +228,104 @@ impl Rounds {
         }
     }
 
-    /// ringlimit against Redis + the reference script (and the health check's floor).
-    fn print_redis(&self) {
-        let (ours, theirs) = (&self.ours, &self.theirs);
+    /// `ours` (named `name`) against Redis + the reference script (and the health
+    /// check's floor), with the ratio of each round in brackets.
+    fn print_redis(&self, name: &str, ours: &[RunResult]) {
+        let theirs = &self.theirs;
         let rate_ours = median(ours.iter().map(RunResult::rate).collect());
         let rate_theirs = median(theirs.iter().map(RunResult::rate).collect());
         let p99_ours = median(ours.iter().map(|r| r.ms(0.99)).collect());
         let p99_theirs = median(theirs.iter().map(|r| r.ms(0.99)).collect());
-        println!("median ringlimit checks/s {rate_ours:.0} p99 {p99_ours:.3} ms; redis checks/s {rate_theirs:.0} p99 {p99_theirs:.3} ms");
+        println!("median {name} checks/s {rate_ours:.0} p99 {p99_ours:.3} ms; redis checks/s {rate_theirs:.0} p99 {p99_theirs:.3} ms");
+        let rounds = |f: &dyn Fn(&RunResult) -> Option<f64>| -> String {
+            let per: Vec<String> = ours
+                .iter()
+                .zip(theirs)
+                .filter_map(|(o, t)| Some(format!("{:.2}", f(o)? / f(t)?)))
+                .collect();
+            per.join(" ")
+        };
         println!(
-            "ratio ringlimit/redis checks_per_s: {:.2}",
-            rate_ours / rate_theirs
+            "ratio {name}/redis checks_per_s: {:.2} (per round {})",
+            rate_ours / rate_theirs,
+            rounds(&|r| Some(r.rate()))
         );
-        println!("ratio ringlimit/redis p99: {:.2}", p99_ours / p99_theirs);
+        println!(
+            "ratio {name}/redis p99: {:.2} (per round {})",
+            p99_ours / p99_theirs,
+            rounds(&|r| Some(r.ms(0.99)))
+        );
         if let (Some(o), Some(t)) = (median_cpu(ours), median_cpu(theirs)) {
-            println!("median server CPU per check: ringlimit {o:.1} µs, redis {t:.1} µs");
-            println!("ratio ringlimit/redis cpu_per_check: {:.2}", o / t);
+            println!("median server CPU per check: {name} {o:.1} µs, redis {t:.1} µs");
+            println!(
+                "ratio {name}/redis cpu_per_check: {:.2} (per round {})",
+                o / t,
+                rounds(&|r| r.cpu_us_per_check())
+            );
             if let Some(h) = median_cpu(&self.health) {
                 println!("ratio health/redis cpu_per_call: {:.2}", h / t);
             }
         }
     }
+}
+
+/// The forwarded check against the local one (issue 25: goal ≤ 1.5 in server CPU).
+fn print_forwarded(forwarded: &[RunResult], local: &[RunResult]) {
+    if forwarded.is_empty() || local.is_empty() {
+        return;
+    }
+    let rate = |v: &[RunResult]| median(v.iter().map(RunResult::rate).collect());
+    println!(
+        "median forwarded checks/s {:.0}, local checks/s {:.0}, ratio {:.2}",
+        rate(forwarded),
+        rate(local),
+        rate(forwarded) / rate(local)
+    );
+    if let (Some(f), Some(l)) = (median_cpu(forwarded), median_cpu(local)) {
+        let per_round: Vec<String> = forwarded
+            .iter()
+            .zip(local)
+            .filter_map(|(f, l)| {
+                Some(format!(
+                    "{:.2}",
+                    f.cpu_us_per_check()? / l.cpu_us_per_check()?
+                ))
+            })
+            .collect();
+        println!("median server CPU per check: forwarded {f:.1} µs, local {l:.1} µs");
+        println!(
+            "ratio forwarded/local cpu_per_check: {:.2} (goal <= 1.5; per round {})",
+            f / l,
+            per_round.join(" ")
+        );
+    }
+}
+
+/// Per target, the run's keys it owns and the keys it does not, placed by the ring the
+/// nodes publish (the ring-aware client's view of it).
+async fn entry_keys(keys: &Keys, targets: &[String]) -> anyhow::Result<(Vec<Keys>, Vec<Keys>)> {
+    let config = ringlimit_client::ClientConfig::new(targets.iter().cloned());
+    let client = ringlimit_client::Client::connect(config).await?;
+    let members = client.members();
+    anyhow::ensure!(
+        members.len() == targets.len(),
+        "the nodes publish {members:?}, expected {} members",
+        targets.len()
+    );
+    let bare = |a: &str| a.trim_start_matches("http://").to_string();
+    let id_of = |target: &str| {
+        members
+            .iter()
+            .find(|(_, addr)| bare(addr) == bare(target))
+            .map(|(id, _)| id.clone())
+            .ok_or_else(|| anyhow::anyhow!("{target} is not among the members {members:?}"))
+    };
+    let (mut own, mut others) = (Vec::new(), Vec::new());
+    for target in targets {
+        let id = id_of(target)?;
+        let owner = |k: &str| client.owner(k).as_deref() == Some(id.as_str());
+        own.push(keys.filtered(owner)?);
+        others.push(keys.filtered(|k| !owner(k))?);
+    }
+    Ok((own, others))
 }
