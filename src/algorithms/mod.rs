@@ -69,6 +69,7 @@ use std::time::Duration;
 
 mod fixed_window;
 mod gcra;
+mod leasing;
 mod merge;
 mod portable;
 mod sliding_counter;
