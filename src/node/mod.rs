@@ -273,7 +273,7 @@ async fn start_in_span(
         generation: crate::membership::generation_now(),
     };
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
-    let shards = spawn_shards(&config, &clock, &tracker, &cancel);
+    let (shards, lease_returns) = spawn_shards(&config, &clock, &tracker, &cancel);
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
     // Gubernator's inline rules: one registry per node, shared by the checker (what
     // callers send), the peer service (what peers forward) and the peer pool (handed-over
@@ -289,6 +289,12 @@ async fn start_in_span(
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
     let (router, handoff, replicator) =
         start_routing(&config, &decider, &shards, &membership, peers, clock);
+    if let Some(returns) = lease_returns {
+        // Budget leases: the unused units of leases this node held go back to owners.
+        let returner =
+            crate::cluster::budget::return_leases(router.clone(), returns, cancel.clone());
+        tracker.spawn(tracing::Instrument::in_current_span(returner));
+    }
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
     spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
     spawn_watchers(
@@ -441,19 +447,31 @@ fn spawn_shards(
     clock: &Arc<dyn Clock>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) -> Shards {
+) -> (Shards, Option<LeaseReturns>) {
+    // Budget leases (`--lease-threshold`): where ended leases' unused units queue.
+    let (returns_tx, returns_rx) = if config.shards.lease_threshold > 0 {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let shards = ShardConfig {
         replicate: !config.replicate_interval.is_zero(),
+        lease_returns: returns_tx,
         ..config.shards.clone()
     };
-    Shards::spawn(
+    let shards = Shards::spawn(
         &shards,
         clock.clone(),
         Arc::new(AtomicU64::new(0)),
         tracker,
         cancel.clone(),
-    )
+    );
+    (shards, returns_rx)
 }
+
+/// Ended budget leases' unused units, on their way back to their owners.
+type LeaseReturns = tokio::sync::mpsc::Receiver<Vec<crate::shard::budget::entry::Returned>>;
 
 /// The peer link's settings: calls signed with the cluster key, mutual TLS when
 /// configured (with the server side of it for the cluster face), and outbound traffic
@@ -537,6 +555,7 @@ fn start_routing(
     if config.broken_decide_locally {
         router = router.break_decide_locally();
     }
+    router = router.with_budget_leases(config.shards.lease_threshold > 0);
     let replicating = !config.replicate_interval.is_zero();
     // A node with seeds may be one that restarted (same id, empty memory): it answers
     // as owner once it has its keys' replicas back. One without seeds starts a cluster.
