@@ -188,18 +188,23 @@ impl BudgetLeases {
         else {
             return (refused(peek), Churn::default());
         };
-        let (mut others, mut renewed) = (0u64, false);
-        for g in self
-            .grants
-            .values()
-            .filter(|g| g.counter == counter.id && g.until > now)
-        {
-            if g.holder == ask.holder {
-                renewed = true;
-            } else {
-                others = others.saturating_add(g.rate);
+        // Each other active holder's newest rate (a holder renewing holds two leases).
+        let mut holders: smallvec::SmallVec<[(Arc<str>, u64, u64); 4]> = smallvec::SmallVec::new();
+        for (&serial, g) in &self.grants {
+            if g.counter != counter.id || g.until <= now {
+                continue;
+            }
+            match holders.iter_mut().find(|(h, _, _)| *h == g.holder) {
+                Some(newest) if newest.1 < serial => *newest = (g.holder.clone(), serial, g.rate),
+                Some(_) => {}
+                None => holders.push((g.holder.clone(), serial, g.rate)),
             }
         }
+        let renewed = holders.iter().any(|(h, _, _)| *h == ask.holder);
+        let others = holders
+            .iter()
+            .filter(|(h, _, _)| *h != ask.holder)
+            .fold(0u64, |sum, (_, _, rate)| sum.saturating_add(*rate));
         let want = ask
             .rate
             .saturating_mul(until - now)

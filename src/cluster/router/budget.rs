@@ -29,7 +29,9 @@ impl Router {
     }
 
     /// Answer what leases held here cover among `plan`'s remote descriptors, taking
-    /// them out of `plan.remote`; ask owners for leases where the shards say so.
+    /// them out of `plan.remote`, and among its deny-cache answers (a lease granted
+    /// after the denial is budget to spend); ask owners for leases where the shards
+    /// say so.
     pub(super) async fn spend_leases(
         &self,
         checks: &Checks,
@@ -37,56 +39,71 @@ impl Router {
         plan: &mut Plan<'_>,
         now: Now,
     ) -> Result<(), ShardError> {
-        if !self.budget_leases || plan.remote.is_empty() {
+        if !self.budget_leases || (plan.remote.is_empty() && plan.cached == 0) {
             return Ok(());
         }
         // A descriptor is leasable only as a check's one descriptor (no sibling can
         // ask for its unit back).
-        let single = |i: usize| {
-            let mut start = 0;
-            checks.iter().any(|check| {
-                let hit = i >= start && i < start + check.len() && check.len() == 1;
-                start += check.len();
-                hit
-            })
-        };
+        let single: smallvec::SmallVec<[bool; 4]> = checks
+            .iter()
+            .flat_map(|check| std::iter::repeat_n(check.len() == 1, check.len()))
+            .collect();
+        let cached = (0..flat.len()).filter(|&i| plan.answers[i].is_some());
+        let candidates: smallvec::SmallVec<[(usize, Option<&Member>); 2]> = plan
+            .remote
+            .iter()
+            .map(|&(i, owner)| (i, Some(owner)))
+            .chain(cached.map(|i| (i, None)))
+            .collect();
         let mut forwarded = smallvec::SmallVec::<[(usize, &Member); 2]>::new();
-        for &(i, owner) in plan.remote.iter() {
+        for (i, owner) in candidates {
             let item = flat[i];
-            if !budget::eligible(item, single(i)) {
-                forwarded.push((i, owner));
-                continue;
-            }
-            let spend = SpendAsk {
-                counter: item.id,
-                fingerprint: item.rule.fingerprint,
-                cost: item.cost.get(),
+            let leased = if budget::eligible(item, single[i]) {
+                self.spend_one(item, owner, now).await?
+            } else {
+                None
             };
-            let step = match self.shards.spend(spend).await {
-                Ok(step) => step,
-                // A busy shard: forward as without leases.
-                Err(ShardError::Overloaded(_)) => {
-                    forwarded.push((i, owner));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(rate) = step.ask {
-                self.ask_lease(owner, item, rate, now.wall);
-            }
-            match step.leased {
-                Some((decision, (node_id, generation))) => {
-                    let owner = Decider {
-                        node_id,
-                        generation,
-                    };
-                    plan.answers[i] = Some(budget::leased_answer(item, decision, owner, now.wall));
-                }
-                None => forwarded.push((i, owner)),
+            match (leased, owner) {
+                (Some(answer), _) => plan.answers[i] = Some(answer),
+                (None, Some(owner)) => forwarded.push((i, owner)),
+                (None, None) => {} // the cached answer stands
             }
         }
         plan.remote = forwarded;
         Ok(())
+    }
+
+    /// One check of a remote counter on the lease store of its shard: its answer if a
+    /// lease covers it. `owner` is `None` for a check the deny cache answered (spend
+    /// only, no rate, no request).
+    async fn spend_one(
+        &self,
+        item: &CheckItem,
+        owner: Option<&Member>,
+        now: Now,
+    ) -> Result<Option<crate::cluster::Answer>, ShardError> {
+        let spend = SpendAsk {
+            counter: item.id,
+            fingerprint: item.rule.fingerprint,
+            cost: item.cost.get(),
+            held_only: owner.is_none(),
+        };
+        let step = match self.shards.spend(spend).await {
+            Ok(step) => step,
+            // A busy shard: decided as without leases.
+            Err(ShardError::Overloaded(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if let (Some(rate), Some(owner)) = (step.ask, owner) {
+            self.ask_lease(owner, item, rate, now.wall);
+        }
+        Ok(step.leased.map(|(decision, (node_id, generation))| {
+            let owner = Decider {
+                node_id,
+                generation,
+            };
+            budget::leased_answer(item, decision, owner, now.wall)
+        }))
     }
 
     /// Ask `owner` for a lease of `item`'s counter in the background; its answer (or

@@ -44,6 +44,10 @@ pub struct SpendAsk {
     pub fingerprint: u64,
     /// Units the check costs.
     pub cost: u64,
+    /// Spend from a held lease if one covers it, and nothing else: neither counted in
+    /// the rate nor a reason to ask (a check the deny cache answered: a lease that
+    /// arrived after the denial is still budget to spend).
+    pub held_only: bool,
 }
 
 /// A lease this node holds.
@@ -214,14 +218,16 @@ impl EntryLeases {
         if self.threshold == 0 {
             return forward;
         }
-        if !self.counters.contains_key(&ask.counter) && self.counters.len() >= MAX_TRACKED_PER_SHARD
-        {
+        let full = self.counters.len() >= MAX_TRACKED_PER_SHARD;
+        if !self.counters.contains_key(&ask.counter) && (full || ask.held_only) {
             return forward;
         }
         let f = self.counters.entry(ask.counter).or_default();
-        f.last_seen = now;
         f.end(ask.counter, Some(ask.fingerprint), now, returns);
-        f.meter.record(now, ask.cost);
+        if !ask.held_only {
+            f.last_seen = now;
+            f.meter.record(now, ask.cost);
+        }
         let (checks, units) = f.meter.rate(now);
         // The lease that ends first, of those that cover the cost.
         let first = (0..f.leases.len())
@@ -242,7 +248,9 @@ impl EntryLeases {
             };
             (decision, owner)
         });
-        let wanted = if leased.is_some() {
+        let wanted = if ask.held_only {
+            false
+        } else if leased.is_some() {
             f.running_out(now)
         } else {
             checks >= self.threshold

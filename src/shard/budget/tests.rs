@@ -166,6 +166,20 @@ fn grants_share_the_remaining_budget_by_rate_and_stop_at_the_floor() {
 }
 
 #[test]
+fn a_holder_that_renewed_counts_once_in_the_others_share() {
+    let r = rule("algorithm = \"fixed_window\"\nlimit = 100000\nwindow = \"60s\"");
+    let mut owner = Owner::new();
+    for _ in 0..5 {
+        owner.grant(&ask(&r, "b", 1_000), T0);
+    }
+    let left = owner.remaining(&r, T0);
+    let c = owner.grant(&ask(&r, "c", 1_000_000), T0).lease.unwrap();
+    // b's five leases are one holder at 1,000/s: c's share is 1000/1001 of what is left.
+    assert_eq!(c.units, size(left, 1_000_000, 1_000_000, 1_000, 2));
+    assert!(c.units > left / 2 - left / 1_000, "{} of {left}", c.units);
+}
+
+#[test]
 fn no_lease_for_a_sliding_log_a_shaper_a_shadow_rule_or_a_window_about_to_end() {
     let log = rule("algorithm = \"sliding_window_log\"\nlimit = 100\nwindow = \"60s\"");
     let shaper = rule(
@@ -201,6 +215,7 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
         counter: charge(&r).id,
         fingerprint: r.fingerprint,
         cost: 1,
+        held_only: false,
     };
     let mut returns = Vec::new();
     let mut asked = None;
@@ -257,6 +272,7 @@ fn an_entry_that_was_refused_stays_quiet_for_a_while() {
         counter: KeyId::of("r", b"k", ""),
         fingerprint: 7,
         cost: 1,
+        held_only: false,
     };
     let mut returns = Vec::new();
     assert!(entry.spend(&spend, T0, &mut returns).ask.is_some());
@@ -282,6 +298,7 @@ fn leases_off_never_asks_and_never_follows_a_counter() {
         counter: KeyId::of("r", b"k", ""),
         fingerprint: 7,
         cost: 1,
+        held_only: false,
     };
     for i in 0..1_000 {
         let step = entry.spend(&spend, T0 + i, &mut Vec::new());
@@ -298,6 +315,7 @@ fn the_entry_follows_a_bounded_number_of_counters() {
             counter: KeyId::of("r", &i.to_le_bytes(), ""),
             fingerprint: 7,
             cost: 1,
+            held_only: false,
         };
         entry.spend(&spend, T0, &mut Vec::new());
     }
@@ -354,6 +372,7 @@ fn run(r: &Arc<Rule>, ops: &[Op], start: Millis) -> Vec<(Millis, u64)> {
                     counter: id,
                     fingerprint: r.fingerprint,
                     cost,
+                    held_only: false,
                 };
                 let mut back = Vec::new();
                 if entries[i].spend(&spend, now, &mut back).leased.is_some() {
