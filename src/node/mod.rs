@@ -275,9 +275,8 @@ async fn start_in_span(
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
     let (shards, lease_returns) = spawn_shards(&config, &clock, &tracker, &cancel);
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
-    // Gubernator's inline rules: one registry per node, shared by the checker (what
-    // callers send), the peer service (what peers forward) and the peer pool (handed-over
-    // counters name their rule's numbers).
+    // Gubernator's inline rules: one registry per node, for the checker (what callers
+    // send), the peer service (what peers forward), the peer pool (handed-over counters).
     let inline_rules = Arc::new(InlineRules::default());
     let peers = PeerPool::new(
         decider.node_id.clone(),
@@ -289,12 +288,7 @@ async fn start_in_span(
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
     let (router, handoff, replicator) =
         start_routing(&config, &decider, &shards, &membership, peers, clock);
-    if let Some(returns) = lease_returns {
-        // Budget leases: the unused units of leases this node held go back to owners.
-        let returner =
-            crate::cluster::budget::return_leases(router.clone(), returns, cancel.clone());
-        tracker.spawn(tracing::Instrument::in_current_span(returner));
-    }
+    spawn_lease_returns(lease_returns, &router, &tracker, &cancel);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
     spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
     spawn_watchers(
@@ -468,6 +462,20 @@ fn spawn_shards(
         cancel.clone(),
     );
     (shards, returns_rx)
+}
+
+/// Budget leases: the unused units of leases this node held go back to their owners.
+fn spawn_lease_returns(
+    returns: Option<LeaseReturns>,
+    router: &Arc<Router>,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    if let Some(returns) = returns {
+        let returner =
+            crate::cluster::budget::return_leases(router.clone(), returns, cancel.clone());
+        tracker.spawn(tracing::Instrument::in_current_span(returner));
+    }
 }
 
 /// Ended budget leases' unused units, on their way back to their owners.
