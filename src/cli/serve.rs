@@ -138,13 +138,13 @@ pub struct ServeArgs {
     /// Budget leases of hot counters (docs/leases.md): checks per second of one
     /// counter, through this node, at which it asks the counter's owner for a lease and
     /// decides its checks locally from it. 0 (the default): never.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "RINGLIMIT_LEASE_THRESHOLD", default_value_t = 0)]
     lease_threshold: u64,
     /// Longest a budget lease lasts, in ms (a window's end may end it sooner).
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "RINGLIMIT_LEASE_TTL_MS", default_value_t = 1_000)]
     lease_ttl_ms: u64,
     /// Fewest units worth a budget lease; below it the owner decides every check.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "RINGLIMIT_LEASE_FLOOR", default_value_t = 2)]
     lease_floor: u64,
     /// How long a forward batch waits for more checks, in µs (0: send what is queued).
     #[arg(long, default_value_t = 0)]
