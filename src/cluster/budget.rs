@@ -114,3 +114,66 @@ pub async fn return_leases(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::policy::{self, testkit};
+    use crate::cluster::{DescriptorOutcome, Items};
+
+    #[test]
+    fn only_a_plain_one_descriptor_check_is_decided_from_a_lease() {
+        let item = testkit::item("whale", "GET /x", 1);
+        assert!(eligible(&item, true));
+        assert!(
+            !eligible(&item, false),
+            "a sibling could ask for its unit back"
+        );
+        assert!(!eligible(&item.clone().probing(true), true));
+        let mut peek = item.clone();
+        peek.peek = true;
+        assert!(!eligible(&peek, true));
+        let mut failover = item.clone();
+        failover.failover = true;
+        assert!(!eligible(&failover, true));
+        let mut give_back = item;
+        give_back.give_back = std::num::NonZeroU64::new(3);
+        assert!(!eligible(&give_back, true));
+    }
+
+    #[test]
+    fn a_leased_answer_names_the_owner_and_is_never_refunded() {
+        let item = testkit::item("whale", "GET /x", 1);
+        let owner = testkit::decider("a");
+        let answer = leased_answer(&item, testkit::decision(true, 0), owner.clone(), 5);
+        assert_eq!(
+            (&answer.decider, answer.hops, answer.sequence),
+            (&owner, 0, 0)
+        );
+        let denied = testkit::item("other", "GET /x", 1);
+        let mut outcomes = [
+            DescriptorOutcome {
+                item: item.clone(),
+                answer: answer.clone(),
+                refunded: false,
+            },
+            DescriptorOutcome {
+                item: denied.clone(),
+                answer: policy::local_answer(
+                    &denied,
+                    &testkit::decider("b"),
+                    testkit::decision(false, 10),
+                    1,
+                    5,
+                    denied.charge(),
+                ),
+                refunded: false,
+            },
+        ];
+        policy::mark_refunds(&mut outcomes);
+        assert!(outcomes[0].leased() && !outcomes[0].refunded);
+        let checks: crate::cluster::Checks = smallvec::smallvec![Items::from_elem(item, 1)];
+        let decided = policy::combine(checks, [answer]);
+        assert!(policy::refunds(&decided).here.is_empty());
+    }
+}
