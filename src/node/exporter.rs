@@ -143,7 +143,7 @@ fn describe_budget_leases() {
     use metrics::describe_counter;
     describe_counter!(
         "ringlimit_budget_leases_total",
-        "Budget leases, as owner: event=granted (a holder's first of the counter), renewed (it still held one), refused (no lease: algorithm, window end, floor, full table), returned (a holder gave unused units back), expired (forgotten unreturned after TTL + grace: the holder's unused units stay charged)."
+        "Budget leases, as owner: event=granted (a holder's first of the counter), renewed (it still held one), refused (no lease: algorithm, window end, floor, full table), returned (a holder gave unused units back), expired (a record forgotten TTL + 2 s after its lease ended without a return: spent in full, or its holder died or was cut off and its unused units stay charged)."
     );
     describe_counter!(
         "ringlimit_budget_lease_units_returned_total",
