@@ -49,7 +49,7 @@ impl LeaseGrant {
 
 /// Whether a check of `item` may be decided from a lease: a plain check of a counter,
 /// one descriptor (`single`), nothing that raises or reads a budget on the owner (a
-/// probe, a peek, a give-back, a drain), no fail-over.
+/// probe, a peek, a give-back, a drain), no fail-over, a rule that leases.
 pub fn eligible(item: &CheckItem, single: bool) -> bool {
     single
         && !item.probe
@@ -59,6 +59,7 @@ pub fn eligible(item: &CheckItem, single: bool) -> bool {
         && !item.failover
         && item.give_back.is_none()
         && !item.rule.shadow
+        && item.rule.lease
 }
 
 /// The answer to `item` decided at `now` from a lease `owner` charged: allowed, with

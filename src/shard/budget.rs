@@ -183,7 +183,10 @@ impl BudgetLeases {
             event: GrantEvent::Refused,
         };
         let until = rule.limiter.lease_until(peek.window_id, now, policy.ttl_ms);
-        let leasable = !rule.shadow && !counter.local && self.grants.len() < MAX_GRANTS_PER_SHARD;
+        let leasable = rule.lease
+            && !rule.shadow
+            && !counter.local
+            && self.grants.len() < MAX_GRANTS_PER_SHARD;
         let Some(until) = until.filter(|&u| leasable && u >= now.saturating_add(MIN_LEASE_MS))
         else {
             return (refused(peek), Churn::default());

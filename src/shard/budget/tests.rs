@@ -180,16 +180,20 @@ fn a_holder_that_renewed_counts_once_in_the_others_share() {
 }
 
 #[test]
-fn no_lease_for_a_sliding_log_a_shaper_a_shadow_rule_or_a_window_about_to_end() {
+fn no_lease_for_a_sliding_log_a_shaper_a_shadow_rule_a_rule_that_says_no_or_a_window_about_to_end()
+{
     let log = rule("algorithm = \"sliding_window_log\"\nlimit = 100\nwindow = \"60s\"");
     let shaper = rule(
         "algorithm = \"leaky_bucket\"\nmode = \"shaper\"\nlimit = 100\nwindow = \"60s\"\nqueue_depth = 10",
     );
     let shadow =
         rule("algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\nmode = \"shadow\"");
+    let opted_out =
+        rule("algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"\nlease = false");
     let fw = rule("algorithm = \"fixed_window\"\nlimit = 100\nwindow = \"60s\"");
+    assert!(fw.lease && !opted_out.lease);
     let mut owner = Owner::new();
-    for r in [&log, &shaper, &shadow] {
+    for r in [&log, &shaper, &shadow, &opted_out] {
         let reply = owner.grant(&ask(r, "b", 1_000), T0);
         assert_eq!(
             (reply.lease, reply.event),
