@@ -267,3 +267,103 @@ async fn lease_calls_need_the_cluster_key_and_a_member_name() {
     );
     shutdown(nodes).await;
 }
+
+/// A key that the ring of `before` gives to `owner` and the ring of `after` (the same
+/// members but `owner`) gives to `heir`.
+fn key_moving(owner: &str, heir: &str, before: &[&str], after: &[&str]) -> String {
+    use ringlimit::ring::Ring;
+    let (old, new) = (
+        Ring::new(before.iter().copied(), Ring::DEFAULT_VNODES),
+        Ring::new(after.iter().copied(), Ring::DEFAULT_VNODES),
+    );
+    (0..)
+        .map(|i| format!("heir-{i}"))
+        .find(|k| old.owner(k.as_bytes()) == Some(owner) && new.owner(k.as_bytes()) == Some(heir))
+        .expect("some key moves from owner to heir")
+}
+
+/// The owner crashes while an entry holds a lease: the entry spends what it holds and
+/// nothing more from leases (its lease's units were admitted by the dead owner), then
+/// its checks go to the key's new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn when_the_owner_dies_a_holder_spends_what_it_holds_and_nothing_more() {
+    let (_dir, rules) = rules_file(RULES);
+    let clock = ManualClock::new(T0);
+    let mut nodes = three_nodes(&rules, &clock).await;
+    let key = key_moving("a", "c", &["a", "b", "c"], &["b", "c"]);
+    let mut via_b = client(&nodes[1]).await;
+    let mut admitted = 0;
+    let mut leased = false;
+    for _ in 0..2_000 {
+        let answer = via_b
+            .check(check(&key, ROUTE, None))
+            .await
+            .unwrap()
+            .into_inner();
+        admitted += u64::from(answer.allowed);
+        if answer.leased {
+            leased = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(leased, "a lease was granted");
+    // What b holds, from the owner's count, once no grant is in flight any more: two
+    // probes a second apart that differ by the first probe's unit alone.
+    let mut owner = client(&nodes[0]).await;
+    let (mut probes, mut left, mut before) = (0, 0, u64::MAX);
+    for _ in 0..20 {
+        left = owner
+            .check(check(&key, ROUTE, None))
+            .await
+            .unwrap()
+            .into_inner()
+            .remaining;
+        probes += 1;
+        if left + 1 == before {
+            break;
+        }
+        before = left;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let held = 3_000 - admitted - probes - left;
+    assert!(
+        held >= 1,
+        "b holds units: admitted {admitted}, probes {probes}, left {left}"
+    );
+    // The owner crashes; b's ring drops it.
+    let a = nodes.remove(0);
+    a.shutdown().await;
+    let dropped =
+        common::eventually(Duration::from_secs(30), || nodes[0].view().ring.len() == 2).await;
+    assert!(dropped, "b's ring dropped the dead owner");
+    // b spends the units the dead owner lent it; a lease the new owner grants (it
+    // starts the key afresh: the ownership-change bound of docs/ownership.md) is not
+    // the dead owner's.
+    let mut spent = 0;
+    let mut next = None;
+    for _ in 0..held + 10 {
+        let answer = via_b
+            .check(check(&key, ROUTE, None))
+            .await
+            .unwrap()
+            .into_inner();
+        let decider = answer.decider.as_ref().map(|d| d.node_id.clone());
+        if !(answer.leased && decider.as_deref() == Some("a")) {
+            next = Some(answer);
+            break;
+        }
+        spent += 1;
+    }
+    assert!(
+        (1..=held).contains(&spent),
+        "spent {spent} from the dead owner's leases, held {held}"
+    );
+    let next = next.expect("the dead owner's lease ran out");
+    assert_eq!(
+        next.decider.as_ref().map(|d| d.node_id.as_str()),
+        Some("c"),
+        "then decided by (or from a lease of) the key's new owner: {next:?}"
+    );
+    shutdown(nodes).await;
+}
