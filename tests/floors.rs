@@ -90,6 +90,7 @@ const PROTO_ADAPTERS: &[(&str, &[&str])] = &[
         &[
             "link/wire.rs",
             "link/calls.rs",
+            "link/budget.rs",
             "link/stream.rs",
             "link/pool.rs",
         ],

@@ -70,6 +70,7 @@ use std::time::Duration;
 mod fixed_window;
 mod gcra;
 mod join;
+mod leasing;
 mod merge;
 mod portable;
 mod sliding_counter;

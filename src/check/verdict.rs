@@ -89,6 +89,11 @@ impl Verdict {
         }
     }
 
+    /// Any descriptor was decided from a budget lease (no hop to its owner).
+    pub fn leased(&self) -> bool {
+        self.descriptors.iter().any(|d| d.leased())
+    }
+
     /// The numbers the 429 contract is rendered from.
     pub fn quota(&self) -> Quota {
         Quota {

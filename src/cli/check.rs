@@ -205,6 +205,10 @@ fn answer_line(a: &CheckResponse) -> String {
     if a.delay_ms > 0 {
         line.push_str(&format!(" delay_ms={}", a.delay_ms));
     }
+    if a.leased {
+        // Decided from a budget lease the asked node holds (docs/leases.md).
+        line.push_str(" leased");
+    }
     line
 }
 
@@ -219,7 +223,7 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
                 "remaining": d.remaining, "retry_after_ms": d.retry_after_ms,
                 "reset_at": d.reset_at, "rule": d.rule, "algorithm": d.algorithm,
                 "window_id": d.window_id.map(|w| w.to_string()), "sequence": d.sequence.to_string(), "refunded": d.refunded,
-                "delay_ms": d.delay_ms,
+                "delay_ms": d.delay_ms, "leased": d.leased,
             })
         })
         .collect();
@@ -237,6 +241,7 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
         "window_id": a.window_id.map(|w| w.to_string()),
         "sequence": a.sequence.to_string(),
         "degraded": a.degraded,
+        "leased": a.leased,
         "delay_ms": a.delay_ms,
         "descriptors": descriptors,
     });

@@ -135,6 +135,17 @@ pub struct ServeArgs {
     /// Longest a restarted node waits for its keys' replicas before it answers as owner.
     #[arg(long, default_value_t = 3000)]
     restore_timeout_ms: u64,
+    /// Budget leases of hot counters (docs/leases.md): checks per second of one
+    /// counter, through this node, at which it asks the counter's owner for a lease and
+    /// decides its checks locally from it. 0 (the default): never.
+    #[arg(long, env = "RINGLIMIT_LEASE_THRESHOLD", default_value_t = 0)]
+    lease_threshold: u64,
+    /// Longest a budget lease lasts, in ms (a window's end may end it sooner).
+    #[arg(long, env = "RINGLIMIT_LEASE_TTL_MS", default_value_t = 1_000)]
+    lease_ttl_ms: u64,
+    /// Fewest units worth a budget lease; below it the owner decides every check.
+    #[arg(long, env = "RINGLIMIT_LEASE_FLOOR", default_value_t = 2)]
+    lease_floor: u64,
     /// How long a forward batch waits for more checks, in µs (0: send what is queued).
     #[arg(long, default_value_t = 0)]
     forward_flush_us: u64,
@@ -309,6 +320,11 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
         config.shards.shards = shards;
     }
     config.shards.max_keys = args.max_keys;
+    config.shards.lease_threshold = args.lease_threshold;
+    config.shards.lease_policy = ringlimit::shard::budget::LeasePolicy {
+        ttl_ms: args.lease_ttl_ms.clamp(1, 60_000),
+        floor: args.lease_floor.max(1),
+    };
     config.shards.max_state_bytes = args.max_state_bytes;
     config.advertise = args.advertise;
     config.gossip_listen = args.gossip_listen;

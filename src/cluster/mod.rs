@@ -10,6 +10,8 @@
 //!   server adapter in `server::peer`, it is the only code here that sees prost types;
 //!   everything else speaks the domain types below.
 //! - [`handoff`]: pushes state to new owners on ring changes.
+//! - [`budget`]: budget leases of hot counters, the entry's side (which checks a held
+//!   lease decides, the returns of unused units); the router asks and spends them.
 //! - [`deny_cache`]: "denied until T", answered without a hop.
 //! - [`reservation`]: reservation ids and answers (`Reserve`/`Commit`); the router
 //!   sends each to its key's owner (`router/reserve.rs`).
@@ -21,6 +23,7 @@
 //! Dependencies point down: `shard`, `membership`, `ring`, `config`, `clock`,
 //! `algorithms`; nothing here knows a front end.
 
+pub mod budget;
 pub mod deny_cache;
 pub mod handoff;
 pub mod link;
@@ -356,6 +359,9 @@ pub enum Charged {
     Here(Charge),
     /// The owner, one hop away.
     Owner(Member),
+    /// A budget lease this node holds, charged on the owner when it was granted
+    /// (`budget.rs`): decided here, without a hop.
+    Lease,
 }
 
 /// One descriptor of a decided check.
@@ -373,6 +379,11 @@ impl DescriptorOutcome {
     /// Denied by a rule in shadow mode: reported, but the check is not denied for it.
     pub fn shadow_denied(&self) -> bool {
         !self.answer.decision.allowed && self.item.rule.shadow
+    }
+
+    /// Decided from a budget lease this node holds (see [`Charged::Lease`]).
+    pub fn leased(&self) -> bool {
+        matches!(self.answer.charged, Charged::Lease)
     }
 
     /// Allowed as far as the check is concerned: admitted, or denied only in shadow mode.

@@ -286,9 +286,11 @@ pub fn mark_refunds(descriptors: &mut [DescriptorOutcome]) {
     let any_denied = descriptors.iter().any(|d| !d.enforced_allowed());
     for d in descriptors {
         // A probe (report, do not count) gives its unit back whatever the others say.
+        // A lease's unit is not given back: only one-descriptor, non-probe checks are
+        // decided from leases, so none of them is ever refunded.
         d.refunded = (any_denied || d.item.probe)
             && d.answer.decision.allowed
-            && !matches!(d.answer.charged, Charged::Nothing);
+            && !matches!(d.answer.charged, Charged::Nothing | Charged::Lease);
     }
 }
 
@@ -315,7 +317,7 @@ pub fn refunds(decided: &[Decided]) -> Refunds {
                 continue;
             }
             match &answer.charged {
-                Charged::Nothing => {}
+                Charged::Nothing | Charged::Lease => {}
                 Charged::Here(charge) => out.here.push(Refund {
                     charge: charge.clone(),
                     at: answer.at,

@@ -26,6 +26,7 @@ use crate::ring::RingDiff;
 use crate::shard::counters::{ClientCounters, ClientQuery};
 use crate::shard::{Charge, ShardError, Shards};
 
+mod budget;
 mod reserve;
 
 /// The owners' answers to one check's forwarded descriptors, in plan order: inline for
@@ -146,6 +147,8 @@ pub struct Router {
     /// (which holds its replica) before failing open: on when the cluster replicates.
     failover: bool,
     restore: Arc<Restore>,
+    /// Decide checks of hot remote counters from budget leases (`router/budget.rs`).
+    budget_leases: bool,
 }
 
 impl std::fmt::Debug for Router {
@@ -179,6 +182,7 @@ impl Router {
             routing: Routing::default(),
             failover: false,
             restore: Arc::new(Restore::new(true)),
+            budget_leases: false,
         }
     }
 
@@ -287,7 +291,7 @@ impl Router {
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
         let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
-        let plan = policy::plan(
+        let mut plan = policy::plan(
             &flat,
             &view,
             &self.me.node_id,
@@ -297,6 +301,7 @@ impl Router {
             self.routing,
         );
         self.metrics.deny_cache_hits.increment(plan.cached as u64);
+        self.spend_leases(&checks, &flat, &mut plan, now).await?;
         let mut answers = plan.answers;
 
         // The one step with I/O: this node's shards and the owners, concurrently.

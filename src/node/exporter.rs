@@ -50,6 +50,7 @@ fn describe_metrics() {
     describe_ownership();
     describe_replication();
     describe_reservations();
+    describe_budget_leases();
     describe_security();
     describe_connections();
     describe_rules();
@@ -134,6 +135,27 @@ fn describe_reservations() {
     describe_gauge!(
         "ringlimit_leases_held",
         "Concurrency leases this shard holds."
+    );
+}
+
+/// Budget leases of hot counters (docs/leases.md).
+fn describe_budget_leases() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "ringlimit_budget_leases_total",
+        "Budget leases, as owner: event=granted (a holder's first of the counter), renewed (it still held one), refused (no lease: algorithm, window end, floor, full table), returned (a holder gave unused units back), expired (a record forgotten TTL + 2 s after its lease ended without a return: spent in full, or its holder died or was cut off and its unused units stay charged)."
+    );
+    describe_counter!(
+        "ringlimit_budget_lease_units_returned_total",
+        "Units holders gave back to this owner's counters from budget leases they did not spend."
+    );
+    describe_counter!(
+        "ringlimit_checks_from_lease_total",
+        "Checks this node decided from a budget lease it held, without a hop to the key's owner."
+    );
+    describe_counter!(
+        "ringlimit_budget_lease_units_lost_total",
+        "Unused units of ended budget leases this node could not give back (owner gone, restarted or unreachable): an under-admission, never an over-admission."
     );
 }
 

@@ -273,11 +273,10 @@ async fn start_in_span(
         generation: crate::membership::generation_now(),
     };
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
-    let shards = spawn_shards(&config, &clock, &tracker, &cancel);
+    let (shards, lease_returns) = spawn_shards(&config, &clock, &tracker, &cancel);
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
-    // Gubernator's inline rules: one registry per node, shared by the checker (what
-    // callers send), the peer service (what peers forward) and the peer pool (handed-over
-    // counters name their rule's numbers).
+    // Gubernator's inline rules: one registry per node, for the checker (what callers
+    // send), the peer service (what peers forward), the peer pool (handed-over counters).
     let inline_rules = Arc::new(InlineRules::default());
     let peers = PeerPool::new(
         decider.node_id.clone(),
@@ -289,6 +288,7 @@ async fn start_in_span(
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
     let (router, handoff, replicator) =
         start_routing(&config, &decider, &shards, &membership, peers, clock);
+    spawn_lease_returns(lease_returns, &router, &tracker, &cancel);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
     spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
     spawn_watchers(
@@ -441,19 +441,45 @@ fn spawn_shards(
     clock: &Arc<dyn Clock>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) -> Shards {
+) -> (Shards, Option<LeaseReturns>) {
+    // Budget leases (`--lease-threshold`): where ended leases' unused units queue.
+    let (returns_tx, returns_rx) = if config.shards.lease_threshold > 0 {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let shards = ShardConfig {
         replicate: !config.replicate_interval.is_zero(),
+        lease_returns: returns_tx,
         ..config.shards.clone()
     };
-    Shards::spawn(
+    let shards = Shards::spawn(
         &shards,
         clock.clone(),
         Arc::new(AtomicU64::new(0)),
         tracker,
         cancel.clone(),
-    )
+    );
+    (shards, returns_rx)
 }
+
+/// Budget leases: the unused units of leases this node held go back to their owners.
+fn spawn_lease_returns(
+    returns: Option<LeaseReturns>,
+    router: &Arc<Router>,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    if let Some(returns) = returns {
+        let returner =
+            crate::cluster::budget::return_leases(router.clone(), returns, cancel.clone());
+        tracker.spawn(tracing::Instrument::in_current_span(returner));
+    }
+}
+
+/// Ended budget leases' unused units, on their way back to their owners.
+type LeaseReturns = tokio::sync::mpsc::Receiver<Vec<crate::shard::budget::entry::Returned>>;
 
 /// The peer link's settings: calls signed with the cluster key, mutual TLS when
 /// configured (with the server side of it for the cluster face), and outbound traffic
@@ -537,6 +563,7 @@ fn start_routing(
     if config.broken_decide_locally {
         router = router.break_decide_locally();
     }
+    router = router.with_budget_leases(config.shards.lease_threshold > 0);
     let replicating = !config.replicate_interval.is_zero();
     // A node with seeds may be one that restarted (same id, empty memory): it answers
     // as owner once it has its keys' replicas back. One without seeds starts a cluster.

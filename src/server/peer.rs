@@ -37,6 +37,7 @@ use crate::proto::peer::{
 use crate::shard::counters::{ClientQuery, CounterReading};
 use crate::shard::{Exported, KeyId, Refund};
 
+mod budget;
 mod replicas;
 mod reserve;
 mod stream;
@@ -581,6 +582,22 @@ impl Peer for PeerService {
         request: Request<crate::proto::peer::PeerCommitRequest>,
     ) -> Result<Response<crate::proto::peer::PeerCommitResponse>, Status> {
         Ok(Response::new(self.commit_here(request.into_inner()).await?))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<crate::proto::peer::PeerLeaseRequest>,
+    ) -> Result<Response<crate::proto::peer::PeerLeaseResponse>, Status> {
+        Ok(Response::new(self.lease_here(request.into_inner()).await?))
+    }
+
+    async fn return_lease(
+        &self,
+        request: Request<crate::proto::peer::PeerReturnLeaseRequest>,
+    ) -> Result<Response<crate::proto::peer::PeerReturnLeaseResponse>, Status> {
+        Ok(Response::new(
+            self.return_lease_here(request.into_inner()).await?,
+        ))
     }
 
     async fn rules(

@@ -426,6 +426,7 @@ impl wire::Message for WireDescriptor<'_> {
         s.flag(15, d.refunded);
         s.uint(16, u64::from(a.hops));
         s.flag(17, d.shadow_denied());
+        s.flag(18, d.leased());
     }
 }
 
@@ -452,6 +453,7 @@ impl wire::Message for WireResponse<'_> {
         }
         s.flag(13, v.shadow_denied);
         s.uint(14, v.window_ms);
+        s.flag(15, v.leased());
     }
 }
 
@@ -578,6 +580,7 @@ mod tests {
             delay_ms: verdict.delay_ms,
             window_ms: verdict.window_ms,
             shadow_denied: verdict.shadow_denied,
+            leased: verdict.leased(),
             descriptors: verdict
                 .descriptors
                 .iter()
@@ -601,6 +604,7 @@ mod tests {
                         refunded: d.refunded,
                         hops: a.hops,
                         shadow_denied: d.shadow_denied(),
+                        leased: d.leased(),
                     }
                 })
                 .collect(),

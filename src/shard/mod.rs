@@ -13,6 +13,7 @@
 //! A full inbox is an explicit [`ShardError::Overloaded`] answer, never an unbounded
 //! queue: a limiter that queues without bound under overload stops protecting anything.
 
+pub mod budget;
 pub mod core;
 pub mod counters;
 pub mod identity;
@@ -65,6 +66,13 @@ pub struct ShardConfig {
     /// Remember which keys changed, for their successor's replica
     /// ([`Shards::drain_replication`]): on when the node replicates.
     pub replicate: bool,
+    /// Budget leases (`docs/leases.md`): checks per second of one remote counter
+    /// that make this node ask its owner for a lease; 0 (the default): never.
+    pub lease_threshold: u64,
+    /// How this node grants budget leases as an owner.
+    pub lease_policy: budget::LeasePolicy,
+    /// Where ended leases' unused units go, to be returned to their owners.
+    pub lease_returns: Option<mpsc::Sender<Vec<budget::entry::Returned>>>,
 }
 
 /// The default byte budget per key of `--max-keys`: 256 bytes, so a node at its key cap
@@ -90,6 +98,9 @@ impl Default for ShardConfig {
             max_state_bytes: None,
             expiry_tick: Duration::from_millis(100),
             replicate: false,
+            lease_threshold: 0,
+            lease_policy: budget::LeasePolicy::default(),
+            lease_returns: None,
         }
     }
 }
@@ -215,6 +226,7 @@ enum Command {
         op: reservations::Op,
         reply: oneshot::Sender<reservations::Reply>,
     },
+    Budget(budget::Command),
 }
 
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
@@ -264,6 +276,7 @@ impl Shards {
                         index,
                         reservations::random_key(),
                     ),
+                    budget: budget::BudgetShard::new(config),
                 };
                 // In the spawning node's span, so eviction logs name the node.
                 tracker.spawn(tracing::Instrument::in_current_span(actor.run(
@@ -572,6 +585,8 @@ struct Actor {
     /// Open reservations and concurrency leases of this shard's keys
     /// (`reservations.rs`, `leases.rs`).
     reservations: reservations::ReservationShard,
+    /// Budget leases this shard granted as owner and holds as entry (`budget.rs`).
+    budget: budget::BudgetShard,
 }
 
 impl Actor {
@@ -657,6 +672,7 @@ impl Actor {
             Command::Reservation { op, reply } => {
                 let _ = reply.send(self.reservation(op, now));
             }
+            Command::Budget(command) => self.budget(command, now),
         }
     }
 
@@ -675,6 +691,7 @@ impl Actor {
         let now = self.clock.now_ms();
         let expired = self.core.expire(now);
         self.reservations.expire(now);
+        self.expire_budget(now);
         self.record_churn(Churn {
             expired,
             ..Churn::default()

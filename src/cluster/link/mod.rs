@@ -47,6 +47,7 @@
 //! closing the stream (paused, partitioned) holds up no later batch.
 
 pub mod batcher;
+pub mod budget;
 pub mod calls;
 mod pool;
 pub mod session;

@@ -82,7 +82,7 @@ impl std::fmt::Debug for PeerPool {
 
 /// Run a one-shot call to `peer` for at most `deadline`: its answer, or the status it
 /// failed with (`None`: it ran out of time).
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     deadline: Duration,
     call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, Option<tonic::Status>> {
@@ -307,6 +307,16 @@ impl PeerPool {
         .await
         .map(calls::commit_answer)
         .map_err(|status| calls::reservation_error(&owner.node_id, status.as_ref()))
+    }
+
+    /// This node's id, as its calls name it.
+    pub(super) fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// A client of the link to `owner`, for a one-shot call.
+    pub(super) fn client(&self, owner: &Member) -> PeerClient<Signed> {
+        self.link(owner).client.clone()
     }
 
     /// The link to `owner`, created (or replaced, if the owner restarted or moved) on demand.

@@ -584,6 +584,20 @@ mod tests {
         ) -> Result<Response<crate::proto::peer::PeerCommitResponse>, Status> {
             Err(Status::unimplemented(""))
         }
+
+        async fn lease(
+            &self,
+            _: Request<crate::proto::peer::PeerLeaseRequest>,
+        ) -> Result<Response<crate::proto::peer::PeerLeaseResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
+
+        async fn return_lease(
+            &self,
+            _: Request<crate::proto::peer::PeerReturnLeaseRequest>,
+        ) -> Result<Response<crate::proto::peer::PeerReturnLeaseResponse>, Status> {
+            Err(Status::unimplemented(""))
+        }
     }
 
     /// Serve `peer` on a loopback port; the member to forward to it.

@@ -112,6 +112,10 @@ pub struct DocRule {
     /// At most this many of a client's requests in flight at once (`Acquire`/`Release`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<i64>,
+    /// `false`: the owner never lends this rule's budget to entry nodes (budget leases,
+    /// docs/leases.md); unset: it may, when a node's `--lease-threshold` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<bool>,
 }
 
 /// The body of `PUT /v1/limits/{tier}`: one tier rule in the design reference's shape
@@ -253,6 +257,7 @@ impl RulesDoc {
             on_unavailable: limit.on_unavailable,
             per: limit.per,
             concurrency: None,
+            lease: None,
         };
         match existing {
             Some(i) => self.rule[i] = rule,
@@ -445,6 +450,7 @@ mod tests {
                     on_unavailable,
                     per,
                     concurrency: None,
+                    lease: None,
                 },
             )
     }

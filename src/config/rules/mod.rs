@@ -101,6 +101,10 @@ pub struct Rule {
     /// leases (`Acquire`/`Release`) on the key's owner, apart from the rate counters.
     /// Not part of the fingerprint: changing it keeps the leases held.
     pub concurrency: Option<u32>,
+    /// Whether the owner may lend this rule's budget to entry nodes as budget leases
+    /// (`lease = false` in the rule file says no; docs/leases.md). Not part of the
+    /// fingerprint: leases already granted run out by their TTL.
+    pub lease: bool,
 }
 
 impl Rule {
@@ -198,7 +202,14 @@ impl Rule {
             per,
             shadow: false,
             concurrency: None,
+            lease: true,
         }
+    }
+
+    /// This rule lending its budget as leases or not: see [`Rule::lease`].
+    pub fn leasing(mut self, lease: bool) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// This rule with a concurrency limit (or none): see [`Rule::concurrency`].

@@ -593,7 +593,8 @@ impl RuleSet {
                 rules.push(
                     Rule::new(name, selector, b.spec, b.on_unavailable, b.per)
                         .shadowed(b.shadow)
-                        .with_concurrency(concurrency.flatten().map(|n| n as u32)),
+                        .with_concurrency(concurrency.flatten().map(|n| n as u32))
+                        .leasing(r.lease.unwrap_or(true)),
                 );
             }
         }
