@@ -154,6 +154,45 @@ pub fn restorable(me: &str, view: &ClusterView, owner: &str) -> Pick {
     })
 }
 
+/// Members of `new` absent from `old` whose generation is higher than the last one
+/// `seen` (this node's memory of every member it ever saw): they restarted while the
+/// cluster had dropped them, with empty memory.
+pub fn reborn(old: &ClusterView, new: &ClusterView, seen: &HashMap<String, u64>) -> Vec<String> {
+    new.members
+        .iter()
+        .filter(|m| old.member(&m.node_id).is_none())
+        .filter(|m| seen.get(&m.node_id).is_some_and(|&g| g < m.generation))
+        .map(|m| m.node_id.clone())
+        .collect()
+}
+
+/// The replicas to hand over when the view goes from `old` to `new` (`None`: none):
+/// those of keys `old` gave to `me` (their owner had gone) and `new` gives back to
+/// that owner, `reborn` (see [`reborn`]). A check would have promoted such a replica
+/// into a live key, which the handoff pushes to the owner; one never checked meanwhile
+/// is still a replica (the handoff exports live keys only), and the restarted owner's
+/// restore gets nothing from a member that saw it dropped: without this its count is
+/// lost (the simulator's seed 468). An owner back under the same generation (it was
+/// only cut off) still has its count: its replicas stay.
+pub fn unpromoted(
+    me: &str,
+    old: &ClusterView,
+    new: &ClusterView,
+    reborn: Vec<String>,
+) -> Option<Pick> {
+    if reborn.is_empty() || old.ring.digest() == new.ring.digest() {
+        return None;
+    }
+    let (me, old_ring, new_ring): (Arc<str>, _, _) =
+        (Arc::from(me), old.ring.clone(), new.ring.clone());
+    Some(Arc::new(move |p| {
+        old_ring.owner_of_hash(p) == Some(&*me)
+            && new_ring
+                .owner_of_hash(p)
+                .is_some_and(|owner| reborn.iter().any(|r| r == owner))
+    }))
+}
+
 /// Members of `new` that were in `old` as an earlier incarnation (the same id, a lower
 /// generation): they restarted before the cluster dropped them.
 pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
@@ -177,6 +216,8 @@ pub struct Replicator {
     /// Members seen to restart in place (a higher generation while on the ring), and
     /// their new generation: see [`Replicator::restarted_in_place`].
     restarted: std::sync::Mutex<HashMap<String, u64>>,
+    /// The last generation this node saw of every member, gone or not (see [`reborn`]).
+    seen: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 impl Replicator {
@@ -202,6 +243,7 @@ impl Replicator {
             clock,
             metrics: Metrics::new(),
             restarted: std::sync::Mutex::new(HashMap::new()),
+            seen: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -213,6 +255,7 @@ impl Replicator {
         cancel: CancellationToken,
     ) {
         let mut current = views.borrow_and_update().clone();
+        self.remember(&current);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -224,6 +267,8 @@ impl Replicator {
                     }
                     let next = views.borrow_and_update().clone();
                     self.drop_handed_over(&current, &next).await;
+                    self.hand_over_unpromoted(&current, &next).await;
+                    self.remember(&next);
                     if next.ring.digest() != current.ring.digest() {
                         self.successors_changed(&current, &next).await;
                     }
@@ -250,6 +295,59 @@ impl Replicator {
                 "keys moved away from live owners: their replicas dropped (the handoff brings their states)"
             ),
             Err(error) => tracing::debug!(%error, "dropping handed-over replicas failed"),
+        }
+    }
+
+    /// Remember the generation of every member of `view`.
+    fn remember(&self, view: &ClusterView) {
+        let mut seen = self.seen.lock().expect("seen lock");
+        for m in &view.members {
+            seen.insert(m.node_id.clone(), m.generation);
+        }
+    }
+
+    /// Push the replicas of keys this node owned under `old` without promoting them to
+    /// their owner under `new`, when that owner is back under a new generation after
+    /// the cluster dropped it (see [`unpromoted`]).
+    async fn hand_over_unpromoted(&self, old: &ClusterView, new: &ClusterView) {
+        let reborn = {
+            let seen = self.seen.lock().expect("seen lock");
+            reborn(old, new, &seen)
+        };
+        let Some(pick) = unpromoted(&self.me, old, new, reborn) else {
+            return;
+        };
+        let states = match self.shards.select_replicas(pick).await {
+            Ok(states) if !states.is_empty() => states,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::debug!(%error, "copying unpromoted replicas failed");
+                return;
+            }
+        };
+        let mut to: HashMap<&str, Vec<Exported>> = HashMap::new();
+        for state in states {
+            if let Some(owner) = new.ring.owner_of_hash(state.id.placement) {
+                to.entry(owner).or_default().push(state);
+            }
+        }
+        for (owner, states) in to {
+            let Some(member) = new.member(owner) else {
+                continue;
+            };
+            let (mut sent, mut lost) = (0, 0);
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                match self.peers.install(member, chunk).await {
+                    Ok(_) => sent += chunk.len(),
+                    Err(_) => lost += chunk.len(),
+                }
+            }
+            tracing::info!(
+                to = owner,
+                sent,
+                lost,
+                "unpromoted replicas handed back to a restarted owner"
+            );
         }
     }
 

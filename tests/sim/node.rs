@@ -342,6 +342,8 @@ pub struct Node {
     restore: Restore,
     /// `Replicator::restarted`: members seen to restart in place, at their generation.
     restarted: BTreeMap<String, u64>,
+    /// `Replicator::seen`: the last generation seen of every member.
+    seen: std::collections::HashMap<String, u64>,
 }
 
 impl Node {
@@ -413,6 +415,7 @@ impl Node {
             stats: NodeStats::default(),
             repl: ReplicationStats::default(),
             restarted: BTreeMap::new(),
+            seen: std::collections::HashMap::new(),
         }
     }
 

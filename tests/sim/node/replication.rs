@@ -177,6 +177,10 @@ impl Node {
             return Vec::new();
         }
         self.successors_restarted(old, new);
+        let reborn = replication::reborn(old, new, &self.seen);
+        for m in &new.members {
+            self.seen.insert(m.node_id.clone(), m.generation);
+        }
         if old.ring.digest() == new.ring.digest() {
             return Vec::new();
         }
@@ -185,7 +189,7 @@ impl Node {
                 shard.core.take_replicas(&pick);
             }
         }
-        let out = Vec::new();
+        let out = self.hand_over_unpromoted(old, new, reborn);
 
         let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
         let pick: Pick =
@@ -193,6 +197,40 @@ impl Node {
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
             shard.core.resync(&pick, now);
+        }
+        out
+    }
+
+    /// `Replicator::hand_over_unpromoted` (and `remember`).
+    fn hand_over_unpromoted(
+        &mut self,
+        old: &ClusterView,
+        new: &ClusterView,
+        reborn: Vec<String>,
+    ) -> Vec<Out> {
+        let Some(pick) = replication::unpromoted(&self.id, old, new, reborn) else {
+            return Vec::new();
+        };
+        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
+        for shard in &mut self.shards {
+            for state in shard.core.select_replicas(&pick) {
+                if let Some(owner) = new.ring.owner_of_hash(state.id.placement) {
+                    to.entry(owner.to_string()).or_default().push(state);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (owner, mut states) in to {
+            states.sort_by_key(|s| (s.id.placement, s.id.disc));
+            if new.member(&owner).is_none() {
+                continue;
+            }
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                out.push(Out::Send {
+                    to: owner.clone(),
+                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
+                });
+            }
         }
         out
     }
