@@ -89,7 +89,7 @@ fn line(o: &scenario::Outcome) -> String {
 
 /// Run `seeds` on every core (each seed is one thread's own world, so threads change
 /// nothing about a run), in seed order.
-fn run_seeds(seeds: &[u64], broken: bool) -> Vec<scenario::Outcome> {
+fn run_seeds(seeds: &[u64], broken: bool, replicate_ms: u64) -> Vec<scenario::Outcome> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4);
@@ -101,12 +101,8 @@ fn run_seeds(seeds: &[u64], broken: bool) -> Vec<scenario::Outcome> {
                 s.spawn(move || {
                     part.iter()
                         .map(|&seed| {
-                            let mut o = scenario::run_with(
-                                seed,
-                                broken,
-                                replicate_ms(),
-                                replicate_ms() > 0,
-                            );
+                            let mut o =
+                                scenario::run_with(seed, broken, replicate_ms, replicate_ms > 0);
                             if o.violations() == 0 {
                                 // Only a failing seed's history is written out.
                                 o.history = Vec::new();
@@ -141,7 +137,7 @@ fn seeds() {
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
     let (mut simulating, mut checking) = (0.0, 0.0);
-    for o in run_seeds(&seeds, broken) {
+    for o in run_seeds(&seeds, broken, replicate_ms()) {
         let seed = o.seed;
         if seeds.len() == 1 {
             // A replay shows the whole summary, passing or not.
@@ -194,6 +190,28 @@ fn seeds() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Replication is off by default until it passes every seed (2 of 2,000 still fail
+/// S3-replicated: docs/ownership.md); these 100 seeds guard what it holds now, every
+/// property included, with the nodes replicating every 50 ms.
+#[test]
+fn replicated_seeds_hold_every_property() {
+    let seeds: Vec<u64> = (1..=100).collect();
+    let failed: Vec<String> = run_seeds(&seeds, false, 50)
+        .into_iter()
+        .filter(|o| o.violations() > 0)
+        .map(|o| {
+            format!(
+                "seed {}: {}
+replay: RINGLIMIT_SIM_REPLICATE_MS=50 RINGLIMIT_SIM_SEED={} cargo test --test sim seeds -- --nocapture",
+                o.seed,
+                o.report.details(3),
+                o.seed
+            )
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// One seed decides everything: two runs give byte-identical histories.
