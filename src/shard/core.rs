@@ -150,8 +150,6 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
-            self.replicas
-                .promote_on_install(id, &rule.limiter, &mut self.store, now);
             if self.store.install(item, &rule.limiter, now) {
                 installed += 1;
                 self.replicas.changed_id(id, now);

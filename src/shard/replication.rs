@@ -119,22 +119,6 @@ impl Side {
         Churn::default()
     }
 
-    /// Before a handed-over state of a key `live` does not hold as its own is merged
-    /// in: promote the replica first, for the same reason. A peer that pushes a key's
-    /// state here has made this node its owner; the replica holds the old owner's count
-    /// and the fail-over checks decided here, none of which the pushed state includes
-    /// (a peer that owned the key for a moment hands over only what it admitted).
-    /// Without this, the key would be held live and its replica never promoted.
-    pub fn promote_on_install(
-        &mut self,
-        id: KeyId,
-        limiter: &Limiter,
-        live: &mut Store,
-        now: Millis,
-    ) {
-        self.promote(id, limiter, live, now);
-    }
-
     fn promote(&mut self, id: KeyId, limiter: &Limiter, live: &mut Store, now: Millis) {
         if self.replicas.is_empty() || live.holds(id) || live.handed_away(id) {
             return;
