@@ -13,15 +13,15 @@
 //! its op's invoke and completion, so a counter may be lent from the first instant `t`
 //! at which `threshold` ops of it through one node were invoked by `t` and not yet
 //! complete before `t − span` (span: 2 s, plus the largest clock offset of the run, a
-//! backward step keeps the meter's second from rolling, plus slack). Counting ops the
+//! backward step keeps the meter's second from rolling, plus rounding). Counting ops the
 //! node owned (which it decides without its meter) only makes it earlier: sound.
 
 use std::collections::BTreeMap;
 
 use super::context::{Op, Parsed};
 
-/// Scheduling and tick slack (the entry's 100 ms expiry tick, a request in flight).
-const SLACK_MS: u64 = 500;
+/// Rounding and tick slack (the meter rolls on whole seconds; the entry ticks every 100 ms).
+const SLACK_MS: u64 = 100;
 /// The entry's meter spans its current and previous second.
 const METER_MS: u64 = 2_000;
 
@@ -134,20 +134,112 @@ mod tests {
         // Two checks through n2, then two through n3: hot nowhere.
         h.fw_many(2, T0, "n2", "k", "n1");
         h.fw_many(2, T0, "n3", "k", "n1");
-        // A third through n2 2.4 s after the first: within the meter's span + slack.
-        h.fw(T0 + 2400, "n2", "k", 1, "n1");
+        // A third through n2 2,050 ms after the first: within the meter's span + slack.
+        h.fw(T0 + 2050, "n2", "k", 1, "n1");
         // Through n3, 3 s later: the first two are too old.
         h.fw(T0 + 3000, "n3", "k", 1, "n1");
         h.fw_many(2, T0, "n2", "cold", "n1");
         let p = Parsed::parse(h.entries());
         let l = super::Leases::new(&p);
         assert!(l.on);
-        assert!(!l.lent_by("k", FW, T0 + 2399));
-        assert!(l.lent_by("k", FW, T0 + 2400));
-        assert!(!l.lent_in("k", FW, (T0 + 2400) / W - 1, W));
-        assert!(l.lent_in("k", FW, (T0 + 2400) / W, W));
+        assert!(!l.lent_by("k", FW, T0 + 2049));
+        assert!(l.lent_by("k", FW, T0 + 2050));
+        assert!(!l.lent_in("k", FW, (T0 + 2050) / W - 1, W));
+        assert!(l.lent_in("k", FW, (T0 + 2050) / W, W));
         assert!(!l.lent_by("cold", FW, u64::MAX));
         assert_eq!(l.counters(), 1);
+    }
+
+    /// A run with leases at threshold 2: `n` leased admissions of key k through n2
+    /// (lent by n1) from `t`, after `direct` of n1's own decisions of k through n2.
+    fn lent(direct: u64, n: u64, leases: bool) -> Hist {
+        let mut h = Hist::new();
+        if leases {
+            leases_line(&mut h, 2);
+        }
+        for i in 0..direct {
+            let seq = h.seq("n1", 1);
+            let a = Ans::decided("n1", seq, true, L - 1 - i - 2);
+            h.check(T0 + 10 * i, "n2", FW, "k", 1, a);
+        }
+        for i in 0..n {
+            let rem = L.saturating_sub(direct + i + 1);
+            h.check(T0 + 500 + 10 * i, "n2", FW, "k", 1, Ans::leased("n1", rem));
+        }
+        h
+    }
+
+    #[test]
+    fn leased_admissions_count_as_the_owners_under_one_limit() {
+        use super::super::s1_bound::fixed_window;
+        assert_eq!(run(&lent(6, 4, true), fixed_window).count("S1-fw"), 0);
+        let r = run(&lent(6, 5, true), fixed_window);
+        assert_eq!(messages(&r, "S1-fw").len(), 1, "{:?}", r.violations);
+        assert!(messages(&r, "S1-fw")[0].contains("decider n1@1 admitted 11 > L=10"));
+    }
+
+    #[test]
+    fn a_lent_counters_unseen_grant_passes_s2_only_with_leases_on() {
+        // n1's remaining drops by 2 more than its own admissions: a grant of 2.
+        use super::super::s2_sequence::sequential;
+        assert_eq!(run(&lent(3, 2, true), sequential).count("S2"), 0);
+        assert!(run(&lent(3, 0, false), sequential).count("S2") > 0);
+        // A leased answer in a run without leases is a violation by itself.
+        let r = run(&lent(0, 1, false), sequential);
+        assert!(messages(&r, "S2")
+            .iter()
+            .any(|m| m.contains("leased answer") && m.contains("leases on: false")));
+    }
+
+    #[test]
+    fn an_owners_denial_with_units_lent_passes_s4_only_on_a_lent_counter() {
+        use super::super::s4_no_false_deny::no_false_deny;
+        let history = |leases: bool| {
+            let mut h = lent(2, 2, leases);
+            let seq = h.seq("n1", 1);
+            h.check(T0 + 900, "n2", FW, "k", 1, Ans::decided("n1", seq, false, 0));
+            h
+        };
+        assert_eq!(run(&history(true), no_false_deny).count("S4"), 0);
+        assert_eq!(run(&history(false), no_false_deny).count("S4"), 1);
+    }
+
+    #[test]
+    fn a_leased_answer_names_another_node_with_no_hop() {
+        use super::super::s6_routing::routing;
+        assert_eq!(run(&lent(0, 3, true), routing).count("S6"), 0);
+        let mut h = lent(0, 0, true);
+        h.check(T0, "n1", FW, "k", 1, Ans::leased("n1", 5));
+        h.check(T0, "n2", FW, "k", 1, Ans::leased("n1", 5).hops(1));
+        assert_eq!(run(&h, routing).count("S6"), 2);
+    }
+
+    #[test]
+    fn leased_token_bucket_admissions_count_from_their_earliest_charge() {
+        // Burst 5, refill 10 per 2 s. n1 gives 5 at once; 3 leased spends 200 ms later
+        // may have been charged up to a lease's life (+ slack) earlier: 1.5 s of refill
+        // covers them. The same 3 spent before any refill could come: too many.
+        use super::super::s1_bound::token_bucket;
+        let history = |gap: u64| {
+            let mut h = Hist::new();
+            leases_line(&mut h, 2);
+            for i in 0..5 {
+                let seq = h.seq("n1", 1);
+                h.check(T0 + i, "n2", TB, "k", 1, Ans::decided("n1", seq, true, 0));
+            }
+            for i in 0..3 {
+                h.check(T0 + gap + i, "n2", TB, "k", 1, Ans::leased("n1", 0));
+            }
+            h
+        };
+        assert_eq!(run(&history(200), token_bucket).count("S1-tb"), 0);
+        // Spent at once with the owner's burst, a lease's life (1.5 s) of refill is 8:
+        // 5 + 3 = 8 ≤ 5 + 8 passes; 5 + 14 leased does not.
+        let mut h = history(0);
+        for i in 0..11 {
+            h.check(T0 + 10 + i, "n2", TB, "k", 1, Ans::leased("n1", 0));
+        }
+        assert_eq!(run(&h, token_bucket).count("S1-tb"), 1);
     }
 
     #[test]

@@ -144,7 +144,7 @@ pub fn token_bucket(ctx: &Context, report: &mut Report) {
 /// span, [invoke, complete] for the owner's own, [charged_from, complete] for a leased
 /// one, and the admissions charged surely within [a, b] cost ≤ burst + refill over
 /// (b − a) on the owner's clock: taken over every a at a span's start and b at a
-/// span's end. The burst moves by up to one lease life for a client (docs/leases.md);
+/// span's end (one violation per owner and key: the first start found). The burst moves by up to one lease life for a client (docs/leases.md);
 /// what the owner's bucket gives does not.
 fn token_bucket_leased(ctx: &Context, r: &RuleInfo, report: &mut Report) {
     type Spans = Vec<(u64, u64, u64, u64)>;
@@ -164,7 +164,7 @@ fn token_bucket_leased(ctx: &Context, r: &RuleInfo, report: &mut Report) {
         e.0.push((from, op.complete, op.cost, op.id));
         e.1 |= a.leased;
     }
-    for ((d, g, key), (mut spans, _)) in per.into_iter().filter(|(_, (_, any))| *any) {
+    'key: for ((d, g, key), (mut spans, _)) in per.into_iter().filter(|(_, (_, any))| *any) {
         spans.sort_by_key(|s| s.1);
         let mut starts: Vec<u64> = spans.iter().map(|s| s.0).collect();
         starts.sort_unstable();
@@ -183,7 +183,7 @@ fn token_bucket_leased(ctx: &Context, r: &RuleInfo, report: &mut Report) {
                             r.burst
                         ),
                     );
-                    break;
+                    continue 'key;
                 }
             }
         }
