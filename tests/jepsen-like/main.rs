@@ -405,7 +405,7 @@ async fn chaos() {
 }
 
 /// The short profile with budget leases on (issue 24: the chaos suite passes with
-/// leases on): `RINGLIMIT_CHAOS_LEASES` or 5 checks/s, at which the whale key is lent
+/// leases on): `RINGLIMIT_CHAOS_LEASES` or 3 checks/s, at which the whale key is lent
 /// at every entry node (and now and then a hot key).
 #[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -421,10 +421,14 @@ async fn short_profile_with_budget_leases() {
         clients: 12,
         broken: false,
         faults: true,
-        leases: Some(leases_from_env().filter(|n| *n > 0).unwrap_or(5)),
+        leases: Some(leases_from_env().filter(|n| *n > 0).unwrap_or(3)),
     };
     let out = run(profile, seed).await;
-    let leased = out.report.summary.lines().find(|l| l.contains("budget leases"));
+    let leased = out
+        .report
+        .summary
+        .lines()
+        .find(|l| l.contains("budget leases"));
     eprintln!("[leases] {}", leased.unwrap_or("no lease row"));
     assert!(
         out.report.total() == 0,

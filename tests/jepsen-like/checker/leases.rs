@@ -60,7 +60,9 @@ impl Leases {
             let Some(t) = first_hot(&ops, threshold, span) else {
                 continue;
             };
-            let e = from.entry((key.to_string(), route.to_string())).or_insert(t);
+            let e = from
+                .entry((key.to_string(), route.to_string()))
+                .or_insert(t);
             *e = (*e).min(t);
         }
         Leases {
@@ -84,7 +86,9 @@ impl Leases {
     }
 
     fn since(&self, key: &str, route: &str) -> Option<u64> {
-        self.from.get(&(key.to_string(), route.to_string())).copied()
+        self.from
+            .get(&(key.to_string(), route.to_string()))
+            .copied()
     }
 
     /// The earliest real time the owner may have charged the units of `op`'s leased
@@ -197,7 +201,14 @@ mod tests {
         let history = |leases: bool| {
             let mut h = lent(2, 2, leases);
             let seq = h.seq("n1", 1);
-            h.check(T0 + 900, "n2", FW, "k", 1, Ans::decided("n1", seq, false, 0));
+            h.check(
+                T0 + 900,
+                "n2",
+                FW,
+                "k",
+                1,
+                Ans::decided("n1", seq, false, 0),
+            );
             h
         };
         assert_eq!(run(&history(true), no_false_deny).count("S4"), 0);
