@@ -141,29 +141,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
             None => format!("the nodes' default ({DEFAULT_REPLICATE_MS} ms)"),
         }
     );
-    if let Some(threshold) = profile.leases {
-        history.record(&Entry::Leases {
-            t: now_ms(),
-            threshold,
-            ttl_ms: LEASE_TTL_MS,
-        });
-    }
-    eprintln!(
-        "[chaos] budget leases: {}",
-        match profile.leases {
-            Some(n) => format!("--lease-threshold {n} (TTL {LEASE_TTL_MS} ms)"),
-            None => "the nodes' default (off)".into(),
-        }
-    );
-    let mut extra: Vec<String> = Vec::new();
-    if let Some(threshold) = profile.leases {
-        extra.extend([
-            "--lease-threshold".into(),
-            threshold.to_string(),
-            "--lease-ttl-ms".into(),
-            LEASE_TTL_MS.to_string(),
-        ]);
-    }
+    let mut extra: Vec<String> = lease_args(&history, profile.leases);
     if profile.broken {
         extra.push("--broken-decide-locally".into());
     }
@@ -322,6 +300,32 @@ fn replicate_from_env() -> Option<u64> {
             .parse()
             .expect("RINGLIMIT_CHAOS_REPLICATE must be a whole number of ms (0: off)")
     })
+}
+
+/// With leases on (`--lease-threshold`, from the profile): the history's `leases`
+/// line, and the nodes' arguments.
+fn lease_args(history: &History, leases: Option<u64>) -> Vec<String> {
+    eprintln!(
+        "[chaos] budget leases: {}",
+        match leases {
+            Some(n) => format!("--lease-threshold {n} (TTL {LEASE_TTL_MS} ms)"),
+            None => "the nodes' default (off)".into(),
+        }
+    );
+    let Some(threshold) = leases else {
+        return Vec::new();
+    };
+    history.record(&Entry::Leases {
+        t: now_ms(),
+        threshold,
+        ttl_ms: LEASE_TTL_MS,
+    });
+    vec![
+        "--lease-threshold".into(),
+        threshold.to_string(),
+        "--lease-ttl-ms".into(),
+        LEASE_TTL_MS.to_string(),
+    ]
 }
 
 /// The nodes' `--lease-ttl-ms` when leases are on (their default).
