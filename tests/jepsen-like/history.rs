@@ -73,6 +73,11 @@ pub enum Entry {
         hops: u32,
         rule: String,
         retry_after_ms: u64,
+        /// Decided by the entry node from a budget lease (docs/leases.md): `decider` is
+        /// the owner that charged the units when it granted the lease, `hops` 0,
+        /// `sequence` 0. Absent (false) in histories from before leases.
+        #[serde(default)]
+        leased: bool,
     },
     Fail {
         id: u64,
@@ -144,6 +149,15 @@ pub enum Entry {
     Replication {
         t: u64,
         interval_ms: u64,
+    },
+    /// Every node of the run was started with `--lease-threshold threshold` (budget
+    /// leases, docs/leases.md) and leases last at most `ttl_ms`. A history without this
+    /// line ran without leases (the nodes' default): no answer can be leased, and no
+    /// owner's count moves by a grant the history does not show.
+    Leases {
+        t: u64,
+        threshold: u64,
+        ttl_ms: u64,
     },
 }
 

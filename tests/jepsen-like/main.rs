@@ -15,6 +15,9 @@
 //!   runs with one seed compare replication on and off. S3-replicated is asserted only
 //!   when the nodes replicate; `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1` asserts it anyway
 //!   (the negative control: a run without replication must fail it), `=0` never.
+//! - `RINGLIMIT_CHAOS_LEASES=N` starts the nodes with `--lease-threshold N` (budget
+//!   leases, docs/leases.md; unset: the nodes' default, off) and adds a whale key to
+//!   the workload; `short_profile_with_budget_leases` runs the short profile so (CI).
 
 mod checker;
 mod harness;
@@ -47,6 +50,8 @@ struct Profile {
     clients: u32,
     broken: bool,
     faults: bool,
+    /// `--lease-threshold` for the nodes (`None`: their default, off).
+    leases: Option<u64>,
 }
 
 fn seed_from_env() -> u64 {
@@ -136,7 +141,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
             None => format!("the nodes' default ({DEFAULT_REPLICATE_MS} ms)"),
         }
     );
-    let mut extra: Vec<String> = Vec::new();
+    let mut extra: Vec<String> = lease_args(&history, profile.leases);
     if profile.broken {
         extra.push("--broken-decide-locally".into());
     }
@@ -187,6 +192,13 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
         zipf_keys: 200,
         deadline: Duration::from_secs(2),
         window_ms: 2000,
+        // With leases on, a quarter of the ops go to one whale key: hot at every entry
+        // node, so that its owner lends it all the time.
+        whale: if profile.leases.is_some_and(|n| n > 0) {
+            0.25
+        } else {
+            0.0
+        },
         routes: vec![
             ("GET /fw".into(), 60),
             ("GET /log".into(), 25),
@@ -290,6 +302,45 @@ fn replicate_from_env() -> Option<u64> {
     })
 }
 
+/// With leases on (`--lease-threshold`, from the profile): the history's `leases`
+/// line, and the nodes' arguments.
+fn lease_args(history: &History, leases: Option<u64>) -> Vec<String> {
+    eprintln!(
+        "[chaos] budget leases: {}",
+        match leases {
+            Some(n) => format!("--lease-threshold {n} (TTL {LEASE_TTL_MS} ms)"),
+            None => "the nodes' default (off)".into(),
+        }
+    );
+    let Some(threshold) = leases else {
+        return Vec::new();
+    };
+    history.record(&Entry::Leases {
+        t: now_ms(),
+        threshold,
+        ttl_ms: LEASE_TTL_MS,
+    });
+    vec![
+        "--lease-threshold".into(),
+        threshold.to_string(),
+        "--lease-ttl-ms".into(),
+        LEASE_TTL_MS.to_string(),
+    ]
+}
+
+/// The nodes' `--lease-ttl-ms` when leases are on (their default).
+const LEASE_TTL_MS: u64 = 1000;
+
+/// `RINGLIMIT_CHAOS_LEASES`: the `--lease-threshold` (checks/s of one counter at one
+/// entry node) to start the nodes with (`None`: their default, off).
+fn leases_from_env() -> Option<u64> {
+    std::env::var("RINGLIMIT_CHAOS_LEASES").ok().map(|s| {
+        s.trim()
+            .parse()
+            .expect("RINGLIMIT_CHAOS_LEASES must be a whole number of checks/s (0: off)")
+    })
+}
+
 /// `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1|0`: force S3-replicated on or off.
 fn check_options() -> checker::Options {
     let assert_replicated = std::env::var("RINGLIMIT_CHAOS_ASSERT_REPLICATED")
@@ -322,6 +373,7 @@ fn chaos_profile() -> Profile {
             clients: 16,
             broken: false,
             faults: true,
+            leases: leases_from_env(),
         }
     } else {
         Profile {
@@ -333,6 +385,7 @@ fn chaos_profile() -> Profile {
             clients: 12,
             broken: false,
             faults: true,
+            leases: leases_from_env(),
         }
     }
 }
@@ -355,6 +408,42 @@ async fn chaos() {
     );
 }
 
+/// The short profile with budget leases on (issue 24: the chaos suite passes with
+/// leases on): `RINGLIMIT_CHAOS_LEASES` or 3 checks/s, at which the whale key is lent
+/// at every entry node (and now and then a hot key).
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn short_profile_with_budget_leases() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = seed_from_env();
+    let profile = Profile {
+        name: "short-leases",
+        nodes: 3,
+        events: 6,
+        min_chaos: Duration::ZERO,
+        fault_free: Duration::from_secs(8),
+        clients: 12,
+        broken: false,
+        faults: true,
+        leases: Some(leases_from_env().filter(|n| *n > 0).unwrap_or(3)),
+    };
+    let out = run(profile, seed).await;
+    let leased = out
+        .report
+        .summary
+        .lines()
+        .find(|l| l.contains("budget leases"));
+    eprintln!("[leases] {}", leased.unwrap_or("no lease row"));
+    assert!(
+        out.report.total() == 0,
+        "chaos run with leases found {} violation(s):\n{}\n{}\n{}",
+        out.report.total(),
+        out.report.details(10),
+        out.report.summary,
+        out.repro()
+    );
+}
+
 /// A cluster where every node decides every key itself: the checkers must flag it.
 #[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -370,6 +459,7 @@ async fn negative_control_broken_cluster_is_flagged() {
         clients: 12,
         broken: true,
         faults: false,
+        leases: None,
     };
     let out = run(profile, seed).await;
     let s5 = out.report.count("S5");

@@ -1,4 +1,5 @@
-//! The workload: a seeded PRNG, a few hot keys plus many Zipf-distributed keys, mixed
+//! The workload: a seeded PRNG, a few hot keys plus many Zipf-distributed keys (and a
+//! whale key when budget leases are on), mixed
 //! costs, requests bunched around window boundaries, spread over all serving nodes.
 
 use std::sync::Arc;
@@ -71,6 +72,9 @@ pub struct WorkloadConfig {
     pub deadline: Duration,
     /// Window length used to bunch requests around boundaries.
     pub window_ms: u64,
+    /// Share of the ops sent to the one key `whale` (0: none, and no draw for it, so a
+    /// seed gives the workload it gave before).
+    pub whale: f64,
     /// (route, weight).
     pub routes: Vec<(String, u32)>,
 }
@@ -121,7 +125,9 @@ pub fn spawn(
                         }
                         w -= weight;
                     }
-                    let key = if rng.f64() < 0.4 {
+                    let key = if cfg.whale > 0.0 && rng.f64() < cfg.whale {
+                        "whale".to_string()
+                    } else if rng.f64() < 0.4 {
                         format!("hot-{}", rng.range(0, cfg.hot_keys as u64 - 1))
                     } else {
                         format!("z-{}", zipf.sample(&mut rng))
@@ -183,6 +189,7 @@ pub fn spawn(
                                 hops: a.descriptors.first().map(|d| d.hops).unwrap_or(0),
                                 rule: a.rule,
                                 retry_after_ms: a.retry_after_ms,
+                                leased: a.leased,
                             }
                         }
                         Ok(Err(status)) => {

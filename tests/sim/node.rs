@@ -812,6 +812,7 @@ impl Node {
                 hops: first.hops,
                 rule: v.rule.to_string(),
                 retry_after_ms: v.retry_after_ms,
+                leased: false,
             },
         });
         out

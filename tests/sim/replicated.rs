@@ -411,6 +411,7 @@ mod tests {
                 hops: 1,
                 rule: "fw".into(),
                 retry_after_ms: 0,
+                leased: false,
             });
         };
         for i in 0..10 {

@@ -9,6 +9,7 @@ use std::ops::RangeInclusive;
 use crate::history::{Entry, MemberView, RuleInfo};
 
 use super::clocks::Clocks;
+use super::leases::Leases;
 use super::views::Views;
 
 /// The facts of an `ok` answer.
@@ -26,6 +27,9 @@ pub struct Answer {
     /// A fail-over decision: the key's successor decided it on its replica while the
     /// owner could not be reached (`Parsed::parse` tells it from a fallback).
     pub failover: bool,
+    /// Decided by the entry node from a budget lease the decider (the owner) granted:
+    /// an admission the owner charged when it granted the lease; sequence 0, 0 hops.
+    pub leased: bool,
 }
 
 impl Answer {
@@ -182,6 +186,11 @@ pub struct Parsed {
     pub spawns: Vec<Spawn>,
     /// The nodes' `--replicate-interval-ms` (the `replication` line); `None` without one.
     pub replicate_interval_ms: Option<u64>,
+    /// The nodes' `--lease-threshold` and lease TTL (the `leases` line); `None`: no
+    /// budget leases in the run.
+    pub leases: Option<(u64, u64)>,
+    /// The largest clock offset (either way) the clock-offset nemesis set, in ms.
+    pub max_clock_offset_ms: u64,
 }
 
 /// Whether a degraded answer with a sequence number is a fail-over decision rather than
@@ -210,6 +219,8 @@ impl Parsed {
         let mut clocks = Clocks::default();
         let mut spawns = Vec::new();
         let mut replicate_interval_ms = None;
+        let mut leases = None;
+        let mut max_clock_offset_ms = 0u64;
         for e in entries {
             match e {
                 Entry::Meta {
@@ -255,6 +266,7 @@ impl Parsed {
                     sequence,
                     degraded,
                     hops,
+                    leased,
                     ..
                 } => {
                     if let Some(op) = ops.get_mut(id) {
@@ -270,6 +282,7 @@ impl Parsed {
                             degraded: *degraded,
                             hops: *hops,
                             failover: false,
+                            leased: *leased,
                         };
                         answer.failover =
                             is_failover(&answer, rules.iter().find(|r| r.route == op.route));
@@ -329,7 +342,10 @@ impl Parsed {
                         _ => {}
                     }
                 }
-                Entry::Clock { t, node, offset_ms } => clocks.record(node, *t, *offset_ms),
+                Entry::Clock { t, node, offset_ms } => {
+                    max_clock_offset_ms = max_clock_offset_ms.max(offset_ms.unsigned_abs());
+                    clocks.record(node, *t, *offset_ms)
+                }
                 Entry::Phase {
                     t,
                     name,
@@ -386,6 +402,9 @@ impl Parsed {
                 Entry::Replication { interval_ms, .. } => {
                     replicate_interval_ms = Some(*interval_ms);
                 }
+                Entry::Leases {
+                    threshold, ttl_ms, ..
+                } => leases = Some((*threshold, *ttl_ms)),
             }
         }
         samples.sort_by_key(|s: &Sample| (s.t, s.node.clone()));
@@ -401,6 +420,8 @@ impl Parsed {
             clocks,
             spawns,
             replicate_interval_ms,
+            leases,
+            max_clock_offset_ms,
         }
     }
 }
@@ -455,12 +476,14 @@ pub struct Context<'a> {
     pub views: Views,
     /// Ops on the fixed window route, by id.
     pub fw_ops: Vec<&'a Op>,
+    /// Budget leases: which counters may have been lent from when (off: none).
+    pub leases: Leases,
     /// (key, window) → the fixed-window ops that may belong there.
     pub windows: BTreeMap<(String, u64), Window<'a>>,
     /// (key, window) → fixed-window charges in doubt there (see `late_charge`).
     pub doubt: BTreeMap<(String, u64), Vec<&'a Op>>,
     /// Decider (owner or fail-over successor) → key → its fixed-window answers in
-    /// sequence order.
+    /// sequence order (not the leased ones: they have no sequence number).
     pub by_decider: BTreeMap<Decider, PerKey<'a>>,
 }
 
@@ -515,9 +538,11 @@ impl<'a> Context<'a> {
 
         // A successor's fail-over answers join its own sequence: they are decided on its
         // replica, which becomes (or already is) the live key it decides as owner.
+        // Leased answers are not in it: they carry no sequence number of their own (the
+        // decision that counted their units was the owner's grant, not in the history).
         let mut by_decider: BTreeMap<Decider, PerKey> = BTreeMap::new();
         for op in &fw_ops {
-            if let Some(a) = op.ok().filter(|a| a.decides()) {
+            if let Some(a) = op.ok().filter(|a| a.decides() && !a.leased) {
                 by_decider
                     .entry(a.decider_id())
                     .or_default()
@@ -540,6 +565,7 @@ impl<'a> Context<'a> {
             exits: &p.exits,
             spawns: &p.spawns,
             replicate_interval_ms: p.replicate_interval_ms,
+            leases: Leases::new(p),
             metrics: &p.metrics,
             clocks: &p.clocks,
             l,

@@ -3,7 +3,8 @@
 //!
 //! `context` parses the history once (ops by id, ring samples, nemesis steps, phases)
 //! and groups it (fixed-window ops per (key, window) and per decider, charges in doubt
-//! per window); `views` rebuilds every node's ring views from the samples. Each property
+//! per window); `views` rebuilds every node's ring views from the samples; `leases` says
+//! which counters may have been lent (budget leases) and from when. Each property
 //! of docs/chaos.md is one function over that context:
 //!
 //! | property | function |
@@ -23,6 +24,7 @@
 mod availability;
 mod clocks;
 mod context;
+mod leases;
 mod observability;
 mod s1_bound;
 mod s2_sequence;

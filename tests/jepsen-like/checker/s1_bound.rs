@@ -14,6 +14,12 @@ use super::Report;
 /// successor's fail-over and owner decisions count together, on one budget: they are
 /// one counter (its replica, promoted into the live key by a merge that only adds, or
 /// the live key it already held; `Window::deciders`).
+///
+/// Budget leases: an answer decided from a lease names the owner that granted it and
+/// the window of the grant, and is not degraded, so it counts here among the owner's
+/// admissions of that window. That is the exactness of leases, kept strict: the owner
+/// charged every lent unit in that window before any entry spent it, so leased
+/// admissions (from every holder) plus the owner's own ≤ L per window.
 pub fn fixed_window(ctx: &Context, report: &mut Report) {
     let l = ctx.l;
     for ((key, win), window) in &ctx.windows {
@@ -65,9 +71,18 @@ pub fn fallback(ctx: &Context, report: &mut Report) {
 
 /// S1-log: per decider (owner or fail-over successor) and key of the sliding window log, admissions whose
 /// decisions surely lie within less than W on the decider's clock (`complete_j −
-/// invoke_i < W` when the clock-offset nemesis left it alone) cost ≤ L.
+/// invoke_i < W` when the clock-offset nemesis left it alone) cost ≤ L. A sliding log
+/// never leases (docs/leases.md): a leased answer on it is a violation.
 pub fn sliding_log(ctx: &Context, report: &mut Report) {
     let Some(r) = ctx.sliding_log else { return };
+    for op in ctx.ops.iter().filter(|o| o.route == r.route) {
+        if op.ok().is_some_and(|a| a.leased) {
+            report.violate(
+                "S1-log",
+                format!("op {} key {}: a leased sliding log answer", op.id, op.key),
+            );
+        }
+    }
     for ((d, g, key), list) in admissions(ctx, r) {
         'from: for i in 0..list.len() {
             let mut sum = 0u64;
@@ -93,8 +108,12 @@ pub fn sliding_log(ctx: &Context, report: &mut Report) {
 
 /// S1-tb: per decider (owner or fail-over successor) and key of the token bucket, admitted cost over any
 /// run of decisions ≤ burst + L × (elapsed upper bound, on the decider's clock) / W.
+///
+/// Leased admissions have no place in the owner's sequence; they are checked with the
+/// owner's by time instead (`token_bucket_leased`).
 pub fn token_bucket(ctx: &Context, report: &mut Report) {
     let Some(r) = ctx.token_bucket else { return };
+    token_bucket_leased(ctx, r, report);
     for ((d, g, key), list) in admissions(ctx, r) {
         'from: for i in 0..list.len() {
             let mut sum = 0u64;
@@ -119,15 +138,68 @@ pub fn token_bucket(ctx: &Context, report: &mut Report) {
     }
 }
 
+/// S1-tb with leases, per owner and key with leased admissions: the bucket gave every
+/// lent unit when the owner granted it, at most a lease's life before its spend
+/// (`Leases::charged_from`). So each admission was charged within a known real-time
+/// span, [invoke, complete] for the owner's own, [charged_from, complete] for a leased
+/// one, and the admissions charged surely within [a, b] cost ≤ burst + refill over
+/// (b − a) on the owner's clock: taken over every a at a span's start and b at a
+/// span's end (one violation per owner and key: the first start found). The burst moves by up to one lease life for a client (docs/leases.md);
+/// what the owner's bucket gives does not.
+fn token_bucket_leased(ctx: &Context, r: &RuleInfo, report: &mut Report) {
+    type Spans = Vec<(u64, u64, u64, u64)>;
+    let mut per: BTreeMap<(String, u64, String), (Spans, bool)> = BTreeMap::new();
+    for op in ctx.ops.iter().filter(|o| o.route == r.route) {
+        let Some(a) = op.ok().filter(|a| a.decides() && a.allowed) else {
+            continue;
+        };
+        let from = if a.leased {
+            ctx.leases.charged_from(op)
+        } else {
+            op.invoke
+        };
+        let e = per
+            .entry((a.decider.clone(), a.generation, op.key.clone()))
+            .or_default();
+        e.0.push((from, op.complete, op.cost, op.id));
+        e.1 |= a.leased;
+    }
+    'key: for ((d, g, key), (mut spans, _)) in per.into_iter().filter(|(_, (_, any))| *any) {
+        spans.sort_by_key(|s| s.1);
+        let mut starts: Vec<u64> = spans.iter().map(|s| s.0).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        for a in starts {
+            let mut sum = 0;
+            for &(from, to, cost, id) in spans.iter().filter(|s| s.0 >= a) {
+                sum += cost;
+                let span = ctx.clocks.elapsed(&d, a, a, to);
+                let refill = (r.limit * span).div_ceil(r.window_ms);
+                if sum > r.burst + refill {
+                    report.violate(
+                        "S1-tb",
+                        format!(
+                            "{d}@{g} key {key}: admissions charged within [{a}, {to}] (the last: op {id}, from {from}) cost {sum} > burst {} + refill {refill} over ≤ {span} ms, leased ones included",
+                            r.burst
+                        ),
+                    );
+                    continue 'key;
+                }
+            }
+        }
+    }
+}
+
 /// Admissions on `rule`'s route per (decider, generation, key), in sequence order:
-/// non-degraded ones and a successor's fail-over ones (one counter: `Window::deciders`).
+/// non-degraded ones and a successor's fail-over ones (one counter: `Window::deciders`),
+/// not leased ones (no sequence of their own).
 fn admissions<'a>(
     ctx: &Context<'a>,
     rule: &RuleInfo,
 ) -> BTreeMap<(String, u64, String), Vec<&'a Op>> {
     let mut per: BTreeMap<(String, u64, String), Vec<&Op>> = BTreeMap::new();
     for op in ctx.ops.iter().filter(|o| o.route == rule.route) {
-        if let Some(a) = op.ok().filter(|a| a.decides() && a.allowed) {
+        if let Some(a) = op.ok().filter(|a| a.decides() && a.allowed && !a.leased) {
             per.entry((a.decider.clone(), a.generation, op.key.clone()))
                 .or_default()
                 .push(op);

@@ -11,9 +11,20 @@ use super::Report;
 /// never goes back, `remaining` ≤ L and consistent with the verdict, never goes up inside
 /// a window and drops by at least each admitted cost; and where no fault and no in-doubt
 /// op touches the window, an exact replay of the fixed window model.
+///
+/// Budget leases: a leased answer carries no sequence number of its own (sequence 0:
+/// the decision that counted its units was the owner's grant, which the history does
+/// not have), so it is not replayed in the owner's sequence; it is still held to the
+/// structural checks (an admission, `remaining` ≤ L − its cost, a window id within
+/// the op's span stretched back by a lease's life: `leased`). And on a counter that
+/// may have been lent in a window (`Leases::lent_in`), the owner's `remaining` moves
+/// by grants (down) and returns of unused units (up) the history does not show: there
+/// only the per-answer checks and the window order apply, not the monotone remaining
+/// nor the exact replay. Counters never hot at any entry node keep every check.
 pub fn sequential(ctx: &Context, report: &mut Report) {
     window_ids(ctx, report);
     unique_sequences(ctx, report);
+    leased(ctx, report);
     for ((d, g), keys) in &ctx.by_decider {
         for (key, answers) in keys {
             replay(ctx, d, *g, key, answers, report);
@@ -36,9 +47,15 @@ fn window_ids(ctx: &Context, report: &mut Report) {
         };
         // On the decider's clock, which the clock-offset nemesis may have moved; a state
         // handed over from a node whose clock was ahead keeps its window, so any node's
-        // offset bounds it.
+        // offset bounds it. A leased answer names the window of the grant, which may
+        // come a lease's life before the op.
+        let invoke = if a.leased {
+            ctx.leases.charged_from(op)
+        } else {
+            op.invoke
+        };
         let (first, last) = (
-            ctx.clocks.earliest(op.invoke, op.complete),
+            ctx.clocks.earliest(invoke, op.complete),
             ctx.clocks.latest(op.complete),
         );
         if !(win * w <= last && (win + 1) * w > first.saturating_sub(1)) {
@@ -77,6 +94,28 @@ fn unique_sequences(ctx: &Context, report: &mut Report) {
     }
 }
 
+/// A leased answer is an admission the owner charged on its counter: allowed, and
+/// `remaining` (never more than the owner's after the grant) leaves room for its cost
+/// under L. Leases only with leases on, and only for fixed windows, token buckets
+/// (and GCRA, sliding counters), never a sliding log.
+fn leased(ctx: &Context, report: &mut Report) {
+    for op in ctx.ops {
+        let Some(a) = op.ok().filter(|a| a.leased) else {
+            continue;
+        };
+        let log = ctx.sliding_log.is_some_and(|r| r.route == op.route);
+        if !ctx.leases.on || log || !a.allowed || a.degraded || a.remaining + op.cost > a.limit {
+            report.violate(
+                "S2",
+                format!(
+                    "op {} route {}: leased answer allowed={} degraded={} remaining={} for cost {} (leases on: {})",
+                    op.id, op.route, a.allowed, a.degraded, a.remaining, op.cost, ctx.leases.on
+                ),
+            );
+        }
+    }
+}
+
 /// No fault near the window (5 s before it to 1 s after, against each step's start to
 /// 2 s after it settled): nothing can have interfered with one decider's count.
 fn quiet(ctx: &Context, win: u64) -> bool {
@@ -107,6 +146,8 @@ fn replay(ctx: &Context, d: &str, g: u64, key: &str, answers: &[Answered], repor
             );
         }
         let same_window = prev.is_some_and(|(_, p)| p.window_id == a.window_id);
+        // Grants and returns the history does not show move this count (`sequential`).
+        let lent = ctx.leases.lent_in(key, &o.route, win, ctx.w);
         if let Some((po, p)) = prev {
             if p.window_id > a.window_id {
                 report.violate(
@@ -117,7 +158,7 @@ fn replay(ctx: &Context, d: &str, g: u64, key: &str, answers: &[Answered], repor
                     ),
                 );
             }
-            if same_window {
+            if same_window && !lent {
                 let spent = if a.allowed { o.cost } else { 0 };
                 if a.remaining + spent > p.remaining {
                     report.violate(
@@ -134,7 +175,9 @@ fn replay(ctx: &Context, d: &str, g: u64, key: &str, answers: &[Answered], repor
             used = 0;
         }
         // Exact replay where nothing can have interfered.
-        if quiet(ctx, win) && !ctx.doubt.contains_key(&(key.to_string(), win)) {
+        if lent {
+            // Nothing to replay: the count includes lent units.
+        } else if quiet(ctx, win) && !ctx.doubt.contains_key(&(key.to_string(), win)) {
             let expect_allowed = used + o.cost <= l;
             if expect_allowed {
                 used += o.cost;

@@ -120,10 +120,14 @@ pub fn owner(ctx: &Context, report: &mut Report) {
             }
             continue;
         }
-        if !ctx
-            .views
-            .owned_by(&op.key, &a.decider, op.invoke, op.complete)
-        {
+        // A leased answer names the owner that granted the lease, up to a lease's life
+        // before the op.
+        let from = if a.leased {
+            ctx.leases.charged_from(op)
+        } else {
+            op.invoke
+        };
+        if !ctx.views.owned_by(&op.key, &a.decider, from, op.complete) {
             report.violate(
                 "S3-owner",
                 format!(

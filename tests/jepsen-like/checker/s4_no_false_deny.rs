@@ -7,6 +7,16 @@ use super::Report;
 /// S4 over every fixed-window denial: a decided denial against L, a fail-open fallback
 /// denial against its fallback limit, a deny-cache answer against an earlier real denial
 /// (or op of unknown outcome) through the same entry node.
+///
+/// Budget leases: units an owner lent and no entry has spent yet are charged on its
+/// counter, like a charge in doubt, so its denial may come while admitted + in doubt <
+/// L (docs/leases.md: under-admission bounded by the units outstanding). The history
+/// shows the spent ones (leased answers, counted among the admissions) but neither
+/// the grants nor the returns, so the units outstanding are bounded only by what was
+/// not admitted: a decided denial of a counter that may have been lent by then
+/// (`Leases::lent_by`) is legal. Counters never hot at any entry node, and denials
+/// before one was, are still held to the bound; `lent_denials` counts the denials
+/// only lent units explain (the summary prints them).
 pub fn no_false_deny(ctx: &Context, report: &mut Report) {
     for ((key, win), window) in &ctx.windows {
         let in_doubt: &[&Op] = ctx
@@ -19,6 +29,7 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
             }
             let why = if a.decides() {
                 decided(ctx.l, window, in_doubt, o, a)
+                    .filter(|_| !ctx.leases.lent_by(key, &o.route, o.complete))
             } else if a.fallback() {
                 fallback(window, in_doubt, o, a)
             } else {
@@ -29,6 +40,28 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
             }
         }
     }
+}
+
+/// Decided denials that only units lent may explain (see `no_false_deny`).
+pub fn lent_denials(ctx: &Context) -> usize {
+    let mut n = 0;
+    for ((key, win), window) in &ctx.windows {
+        let in_doubt: &[&Op] = ctx
+            .doubt
+            .get(&(key.clone(), *win))
+            .map_or(&[], Vec::as_slice);
+        n += window
+            .answers
+            .iter()
+            .filter(|(o, a)| {
+                !a.allowed
+                    && a.decides()
+                    && ctx.leases.lent_by(key, &o.route, o.complete)
+                    && decided(ctx.l, window, in_doubt, o, a).is_some()
+            })
+            .count();
+    }
+    n
 }
 
 /// A decider's denial (an owner's, or a successor's on its replica): the admissions it

@@ -6,14 +6,26 @@ use super::Report;
 /// S6: hops ≤ 1; 0 hops ⇔ the node asked decided (an owner, or a successor deciding a
 /// fail-over check: forwarded once to the successor instead of the owner, or decided
 /// by the entry node when it is the successor); a degraded admission only from the
-/// entry node's own fail-open fallback or a successor's fail-over.
+/// entry node's own fail-open fallback or a successor's fail-over. A leased answer was
+/// decided by the node asked from units another node (the owner it names) lent: 0 hops,
+/// and never naming the node asked (a node does not lease from itself).
 pub fn routing(ctx: &Context, report: &mut Report) {
     for op in ctx.ops {
         let Some(a) = op.ok() else { continue };
         if a.hops > 1 {
             report.violate("S6", format!("op {} answered after {} hops", op.id, a.hops));
         }
-        if a.decides() {
+        if a.leased {
+            if a.hops != 0 || a.decider == op.node {
+                report.violate(
+                    "S6",
+                    format!(
+                        "op {}: leased answer after {} hops naming {} (asked {})",
+                        op.id, a.hops, a.decider, op.node
+                    ),
+                );
+            }
+        } else if a.decides() {
             if a.hops == 0 && a.decider != op.node {
                 report.violate(
                     "S6",

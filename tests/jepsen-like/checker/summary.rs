@@ -83,6 +83,15 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
         }
     );
     replicated_rows(&mut s, &stats.replicated);
+    if ctx.leases.on {
+        let leased = count(&|o| o.ok().is_some_and(|a| a.leased));
+        let _ = writeln!(
+            s,
+            "| budget leases: leased answers / counters maybe lent / decided denials only lent units explain | {leased} / {} / {} |",
+            ctx.leases.counters(),
+            super::s4_no_false_deny::lent_denials(ctx)
+        );
+    }
     let _ = writeln!(
         s,
         "| S5 (key, window)s checked in fault-free phases | {} |",

@@ -39,6 +39,7 @@ pub struct Ans {
     degraded: bool,
     /// `None`: 0 if the decider is the node asked, else 1.
     hops: Option<u32>,
+    leased: bool,
 }
 
 impl Ans {
@@ -54,6 +55,17 @@ impl Ans {
             sequence,
             degraded: false,
             hops: None,
+            leased: false,
+        }
+    }
+
+    /// An admission the entry node decided from a lease `owner` granted (sequence 0,
+    /// 0 hops, the owner named as decider).
+    pub fn leased(owner: &str, remaining: u64) -> Ans {
+        Ans {
+            hops: Some(0),
+            leased: true,
+            ..Ans::decided(owner, 0, true, remaining)
         }
     }
 
@@ -254,6 +266,7 @@ impl Hist {
             hops,
             rule: String::new(),
             retry_after_ms: 0,
+            leased: a.leased,
         });
         self
     }
