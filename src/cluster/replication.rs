@@ -288,10 +288,10 @@ impl Replicator {
         let Some(pick) = handed_over_by_live_owner(&self.me, old, new) else {
             return;
         };
-        match self.shards.take_replicas(pick).await {
-            Ok(dropped) if dropped.is_empty() => {}
+        match self.shards.drop_replicas(pick).await {
+            Ok(0) => {}
             Ok(dropped) => tracing::info!(
-                dropped = dropped.len(),
+                dropped,
                 "keys moved away from live owners: their replicas dropped (the handoff brings their states)"
             ),
             Err(error) => tracing::debug!(%error, "dropping handed-over replicas failed"),

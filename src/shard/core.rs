@@ -233,10 +233,9 @@ impl ShardCore {
         self.replicas.select(pick)
     }
 
-    /// Take out the replicas whose placement `pick` accepts (see
-    /// [`Shards::take_replicas`](super::Shards::take_replicas)).
-    pub fn take_replicas(&mut self, pick: &Pick) -> Vec<Exported> {
-        self.replicas.take_picked(pick)
+    /// Drop the replicas whose placement `pick` accepts; returns how many.
+    pub fn drop_replicas(&mut self, pick: &Pick) -> usize {
+        self.replicas.drop_picked(pick)
     }
 
     /// Fail-over admissions since the last call, owed to the keys' owners.
@@ -275,6 +274,20 @@ mod tests {
         }
     }
 
+    /// A fixed window rule `r` of 3 per minute.
+    fn rule_r() -> Arc<Rule> {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
+        )
+        .unwrap();
+        rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "r")
+            .unwrap()
+            .clone()
+    }
+
     fn allowed(core: &mut ShardCore, item: &Charge) -> bool {
         let (outcomes, _) = core.check(std::slice::from_ref(item), NOW, |_, _| 0);
         outcomes[0].decision.allowed
@@ -286,16 +299,7 @@ mod tests {
         // from empty before the handoff reached it and replicated that state back here
         // (this node is its successor); a forward from a node on the old view must
         // still be decided on the handed-over count, not on the replica.
-        let rules = RuleSet::from_toml_str(
-            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
-        )
-        .unwrap();
-        let rule = rules
-            .rules()
-            .iter()
-            .find(|r| &*r.name == "r")
-            .unwrap()
-            .clone();
+        let rule = rule_r();
         let item = charge(&rule, b"k");
         let mut core = ShardCore::new(true, 100, 1 << 20, 0);
         for _ in 0..3 {
@@ -314,16 +318,7 @@ mod tests {
 
     #[test]
     fn a_replica_is_promoted_by_the_first_check_of_a_key_not_held() {
-        let rules = RuleSet::from_toml_str(
-            "[[rule]]\nname = \"r\"\nroute = \"GET /r\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"60s\"\n",
-        )
-        .unwrap();
-        let rule = rules
-            .rules()
-            .iter()
-            .find(|r| &*r.name == "r")
-            .unwrap()
-            .clone();
+        let rule = rule_r();
         let item = charge(&rule, b"k");
         let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
         for _ in 0..2 {

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::replicas::Replicas;
 use super::{Charge, Churn, Counter, Exported, KeyId, ShardError, Shards, Store};
-use crate::algorithms::{Decision, Limiter, Millis};
+use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
 /// Which ring placements a message is about (keys whose successor changed, keys this
@@ -46,14 +46,13 @@ pub(super) enum Command {
         pick: Pick,
         reply: oneshot::Sender<Vec<Exported>>,
     },
-    Take {
-        pick: Pick,
-        reply: oneshot::Sender<Vec<Exported>>,
-    },
     DrainFailover {
         reply: oneshot::Sender<Vec<Exported>>,
     },
-
+    Drop {
+        pick: Pick,
+        reply: oneshot::Sender<usize>,
+    },
     Held {
         reply: oneshot::Sender<usize>,
     },
@@ -115,21 +114,17 @@ impl Side {
     /// reached it). Replacing the count with the replica would let this node admit past
     /// the limit in one window (the simulator's seeds 111 and 603).
     pub fn promote_on_check(&mut self, item: &Charge, live: &mut Store, now: Millis) -> Churn {
-        self.promote(item.id, &item.rule.limiter, live, now);
-        Churn::default()
-    }
-
-    fn promote(&mut self, id: KeyId, limiter: &Limiter, live: &mut Store, now: Millis) {
-        if self.replicas.is_empty() || live.holds(id) || live.handed_away(id) {
-            return;
+        if self.replicas.is_empty() || live.holds(item.id) || live.handed_away(item.id) {
+            return Churn::default();
         }
-        let Some(replica) = self.replicas.take(id) else {
-            return;
+        let Some(replica) = self.replicas.take(item.id) else {
+            return Churn::default();
         };
-        if live.install(replica, limiter, now) {
+        if live.install(replica, &item.rule.limiter, now) {
             self.promoted.increment(1);
         }
         self.held.set(self.replicas.len() as f64);
+        Churn::default()
     }
 
     /// Decide a fail-over check on the key's replica (see [`Replicas::check_failover`]).
@@ -186,8 +181,8 @@ impl Side {
             Command::Select { pick, reply } => {
                 let _ = reply.send(self.select(&pick));
             }
-            Command::Take { pick, reply } => {
-                let _ = reply.send(self.take_picked(&pick));
+            Command::Drop { pick, reply } => {
+                let _ = reply.send(self.drop_picked(&pick));
             }
             Command::DrainFailover { reply } => {
                 let _ = reply.send(self.drain_failover());
@@ -239,17 +234,19 @@ impl Side {
         self.replicas.select(|p| pick(p))
     }
 
-    /// Take out the replicas whose placement `pick` accepts (they go to their owner,
-    /// or are dropped).
-    pub fn take_picked(&mut self, pick: &Pick) -> Vec<Exported> {
-        let taken: Vec<Exported> = self
+    /// Drop the replicas whose placement `pick` accepts; returns how many.
+    pub fn drop_picked(&mut self, pick: &Pick) -> usize {
+        let ids: Vec<KeyId> = self
             .replicas
             .select(|p| pick(p))
             .into_iter()
-            .filter_map(|e| self.replicas.take(e.id))
+            .map(|e| e.id)
             .collect();
+        for id in &ids {
+            self.replicas.take(*id);
+        }
         self.held.set(self.replicas.len() as f64);
-        taken
+        ids.len()
     }
 
     /// Fail-over admissions since the last call, owed to the keys' owners.
@@ -362,18 +359,17 @@ impl Shards {
         Ok(out)
     }
 
-    /// Take out the replicas whose placement `pick` accepts: for the new owner of a key
-    /// this node never promoted, or to drop.
-    pub async fn take_replicas(&self, pick: Pick) -> Result<Vec<Exported>, ShardError> {
-        let mut out = Vec::new();
+    /// Drop the replicas whose placement `pick` accepts (their key's live owner hands
+    /// it over itself). Returns how many.
+    pub async fn drop_replicas(&self, pick: Pick) -> Result<usize, ShardError> {
+        let mut dropped = 0;
         for shard in 0..self.len() {
             let pick = pick.clone();
-            out.extend(
-                self.replication(shard, |reply| Command::Take { pick, reply })
-                    .await?,
-            );
+            dropped += self
+                .replication(shard, |reply| Command::Drop { pick, reply })
+                .await?;
         }
-        Ok(out)
+        Ok(dropped)
     }
 
     /// Replicas held by every shard together.

@@ -186,7 +186,7 @@ impl Node {
         }
         if let Some(pick) = replication::handed_over_by_live_owner(&self.id, old, new) {
             for shard in &mut self.shards {
-                shard.core.take_replicas(&pick);
+                shard.core.drop_replicas(&pick);
             }
         }
         let out = self.hand_over_unpromoted(old, new, reborn);
