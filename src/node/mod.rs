@@ -604,10 +604,11 @@ fn spawn_replication(
         return;
     };
     if !restore.is_done() {
-        let (replicator, views, deadline) = (
+        let (replicator, views, deadline, restore) = (
             replicator.clone(),
             membership.view(),
             config.restore_timeout,
+            restore.clone(),
         );
         spawn_in_span(tracker, async move {
             replication::restore_from_peers(&replicator, views, &restore, deadline).await;
@@ -615,7 +616,7 @@ fn spawn_replication(
     }
     let (views, every, cancel) = (membership.view(), config.replicate_interval, cancel.clone());
     spawn_in_span(tracker, async move {
-        replicator.run(views, every, cancel).await;
+        replicator.run(views, every, restore, cancel).await;
     });
 }
 

@@ -71,8 +71,14 @@ impl ShardCore {
         // this node owns it now) continues the live count; so does one of a key it
         // handed away (to an owner that restarted and is restoring, say): the
         // handed-over count goes on, and what it admits goes to the new owner as a late
-        // delta, as for a forward from a node on the old ring.
-        if item.failover && !self.store.contains(item.id) {
+        // delta, as for a forward from a node on the old ring. With a replica of that
+        // key here (the new owner's newer count), the replica decides, joined first with
+        // the handed-away count (`on_replica_if_handed_away`).
+        if (item.failover && !self.store.contains(item.id))
+            || self
+                .replicas
+                .on_replica_if_handed_away(item, &self.store, now)
+        {
             return self.replicas.decide_failover(item, now);
         }
         let mut churn = self.replicas.promote_on_check(item, &mut self.store, now);
@@ -314,6 +320,46 @@ mod tests {
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
         assert!(!allowed(&mut core, &item), "3 of 3 used here already");
         assert_eq!(core.replicas(), 1, "the replica stays a replica");
+    }
+
+    #[test]
+    fn a_key_handed_away_is_decided_on_its_newer_replica_and_restored_with_it() {
+        // Simulator seed 340: this node handed a key (1 of 3 used) to its owner, which
+        // took it in, admitted 1 more and replicated that here (this node is its
+        // successor). When that owner dies, fail-over checks here must see 2 used, not
+        // the handed-over 1, and what they admit must be in the replica the owner gets
+        // back when it restarts and restores.
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        assert!(allowed(&mut core, &item));
+        let handed = core.export(NOW, |_| Some(Arc::from("owner")));
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
+        let state = handed.into_iter().next().unwrap().1;
+        assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
+        assert!(allowed(&mut owner, &item));
+        let replica = owner.drain_changed(10).remove(0).state;
+        assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
+
+        let failover = Charge {
+            failover: true,
+            ..item.clone()
+        };
+        assert!(allowed(&mut core, &failover), "the third of 3");
+        assert!(
+            !allowed(&mut core, &failover),
+            "2 used by the replica + 1 here"
+        );
+        assert!(
+            !allowed(&mut core, &item),
+            "a late forward sees the same count"
+        );
+
+        let all: Pick = Arc::new(|_| true);
+        let restored = core.select_replicas(&all);
+        assert_eq!(restored.len(), 1);
+        let left = rule.limiter.peek(&restored[0].state, NOW).remaining;
+        assert_eq!(left, 0, "the restore carries the fail-over admission");
     }
 
     #[test]

@@ -120,6 +120,19 @@ impl Replicas {
         self.store.put(item, limiter, now)
     }
 
+    /// Join `state` (a count of the same key kept here, as handed away) into the
+    /// key's replica, if one is held under the same numbers; returns whether one is.
+    pub fn join_held(&mut self, state: Exported, limiter: &Limiter, now: Millis) -> bool {
+        let Some(mut held) = self.store.snapshot(state.id) else {
+            return false;
+        };
+        if held.fingerprint != state.fingerprint {
+            return false;
+        }
+        limiter.join(&mut held.state, state.state);
+        self.store.put(held, limiter, now).0
+    }
+
     /// Whether the next replica of `id` is joined with the one held (a fail-over check
     /// was decided on it, and that state has not expired).
     fn joins(&mut self, id: KeyId, now: Millis) -> bool {

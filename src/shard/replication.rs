@@ -127,9 +127,37 @@ impl Side {
         Churn::default()
     }
 
-    /// Decide a fail-over check on the key's replica (see [`Replicas::check_failover`]).
+    /// Whether a check of a key `live` keeps only as handed away (a fail-over check,
+    /// or a forward from a node on the old view) is decided on the key's replica: when
+    /// one is held here, after joining the handed-away count into it.
+    ///
+    /// The handed-away record is this node's count at the handoff plus what it decided
+    /// since; the replica is the new owner's count, which took that handoff in and went
+    /// on, and it is what this node restores to that owner if it restarts. Deciding on
+    /// the old record forgets the new owner's admissions and leaves this node's own
+    /// out of what it restores (the simulator's seed 340: a successor that had handed a
+    /// key back to its restarted owner answered that owner's next death on the old
+    /// record, then restored the replica without those admissions). Every check of the
+    /// key goes to the replica while it is held, so this node's admissions stay on one
+    /// count; the replica's owed delta carries them to the owner.
+    pub fn on_replica_if_handed_away(&mut self, item: &Charge, live: &Store, now: Millis) -> bool {
+        if self.replicas.is_empty() {
+            return false;
+        }
+        match live.handed_away_state(item.id) {
+            Some(moved) if moved.fingerprint == item.rule.fingerprint => {
+                self.replicas.join_held(moved, &item.rule.limiter, now)
+            }
+            _ => false,
+        }
+    }
+
+    /// Decide a check on the key's replica (see [`Replicas::check_failover`]): a
+    /// fail-over check, or one of a key handed away whose replica is here.
     pub fn decide_failover(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
-        self.failover.increment(1);
+        if item.failover {
+            self.failover.increment(1);
+        }
         // A give-back (Gubernator's negative hits) is not applied to a replica: the
         // owner, when it comes back, holds the count it would have applied to.
         if item.peek {

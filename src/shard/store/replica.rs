@@ -24,6 +24,18 @@ impl Store {
         })
     }
 
+    /// A copy of `id`'s state if the store keeps it only as handed away (the count its
+    /// late checks go on with), to join into a replica of it held here.
+    pub fn handed_away_state(&self, id: KeyId) -> Option<Exported> {
+        let i = self.find(self.hasher.hash_one(id), id)?;
+        let slot = self.slots[i];
+        slot.has(MOVED).then(|| Exported {
+            id,
+            fingerprint: self.fingerprints[slot.fingerprint_slot() as usize].0,
+            state: self.load(i),
+        })
+    }
+
     /// Whether the store holds `id` as its own key: held and not handed away. A key
     /// held only as handed away (or not at all) takes a promoted replica's state.
     pub fn holds(&self, id: KeyId) -> bool {

@@ -97,6 +97,13 @@ impl Node {
     /// chunks of `MAX_INSTALL_STATES`, one `Peer/Replicate` each), then the fail-over
     /// admissions made here to their owners (`push_failover`, by `Peer/Install`).
     pub(super) fn replicate_round(&mut self) -> Vec<Out> {
+        // `Replicator::run`: no round until the restore is over.
+        if self.restoring() {
+            return vec![Out::Timer {
+                at: self.clock.monotonic_ms() + self.cfg.replicate_ms,
+                timer: Timer::Replicate,
+            }];
+        }
         let mut changed = Vec::new();
         for shard in &mut self.shards {
             changed.extend(shard.core.drain_changed(MAX_PER_ROUND));
