@@ -16,6 +16,7 @@
 //! a counter near empty is decided by its owner again, where its last units are scarce.
 
 pub mod entry;
+pub mod gate;
 #[cfg(test)]
 mod tests;
 
@@ -377,12 +378,12 @@ struct BudgetMetrics {
 }
 
 impl BudgetShard {
-    pub(super) fn new(config: &super::ShardConfig) -> Self {
+    pub(super) fn new(config: &super::ShardConfig, gate: Arc<gate::LeaseGate>) -> Self {
         let event =
             |e: &'static str| metrics::counter!("ringlimit_budget_leases_total", "event" => e);
         Self {
             owner: BudgetLeases::default(),
-            entry: entry::EntryLeases::new(config.lease_threshold),
+            entry: entry::EntryLeases::with_gate(config.lease_threshold, gate),
             policy: config.lease_policy,
             returns: config.lease_returns.clone(),
             metrics: BudgetMetrics {
@@ -508,6 +509,12 @@ impl Shards {
             .await
             .map_err(|_| ShardError::Stopped(shard))?;
         rx.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    /// Entry: which checks of remote counters go to [`Shards::spend`] (the rest are
+    /// forwarded without a round trip to a shard).
+    pub fn lease_gate(&self) -> &gate::LeaseGate {
+        &self.gate
     }
 
     /// Entry: decide a check of a remote counter from a lease held here, if one covers

@@ -237,6 +237,8 @@ pub type NewOwner = Arc<dyn Fn(u64) -> Option<Arc<str>> + Send + Sync>;
 #[derive(Clone, Debug)]
 pub struct Shards {
     inboxes: Arc<[mpsc::Sender<Command>]>,
+    /// Which checks of remote counters go to a shard's lease store (`budget/gate.rs`).
+    gate: Arc<budget::gate::LeaseGate>,
 }
 
 impl std::fmt::Debug for Command {
@@ -260,6 +262,7 @@ impl Shards {
         let shards = config.shards.max(1);
         let per_shard_cap = config.max_keys.div_ceil(shards).max(1);
         let per_shard_bytes = config.state_budget().div_ceil(shards);
+        let gate = Arc::new(budget::gate::LeaseGate::new(config.lease_threshold));
         let inboxes: Vec<_> = (0..shards)
             .map(|index| {
                 let (tx, rx) = mpsc::channel(config.inbox.max(1));
@@ -276,7 +279,7 @@ impl Shards {
                         index,
                         reservations::random_key(),
                     ),
-                    budget: budget::BudgetShard::new(config),
+                    budget: budget::BudgetShard::new(config, gate.clone()),
                 };
                 // In the spawning node's span, so eviction logs name the node.
                 tracker.spawn(tracing::Instrument::in_current_span(actor.run(
@@ -289,6 +292,7 @@ impl Shards {
             .collect();
         Self {
             inboxes: inboxes.into(),
+            gate,
         }
     }
 

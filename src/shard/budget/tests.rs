@@ -8,6 +8,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::entry::{EntryLeases, HeldLease, Returned, SpendAsk};
+use super::gate::Gated;
 use super::*;
 use crate::config::rules::{Rule, RuleSet};
 use crate::shard::{Charge, KeyId, Store};
@@ -221,6 +222,7 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
         fingerprint: r.fingerprint,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     let mut returns = Vec::new();
     let mut asked = None;
@@ -237,6 +239,12 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
         T0 + 5,
     );
     let units = reply.lease.unwrap().units;
+    let gate = entry.gate().clone();
+    assert_eq!(
+        gate.route(spend.counter, true),
+        Gated::Shard(1),
+        "every check of a counter with a lease held goes to its shard"
+    );
     let step = entry.spend(&spend, T0 + 6, &mut returns);
     let (decision, by) = step.leased.expect("decided from the lease");
     assert_eq!(&*by.0, "a");
@@ -260,6 +268,11 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
     );
     entry.expire(T0 + 5 + 1_000, &mut returns);
     assert_eq!(
+        gate.route(spend.counter, true),
+        Gated::Forward,
+        "the gate forgets an ended lease"
+    );
+    assert_eq!(
         returns,
         vec![Returned {
             owner: (Arc::from("a"), 1),
@@ -271,6 +284,25 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
 }
 
 #[test]
+fn a_sampled_check_counts_as_many_as_it_stands_for() {
+    let mut entry = EntryLeases::new(100);
+    let spend = SpendAsk {
+        counter: KeyId::of("r", b"k", ""),
+        fingerprint: 7,
+        cost: 1,
+        held_only: false,
+        weight: 6,
+    };
+    let mut returns = Vec::new();
+    for i in 0..16 {
+        let step = entry.spend(&spend, T0 + i, &mut returns);
+        assert!(step.ask.is_none(), "96 checks a second: not hot yet");
+    }
+    let step = entry.spend(&spend, T0 + 16, &mut returns);
+    assert_eq!(step.ask, Some(102), "17 samples of 6: 102 checks a second");
+}
+
+#[test]
 fn an_entry_that_was_refused_stays_quiet_for_a_while() {
     let mut entry = EntryLeases::new(1);
     let spend = SpendAsk {
@@ -278,6 +310,7 @@ fn an_entry_that_was_refused_stays_quiet_for_a_while() {
         fingerprint: 7,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     let mut returns = Vec::new();
     assert!(entry.spend(&spend, T0, &mut returns).ask.is_some());
@@ -304,6 +337,7 @@ fn leases_off_never_asks_and_never_follows_a_counter() {
         fingerprint: 7,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     for i in 0..1_000 {
         let step = entry.spend(&spend, T0 + i, &mut Vec::new());
@@ -321,6 +355,7 @@ fn the_entry_follows_a_bounded_number_of_counters() {
             fingerprint: 7,
             cost: 1,
             held_only: false,
+            weight: 1,
         };
         entry.spend(&spend, T0, &mut Vec::new());
     }
@@ -378,6 +413,7 @@ fn run(r: &Arc<Rule>, ops: &[Op], start: Millis) -> Vec<(Millis, u64)> {
                     fingerprint: r.fingerprint,
                     cost,
                     held_only: false,
+                    weight: 1,
                 };
                 let mut back = Vec::new();
                 if entries[i].spend(&spend, now, &mut back).leased.is_some() {
