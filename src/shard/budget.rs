@@ -70,7 +70,17 @@ pub struct GrantAsk {
     pub holder: Arc<str>,
     /// Units per second the holder decided or forwarded for this counter lately.
     pub rate: u64,
+    /// The counter's client key and the route it was checked with, for the ledger
+    /// line ([`LEDGER`]).
+    pub label: (Arc<str>, Arc<str>),
 }
+
+/// The tracing target of the owner's ledger: one `debug` line per lease granted and per
+/// return that gave units back, each with the shard's sequence number of its step, so
+/// an outside observer (the chaos suite's S4 checker) can tell, for any answer of this
+/// node, how many units were lent and not returned before it. Off at the default log
+/// level; `RUST_LOG=info,ringlimit::lease_ledger=debug` turns it on.
+pub const LEDGER: &str = "ringlimit::lease_ledger";
 
 /// A lease the owner granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +422,22 @@ impl super::Actor {
                         })
                     });
                 churn += c;
+                if let Some(lease) = answer.lease {
+                    tracing::debug!(
+                        target: LEDGER,
+                        event = "grant",
+                        key = ?ask.label.0,
+                        route = ?ask.label.1,
+                        rule = ?ask.charge.rule.name,
+                        counter = ask.charge.id.disc,
+                        holder = ?ask.holder,
+                        serial = lease.serial,
+                        units = lease.units,
+                        window = answer.decision.window_id,
+                        sequence = answer.sequence,
+                        "lease ledger"
+                    );
+                }
                 match answer.event {
                     GrantEvent::Granted => self.budget.metrics.granted.increment(1),
                     GrantEvent::Renewed => self.budget.metrics.renewed.increment(1),
@@ -432,6 +458,21 @@ impl super::Actor {
                 let (units, churn) = self.core.step_live(charged.as_ref(), now, |store| {
                     owner.give_back(store, &holder, serial, counter, unused)
                 });
+                if units > 0 {
+                    // Ordered among this node's decisions like one (the grant's window
+                    // is on its grant's line).
+                    let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::debug!(
+                        target: LEDGER,
+                        event = "return",
+                        counter = counter.disc,
+                        holder = ?holder,
+                        serial,
+                        units,
+                        sequence,
+                        "lease ledger"
+                    );
+                }
                 self.budget.metrics.returned.increment(1);
                 self.budget.metrics.units_returned.increment(units);
                 self.record_churn(churn);

@@ -22,6 +22,7 @@
 mod checker;
 mod harness;
 mod history;
+mod ledger;
 mod nemesis;
 mod rules;
 mod workload;
@@ -262,6 +263,9 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     }
     stop_sampler.cancel();
     let _ = sampler.await;
+    for entry in h.ledger() {
+        history.record(&entry);
+    }
     history.flush();
     let logs = h.logs();
     drop(guard);
@@ -319,6 +323,7 @@ fn lease_args(history: &History, leases: Option<u64>) -> Vec<String> {
         t: now_ms(),
         threshold,
         ttl_ms: LEASE_TTL_MS,
+        ledger: true,
     });
     vec![
         "--lease-threshold".into(),

@@ -161,6 +161,7 @@ impl Router {
                 charge: item.charge(),
                 holder,
                 rate,
+                label: (Arc::from(item.client()), Arc::from(item.route())),
             })
             .await?;
         let lease = reply.lease.unwrap_or(crate::shard::budget::Granted {

@@ -44,6 +44,7 @@ fn ask(rule: &Arc<Rule>, holder: &str, rate: u64) -> GrantAsk {
         charge: charge(rule),
         holder: Arc::from(holder),
         rate,
+        label: (Arc::from("whale"), Arc::from("GET /r")),
     }
 }
 
