@@ -67,7 +67,8 @@ pub struct ShardConfig {
     /// ([`Shards::drain_replication`]): on when the node replicates.
     pub replicate: bool,
     /// Budget leases (`docs/leases.md`): checks per second of one remote counter
-    /// that make this node ask its owner for a lease; 0 (the default): never.
+    /// that make this node ask its owner for a lease (default
+    /// [`budget::DEFAULT_LEASE_THRESHOLD`]); 0: never.
     pub lease_threshold: u64,
     /// How this node grants budget leases as an owner.
     pub lease_policy: budget::LeasePolicy,
@@ -98,7 +99,7 @@ impl Default for ShardConfig {
             max_state_bytes: None,
             expiry_tick: Duration::from_millis(100),
             replicate: false,
-            lease_threshold: 0,
+            lease_threshold: budget::DEFAULT_LEASE_THRESHOLD,
             lease_policy: budget::LeasePolicy::default(),
             lease_returns: None,
         }
