@@ -17,7 +17,7 @@
 //!   (the negative control: a run without replication must fail it), `=0` never.
 //! - `RINGLIMIT_CHAOS_LEASES=N` starts the nodes with `--lease-threshold N` (budget
 //!   leases, docs/leases.md; unset: the nodes' default, `DEFAULT_LEASE_THRESHOLD`,
-//!   which the workload's keys do not reach; 0: off) and adds a whale key to the
+//!   which the short profile's keys did not reach; 0: off) and adds a whale key to the
 //!   workload (N > 0); `short_profile_with_budget_leases` runs the short profile so (CI).
 
 mod checker;
