@@ -226,6 +226,12 @@ impl EntryLeases {
         self.counters.is_empty()
     }
 
+    /// Leases held of `counter` (tests: the gate's table matches).
+    #[cfg(test)]
+    pub(super) fn leases_of(&self, counter: KeyId) -> usize {
+        self.counters.get(&counter).map_or(0, |f| f.leases.len())
+    }
+
     /// Units held in leases of `counter`.
     pub fn held(&self, counter: KeyId) -> u64 {
         self.counters

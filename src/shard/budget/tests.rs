@@ -520,3 +520,79 @@ proptest! {
         cumulative_at_most(&run(&r, &ops, T0), T0, 20, 10, 1_000)?;
     }
 }
+
+/// One step of an entry's lease store, for the gate's bookkeeping.
+#[derive(Debug, Clone)]
+enum EntryOp {
+    /// A check of counter `c` (under rule fingerprint `f`), `dt` ms later.
+    Spend { c: u64, f: u64, dt: u64 },
+    /// The owner's answer for counter `c`: a lease of `units` (0: refused) for `ttl` ms.
+    Hold { c: u64, units: u64, ttl: u64 },
+    /// The expiry tick, `dt` ms later.
+    Expire { dt: u64 },
+}
+
+fn entry_op() -> impl Strategy<Value = EntryOp> {
+    prop_oneof![
+        (0..3u64, 0..2u64, 0..200u64).prop_map(|(c, f, dt)| EntryOp::Spend { c, f, dt }),
+        (0..3u64, 0..4u64, 1..1_500u64).prop_map(|(c, units, ttl)| EntryOp::Hold { c, units, ttl }),
+        (0..400u64).prop_map(|dt| EntryOp::Expire { dt }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The gate's table counts exactly the leases the store holds, whatever the order of
+    /// spends, grants, rule changes and expiry: a count left behind would send every
+    /// check of a counter to its shard for nothing, one missing would forward checks a
+    /// held lease could decide.
+    #[test]
+    fn the_gate_counts_exactly_the_leases_held(ops in proptest::collection::vec(entry_op(), 1..200)) {
+        let mut entry = EntryLeases::new(1);
+        let gate = entry.gate().clone();
+        // Distinct slots: the counters' hashes are 0, 1 and 2.
+        let counter = |c: u64| KeyId { placement: c, disc: c };
+        let mut now = T0;
+        let mut serial = 0;
+        let mut returns = Vec::new();
+        for op in ops {
+            match op {
+                EntryOp::Spend { c, f, dt } => {
+                    now += dt;
+                    let spend = SpendAsk { counter: counter(c), fingerprint: f, cost: 1, held_only: false, weight: 1 };
+                    entry.spend(&spend, now, &mut returns);
+                }
+                EntryOp::Hold { c, units, ttl } => {
+                    serial += 1;
+                    let lease = (units > 0).then(|| HeldLease {
+                        owner: (Arc::from("a"), 1),
+                        serial,
+                        fingerprint: 0,
+                        granted: units,
+                        left: units,
+                        since: now,
+                        until: now + ttl,
+                        numbers: Decision {
+                            allowed: true,
+                            limit: 10,
+                            remaining: 5,
+                            retry_after_ms: 0,
+                            reset_at_ms: 0,
+                            window_id: None,
+                            delay_ms: 0,
+                        },
+                    });
+                    entry.hold(counter(c), lease, now);
+                }
+                EntryOp::Expire { dt } => {
+                    now += dt;
+                    entry.expire(now, &mut returns);
+                }
+            }
+            for c in 0..3 {
+                prop_assert_eq!(u64::from(gate.count(counter(c))), entry.leases_of(counter(c)) as u64);
+            }
+        }
+    }
+}
