@@ -212,3 +212,58 @@ fn shard_round_trip(bencher: Bencher) {
     });
     cancel.cancel();
 }
+
+/// Budget leases on an entry node (`docs/leases.md`, *What it costs*): what one check of
+/// a remote counter that is never hot pays before it is forwarded, over 10,000 uniform
+/// counters at a threshold of 100 checks/s. `shard`: every check makes the round trip
+/// to its shard's lease store (as before the gate); `gate`: the gate sends one check in
+/// `threshold / 16` there, weighted, and forwards the rest at once.
+#[divan::bench(args = ["shard", "gate"])]
+fn lease_check_of_a_cold_remote_counter(bencher: Bencher, path: &str) {
+    use ringlimit::shard::budget::entry::SpendAsk;
+    use ringlimit::shard::budget::gate::Gated;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tracker = tokio_util::task::TaskTracker::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let shards = runtime.block_on(async {
+        Shards::spawn(
+            &ShardConfig {
+                shards: 1,
+                lease_threshold: 100,
+                ..ShardConfig::default()
+            },
+            Arc::new(SystemClock),
+            Arc::new(AtomicU64::new(0)),
+            &tracker,
+            cancel.clone(),
+        )
+    });
+    let counters: Vec<KeyId> = (0..10_000)
+        .map(|i| KeyId::of("default", format!("client_{i}").as_bytes(), "GET /bench"))
+        .collect();
+    let gated = path == "gate";
+    let mut i = 0;
+    bencher.bench_local(|| {
+        i = (i + 1) % counters.len();
+        let weight = if gated {
+            match shards.lease_gate().route(counters[i], false) {
+                Gated::Shard(weight) => weight,
+                Gated::Forward => return None,
+            }
+        } else {
+            1
+        };
+        let spend = SpendAsk {
+            counter: counters[i],
+            fingerprint: 7,
+            cost: 1,
+            held_only: false,
+            weight,
+        };
+        Some(runtime.block_on(shards.spend(spend)).unwrap())
+    });
+    cancel.cancel();
+}

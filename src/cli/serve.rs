@@ -137,8 +137,8 @@ pub struct ServeArgs {
     restore_timeout_ms: u64,
     /// Budget leases of hot counters (docs/leases.md): checks per second of one
     /// counter, through this node, at which it asks the counter's owner for a lease and
-    /// decides its checks locally from it. 0 (the default): never.
-    #[arg(long, env = "RINGLIMIT_LEASE_THRESHOLD", default_value_t = 0)]
+    /// decides its checks locally from it. 0: never (leases off).
+    #[arg(long, env = "RINGLIMIT_LEASE_THRESHOLD", default_value_t = ringlimit::shard::budget::DEFAULT_LEASE_THRESHOLD)]
     lease_threshold: u64,
     /// Longest a budget lease lasts, in ms (a window's end may end it sooner).
     #[arg(long, env = "RINGLIMIT_LEASE_TTL_MS", default_value_t = 1_000)]

@@ -67,7 +67,8 @@ pub struct ShardConfig {
     /// ([`Shards::drain_replication`]): on when the node replicates.
     pub replicate: bool,
     /// Budget leases (`docs/leases.md`): checks per second of one remote counter
-    /// that make this node ask its owner for a lease; 0 (the default): never.
+    /// that make this node ask its owner for a lease (default
+    /// [`budget::DEFAULT_LEASE_THRESHOLD`]); 0: never.
     pub lease_threshold: u64,
     /// How this node grants budget leases as an owner.
     pub lease_policy: budget::LeasePolicy,
@@ -98,7 +99,7 @@ impl Default for ShardConfig {
             max_state_bytes: None,
             expiry_tick: Duration::from_millis(100),
             replicate: false,
-            lease_threshold: 0,
+            lease_threshold: budget::DEFAULT_LEASE_THRESHOLD,
             lease_policy: budget::LeasePolicy::default(),
             lease_returns: None,
         }
@@ -237,6 +238,8 @@ pub type NewOwner = Arc<dyn Fn(u64) -> Option<Arc<str>> + Send + Sync>;
 #[derive(Clone, Debug)]
 pub struct Shards {
     inboxes: Arc<[mpsc::Sender<Command>]>,
+    /// Which checks of remote counters go to a shard's lease store (`budget/gate.rs`).
+    gate: Arc<budget::gate::LeaseGate>,
 }
 
 impl std::fmt::Debug for Command {
@@ -260,6 +263,7 @@ impl Shards {
         let shards = config.shards.max(1);
         let per_shard_cap = config.max_keys.div_ceil(shards).max(1);
         let per_shard_bytes = config.state_budget().div_ceil(shards);
+        let gate = Arc::new(budget::gate::LeaseGate::new(config.lease_threshold));
         let inboxes: Vec<_> = (0..shards)
             .map(|index| {
                 let (tx, rx) = mpsc::channel(config.inbox.max(1));
@@ -276,7 +280,7 @@ impl Shards {
                         index,
                         reservations::random_key(),
                     ),
-                    budget: budget::BudgetShard::new(config),
+                    budget: budget::BudgetShard::new(config, gate.clone()),
                 };
                 // In the spawning node's span, so eviction logs name the node.
                 tracker.spawn(tracing::Instrument::in_current_span(actor.run(
@@ -289,6 +293,7 @@ impl Shards {
             .collect();
         Self {
             inboxes: inboxes.into(),
+            gate,
         }
     }
 

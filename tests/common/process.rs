@@ -116,7 +116,8 @@ impl Process {
             cmd.args(["--seed", &seed.to_string()]);
         }
         cmd.envs(serve.env.iter().map(|(k, v)| (k, v)));
-        if std::env::var_os("RUST_LOG").is_none() {
+        if std::env::var_os("RUST_LOG").is_none() && !serve.env.iter().any(|(k, _)| k == "RUST_LOG")
+        {
             cmd.env("RUST_LOG", "info");
         }
         let mut child = cmd.spawn().map_err(|e| format!("spawn {BIN}: {e}"))?;

@@ -201,7 +201,13 @@ impl Harness {
             let inner = self.lock();
             inner.nodes.iter().filter(|n| n.id == id).count()
         };
-        let env = self.faketime_env(id)?;
+        let mut env = self.faketime_env(id)?;
+        // The owners' lease ledger (a line per grant and return), for the S4 checker.
+        let log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+        env.push((
+            "RUST_LOG".into(),
+            format!("{log},{}", crate::ledger::log_directive()),
+        ));
         let process = Process::spawn(&Serve {
             id,
             ip: ip.into(),
@@ -616,6 +622,15 @@ impl Harness {
             .unwrap_or_else(|e| e.into_inner())
             .insert((id.to_string(), generation), values);
         Some(values)
+    }
+
+    /// The lease ledger of every incarnation's log (`ledger.rs`), as history entries.
+    pub fn ledger(&self) -> Vec<Entry> {
+        self.lock()
+            .nodes
+            .iter()
+            .flat_map(|n| crate::ledger::read(&n.process.log, &n.id, n.process.ready.generation))
+            .collect()
     }
 
     /// Log paths of every incarnation (for failure messages).

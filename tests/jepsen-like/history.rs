@@ -158,6 +158,42 @@ pub enum Entry {
         t: u64,
         threshold: u64,
         ttl_ms: u64,
+        /// The history has every grant and every return of the run (`lent` and
+        /// `returned` lines, from the nodes' lease ledger). Absent (false) in histories
+        /// from before the ledger: the checkers then only know which counters may have
+        /// been lent.
+        #[serde(default)]
+        ledger: bool,
+    },
+    /// An owner's ledger line (`ringlimit::lease_ledger`, docs/leases.md): node
+    /// `node` (generation `generation`) granted `units` of (`key`, `route`)'s counter
+    /// (`counter`: its identity's hash) to `holder` as lease `serial`, charged in
+    /// `window` (none for algorithms without windows), in its decision numbered
+    /// `sequence`. Written after the run from the nodes' logs (`t`: when read).
+    Lent {
+        t: u64,
+        node: String,
+        generation: u64,
+        key: String,
+        route: String,
+        counter: u64,
+        holder: String,
+        serial: u64,
+        units: u64,
+        window: Option<u64>,
+        sequence: u64,
+    },
+    /// An owner's ledger line: the return of lease `serial` of `counter` gave `units`
+    /// back to the counter (as a refund at the grant's instant) in the step numbered
+    /// `sequence` of node `node` (generation `generation`).
+    Returned {
+        t: u64,
+        node: String,
+        generation: u64,
+        counter: u64,
+        serial: u64,
+        units: u64,
+        sequence: u64,
     },
 }
 

@@ -16,12 +16,14 @@
 //!   when the nodes replicate; `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1` asserts it anyway
 //!   (the negative control: a run without replication must fail it), `=0` never.
 //! - `RINGLIMIT_CHAOS_LEASES=N` starts the nodes with `--lease-threshold N` (budget
-//!   leases, docs/leases.md; unset: the nodes' default, off) and adds a whale key to
-//!   the workload; `short_profile_with_budget_leases` runs the short profile so (CI).
+//!   leases, docs/leases.md; unset: the nodes' default, `DEFAULT_LEASE_THRESHOLD`,
+//!   which the short profile's keys did not reach; 0: off) and adds a whale key to the
+//!   workload (N > 0); `short_profile_with_budget_leases` runs the short profile so (CI).
 
 mod checker;
 mod harness;
 mod history;
+mod ledger;
 mod nemesis;
 mod rules;
 mod workload;
@@ -262,6 +264,9 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     }
     stop_sampler.cancel();
     let _ = sampler.await;
+    for entry in h.ledger() {
+        history.record(&entry);
+    }
     history.flush();
     let logs = h.logs();
     drop(guard);
@@ -302,23 +307,28 @@ fn replicate_from_env() -> Option<u64> {
     })
 }
 
-/// With leases on (`--lease-threshold`, from the profile): the history's `leases`
-/// line, and the nodes' arguments.
+/// The nodes' budget-lease arguments (`--lease-threshold` from the profile, or the
+/// nodes' default, passed explicitly so a `RINGLIMIT_LEASE_THRESHOLD` in the
+/// environment cannot change a run behind the history's back), and with leases on the
+/// history's `leases` line.
 fn lease_args(history: &History, leases: Option<u64>) -> Vec<String> {
+    let threshold = leases.unwrap_or(ringlimit::shard::budget::DEFAULT_LEASE_THRESHOLD);
     eprintln!(
-        "[chaos] budget leases: {}",
-        match leases {
-            Some(n) => format!("--lease-threshold {n} (TTL {LEASE_TTL_MS} ms)"),
-            None => "the nodes' default (off)".into(),
+        "[chaos] budget leases: --lease-threshold {threshold}{} (TTL {LEASE_TTL_MS} ms)",
+        if leases.is_none() {
+            " (the nodes' default)"
+        } else {
+            ""
         }
     );
-    let Some(threshold) = leases else {
-        return Vec::new();
-    };
+    if threshold == 0 {
+        return vec!["--lease-threshold".into(), "0".into()];
+    }
     history.record(&Entry::Leases {
         t: now_ms(),
         threshold,
         ttl_ms: LEASE_TTL_MS,
+        ledger: true,
     });
     vec![
         "--lease-threshold".into(),
@@ -332,7 +342,8 @@ fn lease_args(history: &History, leases: Option<u64>) -> Vec<String> {
 const LEASE_TTL_MS: u64 = 1000;
 
 /// `RINGLIMIT_CHAOS_LEASES`: the `--lease-threshold` (checks/s of one counter at one
-/// entry node) to start the nodes with (`None`: their default, off).
+/// entry node) to start the nodes with (`None`: their default,
+/// `DEFAULT_LEASE_THRESHOLD`; 0: off).
 fn leases_from_env() -> Option<u64> {
     std::env::var("RINGLIMIT_CHAOS_LEASES").ok().map(|s| {
         s.trim()

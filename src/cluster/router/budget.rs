@@ -15,6 +15,7 @@ use crate::cluster::policy::{Now, Plan};
 use crate::cluster::{CheckItem, Checks, Decider};
 use crate::membership::Member;
 use crate::shard::budget::entry::SpendAsk;
+use crate::shard::budget::gate::Gated;
 use crate::shard::budget::GrantAsk;
 use crate::shard::{KeyId, ShardError};
 
@@ -82,11 +83,19 @@ impl Router {
         owner: Option<&Member>,
         now: Now,
     ) -> Result<Option<crate::cluster::Answer>, ShardError> {
+        let held_only = owner.is_none();
+        let weight = match self.shards.lease_gate().route(item.id, held_only) {
+            Gated::Shard(weight) => weight,
+            // No lease held here, and not sampled: forwarded (or the cached answer
+            // stands) without a round trip to the shard.
+            Gated::Forward => return Ok(None),
+        };
         let spend = SpendAsk {
             counter: item.id,
             fingerprint: item.rule.fingerprint,
             cost: item.cost.get(),
-            held_only: owner.is_none(),
+            held_only,
+            weight,
         };
         let step = match self.shards.spend(spend).await {
             Ok(step) => step,
@@ -152,6 +161,7 @@ impl Router {
                 charge: item.charge(),
                 holder,
                 rate,
+                label: (Arc::from(item.client()), Arc::from(item.route())),
             })
             .await?;
         let lease = reply.lease.unwrap_or(crate::shard::budget::Granted {

@@ -15,8 +15,11 @@
 //! [`Returned`] to the owner, once.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
+
+use super::gate::LeaseGate;
 
 use crate::algorithms::{Decision, Millis};
 use crate::shard::KeyId;
@@ -48,6 +51,9 @@ pub struct SpendAsk {
     /// the rate nor a reason to ask (a check the deny cache answered: a lease that
     /// arrived after the denial is still budget to spend).
     pub held_only: bool,
+    /// How many checks this one stands for in the counter's rate: 1, or `k` for a
+    /// check the [`LeaseGate`] sampled one in `k`.
+    pub weight: u64,
 }
 
 /// A lease this node holds.
@@ -116,10 +122,10 @@ impl Meter {
         }
     }
 
-    fn record(&mut self, now: Millis, cost: u64) {
+    fn record(&mut self, now: Millis, cost: u64, weight: u64) {
         self.roll(now);
-        self.curr.0 = self.curr.0.saturating_add(1);
-        self.curr.1 = self.curr.1.saturating_add(cost);
+        self.curr.0 = self.curr.0.saturating_add(weight);
+        self.curr.1 = self.curr.1.saturating_add(cost.saturating_mul(weight));
     }
 
     /// (checks, units) per second at `now`.
@@ -148,9 +154,13 @@ impl Followed {
         fingerprint: Option<u64>,
         now: Millis,
         returns: &mut Vec<Returned>,
+        gate: &LeaseGate,
     ) {
         self.leases.retain(|l| {
             let keep = l.until > now && fingerprint.is_none_or(|f| f == l.fingerprint);
+            if !keep {
+                gate.release(counter);
+            }
             if !keep && l.left > 0 {
                 returns.push(Returned {
                     owner: l.owner.clone(),
@@ -180,15 +190,30 @@ pub struct EntryLeases {
     counters: HashMap<KeyId, Followed>,
     /// Checks per second of one counter that make this node ask for a lease; 0: never.
     threshold: u64,
+    /// The node's table of counters with a lease held, kept in step with `counters`.
+    gate: Arc<LeaseGate>,
 }
 
 impl EntryLeases {
-    /// A store that asks for leases of counters seen `threshold` times a second (0: off).
+    /// A store that asks for leases of counters seen `threshold` times a second (0: off),
+    /// with a gate of its own.
     pub fn new(threshold: u64) -> Self {
+        Self::with_gate(threshold, Arc::new(LeaseGate::new(threshold)))
+    }
+
+    /// A store that counts the leases it holds in `gate`, the node's (shared by every
+    /// shard and read by the router).
+    pub fn with_gate(threshold: u64, gate: Arc<LeaseGate>) -> Self {
         Self {
             counters: HashMap::new(),
             threshold,
+            gate,
         }
+    }
+
+    /// The gate this store keeps counts in.
+    pub fn gate(&self) -> &Arc<LeaseGate> {
+        &self.gate
     }
 
     /// Counters followed.
@@ -199,6 +224,12 @@ impl EntryLeases {
     /// Whether none is followed.
     pub fn is_empty(&self) -> bool {
         self.counters.is_empty()
+    }
+
+    /// Leases held of `counter` (tests: the gate's table matches).
+    #[cfg(test)]
+    pub(super) fn leases_of(&self, counter: KeyId) -> usize {
+        self.counters.get(&counter).map_or(0, |f| f.leases.len())
     }
 
     /// Units held in leases of `counter`.
@@ -223,10 +254,10 @@ impl EntryLeases {
             return forward;
         }
         let f = self.counters.entry(ask.counter).or_default();
-        f.end(ask.counter, Some(ask.fingerprint), now, returns);
+        f.end(ask.counter, Some(ask.fingerprint), now, returns, &self.gate);
         if !ask.held_only {
             f.last_seen = now;
-            f.meter.record(now, ask.cost);
+            f.meter.record(now, ask.cost, ask.weight.max(1));
         }
         let (checks, units) = f.meter.rate(now);
         // The lease that ends first, of those that cover the cost.
@@ -273,6 +304,7 @@ impl EntryLeases {
         let Some(f) = self.counters.get_mut(&counter) else {
             // Forgotten meanwhile (the table was swept): a lease still counts.
             if let Some(lease) = lease {
+                self.gate.hold(counter);
                 self.counters.insert(
                     counter,
                     Followed {
@@ -286,15 +318,19 @@ impl EntryLeases {
         };
         f.asking = None;
         match lease {
-            Some(lease) => f.leases.push(lease),
+            Some(lease) => {
+                self.gate.hold(counter);
+                f.leases.push(lease);
+            }
             None => f.quiet_until = now.saturating_add(QUIET_MS),
         }
     }
 
     /// The expiry tick: return ended leases, forget idle counters.
     pub fn expire(&mut self, now: Millis, returns: &mut Vec<Returned>) {
+        let gate = &self.gate;
         self.counters.retain(|&counter, f| {
-            f.end(counter, None, now, returns);
+            f.end(counter, None, now, returns, gate);
             let asking = f
                 .asking
                 .is_some_and(|at| now.saturating_sub(at) < ASK_TIMEOUT_MS);

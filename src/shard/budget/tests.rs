@@ -8,6 +8,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::entry::{EntryLeases, HeldLease, Returned, SpendAsk};
+use super::gate::Gated;
 use super::*;
 use crate::config::rules::{Rule, RuleSet};
 use crate::shard::{Charge, KeyId, Store};
@@ -43,6 +44,7 @@ fn ask(rule: &Arc<Rule>, holder: &str, rate: u64) -> GrantAsk {
         charge: charge(rule),
         holder: Arc::from(holder),
         rate,
+        label: (Arc::from("whale"), Arc::from("GET /r")),
     }
 }
 
@@ -221,6 +223,7 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
         fingerprint: r.fingerprint,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     let mut returns = Vec::new();
     let mut asked = None;
@@ -237,6 +240,12 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
         T0 + 5,
     );
     let units = reply.lease.unwrap().units;
+    let gate = entry.gate().clone();
+    assert_eq!(
+        gate.route(spend.counter, true),
+        Gated::Shard(1),
+        "every check of a counter with a lease held goes to its shard"
+    );
     let step = entry.spend(&spend, T0 + 6, &mut returns);
     let (decision, by) = step.leased.expect("decided from the lease");
     assert_eq!(&*by.0, "a");
@@ -260,6 +269,11 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
     );
     entry.expire(T0 + 5 + 1_000, &mut returns);
     assert_eq!(
+        gate.route(spend.counter, true),
+        Gated::Forward,
+        "the gate forgets an ended lease"
+    );
+    assert_eq!(
         returns,
         vec![Returned {
             owner: (Arc::from("a"), 1),
@@ -271,6 +285,25 @@ fn an_entry_spends_its_lease_asks_again_before_it_runs_out_and_returns_the_rest(
 }
 
 #[test]
+fn a_sampled_check_counts_as_many_as_it_stands_for() {
+    let mut entry = EntryLeases::new(100);
+    let spend = SpendAsk {
+        counter: KeyId::of("r", b"k", ""),
+        fingerprint: 7,
+        cost: 1,
+        held_only: false,
+        weight: 6,
+    };
+    let mut returns = Vec::new();
+    for i in 0..16 {
+        let step = entry.spend(&spend, T0 + i, &mut returns);
+        assert!(step.ask.is_none(), "96 checks a second: not hot yet");
+    }
+    let step = entry.spend(&spend, T0 + 16, &mut returns);
+    assert_eq!(step.ask, Some(102), "17 samples of 6: 102 checks a second");
+}
+
+#[test]
 fn an_entry_that_was_refused_stays_quiet_for_a_while() {
     let mut entry = EntryLeases::new(1);
     let spend = SpendAsk {
@@ -278,6 +311,7 @@ fn an_entry_that_was_refused_stays_quiet_for_a_while() {
         fingerprint: 7,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     let mut returns = Vec::new();
     assert!(entry.spend(&spend, T0, &mut returns).ask.is_some());
@@ -304,6 +338,7 @@ fn leases_off_never_asks_and_never_follows_a_counter() {
         fingerprint: 7,
         cost: 1,
         held_only: false,
+        weight: 1,
     };
     for i in 0..1_000 {
         let step = entry.spend(&spend, T0 + i, &mut Vec::new());
@@ -321,6 +356,7 @@ fn the_entry_follows_a_bounded_number_of_counters() {
             fingerprint: 7,
             cost: 1,
             held_only: false,
+            weight: 1,
         };
         entry.spend(&spend, T0, &mut Vec::new());
     }
@@ -378,6 +414,7 @@ fn run(r: &Arc<Rule>, ops: &[Op], start: Millis) -> Vec<(Millis, u64)> {
                     fingerprint: r.fingerprint,
                     cost,
                     held_only: false,
+                    weight: 1,
                 };
                 let mut back = Vec::new();
                 if entries[i].spend(&spend, now, &mut back).leased.is_some() {
@@ -481,5 +518,81 @@ proptest! {
     ) {
         let r = rule("algorithm = \"leaky_bucket\"\nlimit = 10\nwindow = \"1s\"\nburst = 20");
         cumulative_at_most(&run(&r, &ops, T0), T0, 20, 10, 1_000)?;
+    }
+}
+
+/// One step of an entry's lease store, for the gate's bookkeeping.
+#[derive(Debug, Clone)]
+enum EntryOp {
+    /// A check of counter `c` (under rule fingerprint `f`), `dt` ms later.
+    Spend { c: u64, f: u64, dt: u64 },
+    /// The owner's answer for counter `c`: a lease of `units` (0: refused) for `ttl` ms.
+    Hold { c: u64, units: u64, ttl: u64 },
+    /// The expiry tick, `dt` ms later.
+    Expire { dt: u64 },
+}
+
+fn entry_op() -> impl Strategy<Value = EntryOp> {
+    prop_oneof![
+        (0..3u64, 0..2u64, 0..200u64).prop_map(|(c, f, dt)| EntryOp::Spend { c, f, dt }),
+        (0..3u64, 0..4u64, 1..1_500u64).prop_map(|(c, units, ttl)| EntryOp::Hold { c, units, ttl }),
+        (0..400u64).prop_map(|dt| EntryOp::Expire { dt }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The gate's table counts exactly the leases the store holds, whatever the order of
+    /// spends, grants, rule changes and expiry: a count left behind would send every
+    /// check of a counter to its shard for nothing, one missing would forward checks a
+    /// held lease could decide.
+    #[test]
+    fn the_gate_counts_exactly_the_leases_held(ops in proptest::collection::vec(entry_op(), 1..200)) {
+        let mut entry = EntryLeases::new(1);
+        let gate = entry.gate().clone();
+        // Distinct slots: the counters' hashes are 0, 1 and 2.
+        let counter = |c: u64| KeyId { placement: c, disc: c };
+        let mut now = T0;
+        let mut serial = 0;
+        let mut returns = Vec::new();
+        for op in ops {
+            match op {
+                EntryOp::Spend { c, f, dt } => {
+                    now += dt;
+                    let spend = SpendAsk { counter: counter(c), fingerprint: f, cost: 1, held_only: false, weight: 1 };
+                    entry.spend(&spend, now, &mut returns);
+                }
+                EntryOp::Hold { c, units, ttl } => {
+                    serial += 1;
+                    let lease = (units > 0).then(|| HeldLease {
+                        owner: (Arc::from("a"), 1),
+                        serial,
+                        fingerprint: 0,
+                        granted: units,
+                        left: units,
+                        since: now,
+                        until: now + ttl,
+                        numbers: Decision {
+                            allowed: true,
+                            limit: 10,
+                            remaining: 5,
+                            retry_after_ms: 0,
+                            reset_at_ms: 0,
+                            window_id: None,
+                            delay_ms: 0,
+                        },
+                    });
+                    entry.hold(counter(c), lease, now);
+                }
+                EntryOp::Expire { dt } => {
+                    now += dt;
+                    entry.expire(now, &mut returns);
+                }
+            }
+            for c in 0..3 {
+                prop_assert_eq!(u64::from(gate.count(counter(c))), entry.leases_of(counter(c)) as u64);
+            }
+        }
     }
 }

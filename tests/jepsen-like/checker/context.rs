@@ -9,7 +9,7 @@ use std::ops::RangeInclusive;
 use crate::history::{Entry, MemberView, RuleInfo};
 
 use super::clocks::Clocks;
-use super::leases::Leases;
+use super::leases::{Leases, Ledger, Lent};
 use super::views::Views;
 
 /// The facts of an `ok` answer.
@@ -189,6 +189,9 @@ pub struct Parsed {
     /// The nodes' `--lease-threshold` and lease TTL (the `leases` line); `None`: no
     /// budget leases in the run.
     pub leases: Option<(u64, u64)>,
+    /// Every grant and return of the run, when the history has the nodes' lease ledger
+    /// (the `leases` line says so); `None`: unknown.
+    pub ledger: Option<Ledger>,
     /// The largest clock offset (either way) the clock-offset nemesis set, in ms.
     pub max_clock_offset_ms: u64,
 }
@@ -220,6 +223,8 @@ impl Parsed {
         let mut spawns = Vec::new();
         let mut replicate_interval_ms = None;
         let mut leases = None;
+        let mut ledger: Option<Ledger> = None;
+        let (mut lent, mut returned) = (Vec::new(), Vec::new());
         let mut max_clock_offset_ms = 0u64;
         for e in entries {
             match e {
@@ -403,11 +408,55 @@ impl Parsed {
                     replicate_interval_ms = Some(*interval_ms);
                 }
                 Entry::Leases {
-                    threshold, ttl_ms, ..
-                } => leases = Some((*threshold, *ttl_ms)),
+                    threshold,
+                    ttl_ms,
+                    ledger: with_ledger,
+                    ..
+                } => {
+                    leases = Some((*threshold, *ttl_ms));
+                    if *with_ledger {
+                        ledger.get_or_insert_with(Ledger::default);
+                    }
+                }
+                Entry::Lent {
+                    node,
+                    generation,
+                    key,
+                    route,
+                    counter,
+                    serial,
+                    units,
+                    window,
+                    sequence,
+                    ..
+                } => lent.push(Lent {
+                    owner: (node.clone(), *generation),
+                    key: key.clone(),
+                    route: route.clone(),
+                    counter: *counter,
+                    serial: *serial,
+                    units: *units,
+                    window: *window,
+                    sequence: *sequence,
+                }),
+                Entry::Returned {
+                    node,
+                    generation,
+                    counter,
+                    serial,
+                    units,
+                    sequence,
+                    ..
+                } => {
+                    let lease = ((node.clone(), *generation), *counter, *serial);
+                    returned.push((lease, *units, *sequence));
+                }
             }
         }
         samples.sort_by_key(|s: &Sample| (s.t, s.node.clone()));
+        if let Some(ledger) = &mut ledger {
+            ledger.record(lent, returned);
+        }
         Parsed {
             rules,
             deadline_ms,
@@ -421,6 +470,7 @@ impl Parsed {
             spawns,
             replicate_interval_ms,
             leases,
+            ledger,
             max_clock_offset_ms,
         }
     }

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use super::context::{Op, Parsed};
+use super::context::{Decider, Op, Parsed};
 
 /// Rounding and tick slack (the meter rolls on whole seconds; the entry ticks every 100 ms).
 const SLACK_MS: u64 = 100;
@@ -38,6 +38,98 @@ pub struct Leases {
     offset_ms: u64,
     /// (key, route) → the earliest real time a lease of it may have been granted.
     from: BTreeMap<(String, String), u64>,
+    /// Every grant and return, when the history has the nodes' ledger.
+    pub ledger: Option<Ledger>,
+}
+
+/// One grant of the owners' ledger (a `lent` line).
+#[derive(Clone, Debug)]
+pub struct Lent {
+    /// The owner that charged it.
+    pub owner: Decider,
+    pub key: String,
+    pub route: String,
+    /// The counter's identity hash (a return names it, not the key).
+    pub counter: u64,
+    pub serial: u64,
+    pub units: u64,
+    /// The window it was charged in (`None`: an algorithm without windows).
+    pub window: Option<u64>,
+    /// The owner's sequence number of the grant's step.
+    pub sequence: u64,
+}
+
+/// A return's lease: (owner, counter, serial).
+pub type LeaseId = (Decider, u64, u64);
+
+/// The owners' ledger: every grant and every return that gave units back.
+///
+/// Complete for the decider that writes it, in its own order: a node writes a grant's
+/// line in the shard step that charges it, before the shard takes its next message, to
+/// its stderr (a file; a kill -9 loses nothing written), so every grant a decision of
+/// that node came after is in the ledger, and the sequence numbers order them.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    /// (key, route, window) → the grants charged in that window.
+    grants: BTreeMap<(String, String, u64), Vec<Lent>>,
+    /// Lease → (units given back, the return's sequence number).
+    returns: BTreeMap<LeaseId, (u64, u64)>,
+}
+
+impl Ledger {
+    /// The ledger of `lent` grants and `returned` returns.
+    pub fn record(&mut self, lent: Vec<Lent>, returned: Vec<(LeaseId, u64, u64)>) {
+        for g in lent {
+            if let Some(win) = g.window {
+                self.grants
+                    .entry((g.key.clone(), g.route.clone(), win))
+                    .or_default()
+                    .push(g);
+            }
+        }
+        for (lease, units, sequence) in returned {
+            self.returns.insert(lease, (units, sequence));
+        }
+    }
+
+    /// Units of (`key`, `route`)'s counter that grants in window `win` had charged and
+    /// returns had not given back when `denier` decided its step `sequence`: its own
+    /// grants before that step, less what came back before it; and, per other decider
+    /// (another node or generation), every unit it lent in the window, returned or not
+    /// (its count may have reached `denier` by a handoff or a replica, at any time).
+    pub fn outstanding(
+        &self,
+        key: &str,
+        route: &str,
+        win: u64,
+        denier: &Decider,
+        sequence: u64,
+    ) -> (u64, BTreeMap<Decider, u64>) {
+        let mut own = 0u64;
+        let mut others: BTreeMap<Decider, u64> = BTreeMap::new();
+        let grants = self
+            .grants
+            .get(&(key.to_string(), route.to_string(), win))
+            .map_or(&[][..], Vec::as_slice);
+        for g in grants {
+            if &g.owner != denier {
+                *others.entry(g.owner.clone()).or_default() += g.units;
+            } else if g.sequence < sequence {
+                let back = self
+                    .returns
+                    .get(&(g.owner.clone(), g.counter, g.serial))
+                    .filter(|(_, at)| *at < sequence)
+                    .map_or(0, |(units, _)| (*units).min(g.units));
+                own += g.units - back;
+            }
+        }
+        (own, others)
+    }
+
+    /// Grants and returns in the ledger.
+    pub fn len(&self) -> (usize, usize) {
+        (self.grants.values().map(Vec::len).sum(), self.returns.len())
+    }
 }
 
 impl Leases {
@@ -45,6 +137,7 @@ impl Leases {
         let Some((threshold, ttl_ms)) = p.leases.filter(|(threshold, _)| *threshold > 0) else {
             return Leases::default();
         };
+        let ledger = p.ledger.clone();
         let offset_ms = p.max_clock_offset_ms;
         let span = METER_MS + offset_ms + SLACK_MS;
         let mut through: BTreeMap<(&str, &str, &str), Vec<&Op>> = BTreeMap::new();
@@ -70,6 +163,7 @@ impl Leases {
             lead_ms: ttl_ms + offset_ms + SLACK_MS,
             offset_ms,
             from,
+            ledger,
         }
     }
 
@@ -128,6 +222,7 @@ mod tests {
             t: T0 - 5000,
             threshold,
             ttl_ms: 1000,
+            ledger: false,
         });
     }
 

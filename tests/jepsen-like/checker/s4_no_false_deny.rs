@@ -1,22 +1,28 @@
 //! S4, no false deny: a denial is legal only if what was admitted plus what is in doubt
 //! could exceed the limit it was decided against.
 
-use super::context::{Answer, Context, Op, Window};
+use std::collections::BTreeMap;
+
+use super::context::{Answer, Context, Decider, Op, Window};
+use super::leases::Ledger;
 use super::Report;
 
 /// S4 over every fixed-window denial: a decided denial against L, a fail-open fallback
 /// denial against its fallback limit, a deny-cache answer against an earlier real denial
 /// (or op of unknown outcome) through the same entry node.
 ///
-/// Budget leases: units an owner lent and no entry has spent yet are charged on its
-/// counter, like a charge in doubt, so its denial may come while admitted + in doubt <
-/// L (docs/leases.md: under-admission bounded by the units outstanding). The history
-/// shows the spent ones (leased answers, counted among the admissions) but neither
-/// the grants nor the returns, so the units outstanding are bounded only by what was
-/// not admitted: a decided denial of a counter that may have been lent by then
-/// (`Leases::lent_by`) is legal. Counters never hot at any entry node, and denials
-/// before one was, are still held to the bound; `lent_denials` counts the denials
-/// only lent units explain (the summary prints them).
+/// Budget leases: units an owner lent are charged on its counter at the grant, spent
+/// or not, so its denial may come while admitted + in doubt < L (docs/leases.md:
+/// under-admission bounded by the units outstanding). With the owners' ledger in the
+/// history (`Leases::ledger`), a decided denial is bounded by the owner's own count:
+/// the direct admissions (not the leased ones: their units are inside the grants) +
+/// in doubt + what the denier had lent in the window before its denial's step and not
+/// had back before it + what any other decider lent in the window (returned or not;
+/// at least its leased admissions there). Without the ledger (histories from before
+/// it), the units outstanding are bounded only by what was not admitted: a decided
+/// denial of a counter that may have been lent by then (`Leases::lent_by`) is legal.
+/// Either way `lent_denials` counts the denials only lent units explain (the summary
+/// prints them).
 pub fn no_false_deny(ctx: &Context, report: &mut Report) {
     for ((key, win), window) in &ctx.windows {
         let in_doubt: &[&Op] = ctx
@@ -28,8 +34,14 @@ pub fn no_false_deny(ctx: &Context, report: &mut Report) {
                 continue;
             }
             let why = if a.decides() {
-                decided(ctx.l, window, in_doubt, o, a)
-                    .filter(|_| !ctx.leases.lent_by(key, &o.route, o.complete))
+                match &ctx.leases.ledger {
+                    Some(ledger) => {
+                        let lent = lent_units(ledger, window, key, *win, o, a);
+                        decided(ctx.l, window, in_doubt, o, a, Some(lent))
+                    }
+                    None => decided(ctx.l, window, in_doubt, o, a, None)
+                        .filter(|_| !ctx.leases.lent_by(key, &o.route, o.complete)),
+                }
             } else if a.fallback() {
                 fallback(window, in_doubt, o, a)
             } else {
@@ -56,35 +68,75 @@ pub fn lent_denials(ctx: &Context) -> usize {
             .filter(|(o, a)| {
                 !a.allowed
                     && a.decides()
-                    && ctx.leases.lent_by(key, &o.route, o.complete)
-                    && decided(ctx.l, window, in_doubt, o, a).is_some()
+                    && match &ctx.leases.ledger {
+                        Some(ledger) => {
+                            let lent = lent_units(ledger, window, key, *win, o, a);
+                            lent > 0
+                                && decided(ctx.l, window, in_doubt, o, a, Some(0)).is_some()
+                                && decided(ctx.l, window, in_doubt, o, a, Some(lent)).is_none()
+                        }
+                        None => {
+                            ctx.leases.lent_by(key, &o.route, o.complete)
+                                && decided(ctx.l, window, in_doubt, o, a, None).is_some()
+                        }
+                    }
             })
             .count();
     }
     n
 }
 
+/// Units lent in `o`'s window that may have been charged and not given back on the
+/// counter `a`'s decider denied on, by the ledger (see `no_false_deny`).
+fn lent_units(ledger: &Ledger, window: &Window, key: &str, win: u64, o: &Op, a: &Answer) -> u64 {
+    let denier = a.decider_id();
+    let (own, mut others) = ledger.outstanding(key, &o.route, win, &denier, a.sequence);
+    // A grant line lost with its node (killed between its charge and its write) still
+    // shows in the leased admissions it paid for.
+    let mut spent: BTreeMap<Decider, u64> = BTreeMap::new();
+    for (x, b) in &window.decided {
+        if b.leased && b.allowed && b.decider_id() != denier {
+            *spent.entry(b.decider_id()).or_default() += x.cost;
+        }
+    }
+    for (d, units) in spent {
+        let e = others.entry(d).or_default();
+        *e = (*e).max(units);
+    }
+    own + others.values().sum::<u64>()
+}
+
 /// A decider's denial (an owner's, or a successor's on its replica): the admissions it
 /// may have seen plus every charge in doubt must leave less than the cost. Fail-over
 /// admissions count among them: they are on the successor's replica, which holds the
 /// owner's replicated count, and they reach the owner's count too (promotion, or the
-/// delta the successor pushes to an owner that comes back).
-fn decided(l: u64, window: &Window, in_doubt: &[&Op], o: &Op, a: &Answer) -> Option<String> {
+/// delta the successor pushes to an owner that comes back). `lent`: with the ledger,
+/// the units lent and not given back (`lent_units`), which replace the leased
+/// admissions; `None`: no ledger, leased admissions count as admitted.
+fn decided(
+    l: u64,
+    window: &Window,
+    in_doubt: &[&Op],
+    o: &Op,
+    a: &Answer,
+    lent: Option<u64>,
+) -> Option<String> {
     let admitted: u64 = window
         .decided
         .iter()
         .chain(&window.failovers)
-        .filter(|(x, b)| b.allowed && x.invoke <= o.complete)
+        .filter(|(x, b)| b.allowed && x.invoke <= o.complete && !(lent.is_some() && b.leased))
         .map(|(x, _)| x.cost)
         .sum();
+    let lent = lent.unwrap_or(0);
     let doubt: u64 = in_doubt
         .iter()
         .filter(|x| x.invoke <= o.complete && x.id != o.id)
         .map(|x| x.cost)
         .sum();
-    (admitted + doubt + o.cost <= l).then(|| {
+    (admitted + doubt + lent + o.cost <= l).then(|| {
         format!(
-            "denied cost {} by {}@{} although at most {admitted} admitted + {doubt} in doubt (L={l})",
+            "denied cost {} by {}@{} although at most {admitted} admitted + {doubt} in doubt + {lent} lent (L={l})",
             o.cost, a.decider, a.generation
         )
     })
@@ -148,6 +200,7 @@ fn cached(window: &Window, in_doubt: &[&Op], win: u64, o: &Op) -> Option<String>
 mod tests {
     use super::super::testkit::*;
     use super::*;
+    use crate::history::Entry;
 
     fn s4(h: &Hist) -> Vec<String> {
         messages(&run(h, no_false_deny), "S4").to_vec()
@@ -387,6 +440,160 @@ mod tests {
         let mut h = Hist::new();
         woken_entry_node(&mut h, true, "n3");
         assert_eq!(s4(&h).len(), 1);
+    }
+
+    /// A run with leases on and the owners' ledger: n1 (generation 1) admits `direct`
+    /// of k itself, then grants `units` to n2 (lease 1, in T0's window), and n2 spends
+    /// `spent` of them. Returns the grant's sequence number.
+    fn ledgered(h: &mut Hist, direct: u64, units: u64, spent: u64) -> u64 {
+        h.push(Entry::Leases {
+            t: T0 - 5000,
+            threshold: 2,
+            ttl_ms: 1000,
+            ledger: true,
+        });
+        admitted(h, T0, direct);
+        let sequence = h.seq("n1", 1);
+        h.push(lent_line("n1", 1, units, 1, sequence));
+        for i in 0..spent {
+            h.check(T0 + 300 + i, "n2", FW, "k", 1, Ans::leased("n1", 0));
+        }
+        sequence
+    }
+
+    fn lent_line(owner: &str, generation: u64, units: u64, serial: u64, sequence: u64) -> Entry {
+        Entry::Lent {
+            t: T0,
+            node: owner.into(),
+            generation,
+            key: "k".into(),
+            route: FW.into(),
+            counter: 99,
+            holder: "n2".into(),
+            serial,
+            units,
+            window: Some(T0 / W),
+            sequence,
+        }
+    }
+
+    fn returned_line(units: u64, serial: u64, sequence: u64) -> Entry {
+        Entry::Returned {
+            t: T0,
+            node: "n1".into(),
+            generation: 1,
+            counter: 99,
+            serial,
+            units,
+            sequence,
+        }
+    }
+
+    #[test]
+    fn with_the_ledger_a_denial_is_bounded_by_the_units_lent_and_not_returned() {
+        // 3 admitted + 7 lent (2 of them spent): the 11th unit is denied, rightly.
+        let mut h = Hist::new();
+        ledgered(&mut h, 3, 7, 2);
+        deny(&mut h, T0 + 500, 1);
+        assert_eq!(s4(&h), Vec::<String>::new());
+        // Only 5 lent: 3 + 5 + 1 ≤ L, whatever was spent of them.
+        let mut h = Hist::new();
+        ledgered(&mut h, 3, 5, 5);
+        let id = deny(&mut h, T0 + 500, 1);
+        let msgs = s4(&h);
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert!(
+            msgs[0].starts_with(&format!("op {id} "))
+                && msgs[0].contains("3 admitted + 0 in doubt + 5 lent"),
+            "{msgs:?}"
+        );
+    }
+
+    #[test]
+    fn with_the_ledger_units_returned_before_the_denial_no_longer_explain_it() {
+        let mut h = Hist::new();
+        ledgered(&mut h, 3, 7, 2);
+        let back = h.seq("n1", 1);
+        h.push(returned_line(5, 1, back));
+        deny(&mut h, T0 + 500, 1);
+        assert_eq!(s4(&h).len(), 1, "3 + (7 - 5) + 1 ≤ L");
+        // A return after the denial's step still left them out at the denial.
+        let mut h = Hist::new();
+        ledgered(&mut h, 3, 7, 2);
+        let deny_seq = h.seq("n1", 1);
+        h.check(
+            T0 + 500,
+            "n1",
+            FW,
+            "k",
+            1,
+            Ans::decided("n1", deny_seq, false, 0),
+        );
+        h.push(returned_line(5, 1, deny_seq + 1));
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn with_the_ledger_a_grant_after_the_denial_does_not_explain_it() {
+        let mut h = Hist::new();
+        h.push(Entry::Leases {
+            t: T0 - 5000,
+            threshold: 2,
+            ttl_ms: 1000,
+            ledger: true,
+        });
+        admitted(&mut h, T0, 3);
+        deny(&mut h, T0 + 500, 1);
+        let later = h.seq("n1", 1);
+        h.push(lent_line("n1", 1, 7, 1, later));
+        h.check(T0 + 600, "n2", FW, "k", 1, Ans::leased("n1", 0));
+        assert_eq!(s4(&h).len(), 1);
+        // Without the ledger, a lent counter's denial is let through.
+        let mut h = Hist::new();
+        h.push(Entry::Leases {
+            t: T0 - 5000,
+            threshold: 2,
+            ttl_ms: 1000,
+            ledger: false,
+        });
+        h.fw_many(2, T0, "n2", "k", "n1");
+        deny(&mut h, T0 + 500, 1);
+        assert_eq!(s4(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn with_the_ledger_another_deciders_grants_count_whole_and_a_lost_line_by_its_spends() {
+        // n1@1 lent 7 and returned 5 of them; n1@2 (restarted, its count moved by a
+        // handoff, say) admits 3 and denies: the other generation's 7 count whole.
+        let mut h = Hist::new();
+        ledgered(&mut h, 0, 7, 0);
+        let back = h.seq("n1", 1);
+        h.push(returned_line(5, 1, back));
+        for i in 0..3 {
+            let seq = h.seq("n1", 2);
+            let a = Ans::decided("n1", seq, true, 2 - i).generation(2);
+            h.check(T0 + 400 + i, "n1", FW, "k", 1, a);
+        }
+        let seq = h.seq("n1", 2);
+        let a = Ans::decided("n1", seq, false, 0).generation(2);
+        h.check(T0 + 500, "n1", FW, "k", 1, a);
+        assert_eq!(s4(&h), Vec::<String>::new(), "3 + 7 + 1 > L");
+        // Had it been n1@1's own denial, the 5 returned before it would not count.
+        let mut h = Hist::new();
+        ledgered(&mut h, 3, 7, 0);
+        let back = h.seq("n1", 1);
+        h.push(returned_line(5, 1, back));
+        deny(&mut h, T0 + 500, 1);
+        assert_eq!(s4(&h).len(), 1, "3 + 2 + 1 ≤ L");
+        // n3's grant line is missing (killed as it charged), but 8 leased answers name it.
+        let mut h = Hist::new();
+        ledgered(&mut h, 0, 0, 0);
+        for i in 0..8 {
+            h.check(T0 + 300 + i, "n2", FW, "k", 1, Ans::leased("n3", 0));
+        }
+        admitted(&mut h, T0 + 400, 1);
+        deny(&mut h, T0 + 500, 2);
+        assert_eq!(s4(&h), Vec::<String>::new(), "1 + 8 + 2 > L");
     }
 
     #[test]

@@ -91,6 +91,14 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
             ctx.leases.counters(),
             super::s4_no_false_deny::lent_denials(ctx)
         );
+        let ledger = match &ctx.leases.ledger {
+            Some(l) => format!("{} / {}", l.len().0, l.len().1),
+            None => "not recorded (S4 lets a lent counter's denials through)".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| budget leases: ledger grants / returns (S4 bounds denials by them) | {ledger} |"
+        );
     }
     let _ = writeln!(
         s,
