@@ -628,13 +628,20 @@ impl Store {
                 return false;
             }
             let standing = if self.slots[i].has(MOVED) {
-                // The key comes back after this node handed it away: the sender's state
-                // already includes everything this node pushed, so it replaces ours.
+                // The key comes back after this node handed it away. The sender's state
+                // includes everything this node pushed if it took the handoff in first,
+                // so adding the two would count that twice; but when the two nodes
+                // handed the key to each other at once (a ring that flapped on a heal),
+                // the sender's state does not include ours, and replacing ours with it
+                // would forget what this node admitted (the chaos suite's S1-fw at
+                // seed 20261202: a count went from 10 back to 5). The join keeps the
+                // stricter of the two, which is the sender's in the first case.
                 self.slots[i].set(MOVED, false);
                 self.moved.remove(&item.id);
-                let standing = probe_standing(limiter, &item.state, now);
-                self.put_state(i, item.state);
-                standing
+                self.update(i, |state| {
+                    limiter.join(state, item.state);
+                    probe_standing(limiter, state, now)
+                })
             } else {
                 self.update(i, |state| {
                     limiter.merge(state, item.state);
@@ -1693,6 +1700,44 @@ mod tests {
             !decision.allowed,
             "the new owner continues the exhausted count"
         );
+    }
+
+    #[test]
+    fn a_key_handed_back_keeps_the_stricter_of_both_counts() {
+        let limiter = fixed(20, 60_000);
+        let remaining = |store: &mut Store| {
+            store
+                .inspect(c("r", 1, &limiter, b"k", "/x"), 100)
+                .map(|d| d.remaining)
+        };
+        // a admits 10 and hands the key to b, which took it in and admitted 2 more:
+        // b's state comes back with everything (12), not 10 + 12.
+        let (mut a, mut b) = (Store::new(10, 1), Store::new(10, 2));
+        for _ in 0..10 {
+            a.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
+        }
+        let handed = a.export(20, |_| Some(Arc::from("b")));
+        assert!(b.install(handed[0].1.clone(), &limiter, 30));
+        for _ in 0..2 {
+            b.check(c("r", 1, &limiter, b"k", "/x"), 40, nz(1));
+        }
+        let back = b.export(50, |_| Some(Arc::from("a")));
+        assert!(a.install(back[0].1.clone(), &limiter, 60));
+        assert_eq!(remaining(&mut a), Some(8));
+
+        // The two handed the key to each other at once (a ring that flapped): b's state
+        // (5 of its own) never saw a's 10. a keeps its 10, not b's 5.
+        let (mut a, mut b) = (Store::new(10, 1), Store::new(10, 2));
+        for _ in 0..10 {
+            a.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
+        }
+        for _ in 0..5 {
+            b.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
+        }
+        let _to_b = a.export(20, |_| Some(Arc::from("b")));
+        let to_a = b.export(20, |_| Some(Arc::from("a")));
+        assert!(a.install(to_a[0].1.clone(), &limiter, 30));
+        assert_eq!(remaining(&mut a), Some(10));
     }
 
     #[test]
