@@ -7,6 +7,7 @@
 # (ringlimit_checks_from_lease_total). The run starts early in a minute and lasts under
 # 10 s, so it stays inside one window. Must print admitted <= 20000 (and >= 19000).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BIN=${BIN:-target/release/ringlimit}
 DURATION=${DURATION:-5}
 CONCURRENCY=${CONCURRENCY:-24}
@@ -21,11 +22,6 @@ algorithm = "fixed_window"
 limit = 20000
 window = "60s"
 TOML
-
-metric() { # sum of a metric's samples (label filter $3, a regex) on the ops port $1
-    curl -s "127.0.0.1:$1/metrics" | { grep -E "^$2(\{|\s)" || true; } |
-        { grep -E "${3:-.}" || true; } | awk '{ s += $NF } END { printf "%d", s }'
-}
 
 RINGLIMIT_LEASE_THRESHOLD=$THRESHOLD "$BIN" dev-cluster --nodes 4 --base-port "$BASE" \
     --rules "$dir/whale.toml" >/dev/null 2>&1 &

@@ -12,6 +12,7 @@
 # Per run: checks/s, p99, the entry's checks decided locally / forwarded / from leases, the
 # grants (granted + renewed) and returns on all nodes, and all three nodes' CPU per check.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BIN=${BIN:-target/release/ringlimit}
 ROUNDS=${1:-3}
 shift $(($# < 1 ? $# : 1))
@@ -33,20 +34,6 @@ algorithm = "fixed_window"
 limit = 1000000000
 window = "1h"
 TOML
-
-cpu_ticks() { # utime + stime of the given pids, in clock ticks
-    local total=0
-    for pid in "$@"; do
-        set -- $(cut -d' ' -f14,15 "/proc/$pid/stat")
-        total=$((total + $1 + $2))
-    done
-    echo "$total"
-}
-
-metric() { # sum of a metric's samples on the ops port $1 (optionally only lines matching $3)
-    curl -s "127.0.0.1:$1/metrics" | grep -E "${3:-.}" |
-        awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%d", s }'
-}
 
 all_nodes() { # sum of metric $1 (lines matching $2) over the three nodes
     local s=0

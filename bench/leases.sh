@@ -8,6 +8,7 @@
 # check decided where it arrives, without a hop. Short by default (DURATION=5): a sanity
 # run, not a benchmark.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BIN=${BIN:-target/release/ringlimit}
 DURATION=${DURATION:-5}
 WARMUP=${WARMUP:-1}
@@ -23,19 +24,6 @@ algorithm = "fixed_window"
 limit = 1000000000
 window = "1h"
 TOML
-
-cpu_ticks() { # utime + stime of the given pids, in clock ticks
-    local total=0
-    for pid in "$@"; do
-        set -- $(cut -d' ' -f14,15 "/proc/$pid/stat")
-        total=$((total + $1 + $2))
-    done
-    echo "$total"
-}
-
-metric() { # sum of a metric's samples on the ops port $1
-    curl -s "127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%d", s }'
-}
 
 for mode in off local on; do
     threshold=0

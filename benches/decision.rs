@@ -172,9 +172,15 @@ fn key_identity(bencher: Bencher) {
     });
 }
 
-/// One shard round trip on a current-thread runtime: send, actor decides, reply.
-#[divan::bench]
-fn shard_round_trip(bencher: Bencher) {
+/// One shard actor (`lease_threshold` as configured) on a current-thread runtime; cancel
+/// the token to stop it.
+fn one_shard(
+    lease_threshold: u64,
+) -> (
+    tokio::runtime::Runtime,
+    tokio_util::sync::CancellationToken,
+    Shards,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -185,6 +191,7 @@ fn shard_round_trip(bencher: Bencher) {
         Shards::spawn(
             &ShardConfig {
                 shards: 1,
+                lease_threshold,
                 ..ShardConfig::default()
             },
             Arc::new(SystemClock),
@@ -193,6 +200,13 @@ fn shard_round_trip(bencher: Bencher) {
             cancel.clone(),
         )
     });
+    (runtime, cancel, shards)
+}
+
+/// One shard round trip on a current-thread runtime: send, actor decides, reply.
+#[divan::bench]
+fn shard_round_trip(bencher: Bencher) {
+    let (runtime, cancel, shards) = one_shard(ShardConfig::default().lease_threshold);
     let rules = RuleSet::builtin();
     let rule = rules.default_rule().clone();
     let item = Charge {
@@ -222,25 +236,7 @@ fn shard_round_trip(bencher: Bencher) {
 fn lease_check_of_a_cold_remote_counter(bencher: Bencher, path: &str) {
     use ringlimit::shard::budget::entry::SpendAsk;
     use ringlimit::shard::budget::gate::Gated;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let tracker = tokio_util::task::TaskTracker::new();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let shards = runtime.block_on(async {
-        Shards::spawn(
-            &ShardConfig {
-                shards: 1,
-                lease_threshold: 100,
-                ..ShardConfig::default()
-            },
-            Arc::new(SystemClock),
-            Arc::new(AtomicU64::new(0)),
-            &tracker,
-            cancel.clone(),
-        )
-    });
+    let (runtime, cancel, shards) = one_shard(100);
     let counters: Vec<KeyId> = (0..10_000)
         .map(|i| KeyId::of("default", format!("client_{i}").as_bytes(), "GET /bench"))
         .collect();

@@ -211,8 +211,9 @@ impl EntryLeases {
         }
     }
 
-    /// The gate this store keeps counts in.
-    pub fn gate(&self) -> &Arc<LeaseGate> {
+    /// The gate this store keeps counts in (tests: the table matches).
+    #[cfg(test)]
+    pub(super) fn gate(&self) -> &Arc<LeaseGate> {
         &self.gate
     }
 

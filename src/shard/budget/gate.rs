@@ -51,8 +51,8 @@ pub enum Gated {
 }
 
 impl LeaseGate {
-    /// A gate for a node that asks for leases at `threshold` checks per second
-    /// (0: leases off, nothing goes to the shard).
+    /// A gate for a node that asks for leases at `threshold` checks per second. With
+    /// leases off (0) the router does not consult it: every remote check is forwarded.
     pub fn new(threshold: u64) -> Self {
         Self {
             sample: (threshold / SAMPLES_AT_THRESHOLD).max(1),
