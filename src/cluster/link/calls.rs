@@ -87,6 +87,21 @@ pub fn restore_request(me: &Member) -> RestoreRequest {
     }
 }
 
+/// The member a restore request comes from, as far as pushing to it goes: its id,
+/// incarnation and peer address (`None`: the address does not parse). Its public and
+/// gossip addresses are not in the request; they stand at the peer address.
+pub fn restoring_member(request: &RestoreRequest) -> Option<Member> {
+    let peer_addr = request.peer_addr.parse().ok()?;
+    Some(Member {
+        node_id: request.from_node.clone(),
+        generation: request.generation,
+        grpc_addr: peer_addr,
+        peer_addr,
+        gossip_addr: peer_addr,
+        leaving: false,
+    })
+}
+
 /// Node `me` asking for a peer's rule set.
 pub fn rules_request(me: &str) -> RulesRequest {
     RulesRequest {

@@ -8,6 +8,7 @@ use super::{decode_install_with, PeerService};
 use crate::algorithms::Implausible;
 use crate::check::CheckError;
 use crate::cluster::handoff::{self, Vetted};
+use crate::cluster::link::calls;
 use crate::cluster::replication;
 use crate::proto::peer::{
     InstallRequest, InstallResponse, KeyState as WireState, RestoreRequest, RestoreResponse,
@@ -102,8 +103,31 @@ impl PeerService {
             // Not an earlier incarnation this node still counts on: a new member, or one
             // that came back after the cluster dropped it. Its keys come back by the
             // ring's handoff (whoever held them pushes their state); replicas pushed too
-            // would be merged on top of that and counted twice.
-            return Ok(RestoreResponse::default());
+            // would be merged on top of that and counted twice. If this node's view does
+            // not hold it yet, that handoff would come only once the view catches up,
+            // after the restore has let it answer as owner from empty: hand its keys
+            // over now, before answering.
+            if view.member(&request.from_node).is_some() {
+                return Ok(RestoreResponse::default());
+            }
+            let Some(joiner) = calls::restoring_member(&request) else {
+                return Err(Status::invalid_argument("restore: bad peer address"));
+            };
+            let (sent, installed) = replicator.hand_over_to_joiner(&view, &joiner).await;
+            if sent > 0 {
+                tracing::info!(
+                    node_id = %self.router.me().node_id,
+                    to = %request.from_node,
+                    sent,
+                    installed,
+                    "keys handed over to a restoring member this node's view does not hold yet"
+                );
+            }
+            return Ok(RestoreResponse {
+                sent,
+                installed,
+                earlier: false,
+            });
         };
         let (sent, installed) = replicator.send_replicas(&view, &to).await;
         tracing::info!(
