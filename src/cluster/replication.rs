@@ -32,7 +32,7 @@ use crate::cluster::handoff::MAX_INSTALL_STATES;
 use crate::cluster::link::PeerPool;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
-use crate::shard::replication::Pick;
+use crate::shard::replication::{Gone, Pick};
 use crate::shard::{Exported, NewOwner, Shards};
 
 /// Most changed keys one shard hands the replicator per round: a ring change marks
@@ -165,16 +165,33 @@ pub fn restorable(me: &str, view: &ClusterView, owner: &str) -> Pick {
 /// view catches up and the ring change hands them over (the simulator's seeds 2850 and
 /// 3844: an owner back 1.4 s after a kill admitted a promoted key again from empty).
 pub fn joining(view: &ClusterView, joiner: &str) -> NewOwner {
-    let ring = Ring::new(
+    let ring = ring_with(view, joiner);
+    let joiner: Arc<str> = Arc::from(joiner);
+    Arc::new(move |p| (ring.owner_of_hash(p) == Some(&*joiner)).then(|| joiner.clone()))
+}
+
+/// The owner of each key on the ring of `view` with `joiner` in it, `None` where that
+/// is `me`.
+pub fn owner_with(view: &ClusterView, joiner: &str, me: &str) -> NewOwner {
+    let ring = ring_with(view, joiner);
+    let me: Arc<str> = Arc::from(me);
+    Arc::new(move |p| {
+        ring.owner_of_hash(p)
+            .filter(|owner| *owner != &*me)
+            .map(Arc::from)
+    })
+}
+
+/// The ring of `view` with `joiner` in it.
+fn ring_with(view: &ClusterView, joiner: &str) -> Ring {
+    Ring::new(
         view.members
             .iter()
             .filter(|m| !m.leaving && m.node_id != joiner)
             .map(|m| m.node_id.as_str())
             .chain(std::iter::once(joiner)),
         view.ring.vnodes(),
-    );
-    let joiner: Arc<str> = Arc::from(joiner);
-    Arc::new(move |p| (ring.owner_of_hash(p) == Some(&*joiner)).then(|| joiner.clone()))
+    )
 }
 
 /// Members of `new` absent from `old` whose generation is higher than the last one
@@ -241,6 +258,9 @@ pub struct Replicator {
     restarted: std::sync::Mutex<HashMap<String, u64>>,
     /// The last generation this node saw of every member, gone or not (see [`reborn`]).
     seen: std::sync::Mutex<HashMap<String, u64>>,
+    /// The incarnation of every member whose earlier incarnation's keys were handed
+    /// again (see [`Replicator::claim_hand_again`]).
+    handed_again: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 impl Replicator {
@@ -267,6 +287,7 @@ impl Replicator {
             metrics: Metrics::new(),
             restarted: std::sync::Mutex::new(HashMap::new()),
             seen: std::sync::Mutex::new(HashMap::new()),
+            handed_again: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -298,6 +319,7 @@ impl Replicator {
                     }
                     let next = views.borrow_and_update().clone();
                     self.drop_handed_over(&current, &next).await;
+                    self.hand_again_to_reborn(&current, &next).await;
                     self.hand_over_unpromoted(&current, &next).await;
                     self.remember(&next);
                     if next.ring.digest() != current.ring.digest() {
@@ -337,6 +359,105 @@ impl Replicator {
         for m in &view.members {
             seen.insert(m.node_id.clone(), m.generation);
         }
+    }
+
+    /// Whether the keys handed to `node` are still to be handed again for its
+    /// incarnation `generation` (it is back after the cluster dropped it); claims them
+    /// (the restore and the view change may both see it: one hands them).
+    fn claim_hand_again(&self, node: &str, generation: u64) -> bool {
+        let reborn = self
+            .seen
+            .lock()
+            .expect("seen lock")
+            .get(node)
+            .is_some_and(|&g| g < generation);
+        reborn
+            && self
+                .handed_again
+                .lock()
+                .expect("handed-again lock")
+                .insert(node.to_string(), generation)
+                != Some(generation)
+    }
+
+    /// Hand again the keys this node handed to members `new` shows back after the
+    /// cluster dropped them (see [`Side::hand_again`](crate::shard::replication)), to
+    /// their owners under `new`.
+    async fn hand_again_to_reborn(&self, old: &ClusterView, new: &ClusterView) {
+        let reborn: Vec<String> = {
+            let seen = self.seen.lock().expect("seen lock");
+            reborn(old, new, &seen)
+        };
+        let reborn: Vec<String> = reborn
+            .into_iter()
+            .filter(|id| {
+                new.member(id)
+                    .is_some_and(|m| self.claim_hand_again(id, m.generation))
+            })
+            .collect();
+        if reborn.is_empty() {
+            return;
+        }
+        let (me, ring) = (self.me.clone(), new.ring.clone());
+        let new_owner: NewOwner = Arc::new(move |p| {
+            ring.owner_of_hash(p)
+                .filter(|owner| *owner != &*me)
+                .map(Arc::from)
+        });
+        let states = self.take_back(reborn, new_owner).await;
+        let mut to: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
+        for (owner, state) in states {
+            to.entry(owner).or_default().push(state);
+        }
+        for (owner, states) in to {
+            match new.member(&owner) {
+                Some(member) => {
+                    self.push_handed(member, &states).await;
+                }
+                None => self.metrics.handoff_lost.increment(states.len() as u64),
+            }
+        }
+    }
+
+    /// The keys handed to `gone` members, taken back (see [`Shards::hand_again`]).
+    async fn take_back(&self, gone: Vec<String>, new_owner: NewOwner) -> Vec<(Arc<str>, Exported)> {
+        let count = gone.len();
+        let gone: Gone = Arc::new(move |id| gone.iter().any(|g| g == id));
+        match self.shards.hand_again(gone, new_owner).await {
+            Ok(states) => {
+                if !states.is_empty() {
+                    tracing::info!(
+                        members = count,
+                        keys = states.len(),
+                        "keys handed to members that restarted after the cluster dropped them: handed again"
+                    );
+                }
+                states
+            }
+            Err(error) => {
+                tracing::debug!(%error, "handing keys again failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Push handed-over states to `to`, counting what is lost: returns (sent, installed).
+    async fn push_handed(&self, to: &Member, states: &[Exported]) -> (u64, u64) {
+        let (mut sent, mut installed) = (0, 0);
+        for chunk in states.chunks(MAX_INSTALL_STATES) {
+            match self.peers.install(to, chunk).await {
+                Ok(n) => {
+                    sent += chunk.len() as u64;
+                    installed += n;
+                }
+                Err(error) => {
+                    self.metrics.handoff_lost.increment(chunk.len() as u64);
+                    tracing::error!(to = %to.node_id, %error, keys = chunk.len(), "handoff push failed: these counts are lost");
+                }
+            }
+        }
+        self.metrics.handoff_pushed.increment(sent);
+        (sent, installed)
     }
 
     /// Push the replicas of keys this node owned under `old` without promoting them to
@@ -552,27 +673,37 @@ impl Replicator {
     /// (kept here, marked moved, so checks from nodes on the old view go on counting on
     /// them and their admissions follow as deltas), pushed before this node answers.
     /// Returns (sent, installed).
+    ///
+    /// A joiner this node saw before under an earlier incarnation (back after the
+    /// cluster dropped it) first gets again the keys handed to that incarnation (see
+    /// [`Side::hand_again`](crate::shard::replication)) that are its own with it in.
     pub async fn hand_over_to_joiner(&self, view: &ClusterView, joiner: &Member) -> (u64, u64) {
-        let exported = match self.shards.export(joining(view, &joiner.node_id)).await {
-            Ok(exported) if !exported.is_empty() => exported,
-            _ => return (0, 0),
-        };
-        let states: Vec<Exported> = exported.into_iter().map(|(_, state)| state).collect();
-        let (mut sent, mut installed) = (0, 0);
-        for chunk in states.chunks(MAX_INSTALL_STATES) {
-            match self.peers.install(joiner, chunk).await {
-                Ok(n) => {
-                    sent += chunk.len() as u64;
-                    installed += n;
+        let mut states: Vec<Exported> = Vec::new();
+        if self.claim_hand_again(&joiner.node_id, joiner.generation) {
+            let owners = owner_with(view, &joiner.node_id, &self.me);
+            let again = self.take_back(vec![joiner.node_id.clone()], owners).await;
+            let mut others: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
+            for (owner, state) in again {
+                if *owner == *joiner.node_id {
+                    states.push(state);
+                } else {
+                    others.entry(owner).or_default().push(state);
                 }
-                Err(error) => {
-                    self.metrics.handoff_lost.increment(chunk.len() as u64);
-                    tracing::error!(to = %joiner.node_id, %error, keys = chunk.len(), "handoff to a restoring member failed: these counts are lost");
+            }
+            for (owner, states) in others {
+                match view.member(&owner) {
+                    Some(member) => drop(self.push_handed(member, &states).await),
+                    None => self.metrics.handoff_lost.increment(states.len() as u64),
                 }
             }
         }
-        self.metrics.handoff_pushed.increment(sent);
-        (sent, installed)
+        if let Ok(exported) = self.shards.export(joining(view, &joiner.node_id)).await {
+            states.extend(exported.into_iter().map(|(_, state)| state));
+        }
+        if states.is_empty() {
+            return (0, 0);
+        }
+        self.push_handed(joiner, &states).await
     }
 
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
@@ -640,11 +771,12 @@ pub const RESTORE_SETTLE: Duration = Duration::from_millis(500);
 /// [`RESTORE_SETTLE`]. `restore` finishes at the deadline whatever happened. Returns
 /// whether every member seen answered.
 ///
-/// A member back after the cluster dropped it answers as owner at once and takes its
-/// keys by handoff from their interim owners when they see it: what it admits before
-/// a key's handoff arrives comes on top of that key's count (the simulator's seed
-/// 2850, 1 of 4,000 seeds). Settling such a node as well was tried and made the
-/// simulator worse (7 of 4,000 seeds), so it is left as is.
+/// A member back after the cluster dropped it (or a new one) is not an earlier
+/// incarnation to anyone: a member whose view does not hold it yet hands it its keys
+/// there and then, before answering ([`Replicator::hand_over_to_joiner`]), and one
+/// whose view holds it has handed them over on the ring change already; so it does
+/// not answer as owner from empty while a key's count is on its way (the
+/// simulator's seed 2850).
 pub async fn restore_from_peers(
     replicator: &Replicator,
     mut views: watch::Receiver<Arc<ClusterView>>,
@@ -725,6 +857,35 @@ mod tests {
         (0..20_000u64)
             .map(|i| Ring::key_hash(format!("k{i}").as_bytes()))
             .filter(move |&p| ring.owner_of_hash(p) == Some(owner))
+    }
+
+    #[test]
+    fn a_restoring_joiner_gets_exactly_the_keys_it_owns_once_in() {
+        use crate::cluster::policy::testkit::view;
+        let (now, with) = (view(&["a", "b", "c"]), ring(&["a", "b", "c", "d"]));
+        let (to_d, owners) = (joining(&now, "d"), owner_with(&now, "d", "a"));
+        let (mut mine, mut others) = (0, 0);
+        for i in 0..20_000u64 {
+            let p = Ring::key_hash(format!("k{i}").as_bytes());
+            let owner = with.owner_of_hash(p).unwrap();
+            assert_eq!(to_d(p).as_deref(), (owner == "d").then_some("d"));
+            match owners(p) {
+                None => {
+                    assert_eq!(owner, "a");
+                    mine += 1;
+                }
+                Some(o) => {
+                    assert_eq!(&*o, owner);
+                    others += 1;
+                }
+            }
+        }
+        assert!(mine > 0 && others > 0);
+        // A joiner already in the view (or an earlier incarnation of it): the same ring.
+        let again = joining(&view(&["a", "b", "c", "d"]), "d");
+        for p in owned_by(&with, "d").take(100) {
+            assert_eq!(again(p).as_deref(), Some("d"));
+        }
     }
 
     #[test]

@@ -173,6 +173,18 @@ impl ShardCore {
         self.store.export(now, new_owner)
     }
 
+    /// Hand again the keys handed to members whose incarnation is `gone` (see
+    /// [`Side::hand_again`](super::replication::Side::hand_again)).
+    pub fn hand_again(
+        &mut self,
+        now: Millis,
+        gone: &dyn Fn(&str) -> bool,
+        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, Exported)> {
+        self.replicas
+            .hand_again(&mut self.store, gone, new_owner, now)
+    }
+
     /// Admissions made on handed-over keys since the last call, per destination.
     pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
         self.store.drain_deltas()
@@ -360,6 +372,57 @@ mod tests {
         assert_eq!(restored.len(), 1);
         let left = rule.limiter.peek(&restored[0].state, NOW).remaining;
         assert_eq!(left, 0, "the restore carries the fail-over admission");
+    }
+
+    #[test]
+    fn a_key_handed_to_a_member_that_died_is_handed_again_with_its_replica() {
+        // Simulator seed 3844: this node handed a key (1 of 3 used) to its owner, which
+        // admitted 1 more, replicated that here and died. The cluster dropped it, this
+        // node owned the key again and decided on the handed-away count, whose
+        // admissions went as deltas to the dead owner. When the owner comes back under
+        // a new incarnation, the key goes to it again with every admission counted once
+        // (the join of the handed-away count and the replica), not from empty.
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        assert!(allowed(&mut core, &item));
+        let handed = core.export(NOW, |_| Some(Arc::from("owner")));
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
+        let state = handed.into_iter().next().unwrap().1;
+        assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
+        assert!(allowed(&mut owner, &item));
+        let replica = owner.drain_changed(10).remove(0).state;
+        assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
+
+        let gone = |id: &str| id == "owner";
+        let again = core.hand_again(NOW, &gone, |_| Some(Arc::from("owner")));
+        assert_eq!(again.len(), 1);
+        assert_eq!(&*again[0].0, "owner");
+        let left = rule.limiter.peek(&again[0].1.state, NOW).remaining;
+        assert_eq!(
+            left, 1,
+            "2 of 3 used: the replica joined, nothing counted twice"
+        );
+        assert_eq!(core.replicas(), 0, "the replica went with the key");
+        // The entry is handed to the new incarnation now, under the same id: the
+        // replicator hands again once per incarnation (`claim_hand_again`).
+
+        // Handed again to nobody (this node owns the key now): live here.
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        assert!(allowed(&mut core, &item));
+        assert_eq!(core.drain_changed(10).len(), 1);
+        core.export(NOW, |_| Some(Arc::from("owner")));
+        assert!(!core.holds(item.id));
+        assert!(core.hand_again(NOW, &gone, |_| None).is_empty());
+        assert!(core.holds(item.id));
+        assert_eq!(
+            core.drain_changed(10).len(),
+            1,
+            "its successor must hear of it"
+        );
+        assert!(allowed(&mut core, &item));
+        assert!(allowed(&mut core, &item));
+        assert!(!allowed(&mut core, &item), "the count went on: 3 of 3");
     }
 
     #[test]

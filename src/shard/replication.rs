@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::replicas::Replicas;
-use super::{Charge, Churn, Counter, Exported, KeyId, ShardError, Shards, Store};
+use super::{Charge, Churn, Counter, Exported, KeyId, NewOwner, ShardError, Shards, Store};
 use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
@@ -56,7 +56,16 @@ pub(super) enum Command {
     Held {
         reply: oneshot::Sender<usize>,
     },
+    HandAgain {
+        gone: Gone,
+        new_owner: NewOwner,
+        reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
+    },
 }
+
+/// Which members' earlier incarnations are gone (by node id): the keys handed to them
+/// are handed again ([`Side::hand_again`]).
+pub type Gone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The shard actor's replication state.
 pub(super) struct Side {
@@ -218,8 +227,49 @@ impl Side {
             Command::Held { reply } => {
                 let _ = reply.send(self.replicas.len());
             }
+            Command::HandAgain {
+                gone,
+                new_owner,
+                reply,
+            } => {
+                let _ = reply.send(self.hand_again(live, &*gone, |p| new_owner(p), now));
+            }
         }
         churn
+    }
+
+    /// The keys `live` handed to a member whose incarnation is `gone` (it restarted
+    /// empty after the cluster dropped it: the count it took over went with it), handed
+    /// again: joined first with a replica of the key held here (that member's newer
+    /// count, as far as it replicated it), then handed to `new_owner`'s choice, or kept
+    /// as this node's own (marked changed for its successor) where that gives `None`.
+    /// Without this such a key's count stays here as handed away, its admissions go as
+    /// deltas to a member that is gone, and the member back answers from empty (the
+    /// simulator's seed 3844).
+    pub fn hand_again(
+        &mut self,
+        live: &mut Store,
+        gone: &dyn Fn(&str) -> bool,
+        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        now: Millis,
+    ) -> Vec<(Arc<str>, Exported)> {
+        let ids = live.handed_to(gone);
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        for &id in &ids {
+            if let Some(replica) = self.replicas.take(id) {
+                live.join_handed_away(replica, now);
+            }
+        }
+        self.held.set(self.replicas.len() as f64);
+        let out = live.hand_again(&ids, now, new_owner);
+        for &id in &ids {
+            if live.holds(id) {
+                self.changed_id(id, now);
+            }
+        }
+        out
     }
 
     /// Mark every live key whose placement `pick` accepts as changed (their successor
@@ -398,6 +448,28 @@ impl Shards {
                 .await?;
         }
         Ok(dropped)
+    }
+
+    /// Hand again, from every shard, the keys handed to members whose incarnation is
+    /// `gone` (see [`Side::hand_again`]): the states to push, with their destinations.
+    pub async fn hand_again(
+        &self,
+        gone: Gone,
+        new_owner: NewOwner,
+    ) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
+        let mut out = Vec::new();
+        for shard in 0..self.len() {
+            let (gone, new_owner) = (gone.clone(), new_owner.clone());
+            out.extend(
+                self.replication(shard, |reply| Command::HandAgain {
+                    gone,
+                    new_owner,
+                    reply,
+                })
+                .await?,
+            );
+        }
+        Ok(out)
     }
 
     /// Replicas held by every shard together.

@@ -567,31 +567,37 @@ impl Store {
                 continue;
             }
             if !slot.has(MOVED) {
-                let state = self.load(i);
-                let fingerprint = self.fingerprints[slot.fingerprint_slot() as usize].0;
-                self.moved.insert(
-                    id,
-                    Moved {
-                        to: to.clone(),
-                        fingerprint,
-                        delta: KeyState::empty_like(&state),
-                        dirty: false,
-                    },
-                );
-                self.slots[i].set(MOVED, true);
-                out.push((
-                    to,
-                    Exported {
-                        id,
-                        fingerprint,
-                        state,
-                    },
-                ));
+                out.push(self.hand_over_at(i, to));
             }
             i += 1;
         }
         self.cursor = 0;
         out
+    }
+
+    /// Mark the live entry at `i` handed over to `to` and return a copy of its state.
+    fn hand_over_at(&mut self, i: usize, to: Arc<str>) -> (Arc<str>, Exported) {
+        let slot = self.slots[i];
+        let (id, state) = (slot.id(), self.load(i));
+        let fingerprint = self.fingerprints[slot.fingerprint_slot() as usize].0;
+        self.moved.insert(
+            id,
+            Moved {
+                to: to.clone(),
+                fingerprint,
+                delta: KeyState::empty_like(&state),
+                dirty: false,
+            },
+        );
+        self.slots[i].set(MOVED, true);
+        (
+            to,
+            Exported {
+                id,
+                fingerprint,
+                state,
+            },
+        )
     }
 
     /// Admissions made on handed-over keys since the last call, per new owner: to be

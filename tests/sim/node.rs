@@ -344,6 +344,8 @@ pub struct Node {
     restarted: BTreeMap<String, u64>,
     /// `Replicator::seen`: the last generation seen of every member.
     seen: std::collections::HashMap<String, u64>,
+    /// `Replicator::handed_again`.
+    handed_again: BTreeMap<String, u64>,
 }
 
 impl Node {
@@ -416,6 +418,7 @@ impl Node {
             repl: ReplicationStats::default(),
             restarted: BTreeMap::new(),
             seen: std::collections::HashMap::new(),
+            handed_again: BTreeMap::new(),
         }
     }
 

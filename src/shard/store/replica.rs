@@ -7,6 +7,7 @@ use super::{probe_standing, Churn, Exported, Store, LOCAL, MOVED};
 use crate::algorithms::{Limiter, Millis};
 use crate::shard::identity::KeyId;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 impl Store {
     /// A copy of `id`'s state for its replica: `None` when the key is not held, was
@@ -22,6 +23,74 @@ impl Store {
             fingerprint: self.fingerprints[slot.fingerprint_slot() as usize].0,
             state: self.load(i),
         })
+    }
+
+    /// The keys handed away to a member `to` accepts.
+    pub fn handed_to(&self, mut to: impl FnMut(&str) -> bool) -> Vec<KeyId> {
+        let mut ids: Vec<KeyId> = self
+            .moved
+            .iter()
+            .filter(|(_, moved)| to(&moved.to))
+            .map(|(&id, _)| id)
+            .collect();
+        // The moved-key table iterates in hash order: sort for one order everywhere.
+        ids.sort_unstable_by_key(|id| (id.placement, id.disc));
+        ids
+    }
+
+    /// Join `item` (a replica of a key this store keeps as handed away, of the same
+    /// rule version) into the handed-away count: both are lower bounds of one history,
+    /// so the join (per component, the stricter) counts nothing twice. Returns whether
+    /// it was joined.
+    pub fn join_handed_away(&mut self, item: Exported, now: Millis) -> bool {
+        let Some(i) = self.find(self.hasher.hash_one(item.id), item.id) else {
+            return false;
+        };
+        let slot = self.slots[i];
+        let (fingerprint, limiter) = &self.fingerprints[slot.fingerprint_slot() as usize];
+        if !slot.has(MOVED) || *fingerprint != item.fingerprint || !limiter.accepts(&item.state) {
+            return false;
+        }
+        let limiter = limiter.clone();
+        let standing = self.update(i, |state| {
+            limiter.join(state, item.state);
+            probe_standing(&limiter, state, now)
+        });
+        self.mark(i, standing);
+        self.fit_bytes(now);
+        true
+    }
+
+    /// Take back the keys `ids` this store handed away to an incarnation that is gone
+    /// (it restarted empty after the cluster dropped it): each is live here again, its
+    /// unsent delta dropped (this count holds it), and handed over afresh to
+    /// `new_owner`'s choice, or kept as this node's own where that gives `None`. Returns
+    /// the states to push, with their destinations.
+    pub fn hand_again(
+        &mut self,
+        ids: &[KeyId],
+        now: Millis,
+        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, Exported)> {
+        let mut out = Vec::new();
+        for &id in ids {
+            let Some(i) = self.find(self.hasher.hash_one(id), id) else {
+                continue;
+            };
+            if !self.slots[i].has(MOVED) {
+                continue;
+            }
+            self.slots[i].set(MOVED, false);
+            self.moved.remove(&id);
+            if self.expired(i, now) {
+                self.remove_at(i);
+                continue;
+            }
+            if let Some(to) = new_owner(id.placement) {
+                out.push(self.hand_over_at(i, to));
+            }
+        }
+        out
     }
 
     /// A copy of `id`'s state if the store keeps it only as handed away (the count its

@@ -185,6 +185,14 @@ impl Node {
         }
         self.successors_restarted(old, new);
         let reborn = replication::reborn(old, new, &self.seen);
+        let again: Vec<String> = reborn
+            .iter()
+            .filter(|id| {
+                new.member(id)
+                    .is_some_and(|m| self.claim_hand_again(id, m.generation))
+            })
+            .cloned()
+            .collect();
         for m in &new.members {
             self.seen.insert(m.node_id.clone(), m.generation);
         }
@@ -196,7 +204,18 @@ impl Node {
                 shard.core.drop_replicas(&pick);
             }
         }
-        let out = self.hand_over_unpromoted(old, new, reborn);
+        // `Replicator::hand_again_to_reborn`.
+        let mut out = Vec::new();
+        if !again.is_empty() {
+            let (me, ring) = (self.id.clone(), new.ring.clone());
+            let states = self.take_back(&again, |p| {
+                ring.owner_of_hash(p)
+                    .filter(|owner| *owner != &*me)
+                    .map(Arc::from)
+            });
+            out.extend(self.push_to(new, states));
+        }
+        out.extend(self.hand_over_unpromoted(old, new, reborn));
 
         let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
         let pick: Pick =
@@ -204,6 +223,51 @@ impl Node {
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
             shard.core.resync(&pick, now);
+        }
+        out
+    }
+
+    /// `Replicator::claim_hand_again`.
+    fn claim_hand_again(&mut self, node: &str, generation: u64) -> bool {
+        self.seen.get(node).is_some_and(|&g| g < generation)
+            && self.handed_again.insert(node.to_string(), generation) != Some(generation)
+    }
+
+    /// `Replicator::take_back`: the keys handed to `gone`, handed again.
+    fn take_back(
+        &mut self,
+        gone: &[String],
+        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+    ) -> Vec<(Arc<str>, Exported)> {
+        let gone = |id: &str| gone.iter().any(|g| g == id);
+        let mut out = Vec::new();
+        for shard in &mut self.shards {
+            let now = shard.clock.now_ms();
+            out.extend(shard.core.hand_again(now, &gone, &mut new_owner));
+        }
+        self.stats.handed_over += out.len() as u64;
+        out
+    }
+
+    /// Installs of handed-over states to their destinations in `view` (the rest lost).
+    fn push_to(&mut self, view: &ClusterView, states: Vec<(Arc<str>, Exported)>) -> Vec<Out> {
+        let mut to: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
+        for (owner, state) in states {
+            to.entry(owner).or_default().push(state);
+        }
+        let mut out = Vec::new();
+        for (owner, mut states) in to {
+            if view.member(&owner).is_none() {
+                self.stats.handoff_lost += states.len() as u64;
+                continue;
+            }
+            states.sort_by_key(|s| (s.id.placement, s.id.disc));
+            for chunk in states.chunks(MAX_INSTALL_STATES) {
+                out.push(Out::Send {
+                    to: owner.to_string(),
+                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
+                });
+            }
         }
         out
     }
@@ -297,9 +361,20 @@ impl Node {
         let view = self.view.clone();
         let Some(to) = view.member(&request.from_node) else {
             // `Replicator::hand_over_to_joiner`: a requester this view does not hold
-            // yet gets its keys handed over before the answer.
-            let new_owner = replication::joining(&view, &request.from_node);
+            // yet gets its keys handed over before the answer (first again those
+            // handed to an earlier incarnation of it).
             let mut states: Vec<Exported> = Vec::new();
+            let mut out = Vec::new();
+            if self.claim_hand_again(&request.from_node, request.generation) {
+                let owners = replication::owner_with(&view, &request.from_node, &self.id);
+                let again = self.take_back(std::slice::from_ref(&request.from_node), |p| owners(p));
+                let (mine, others): (Vec<_>, Vec<_>) = again
+                    .into_iter()
+                    .partition(|(owner, _)| **owner == *request.from_node);
+                states.extend(mine.into_iter().map(|(_, s)| s));
+                out.extend(self.push_to(&view, others));
+            }
+            let new_owner = replication::joining(&view, &request.from_node);
             for shard in &mut self.shards {
                 let now = shard.clock.now_ms();
                 states.extend(
@@ -317,14 +392,15 @@ impl Node {
                 .chunks(MAX_INSTALL_STATES)
                 .map(|chunk| calls::install_request(&self.id, chunk, &self.inline))
                 .collect();
-            return answer(
+            out.extend(answer(
                 installs,
                 RestoreResponse {
                     sent: n,
                     installed: n,
                     earlier: false,
                 },
-            );
+            ));
+            return out;
         };
         let earlier = to.generation < request.generation
             || self.restarted.get(&request.from_node) == Some(&request.generation);
