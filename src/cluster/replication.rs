@@ -381,7 +381,7 @@ impl Replicator {
     }
 
     /// Hand again the keys this node handed to members `new` shows back after the
-    /// cluster dropped them (see [`Side::hand_again`](crate::shard::replication)), to
+    /// cluster dropped them (see `shard::replication::Side::hand_again`), to
     /// their owners under `new`.
     async fn hand_again_to_reborn(&self, old: &ClusterView, new: &ClusterView) {
         let reborn: Vec<String> = {
@@ -676,7 +676,7 @@ impl Replicator {
     ///
     /// A joiner this node saw before under an earlier incarnation (back after the
     /// cluster dropped it) first gets again the keys handed to that incarnation (see
-    /// [`Side::hand_again`](crate::shard::replication)) that are its own with it in.
+    /// `shard::replication::Side::hand_again`) that are its own with it in.
     pub async fn hand_over_to_joiner(&self, view: &ClusterView, joiner: &Member) -> (u64, u64) {
         let mut states: Vec<Exported> = Vec::new();
         if self.claim_hand_again(&joiner.node_id, joiner.generation) {

@@ -174,7 +174,7 @@ impl ShardCore {
     }
 
     /// Hand again the keys handed to members whose incarnation is `gone` (see
-    /// [`Side::hand_again`](super::replication::Side::hand_again)).
+    /// `shard::replication::Side::hand_again`).
     pub fn hand_again(
         &mut self,
         now: Millis,

@@ -64,7 +64,7 @@ pub(super) enum Command {
 }
 
 /// Which members' earlier incarnations are gone (by node id): the keys handed to them
-/// are handed again ([`Side::hand_again`]).
+/// are handed again (`Side::hand_again`).
 pub type Gone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The shard actor's replication state.
@@ -451,7 +451,7 @@ impl Shards {
     }
 
     /// Hand again, from every shard, the keys handed to members whose incarnation is
-    /// `gone` (see [`Side::hand_again`]): the states to push, with their destinations.
+    /// `gone` (see `Side::hand_again`): the states to push, with their destinations.
     pub async fn hand_again(
         &self,
         gone: Gone,
