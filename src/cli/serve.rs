@@ -89,11 +89,6 @@ pub struct ServeArgs {
     /// exhausted one while another can go (and every eviction is counted).
     #[arg(long, default_value_t = 1_000_000)]
     max_keys: usize,
-    /// Send every check through its shard actor's inbox, even when the shard is idle
-    /// and could decide it on the connection's task: to measure what deciding in place
-    /// saves (bench/RESULTS.md, 2026-12-03).
-    #[arg(long, hide = true)]
-    no_inline_checks: bool,
     /// Most bytes of per-key state kept beside the key table (sliding logs grow 16 bytes
     /// per admitted unit); beyond it, least-harm eviction as for --max-keys. Bytes, or
     /// with a KiB/MiB/GiB suffix. Default: 256 bytes × --max-keys.
@@ -325,7 +320,6 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
         config.shards.shards = shards;
     }
     config.shards.max_keys = args.max_keys;
-    config.shards.inline = !args.no_inline_checks;
     config.shards.lease_threshold = args.lease_threshold;
     config.shards.lease_policy = ringlimit::shard::budget::LeasePolicy {
         ttl_ms: args.lease_ttl_ms.clamp(1, 60_000),

@@ -24,8 +24,8 @@ pub mod reservations;
 pub mod store;
 
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::Gauge;
@@ -74,10 +74,6 @@ pub struct ShardConfig {
     pub lease_policy: budget::LeasePolicy,
     /// Where ended leases' unused units go, to be returned to their owners.
     pub lease_returns: Option<mpsc::Sender<Vec<budget::entry::Returned>>>,
-    /// Decide a check on the caller's task when its shard has nothing queued and no
-    /// one deciding, instead of a round trip through the actor's inbox (issue 25,
-    /// point 1). Off: every check goes through the inbox.
-    pub inline: bool,
 }
 
 /// The default byte budget per key of `--max-keys`: 256 bytes, so a node at its key cap
@@ -106,7 +102,6 @@ impl Default for ShardConfig {
             lease_threshold: budget::DEFAULT_LEASE_THRESHOLD,
             lease_policy: budget::LeasePolicy::default(),
             lease_returns: None,
-            inline: true,
         }
     }
 }
@@ -242,10 +237,7 @@ pub type NewOwner = Arc<dyn Fn(u64) -> Option<Arc<str>> + Send + Sync>;
 /// Cloneable handle to every shard actor of a node.
 #[derive(Clone, Debug)]
 pub struct Shards {
-    inboxes: Arc<[Inbox]>,
-    /// Whether a check may be decided on the caller's task when its shard is idle
-    /// ([`ShardConfig::inline`]).
-    inline: bool,
+    inboxes: Arc<[mpsc::Sender<Command>]>,
     /// Which checks of remote counters go to a shard's lease store (`budget/gate.rs`).
     gate: Arc<budget::gate::LeaseGate>,
 }
@@ -275,7 +267,7 @@ impl Shards {
         let inboxes: Vec<_> = (0..shards)
             .map(|index| {
                 let (tx, rx) = mpsc::channel(config.inbox.max(1));
-                let state = Actor {
+                let actor = Actor {
                     index,
                     core: ShardCore::new(config.replicate, per_shard_cap, per_shard_bytes, index),
                     clock: Clamped::new(clock.clone()),
@@ -290,24 +282,17 @@ impl Shards {
                     ),
                     budget: budget::BudgetShard::new(config, gate.clone()),
                 };
-                let shared = Arc::new(Shared {
-                    queued: AtomicUsize::new(0),
-                    actor: Mutex::new(state),
-                    stopped: AtomicBool::new(false),
-                });
                 // In the spawning node's span, so eviction logs name the node.
-                tracker.spawn(tracing::Instrument::in_current_span(run(
-                    shared.clone(),
+                tracker.spawn(tracing::Instrument::in_current_span(actor.run(
                     rx,
                     config.expiry_tick,
                     cancel.clone(),
                 )));
-                Inbox { tx, shared }
+                tx
             })
             .collect();
         Self {
             inboxes: inboxes.into(),
-            inline: config.inline,
             gate,
         }
     }
@@ -340,16 +325,11 @@ impl Shards {
     /// Decide `items`; answers come back in the same order.
     ///
     /// Items are grouped so each shard gets one message; shards decide concurrently.
-    /// A shard with nothing queued and not deciding decides its group on the caller's
-    /// task ([`ShardConfig::inline`]).
     pub async fn check(&self, items: Charges) -> Result<Outcomes, ShardError> {
         if let [item] = items.as_slice() {
             // The common case: one descriptor, one shard, no regrouping.
             let shard = self.shard_of_placement(item.id.placement);
-            return match self.send_check(shard, items)? {
-                Pending::Decided(outcomes) => Ok(outcomes),
-                Pending::Queued(reply) => reply.await.map_err(|_| ShardError::Stopped(shard)),
-            };
+            return self.ask(shard, items).await;
         }
         let mut groups: Vec<(Vec<usize>, Charges)> = vec![Default::default(); self.len()];
         for (position, item) in items.into_iter().enumerate() {
@@ -361,15 +341,12 @@ impl Shards {
         let mut pending = Vec::new();
         for (shard, (positions, items)) in groups.into_iter().enumerate() {
             if !items.is_empty() {
-                pending.push((positions, shard, self.send_check(shard, items)?));
+                pending.push((positions, self.send_check(shard, items)?));
             }
         }
         let mut answers: Vec<Option<Outcome>> = vec![None; total];
-        for (positions, shard, pending) in pending {
-            let outcomes = match pending {
-                Pending::Decided(outcomes) => outcomes,
-                Pending::Queued(reply) => reply.await.map_err(|_| ShardError::Stopped(shard))?,
-            };
+        for (positions, (shard, reply)) in pending {
+            let outcomes = reply.await.map_err(|_| ShardError::Stopped(shard))?;
             for (position, outcome) in positions.into_iter().zip(outcomes) {
                 answers[position] = Some(outcome);
             }
@@ -495,132 +472,25 @@ impl Shards {
         rx.await.map_err(|_| ShardError::Stopped(shard))
     }
 
-    /// Decide `items` on shard `shard` here and now if it is idle (nothing queued, no
-    /// one deciding), else queue them for its actor.
-    fn send_check(&self, shard: usize, items: Charges) -> Result<Pending, ShardError> {
-        let inbox = &self.inboxes[shard];
-        if self.inline {
-            if let Some(outcomes) = inbox.shared.decide_if_idle(&items) {
-                return Ok(Pending::Decided(outcomes));
-            }
-        }
+    async fn ask(&self, shard: usize, items: Charges) -> Result<Outcomes, ShardError> {
+        let (_, reply) = self.send_check(shard, items)?;
+        reply.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    fn send_check(
+        &self,
+        shard: usize,
+        items: Charges,
+    ) -> Result<(usize, oneshot::Receiver<Outcomes>), ShardError> {
         let (reply, rx) = oneshot::channel();
-        inbox
+        self.inboxes[shard]
             .try_send(Command::Check { items, reply })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => ShardError::Overloaded(shard),
                 mpsc::error::TrySendError::Closed(_) => ShardError::Stopped(shard),
             })?;
-        Ok(Pending::Queued(rx))
+        Ok((shard, rx))
     }
-}
-
-/// A shard's answer to one group of charges: decided on the caller's task, or queued.
-enum Pending {
-    Decided(Outcomes),
-    Queued(oneshot::Receiver<Outcomes>),
-}
-
-/// One shard's way in: its bounded inbox, and the state its actor decides on.
-#[derive(Debug)]
-struct Inbox {
-    tx: mpsc::Sender<Command>,
-    shared: Arc<Shared>,
-}
-
-impl Inbox {
-    /// Queue `command` for the actor, or refuse it if the inbox is full.
-    fn try_send(&self, command: Command) -> Result<(), mpsc::error::TrySendError<Command>> {
-        // Counted before it is queued: a check decided in place after this sees it
-        // queued and queues behind it (commands keep their order).
-        self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        self.tx.try_send(command).inspect_err(|_| {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-        })
-    }
-
-    /// Queue `command` for the actor, waiting for room.
-    async fn send(&self, command: Command) -> Result<(), mpsc::error::SendError<Command>> {
-        self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        self.tx.send(command).await.inspect_err(|_| {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-        })
-    }
-}
-
-/// What a shard's actor and the callers that decide in place share.
-struct Shared {
-    /// Commands sent and not yet handled by the actor: a check is decided in place
-    /// only when this is 0, so it never overtakes a command sent before it.
-    queued: AtomicUsize,
-    /// The shard's state: one decider at a time, the actor (per drained batch) or a
-    /// caller that found the shard idle ([`Shared::decide_if_idle`]); never waited on
-    /// by a caller (it queues instead).
-    actor: Mutex<Actor>,
-    /// The actor has stopped (node shutting down): nothing is decided in place.
-    stopped: AtomicBool,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Shared")
-    }
-}
-
-impl Shared {
-    /// Decide a check on the caller's task if the shard is idle: no command queued
-    /// before it and no one deciding. `None`: queue it.
-    fn decide_if_idle(&self, items: &Charges) -> Option<Outcomes> {
-        if self.queued.load(Ordering::SeqCst) != 0 {
-            return None;
-        }
-        let mut actor = self.actor.try_lock().ok()?;
-        if self.queued.load(Ordering::SeqCst) != 0 || self.stopped.load(Ordering::Relaxed) {
-            return None;
-        }
-        let now = actor.clock.now_ms();
-        Some(actor.check(items, now))
-    }
-}
-
-/// The actor loop: the only `select!` of the shard (inbox, expiry tick, cancellation).
-async fn run(
-    shared: Arc<Shared>,
-    mut inbox: mpsc::Receiver<Command>,
-    expiry_tick: Duration,
-    cancel: CancellationToken,
-) {
-    let mut batch = Vec::with_capacity(DRAIN_BATCH);
-    let mut tick = tokio::time::interval(expiry_tick);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => break,
-            received = inbox.recv_many(&mut batch, DRAIN_BATCH) => {
-                if received == 0 {
-                    break;
-                }
-                let mut actor = shared.actor.lock().expect("a shard step never panics");
-                actor.metrics.queue_depth.set(inbox.len() as f64);
-                // One clock read per drained batch: every item in it was waiting at
-                // the same moment, and the read is not free.
-                let now = actor.clock.now_ms();
-                for command in batch.drain(..) {
-                    actor.handle(command, now);
-                }
-                shared.queued.fetch_sub(received, Ordering::SeqCst);
-            }
-            _ = tick.tick() => shared.actor.lock().expect("a shard step never panics").expire(),
-        }
-    }
-    let actor = shared.actor.lock().expect("a shard step never panics");
-    shared.stopped.store(true, Ordering::Relaxed);
-    tracing::debug!(
-        shard = actor.index,
-        keys = actor.core.store().len(),
-        "shard stopped"
-    );
 }
 
 /// Pre-registered metric handles: resolving a labelled metric by name on every check
@@ -725,6 +595,42 @@ struct Actor {
 }
 
 impl Actor {
+    /// The actor loop: the only `select!` of the shard (inbox, expiry tick, cancellation).
+    async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<Command>,
+        expiry_tick: Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut batch = Vec::with_capacity(DRAIN_BATCH);
+        let mut tick = tokio::time::interval(expiry_tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                received = inbox.recv_many(&mut batch, DRAIN_BATCH) => {
+                    if received == 0 {
+                        break;
+                    }
+                    self.metrics.queue_depth.set(inbox.len() as f64);
+                    // One clock read per drained batch: every item in it was waiting at
+                    // the same moment, and the read is not free.
+                    let now = self.clock.now_ms();
+                    for command in batch.drain(..) {
+                        self.handle(command, now);
+                    }
+                }
+                _ = tick.tick() => self.expire(),
+            }
+        }
+        tracing::debug!(
+            shard = self.index,
+            keys = self.core.store().len(),
+            "shard stopped"
+        );
+    }
+
     fn handle(&mut self, command: Command, now: Millis) {
         match command {
             Command::Check { items, reply } => {
