@@ -559,6 +559,38 @@ async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
     }
 }
 
+/// `--threads 1` runs a node on tokio's current-thread scheduler (every task on the
+/// thread that runs the node): forwarded and local checks are decided to the limit, and
+/// a graceful leave still hands the state over and exits cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_on_one_thread_decide_to_the_limit_and_leave_gracefully() {
+    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--threads", "1"]).await;
+    let key = key_owned_by("one-thread", "node-c", "node-b");
+    let local = key_owned_by("one-thread-local", "node-a", "node-b");
+    let mut via_a = cluster.client("node-a").await;
+    exhaust(&mut via_a, "node-a", &key, "node-c").await;
+    exhaust(&mut via_a, "node-a", &local, "node-a").await;
+    for key in [&key, &local] {
+        let a = check(&mut via_a, key).await.expect("an answer");
+        assert!(!a.allowed, "{key} is exhausted: {}", brief(&a));
+    }
+
+    cluster.signal("node-c", Signal::Term).await;
+    let status = cluster.wait_exit("node-c", Duration::from_secs(15)).await;
+    assert!(
+        status.success(),
+        "node-c's graceful leave exited with {status}"
+    );
+    cluster.wait_converged(&["node-a", "node-b"]).await;
+    let mut via_b = cluster.client("node-b").await;
+    let a = check(&mut via_b, &key).await.expect("an answer");
+    assert!(
+        !a.allowed && decider(&a) == "node-b",
+        "the handed-over key stays exhausted on its new owner: {}",
+        brief(&a)
+    );
+}
+
 /// Fail-open, timed: without replicas (with them, node-a would send these checks to the
 /// key's successor: `tests/cluster.rs`, `an_unreachable_owner_fails_over_to_the_successor`).
 #[tokio::test(flavor = "multi_thread")]

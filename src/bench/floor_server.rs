@@ -2,7 +2,8 @@
 //! `grpc.health.v1`, started by the bench as a child process of this same binary (the
 //! hidden `bench-floor-server` subcommand), so its tonic, hyper, h2 and tokio are the
 //! node's to the patch version and its runtime is built by the same function
-//! (`cli::runtime_with`: multi-thread, `--threads` workers or the usable cores).
+//! (`cli::runtime_with`: multi-thread, `--threads` workers or the usable cores;
+//! current-thread for `--threads 1`).
 //!
 //! With no `--layers` it is the default `tonic::transport::Server::builder()`, the
 //! health service and nothing else. Each layer adds one piece of the node's public face,

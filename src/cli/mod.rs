@@ -43,12 +43,20 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     runtime_with(None)
 }
 
-/// The async runtime, with `threads` workers (default: tokio's, the usable cores).
+/// The async runtime, with `threads` workers (default: tokio's, the usable cores). One
+/// thread is tokio's current-thread scheduler: every task, the shard actors and the
+/// connections that use them, on the thread that runs the node, with no hand-over
+/// between a main thread and one worker (bench/RESULTS.md, 2026-12-03).
 pub fn runtime_with(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = threads {
-        builder.worker_threads(threads);
-    }
+    let mut builder = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(threads) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(threads);
+            builder
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     builder
         .enable_all()
         .build()
