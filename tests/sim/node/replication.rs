@@ -213,7 +213,7 @@ impl Node {
                     .filter(|owner| *owner != &*me)
                     .map(Arc::from)
             });
-            out.extend(self.push_to(new, states));
+            out.extend(self.push(new, states));
         }
         out.extend(self.hand_over_unpromoted(old, new, reborn));
 
@@ -244,30 +244,6 @@ impl Node {
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
             out.extend(shard.core.hand_again(now, &gone, &mut new_owner));
-        }
-        self.stats.handed_over += out.len() as u64;
-        out
-    }
-
-    /// Installs of handed-over states to their destinations in `view` (the rest lost).
-    fn push_to(&mut self, view: &ClusterView, states: Vec<(Arc<str>, Exported)>) -> Vec<Out> {
-        let mut to: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
-        for (owner, state) in states {
-            to.entry(owner).or_default().push(state);
-        }
-        let mut out = Vec::new();
-        for (owner, mut states) in to {
-            if view.member(&owner).is_none() {
-                self.stats.handoff_lost += states.len() as u64;
-                continue;
-            }
-            states.sort_by_key(|s| (s.id.placement, s.id.disc));
-            for chunk in states.chunks(MAX_INSTALL_STATES) {
-                out.push(Out::Send {
-                    to: owner.to_string(),
-                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
-                });
-            }
         }
         out
     }
@@ -372,7 +348,7 @@ impl Node {
                     .into_iter()
                     .partition(|(owner, _)| **owner == *request.from_node);
                 states.extend(mine.into_iter().map(|(_, s)| s));
-                out.extend(self.push_to(&view, others));
+                out.extend(self.push(&view, others));
             }
             let new_owner = replication::joining(&view, &request.from_node);
             for shard in &mut self.shards {
