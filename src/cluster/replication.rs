@@ -233,6 +233,27 @@ pub fn unpromoted(
     }))
 }
 
+/// The `reborn` members (see [`reborn`]) whose incarnation in `new` did not restore
+/// from this node's replicas (`served`: member → incarnation this node pushed its
+/// replicas to). One that did holds them already: it restarted before this node's view
+/// noticed, asked here while the view still held its earlier incarnation, and was
+/// answered with the replicas; the cluster then dropped that earlier incarnation and
+/// took the new one in, and handing the same replicas over again as unpromoted doubled
+/// its counts (the simulator's seed 2223: a key at 5 answered 10).
+pub fn not_restored_here(
+    new: &ClusterView,
+    reborn: Vec<String>,
+    served: &HashMap<String, u64>,
+) -> Vec<String> {
+    reborn
+        .into_iter()
+        .filter(|id| {
+            new.member(id)
+                .is_none_or(|m| served.get(id) != Some(&m.generation))
+        })
+        .collect()
+}
+
 /// Members of `new` that were in `old` as an earlier incarnation (the same id, a lower
 /// generation): they restarted before the cluster dropped them.
 pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
@@ -261,6 +282,9 @@ pub struct Replicator {
     /// The incarnation of every member whose earlier incarnation's keys were handed
     /// again (see [`Replicator::claim_hand_again`]).
     handed_again: std::sync::Mutex<HashMap<String, u64>>,
+    /// The incarnation of every member this node pushed its replicas to when it
+    /// restored (see [`Replicator::send_replicas`]).
+    restores_served: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 impl Replicator {
@@ -288,6 +312,7 @@ impl Replicator {
             restarted: std::sync::Mutex::new(HashMap::new()),
             seen: std::sync::Mutex::new(HashMap::new()),
             handed_again: std::sync::Mutex::new(HashMap::new()),
+            restores_served: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -467,6 +492,10 @@ impl Replicator {
         let reborn = {
             let seen = self.seen.lock().expect("seen lock");
             reborn(old, new, &seen)
+        };
+        let reborn = {
+            let served = self.restores_served.lock().expect("restores lock");
+            not_restored_here(new, reborn, &served)
         };
         let Some(pick) = unpromoted(&self.me, old, new, reborn) else {
             return;
@@ -707,7 +736,10 @@ impl Replicator {
     }
 
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
-    /// restores): returns (sent, installed).
+    /// restores): returns (sent, installed). Once every one is in, this node remembers
+    /// that incarnation as restored from here: its replicas are its count now, and
+    /// handing them to it again when the cluster drops its earlier incarnation and
+    /// takes it back would count them twice (see [`not_restored_here`]).
     pub async fn send_replicas(&self, view: &ClusterView, member: &Member) -> (u64, u64) {
         let pick = restorable(&self.me, view, &member.node_id);
         let states = match self.shards.select_replicas(pick).await {
@@ -720,6 +752,12 @@ impl Replicator {
                 sent += chunk.len() as u64;
                 installed += n;
             }
+        }
+        if sent == states.len() as u64 {
+            self.restores_served
+                .lock()
+                .expect("restores lock")
+                .insert(member.node_id.clone(), member.generation);
         }
         (sent, installed)
     }
@@ -857,6 +895,40 @@ mod tests {
         (0..20_000u64)
             .map(|i| Ring::key_hash(format!("k{i}").as_bytes()))
             .filter(move |&p| ring.owner_of_hash(p) == Some(owner))
+    }
+
+    #[test]
+    fn a_member_back_with_this_nodes_replicas_is_not_handed_them_again() {
+        use crate::cluster::policy::testkit::{member, view};
+        // b restarted as generation 2 and restored from a, whose view still held b@1;
+        // then a's view dropped b@1 (a owned b's keys, their replicas unpromoted) and
+        // took b@2 in.
+        let dropped = view(&["a", "c"]);
+        let mut b2 = member("b", 7100);
+        b2.generation = 2;
+        let mut members = dropped.members.clone();
+        members.push(b2);
+        let back = ClusterView::from_members(members);
+        let seen = HashMap::from([("b".to_string(), 1)]);
+        let reborn_b = reborn(&dropped, &back, &seen);
+        assert_eq!(reborn_b, vec!["b".to_string()]);
+
+        let restored_b2 = HashMap::from([("b".to_string(), 2)]);
+        let left = not_restored_here(&back, reborn_b.clone(), &restored_b2);
+        assert!(left.is_empty(), "b@2 has the replicas: none go again");
+        assert!(unpromoted("a", &dropped, &back, left).is_none());
+
+        // Restored here as an earlier incarnation, or never: b@2 gets them.
+        let restored_b1 = HashMap::from([("b".to_string(), 1)]);
+        for served in [restored_b1, HashMap::new()] {
+            let left = not_restored_here(&back, reborn_b.clone(), &served);
+            assert_eq!(left, vec!["b".to_string()]);
+            let pick = unpromoted("a", &dropped, &back, left).expect("b's keys go back");
+            let p = owned_by(&back.ring, "b")
+                .find(|&p| dropped.ring.owner_of_hash(p) == Some("a"))
+                .expect("a key a held for b");
+            assert!(pick(p));
+        }
     }
 
     #[test]

@@ -346,6 +346,8 @@ pub struct Node {
     seen: std::collections::HashMap<String, u64>,
     /// `Replicator::handed_again`.
     handed_again: BTreeMap<String, u64>,
+    /// `Replicator::restores_served`.
+    restores_served: std::collections::HashMap<String, u64>,
 }
 
 impl Node {
@@ -419,6 +421,7 @@ impl Node {
             restarted: BTreeMap::new(),
             seen: std::collections::HashMap::new(),
             handed_again: BTreeMap::new(),
+            restores_served: std::collections::HashMap::new(),
         }
     }
 

@@ -215,6 +215,7 @@ impl Node {
             });
             out.extend(self.push(new, states));
         }
+        let reborn = replication::not_restored_here(new, reborn, &self.restores_served);
         out.extend(self.hand_over_unpromoted(old, new, reborn));
 
         let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
@@ -392,6 +393,10 @@ impl Node {
         }
         states.sort_by_key(|s| (s.id.placement, s.id.disc));
         self.repl.restored += states.len() as u64;
+        // `Replicator::send_replicas` remembers the incarnation once its installs are
+        // in; here the answer carries them, so they are in if it arrives.
+        self.restores_served
+            .insert(request.from_node.clone(), request.generation);
         let installs = states
             .chunks(MAX_INSTALL_STATES)
             .map(|chunk| calls::install_request(&self.id, chunk, &self.inline))
