@@ -984,3 +984,83 @@ window = "1h"
         node.shutdown().await;
     }
 }
+
+/// `Peer/Restore` from outside the cluster is refused before its handler runs; from a
+/// member, a request naming an address that does not parse is refused
+/// `INVALID_ARGUMENT`, and one naming a member nobody knows at an address nobody
+/// answers (a restoring joiner that never joins) costs no count: the keys the ghost
+/// would own are pushed to nowhere, and their owner goes on deciding them from the
+/// count it had.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_from_outside_or_for_a_ghost_changes_no_count() {
+    use ringlimit::proto::peer::RestoreRequest;
+    let (_dir, rules) = rules_file(RULES);
+    let nodes = start_cluster_with(&["a", "b", "c"], Some(&rules), |config| {
+        config.replicate_interval = Duration::from_millis(50);
+    })
+    .await;
+    let with_ghost = ringlimit::ring::Ring::new(
+        ["a", "b", "c", "ghost"],
+        ringlimit::ring::Ring::DEFAULT_VNODES,
+    );
+    let key = (0..)
+        .map(|i| key_owned_by("c", &["a", "b", "c"], &format!("ghost{i}-")))
+        .find(|k| {
+            with_ghost.owner_of_hash(ringlimit::ring::Ring::key_hash(k.as_bytes())) == Some("ghost")
+        })
+        .unwrap();
+    let mut via_a = client(&nodes[0]).await;
+    for _ in 0..5 {
+        let answer = via_a
+            .check(check(&key, "GET /t", None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.allowed);
+    }
+    let restore = |peer_addr: &str| RestoreRequest {
+        from_node: "ghost".into(),
+        generation: 1,
+        peer_addr: peer_addr.into(),
+    };
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", nodes[2].peer_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut anonymous = PeerClient::new(channel.clone());
+    let status = anonymous.restore(restore("127.0.0.1:1")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let other = Keyring::from_text("another-cluster-secret-of-enough-length-000").unwrap();
+    let mut outsider = PeerClient::new(Signed::new(channel, Some(other), "a".into()));
+    let status = outsider.restore(restore("127.0.0.1:1")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+
+    let mut member = peer_client(&nodes[2]).await;
+    let status = member.restore(restore("no address")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // A closed port: the handed-over count goes nowhere.
+    let answer = member
+        .restore(restore("127.0.0.1:1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!answer.earlier, "nobody knew a ghost");
+
+    for (n, remaining) in [(6, 14), (7, 13)] {
+        let answer = via_a
+            .check(check(&key, "GET /t", None))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(answer.allowed, "check {n}");
+        assert_eq!(
+            answer.remaining, remaining,
+            "check {n}: the count goes on from 5"
+        );
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+}
