@@ -505,6 +505,8 @@ struct ShardMetrics {
     evictions: metrics::Counter,
     /// Evictions of exhausted keys (`kind="denied"`): only when every key was denied.
     denied_evictions: metrics::Counter,
+    /// Replicas dropped for live keys' room (`kind="replica"`): by design, not an alert.
+    replica_evictions: metrics::Counter,
     expired: metrics::Counter,
 }
 
@@ -521,6 +523,9 @@ impl ShardMetrics {
             ),
             denied_evictions: metrics::counter!(
                 "ringlimit_evictions_total", "shard" => shard.clone(), "kind" => "denied"
+            ),
+            replica_evictions: metrics::counter!(
+                "ringlimit_evictions_total", "shard" => shard.clone(), "kind" => "replica"
             ),
             expired: metrics::counter!("ringlimit_expired_keys_total", "shard" => shard),
         }
@@ -706,6 +711,11 @@ impl Actor {
     fn record_churn(&mut self, churn: Churn) {
         if churn.expired > 0 {
             self.metrics.expired.increment(churn.expired);
+        }
+        if churn.evicted_replicas > 0 {
+            self.metrics
+                .replica_evictions
+                .increment(churn.evicted_replicas);
         }
         if churn.evicted > 0 {
             self.metrics.evictions.increment(churn.evicted);

@@ -85,11 +85,13 @@ impl Replicas {
         {
             return Churn::default();
         }
-        self.store.fit_within(
-            keys.saturating_sub(live.len()),
-            bytes.saturating_sub(live.side_bytes()),
-            now,
-        )
+        self.store
+            .fit_within(
+                keys.saturating_sub(live.len()),
+                bytes.saturating_sub(live.side_bytes()),
+                now,
+            )
+            .of_replicas()
     }
 
     /// Keep `item` as the replica of its key, in place of the last one; fail-over
@@ -117,7 +119,8 @@ impl Replicas {
                 }
             }
         }
-        self.store.put(item, limiter, now)
+        let (held, churn) = self.store.put(item, limiter, now);
+        (held, churn.of_replicas())
     }
 
     /// Join `state` (a count of the same key kept here, as handed away) into the
@@ -166,6 +169,7 @@ impl Replicas {
             );
         }
         let (decision, churn, _) = self.store.check(counter, now, cost);
+        let churn = churn.of_replicas();
         if decision.allowed {
             if owed {
                 if let Some(pending) = self.owed(counter) {
@@ -415,8 +419,13 @@ mod tests {
         assert_eq!(replicas.len(), 4, "at the key cap");
         live.check(counter(&limiter, b"x"), NOW, NonZeroU64::MIN);
         live.check(counter(&limiter, b"y"), NOW, NonZeroU64::MIN);
-        replicas.fit_beside(&live, 4, 1 << 20, NOW);
+        let churn = replicas.fit_beside(&live, 4, 1 << 20, NOW);
         assert_eq!(replicas.len() + live.len(), 4, "replicas made way");
+        assert_eq!(
+            (churn.evicted_replicas, churn.evicted, churn.evicted_denied),
+            (2, 0, 0),
+            "counted as replicas' evictions, not as lost live counts"
+        );
         for key in [b"p", b"q", b"r"] {
             live.check(counter(&limiter, key), NOW, NonZeroU64::MIN);
             replicas.fit_beside(&live, 4, 1 << 20, NOW);

@@ -284,6 +284,20 @@ pub struct Churn {
     /// Exhausted (denied) keys dropped to respect the key cap, which happens only when
     /// every key of the store was denied: their clients are admitted again early.
     pub evicted_denied: u64,
+    /// Replicas (other owners' keys kept for their successor role) dropped to make room
+    /// for live keys, as they are meant to be: no count is lost while their owners live.
+    pub evicted_replicas: u64,
+}
+
+impl Churn {
+    /// This churn as it happened in a store of replicas: its evictions are replicas'.
+    pub fn of_replicas(self) -> Self {
+        Self {
+            expired: self.expired,
+            evicted_replicas: self.evicted + self.evicted_denied + self.evicted_replicas,
+            ..Self::default()
+        }
+    }
 }
 
 impl std::ops::AddAssign for Churn {
@@ -291,6 +305,7 @@ impl std::ops::AddAssign for Churn {
         self.expired += rhs.expired;
         self.evicted += rhs.evicted;
         self.evicted_denied += rhs.evicted_denied;
+        self.evicted_replicas += rhs.evicted_replicas;
     }
 }
 
@@ -1431,6 +1446,7 @@ mod tests {
                 expired: 0,
                 evicted: 0,
                 evicted_denied: 1,
+                evicted_replicas: 0,
             }
         );
         store.assert_consistent();
@@ -1617,6 +1633,7 @@ mod tests {
                 expired: 1,
                 evicted: 0,
                 evicted_denied: 0,
+                evicted_replicas: 0,
             }
         );
     }
