@@ -599,9 +599,15 @@ impl Replicator {
                             .push((c.state, now.saturating_sub(c.since)));
                     }
                 }
+                // Every successor at once: one that is dead or paused costs its own
+                // keys a timeout, not every other successor's keys a wait behind it.
+                let sends = to
+                    .into_iter()
+                    .map(|(successor, states)| self.send(view, successor, states));
                 let (mut sent, mut failed) = (0, Vec::new());
-                for (successor, states) in to {
-                    sent += self.send(view, successor, states, &mut failed).await;
+                for (n, undelivered) in futures_util::future::join_all(sends).await {
+                    sent += n;
+                    failed.extend(undelivered);
                 }
                 self.retry(failed).await;
                 sent
@@ -615,19 +621,19 @@ impl Replicator {
         sent
     }
 
-    /// Send `states` to `successor`; the placements of those not delivered go to
-    /// `failed`. Returns how many were delivered.
+    /// Send `states` to `successor`. Returns how many were delivered, and the
+    /// placements of those that were not.
     async fn send(
         &self,
         view: &ClusterView,
         successor: &str,
         states: Vec<(Exported, u64)>,
-        failed: &mut Vec<u64>,
-    ) -> u64 {
+    ) -> (u64, Vec<u64>) {
+        let mut failed = Vec::new();
         let Some(member) = view.member(successor) else {
             self.metrics.failed.increment(states.len() as u64);
             failed.extend(states.iter().map(|(s, _)| s.id.placement));
-            return 0;
+            return (0, failed);
         };
         let mut sent = 0;
         for chunk in states.chunks(MAX_INSTALL_STATES) {
@@ -649,7 +655,7 @@ impl Replicator {
                 }
             }
         }
-        sent
+        (sent, failed)
     }
 
     /// Mark the keys at `placements` changed again, so the next round sends them: a
@@ -683,10 +689,12 @@ impl Replicator {
                 _ => {}
             }
         }
-        for (owner, states) in to {
+        // Every owner at once: these owners were unreachable a moment ago, and each
+        // one still down costs a timeout.
+        let pushes = to.into_iter().map(|(owner, states)| async move {
             let Some(member) = view.member(owner) else {
                 self.metrics.failover_lost.increment(states.len() as u64);
-                continue;
+                return;
             };
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 match self.peers.install(member, chunk).await {
@@ -694,7 +702,8 @@ impl Replicator {
                     Err(_) => self.metrics.failover_lost.increment(chunk.len() as u64),
                 }
             }
-        }
+        });
+        futures_util::future::join_all(pushes).await;
     }
 
     /// Hand `joiner`, asking to restore while `view` does not hold it, the live keys
