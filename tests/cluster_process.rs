@@ -87,6 +87,10 @@ impl Cluster {
         }
         let started = Instant::now();
         cluster.wait_converged(ids).await;
+        let ops: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.ready.metrics).collect();
+        process::wait_ready(&ops, CONVERGE_TIMEOUT)
+            .await
+            .unwrap_or_else(|message| panic!("{message}"));
         eprintln!(
             "[harness] {} nodes converged {:?} after the last ready line (logs in {})",
             ids.len(),

@@ -463,6 +463,47 @@ impl Metrics {
 }
 
 /// GET `/metrics` (raw HTTP/1.0) within `timeout`.
+/// Whether the node whose ops port is `addr` answers `/readyz` with 200 within `timeout`
+/// (joined, its keys' replicas restored, its rules current).
+pub async fn is_ready(addr: SocketAddr, timeout: Duration) -> bool {
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(
+                format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await?;
+        std::io::Result::Ok(buf)
+    };
+    match tokio::time::timeout(timeout, get).await {
+        Ok(Ok(buf)) => buf
+            .split(|&b| b == b'\n')
+            .next()
+            .is_some_and(|status| status.windows(5).any(|w| w == b" 200 ")),
+        _ => false,
+    }
+}
+
+/// Wait (at most `timeout`) until every ops port of `addrs` answers `/readyz` with 200:
+/// what a deployment's readiness probe waits for before sending traffic. A node that
+/// starts with seeds refuses forwarded checks until it has restored its keys' replicas,
+/// and its peers answer those degraded meanwhile.
+pub async fn wait_ready(addrs: &[SocketAddr], timeout: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    for &addr in addrs {
+        while !is_ready(addr, Duration::from_secs(1)).await {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("{addr}: /readyz not 200 within {timeout:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
 pub async fn scrape(addr: SocketAddr, timeout: Duration) -> Option<Metrics> {
     let get = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;

@@ -393,6 +393,19 @@ impl Harness {
         Ok((status.generation, members, status.digest))
     }
 
+    /// Wait until every running, unpaused node answers `/readyz` with 200 (see
+    /// `process::wait_ready`).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), String> {
+        let addrs: Vec<SocketAddr> = self
+            .lock()
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .map(|n| n.process.ready.metrics)
+            .collect();
+        process::wait_ready(&addrs, timeout).await
+    }
+
     /// Wait until every running, unpaused node reports the same digest, with exactly
     /// the expected ring members at their current generations.
     pub async fn wait_converged(&self, timeout: Duration) -> Result<Duration, String> {

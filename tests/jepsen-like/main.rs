@@ -184,6 +184,9 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
         "[chaos] {} nodes converged ({took:?} after the last start)",
         profile.nodes
     );
+    h.wait_ready(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 
     let stop_sampler = CancellationToken::new();
     let sampler = harness::spawn_sampler(h.clone(), stop_sampler.clone());
@@ -249,6 +252,11 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
         }
         let agreed = h.wait_converged(Duration::from_secs(10)).await;
         eprintln!("[chaos] after the last heal: {agreed:?}");
+        // A node restarted by the last steps may still be restoring its keys' replicas
+        // (it refuses forwarded checks until then): the fault-free phase starts once
+        // every node is ready, as traffic would behind a readiness probe.
+        let ready = h.wait_ready(Duration::from_secs(10)).await;
+        eprintln!("[chaos] every node ready: {ready:?}");
         tokio::time::sleep(Duration::from_millis(1000)).await;
         phase("fault-free-2", "start", false);
         tokio::time::sleep(profile.fault_free).await;
