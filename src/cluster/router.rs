@@ -284,6 +284,15 @@ impl Router {
     /// Decide checks that a client sent to this node: each descriptor on its owner,
     /// then refund the admitted descriptors of every check that another one denied.
     pub async fn decide(&self, checks: Checks) -> Result<DecidedChecks, ShardError> {
+        // Two steps, so the refund's future does not sit beside the planning's locals
+        // in this future (a front end boxes it once per check).
+        let decided = self.decide_unrefunded(checks).await?;
+        self.refund(&decided).await?;
+        Ok(decided)
+    }
+
+    /// [`Router::decide`] up to its refunds.
+    async fn decide_unrefunded(&self, checks: Checks) -> Result<DecidedChecks, ShardError> {
         if !self.restore.is_done() {
             // Restarted: this node answers as owner once its keys are restored.
             self.restore.wait().await;
@@ -328,18 +337,20 @@ impl Router {
         self.metrics.forwarded.increment(plan.remote.len() as u64);
 
         let failed = self.settle_remote(&flat, &plan.remote, remote_results, now, &mut answers);
-        let open = self
-            .fail_over(&flat, failed, &view, now, &mut answers)
-            .await?;
-        self.decide_open(&flat, open, &mut answers).await?;
+        if !failed.is_empty() {
+            // Only when an owner did not answer: boxed, so every check's future does not
+            // carry room for the fail-over's.
+            let open = Box::pin(self.fail_over(&flat, failed, &view, now, &mut answers)).await?;
+            if !open.is_empty() {
+                Box::pin(self.decide_open(&flat, open, &mut answers)).await?;
+            }
+        }
 
         drop(flat);
         let answers = answers
             .into_iter()
             .map(|a| a.expect("every descriptor answered"));
-        let decided = policy::combine(checks, answers);
-        self.refund(&decided).await?;
-        Ok(decided)
+        Ok(policy::combine(checks, answers))
     }
 
     /// Take the owners' answers (caching denials); returns the descriptors whose owner

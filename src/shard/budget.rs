@@ -340,8 +340,8 @@ impl BudgetLeases {
 pub enum Command {
     /// Owner: grant a lease (or not).
     Grant {
-        /// The request.
-        ask: GrantAsk,
+        /// The request (boxed, like `Hold`'s lease: see [`Command`]'s size test).
+        ask: Box<GrantAsk>,
         /// Where the answer goes.
         reply: oneshot::Sender<GrantReply>,
     },
@@ -369,8 +369,10 @@ pub enum Command {
     Hold {
         /// The counter asked for.
         counter: KeyId,
-        /// The lease, or `None` (refused, or the request failed).
-        lease: Option<entry::HeldLease>,
+        /// The lease, or `None` (refused, or the request failed). Boxed: inline it
+        /// made every inbox message 152 bytes instead of 96, and a check's future
+        /// carries one (its refund's send) whether or not leases are on.
+        lease: Option<Box<entry::HeldLease>>,
     },
 }
 
@@ -496,7 +498,11 @@ impl super::Actor {
                 self.budget.send_returns(returns);
                 let _ = reply.send(step);
             }
-            Command::Hold { counter, lease } => self.budget.entry.hold(counter, lease, now),
+            Command::Hold { counter, lease } => {
+                self.budget
+                    .entry
+                    .hold(counter, lease.map(|lease| *lease), now)
+            }
         }
     }
 
@@ -529,6 +535,7 @@ impl Shards {
     pub async fn grant(&self, ask: GrantAsk) -> Result<GrantReply, ShardError> {
         let shard = self.shard_of_placement(ask.charge.id.placement);
         let (reply, rx) = oneshot::channel();
+        let ask = Box::new(ask);
         self.try_budget(shard, Command::Grant { ask, reply })?;
         rx.await.map_err(|_| ShardError::Stopped(shard))
     }
@@ -583,7 +590,10 @@ impl Shards {
     ) -> Result<(), ShardError> {
         let shard = self.shard_of_placement(counter.placement);
         self.inboxes[shard]
-            .send(super::Command::Budget(Command::Hold { counter, lease }))
+            .send(super::Command::Budget(Command::Hold {
+                counter,
+                lease: lease.map(Box::new),
+            }))
             .await
             .map_err(|_| ShardError::Stopped(shard))
     }
