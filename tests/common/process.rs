@@ -462,15 +462,13 @@ impl Metrics {
     }
 }
 
-/// GET `/metrics` (raw HTTP/1.0) within `timeout`.
-/// Whether the node whose ops port is `addr` answers `/readyz` with 200 within `timeout`
-/// (joined, its keys' replicas restored, its rules current).
-pub async fn is_ready(addr: SocketAddr, timeout: Duration) -> bool {
+/// GET `path` from `addr` (raw HTTP/1.0) within `timeout`: the whole response.
+async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<Vec<u8>> {
     let get = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         stream
             .write_all(
-                format!("GET /readyz HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
                     .as_bytes(),
             )
             .await?;
@@ -478,13 +476,17 @@ pub async fn is_ready(addr: SocketAddr, timeout: Duration) -> bool {
         stream.read_to_end(&mut buf).await?;
         std::io::Result::Ok(buf)
     };
-    match tokio::time::timeout(timeout, get).await {
-        Ok(Ok(buf)) => buf
-            .split(|&b| b == b'\n')
+    tokio::time::timeout(timeout, get).await.ok()?.ok()
+}
+
+/// Whether the node whose ops port is `addr` answers `/readyz` with 200 within `timeout`
+/// (joined, its keys' replicas restored, its rules current).
+pub async fn is_ready(addr: SocketAddr, timeout: Duration) -> bool {
+    http_get(addr, "/readyz", timeout).await.is_some_and(|buf| {
+        buf.split(|&b| b == b'\n')
             .next()
-            .is_some_and(|status| status.windows(5).any(|w| w == b" 200 ")),
-        _ => false,
-    }
+            .is_some_and(|status| status.windows(5).any(|w| w == b" 200 "))
+    })
 }
 
 /// Wait (at most `timeout`) until every ops port of `addrs` answers `/readyz` with 200:
@@ -504,20 +506,9 @@ pub async fn wait_ready(addrs: &[SocketAddr], timeout: Duration) -> Result<(), S
     Ok(())
 }
 
+/// GET `/metrics` (raw HTTP/1.0) within `timeout`.
 pub async fn scrape(addr: SocketAddr, timeout: Duration) -> Option<Metrics> {
-    let get = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream
-            .write_all(
-                format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await?;
-        std::io::Result::Ok(String::from_utf8_lossy(&buf).to_string())
-    };
-    let text = tokio::time::timeout(timeout, get).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&http_get(addr, "/metrics", timeout).await?).to_string();
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
