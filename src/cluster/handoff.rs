@@ -29,7 +29,7 @@ use crate::cluster::Inherited;
 use crate::config::rules::{Rule, RuleSet};
 use crate::membership::ClusterView;
 use crate::ring::diff;
-use crate::shard::{Exported, NewOwner, Shards};
+use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 /// States per `Install` call: the sender pushes at most this many at once and the
 /// receiver refuses a call with more, so one call cannot make a node hold (or validate)
@@ -177,13 +177,7 @@ impl Handoff {
     /// Hand every key `view` gives to another member to that member. Returns how many
     /// keys their new owners installed.
     pub async fn push_away(&self, view: &ClusterView) -> u64 {
-        let me = self.me.clone();
-        let ring = view.ring.clone();
-        let new_owner: NewOwner = Arc::new(move |placement: u64| {
-            ring.owner_of_hash(placement)
-                .filter(|owner| *owner != &*me)
-                .map(Arc::from)
-        });
+        let new_owner = new_owners(view, self.me.clone());
         match self.shards.export(new_owner).await {
             Ok(exported) => self.push(view, exported, "handed state over").await,
             Err(error) => {
@@ -229,7 +223,12 @@ impl Handoff {
     }
 
     /// Push states to their destinations, in chunks, counting what is lost.
-    async fn push(&self, view: &ClusterView, items: Vec<(Arc<str>, Exported)>, what: &str) -> u64 {
+    async fn push(
+        &self,
+        view: &ClusterView,
+        items: Vec<(Arc<str>, Exported)>,
+        what: &'static str,
+    ) -> u64 {
         let mut by_owner: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
         for (to, item) in items {
             by_owner.entry(to).or_default().push(item);
@@ -244,7 +243,7 @@ impl Handoff {
             let total = states.len();
             let mut delivered = 0;
             for chunk in states.chunks(MAX_INSTALL_STATES) {
-                match self.peers.install(&owner, chunk).await {
+                match self.peers.install(&owner, chunk, what).await {
                     Ok(n) => {
                         installed += n;
                         delivered += chunk.len();
@@ -260,6 +259,17 @@ impl Handoff {
         }
         installed
     }
+}
+
+/// The owner under `view` of each key, as the incarnation `view` holds; `None` where
+/// that is `me`.
+pub fn new_owners(view: &ClusterView, me: Arc<str>) -> NewOwner {
+    let view = view.clone();
+    Arc::new(move |placement: u64| {
+        let owner = view.ring.owner_of_hash(placement).filter(|o| *o != &*me)?;
+        let member = view.member(owner)?;
+        Some(Recipient::new(owner, member.generation))
+    })
 }
 
 /// Handed-over states sorted by what the receiver does with them.

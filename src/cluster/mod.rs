@@ -10,6 +10,8 @@
 //!   server adapter in `server::peer`, it is the only code here that sees prost types;
 //!   everything else speaks the domain types below.
 //! - [`handoff`]: pushes state to new owners on ring changes.
+//! - [`replication`]: successor replicas (sends, restores, fail-over pushes); [`outbox`]:
+//!   which replicas go now and which wait for their successor's batch in flight.
 //! - [`budget`]: budget leases of hot counters, the entry's side (which checks a held
 //!   lease decides, the returns of unused units); the router asks and spends them.
 //! - [`deny_cache`]: "denied until T", answered without a hop.
@@ -27,6 +29,7 @@ pub mod budget;
 pub mod deny_cache;
 pub mod handoff;
 pub mod link;
+pub mod outbox;
 pub mod policy;
 pub mod replication;
 pub mod reservation;

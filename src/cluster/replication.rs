@@ -27,13 +27,18 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use crate::algorithms::Millis;
 use crate::clock::Clock;
-use crate::cluster::handoff::MAX_INSTALL_STATES;
+use crate::cluster::handoff::{new_owners, MAX_INSTALL_STATES};
+use crate::cluster::outbox::Outbox;
 use crate::cluster::link::PeerPool;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
 use crate::shard::replication::{Gone, Pick};
-use crate::shard::{Exported, NewOwner, Shards};
+use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 /// Most changed keys one shard hands the replicator per round: a ring change marks
 /// every key whose successor moved, and their full states go out over several rounds
@@ -164,21 +169,26 @@ pub fn restorable(me: &str, view: &ClusterView, owner: &str) -> Pick {
 /// restore waits for them, so it does not answer as owner from empty until this node's
 /// view catches up and the ring change hands them over (the simulator's seeds 2850 and
 /// 3844: an owner back 1.4 s after a kill admitted a promoted key again from empty).
-pub fn joining(view: &ClusterView, joiner: &str) -> NewOwner {
+pub fn joining(view: &ClusterView, joiner: &str, generation: u64) -> NewOwner {
     let ring = ring_with(view, joiner);
-    let joiner: Arc<str> = Arc::from(joiner);
-    Arc::new(move |p| (ring.owner_of_hash(p) == Some(&*joiner)).then(|| joiner.clone()))
+    let joiner = Recipient::new(joiner, generation);
+    Arc::new(move |p| (ring.owner_of_hash(p) == Some(&*joiner.id)).then(|| joiner.clone()))
 }
 
-/// The owner of each key on the ring of `view` with `joiner` in it, `None` where that
-/// is `me`.
-pub fn owner_with(view: &ClusterView, joiner: &str, me: &str) -> NewOwner {
+/// The owner of each key on the ring of `view` with `joiner` (as incarnation
+/// `generation`) in it, `None` where that is `me`.
+pub fn owner_with(view: &ClusterView, joiner: &str, generation: u64, me: &str) -> NewOwner {
     let ring = ring_with(view, joiner);
     let me: Arc<str> = Arc::from(me);
+    let generations: HashMap<String, u64> = view
+        .members
+        .iter()
+        .map(|m| (m.node_id.clone(), m.generation))
+        .chain(std::iter::once((joiner.to_string(), generation)))
+        .collect();
     Arc::new(move |p| {
-        ring.owner_of_hash(p)
-            .filter(|owner| *owner != &*me)
-            .map(Arc::from)
+        let owner = ring.owner_of_hash(p).filter(|owner| *owner != &*me)?;
+        Some(Recipient::new(owner, *generations.get(owner)?))
     })
 }
 
@@ -267,6 +277,14 @@ pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
         .collect()
 }
 
+/// A send of the replicator's that ended (see [`Replicator::run`]).
+enum Flight {
+    /// A batch to `successor`; the placements of the states it did not deliver.
+    Replicated { successor: Arc<str>, failed: Vec<u64> },
+    /// A push of fail-over admissions to their owners.
+    FailoverPushed,
+}
+
 /// Sends changed keys to their successors, every interval.
 pub struct Replicator {
     me: Arc<str>,
@@ -324,6 +342,11 @@ impl Replicator {
     /// simulator's seed 2409: a restoring owner's first round sent a key's count of 1
     /// over its successor's replica of 10, and the successor's next fail-over check
     /// admitted from 1). Changed keys stay marked and go in the first round after.
+    ///
+    /// Each successor has at most one batch in flight, and no send holds back the
+    /// loop: a round collects the changed keys into the [`Outbox`] and starts a batch
+    /// for every successor without one, and the fail-over push runs beside them (see
+    /// `cluster::outbox` for why).
     pub async fn run(
         &self,
         mut views: watch::Receiver<Arc<ClusterView>>,
@@ -335,6 +358,10 @@ impl Replicator {
         self.remember(&current);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Sends in flight: a batch per successor, the fail-over push (see `outbox`).
+        let mut outbox = Outbox::default();
+        let mut flights: FuturesUnordered<BoxFuture<'_, Flight>> = FuturesUnordered::new();
+        let mut pushing_failover = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -351,11 +378,30 @@ impl Replicator {
                         self.successors_changed(&current, &next).await;
                     }
                     self.successors_restarted(&current, &next).await;
+                    self.retry(outbox.take_waiting()).await;
                     current = next;
                 }
+                Some(flight) = flights.next(), if !flights.is_empty() => match flight {
+                    Flight::Replicated { successor, failed } => {
+                        outbox.done(&successor);
+                        self.retry(failed).await;
+                    }
+                    Flight::FailoverPushed => pushing_failover = false,
+                },
                 _ = tick.tick() => {
                     if restore.is_done() {
-                        self.round(&current).await;
+                        self.collect(&current, &mut outbox).await;
+                        for (successor, states) in outbox.ready() {
+                            flights.push(Box::pin(self.send(current.clone(), successor, states)));
+                        }
+                        if !pushing_failover {
+                            pushing_failover = true;
+                            let view = current.clone();
+                            flights.push(Box::pin(async move {
+                                self.push_failover(&view).await;
+                                Flight::FailoverPushed
+                            }));
+                        }
                     }
                 }
             }
@@ -423,13 +469,11 @@ impl Replicator {
         if reborn.is_empty() {
             return;
         }
-        let (me, ring) = (self.me.clone(), new.ring.clone());
-        let new_owner: NewOwner = Arc::new(move |p| {
-            ring.owner_of_hash(p)
-                .filter(|owner| *owner != &*me)
-                .map(Arc::from)
-        });
-        let states = self.take_back(reborn, new_owner).await;
+        let reborn: Vec<(String, u64)> = reborn
+            .into_iter()
+            .filter_map(|id| new.member(&id).map(|m| (id, m.generation)))
+            .collect();
+        let states = self.take_back(reborn, new_owners(new, self.me.clone())).await;
         let mut to: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
         for (owner, state) in states {
             to.entry(owner).or_default().push(state);
@@ -437,17 +481,24 @@ impl Replicator {
         for (owner, states) in to {
             match new.member(&owner) {
                 Some(member) => {
-                    self.push_handed(member, &states).await;
+                    self.push_handed(member, &states, "hand again").await;
                 }
                 None => self.metrics.handoff_lost.increment(states.len() as u64),
             }
         }
     }
 
-    /// The keys handed to `gone` members, taken back (see [`Shards::hand_again`]).
-    async fn take_back(&self, gone: Vec<String>, new_owner: NewOwner) -> Vec<(Arc<str>, Exported)> {
-        let count = gone.len();
-        let gone: Gone = Arc::new(move |id| gone.iter().any(|g| g == id));
+    /// The keys handed to incarnations of `back` members (id, generation now) earlier
+    /// than the one now, taken back (see [`Shards::hand_again`]).
+    async fn take_back(
+        &self,
+        back: Vec<(String, u64)>,
+        new_owner: NewOwner,
+    ) -> Vec<(Arc<str>, Exported)> {
+        let count = back.len();
+        let gone: Gone = Arc::new(move |id, generation| {
+            back.iter().any(|(b, now)| b == id && generation < *now)
+        });
         match self.shards.hand_again(gone, new_owner).await {
             Ok(states) => {
                 if !states.is_empty() {
@@ -467,10 +518,10 @@ impl Replicator {
     }
 
     /// Push handed-over states to `to`, counting what is lost: returns (sent, installed).
-    async fn push_handed(&self, to: &Member, states: &[Exported]) -> (u64, u64) {
+    async fn push_handed(&self, to: &Member, states: &[Exported], why: &'static str) -> (u64, u64) {
         let (mut sent, mut installed) = (0, 0);
         for chunk in states.chunks(MAX_INSTALL_STATES) {
-            match self.peers.install(to, chunk).await {
+            match self.peers.install(to, chunk, why).await {
                 Ok(n) => {
                     sent += chunk.len() as u64;
                     installed += n;
@@ -520,7 +571,7 @@ impl Replicator {
             };
             let (mut sent, mut lost) = (0, 0);
             for chunk in states.chunks(MAX_INSTALL_STATES) {
-                match self.peers.install(member, chunk).await {
+                match self.peers.install(member, chunk, "unpromoted").await {
                     Ok(_) => sent += chunk.len(),
                     Err(_) => lost += chunk.len(),
                 }
@@ -581,81 +632,60 @@ impl Replicator {
         }
     }
 
-    /// One round: changed keys to their successors, fail-over admissions to their
-    /// owners. Returns how many replicas were sent.
-    pub async fn round(&self, view: &ClusterView) -> u64 {
-        let sent = match self.shards.drain_replication(MAX_PER_ROUND).await {
+    /// Take the keys changed since the last call into `outbox`, each for its successor
+    /// under `view` (keys this node does not own under it are left out: their owner
+    /// replicates them).
+    async fn collect(&self, view: &ClusterView, outbox: &mut Outbox) {
+        match self.shards.drain_replication(MAX_PER_ROUND).await {
             Ok(changed) => {
-                let now = self.clock.now_ms();
-                let mut to: HashMap<&str, Vec<(Exported, u64)>> = HashMap::new();
                 for c in changed {
                     let p = c.state.id.placement;
                     if view.ring.owner_of_hash(p) != Some(&*self.me) {
                         continue;
                     }
                     if let Some(successor) = view.ring.successor_of_hash(p) {
-                        to.entry(successor)
-                            .or_default()
-                            .push((c.state, now.saturating_sub(c.since)));
+                        outbox.add(successor, c.state, c.since);
                     }
                 }
-                // Every successor at once: one that is dead or paused costs its own
-                // keys a timeout, not every other successor's keys a wait behind it.
-                let sends = to
-                    .into_iter()
-                    .map(|(successor, states)| self.send(view, successor, states));
-                let (mut sent, mut failed) = (0, Vec::new());
-                for (n, undelivered) in futures_util::future::join_all(sends).await {
-                    sent += n;
-                    failed.extend(undelivered);
-                }
-                self.retry(failed).await;
-                sent
             }
-            Err(error) => {
-                tracing::debug!(%error, "replication drain failed");
-                0
-            }
-        };
-        self.push_failover(view).await;
-        sent
+            Err(error) => tracing::debug!(%error, "replication drain failed"),
+        }
     }
 
-    /// Send `states` to `successor`. Returns how many were delivered, and the
-    /// placements of those that were not.
+    /// Send `states` (each with when its key first changed) to `successor`, a member of
+    /// `view`. The lag recorded is from that change to the successor's answer.
     async fn send(
         &self,
-        view: &ClusterView,
-        successor: &str,
-        states: Vec<(Exported, u64)>,
-    ) -> (u64, Vec<u64>) {
+        view: Arc<ClusterView>,
+        successor: Arc<str>,
+        states: Vec<(Exported, Millis)>,
+    ) -> Flight {
         let mut failed = Vec::new();
-        let Some(member) = view.member(successor) else {
+        let Some(member) = view.member(&successor) else {
             self.metrics.failed.increment(states.len() as u64);
             failed.extend(states.iter().map(|(s, _)| s.id.placement));
-            return (0, failed);
+            return Flight::Replicated { successor, failed };
         };
-        let mut sent = 0;
         for chunk in states.chunks(MAX_INSTALL_STATES) {
-            let (states, ages): (Vec<Exported>, Vec<u64>) = chunk.iter().cloned().unzip();
+            let (states, since): (Vec<Exported>, Vec<Millis>) = chunk.iter().cloned().unzip();
             match self.peers.replicate(member, &states).await {
                 Ok((_, bytes)) => {
                     self.metrics.batches.increment(1);
                     self.metrics.bytes.increment(bytes as u64);
                     self.metrics.states.increment(states.len() as u64);
-                    for age in ages {
-                        self.metrics.lag.record(age as f64 / 1000.0);
+                    let now = self.clock.now_ms();
+                    for since in since {
+                        self.metrics.lag.record(now.saturating_sub(since) as f64 / 1000.0);
                     }
-                    sent += states.len() as u64;
                 }
                 Err(error) => {
                     self.metrics.failed.increment(states.len() as u64);
                     failed.extend(states.iter().map(|s| s.id.placement));
-                    tracing::debug!(to = successor, %error, keys = states.len(), "replication batch not delivered");
+                    tracing::debug!(to = %successor, %error, keys = states.len(), "replication batch not delivered");
                 }
             }
         }
-        (sent, failed)
+        Flight::Replicated { successor, failed }
     }
 
     /// Mark the keys at `placements` changed again, so the next round sends them: a
@@ -697,7 +727,7 @@ impl Replicator {
                 return;
             };
             for chunk in states.chunks(MAX_INSTALL_STATES) {
-                match self.peers.install(member, chunk).await {
+                match self.peers.install(member, chunk, "failover").await {
                     Ok(_) => self.metrics.failover_pushed.increment(chunk.len() as u64),
                     Err(_) => self.metrics.failover_lost.increment(chunk.len() as u64),
                 }
@@ -718,8 +748,9 @@ impl Replicator {
     pub async fn hand_over_to_joiner(&self, view: &ClusterView, joiner: &Member) -> (u64, u64) {
         let mut states: Vec<Exported> = Vec::new();
         if self.claim_hand_again(&joiner.node_id, joiner.generation) {
-            let owners = owner_with(view, &joiner.node_id, &self.me);
-            let again = self.take_back(vec![joiner.node_id.clone()], owners).await;
+            let owners = owner_with(view, &joiner.node_id, joiner.generation, &self.me);
+            let back = vec![(joiner.node_id.clone(), joiner.generation)];
+            let again = self.take_back(back, owners).await;
             let mut others: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
             for (owner, state) in again {
                 if *owner == *joiner.node_id {
@@ -730,18 +761,18 @@ impl Replicator {
             }
             for (owner, states) in others {
                 match view.member(&owner) {
-                    Some(member) => drop(self.push_handed(member, &states).await),
+                    Some(member) => drop(self.push_handed(member, &states, "hand again, joiner asked").await),
                     None => self.metrics.handoff_lost.increment(states.len() as u64),
                 }
             }
         }
-        if let Ok(exported) = self.shards.export(joining(view, &joiner.node_id)).await {
+        if let Ok(exported) = self.shards.export(joining(view, &joiner.node_id, joiner.generation)).await {
             states.extend(exported.into_iter().map(|(_, state)| state));
         }
         if states.is_empty() {
             return (0, 0);
         }
-        self.push_handed(joiner, &states).await
+        self.push_handed(joiner, &states, "to joiner").await
     }
 
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
@@ -757,7 +788,7 @@ impl Replicator {
         };
         let (mut sent, mut installed) = (0, 0);
         for chunk in states.chunks(MAX_INSTALL_STATES) {
-            if let Ok(n) = self.peers.install(member, chunk).await {
+            if let Ok(n) = self.peers.install(member, chunk, "restore").await {
                 sent += chunk.len() as u64;
                 installed += n;
             }
@@ -944,28 +975,33 @@ mod tests {
     fn a_restoring_joiner_gets_exactly_the_keys_it_owns_once_in() {
         use crate::cluster::policy::testkit::view;
         let (now, with) = (view(&["a", "b", "c"]), ring(&["a", "b", "c", "d"]));
-        let (to_d, owners) = (joining(&now, "d"), owner_with(&now, "d", "a"));
+        let (to_d, owners) = (joining(&now, "d", 2), owner_with(&now, "d", 2, "a"));
         let (mut mine, mut others) = (0, 0);
         for i in 0..20_000u64 {
             let p = Ring::key_hash(format!("k{i}").as_bytes());
             let owner = with.owner_of_hash(p).unwrap();
-            assert_eq!(to_d(p).as_deref(), (owner == "d").then_some("d"));
+            assert_eq!(
+                to_d(p),
+                (owner == "d").then(|| Recipient::new("d", 2)),
+                "the joiner, as the incarnation that asked"
+            );
             match owners(p) {
                 None => {
                     assert_eq!(owner, "a");
                     mine += 1;
                 }
                 Some(o) => {
-                    assert_eq!(&*o, owner);
+                    assert_eq!(&*o.id, owner);
+                    assert_eq!(o.generation, if owner == "d" { 2 } else { 1 });
                     others += 1;
                 }
             }
         }
         assert!(mine > 0 && others > 0);
         // A joiner already in the view (or an earlier incarnation of it): the same ring.
-        let again = joining(&view(&["a", "b", "c", "d"]), "d");
+        let again = joining(&view(&["a", "b", "c", "d"]), "d", 2);
         for p in owned_by(&with, "d").take(100) {
-            assert_eq!(again(p).as_deref(), Some("d"));
+            assert_eq!(again(p), Some(Recipient::new("d", 2)));
         }
     }
 

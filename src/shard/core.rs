@@ -9,7 +9,10 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::replication::{self, Changed, Pick};
-use super::{counters, Charge, Churn, Counter, Exported, KeyId, Outcome, Outcomes, Refund, Store};
+use super::{
+    counters, Charge, Churn, Counter, Exported, KeyId, Outcome, Outcomes, Recipient, Refund, Store,
+    INSTALL_TRACE,
+};
 use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
@@ -156,9 +159,25 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
-            if self.store.install(item, &rule.limiter, now) {
+            let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
+            let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
+            let incoming = trace.then(|| item.state.clone());
+            let taken = self.store.install(item, &rule.limiter, now);
+            if taken {
                 installed += 1;
                 self.replicas.changed_id(id, now);
+            }
+            if trace {
+                tracing::debug!(
+                    target: INSTALL_TRACE,
+                    placement = id.placement,
+                    disc = id.disc,
+                    taken,
+                    ?before,
+                    ?incoming,
+                    after = ?self.store.snapshot(id).map(|e| e.state),
+                    "installed"
+                );
             }
         }
         installed
@@ -168,7 +187,7 @@ impl ShardCore {
     pub fn export(
         &mut self,
         now: Millis,
-        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
         self.store.export(now, new_owner)
     }
@@ -178,8 +197,8 @@ impl ShardCore {
     pub fn hand_again(
         &mut self,
         now: Millis,
-        gone: &dyn Fn(&str) -> bool,
-        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        gone: &dyn Fn(&str, u64) -> bool,
+        new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
         self.replicas
             .hand_again(&mut self.store, gone, new_owner, now)
@@ -324,7 +343,7 @@ mod tests {
             assert!(allowed(&mut core, &item));
         }
         assert!(!allowed(&mut core, &item));
-        let handed = core.export(NOW, |_| Some(Arc::from("new-owner")));
+        let handed = core.export(NOW, |_| Some(Recipient::new("new-owner", 1)));
         assert_eq!(handed.len(), 1);
         let mut joiner = ShardCore::new(true, 100, 1 << 20, 1);
         assert!(allowed(&mut joiner, &item));
@@ -345,7 +364,7 @@ mod tests {
         let item = charge(&rule, b"k");
         let mut core = ShardCore::new(true, 100, 1 << 20, 0);
         assert!(allowed(&mut core, &item));
-        let handed = core.export(NOW, |_| Some(Arc::from("owner")));
+        let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
         assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
@@ -386,7 +405,7 @@ mod tests {
         let item = charge(&rule, b"k");
         let mut core = ShardCore::new(true, 100, 1 << 20, 0);
         assert!(allowed(&mut core, &item));
-        let handed = core.export(NOW, |_| Some(Arc::from("owner")));
+        let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
         assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
@@ -394,8 +413,8 @@ mod tests {
         let replica = owner.drain_changed(10).remove(0).state;
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
 
-        let gone = |id: &str| id == "owner";
-        let again = core.hand_again(NOW, &gone, |_| Some(Arc::from("owner")));
+        let gone = |id: &str, generation: u64| id == "owner" && generation < 2;
+        let again = core.hand_again(NOW, &gone, |_| Some(Recipient::new("owner", 2)));
         assert_eq!(again.len(), 1);
         assert_eq!(&*again[0].0, "owner");
         let left = rule.limiter.peek(&again[0].1.state, NOW).remaining;
@@ -411,7 +430,7 @@ mod tests {
         let mut core = ShardCore::new(true, 100, 1 << 20, 0);
         assert!(allowed(&mut core, &item));
         assert_eq!(core.drain_changed(10).len(), 1);
-        core.export(NOW, |_| Some(Arc::from("owner")));
+        core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         assert!(!core.holds(item.id));
         assert!(core.hand_again(NOW, &gone, |_| None).is_empty());
         assert!(core.holds(item.id));
@@ -423,6 +442,35 @@ mod tests {
         assert!(allowed(&mut core, &item));
         assert!(allowed(&mut core, &item));
         assert!(!allowed(&mut core, &item), "the count went on: 3 of 3");
+    }
+
+    #[test]
+    fn a_key_handed_to_the_new_incarnation_already_is_not_handed_to_it_again() {
+        // The 10-minute chaos run at seed 20261204: a member back under a new
+        // incarnation after the cluster dropped it. On that view change the handoff
+        // watcher handed it a key (ring change) before the replicator took back the
+        // keys handed to its earlier incarnation; by id alone, that key was taken back
+        // too and handed a second time, and the member's count of it doubled.
+        let rule = rule_r();
+        let (a, b) = (charge(&rule, b"a"), charge(&rule, b"b"));
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        assert!(allowed(&mut core, &a));
+        core.export(NOW, |p| {
+            (p == a.id.placement).then(|| Recipient::new("owner", 1))
+        });
+        assert!(allowed(&mut core, &b));
+        let handed = core.export(NOW, |_| Some(Recipient::new("owner", 2)));
+        assert_eq!(handed.len(), 1, "b, to the new incarnation");
+
+        let gone = |id: &str, generation: u64| id == "owner" && generation < 2;
+        let again = core.hand_again(NOW, &gone, |_| Some(Recipient::new("owner", 2)));
+        let ids: Vec<KeyId> = again.iter().map(|(_, e)| e.id).collect();
+        assert_eq!(ids, vec![a.id], "only the key the earlier incarnation took");
+        assert!(
+            core.hand_again(NOW, &gone, |_| Some(Recipient::new("owner", 2)))
+                .is_empty(),
+            "and once"
+        );
     }
 
     #[test]

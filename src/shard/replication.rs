@@ -11,7 +11,9 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use super::replicas::Replicas;
-use super::{Charge, Churn, Counter, Exported, KeyId, NewOwner, ShardError, Shards, Store};
+use super::{
+    Charge, Churn, Counter, Exported, KeyId, NewOwner, Recipient, ShardError, Shards, Store,
+};
 use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
@@ -63,9 +65,9 @@ pub(super) enum Command {
     },
 }
 
-/// Which members' earlier incarnations are gone (by node id): the keys handed to them
-/// are handed again (`Side::hand_again`).
-pub type Gone = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// Which incarnations of members are gone (node id, generation): the keys handed to
+/// them are handed again (`Side::hand_again`).
+pub type Gone = Arc<dyn Fn(&str, u64) -> bool + Send + Sync>;
 
 /// The shard actor's replication state.
 pub(super) struct Side {
@@ -129,6 +131,7 @@ impl Side {
         let Some(replica) = self.replicas.take(item.id) else {
             return Churn::default();
         };
+        tracing::debug!(target: super::INSTALL_TRACE, placement = item.id.placement, disc = item.id.disc, state = ?replica.state, "promoting");
         if live.install(replica, &item.rule.limiter, now) {
             self.promoted.increment(1);
         }
@@ -249,8 +252,8 @@ impl Side {
     pub fn hand_again(
         &mut self,
         live: &mut Store,
-        gone: &dyn Fn(&str) -> bool,
-        new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        gone: &dyn Fn(&str, u64) -> bool,
+        new_owner: impl FnMut(u64) -> Option<Recipient>,
         now: Millis,
     ) -> Vec<(Arc<str>, Exported)> {
         let ids = live.handed_to(gone);
@@ -299,6 +302,7 @@ impl Side {
         let mut churn = self.replicas.fit_beside(live, self.keys, self.bytes, now);
         let mut held = 0;
         for (item, rule) in items {
+            tracing::debug!(target: super::INSTALL_TRACE, placement = item.id.placement, disc = item.id.disc, state = ?item.state, "replica");
             let (kept, c) = self.replicas.hold(item, &rule.limiter, now);
             held += usize::from(kept);
             churn += c;

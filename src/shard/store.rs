@@ -72,6 +72,7 @@
 //! happened the two would share one budget: stricter than configured, never looser.
 
 use super::identity::KeyId;
+use super::Recipient;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::num::NonZeroU64;
@@ -265,6 +266,8 @@ fn side_cost(state: &KeyState) -> usize {
 struct Moved {
     /// The new owner.
     to: Arc<str>,
+    /// The new owner's incarnation (see [`Recipient`]).
+    generation: u64,
     /// Fingerprint of the rule numbers, travelling with each delta.
     fingerprint: u64,
     /// Admissions made here since the handoff (or the last delta push).
@@ -562,7 +565,7 @@ impl Store {
     pub fn export(
         &mut self,
         now: Millis,
-        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        mut new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
         let mut out = Vec::new();
         let mut i = 0;
@@ -591,14 +594,15 @@ impl Store {
     }
 
     /// Mark the live entry at `i` handed over to `to` and return a copy of its state.
-    fn hand_over_at(&mut self, i: usize, to: Arc<str>) -> (Arc<str>, Exported) {
+    fn hand_over_at(&mut self, i: usize, to: Recipient) -> (Arc<str>, Exported) {
         let slot = self.slots[i];
         let (id, state) = (slot.id(), self.load(i));
         let fingerprint = self.fingerprints[slot.fingerprint_slot() as usize].0;
         self.moved.insert(
             id,
             Moved {
-                to: to.clone(),
+                to: to.id.clone(),
+                generation: to.generation,
                 fingerprint,
                 delta: KeyState::empty_like(&state),
                 dirty: false,
@@ -606,7 +610,7 @@ impl Store {
         );
         self.slots[i].set(MOVED, true);
         (
-            to,
+            to.id,
             Exported {
                 id,
                 fingerprint,
@@ -1707,13 +1711,13 @@ mod tests {
         }
         old.check(c("r", 1, &limiter, b"staying", "/x"), 10, nz(1));
         let exported = old.export(20, |at| {
-            (at == Ring::key_hash(b"moving")).then(|| Arc::from("new"))
+            (at == Ring::key_hash(b"moving")).then(|| Recipient::new("new", 1))
         });
         assert_eq!(exported.len(), 1);
         assert_eq!(&*exported[0].0, "new");
         assert!(
             old.export(25, |at| (at == Ring::key_hash(b"moving"))
-                .then(|| Arc::from("new")))
+                .then(|| Recipient::new("new", 1)))
                 .is_empty(),
             "a handed-over key is not shipped twice"
         );
@@ -1739,12 +1743,12 @@ mod tests {
         for _ in 0..10 {
             a.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
         }
-        let handed = a.export(20, |_| Some(Arc::from("b")));
+        let handed = a.export(20, |_| Some(Recipient::new("b", 1)));
         assert!(b.install(handed[0].1.clone(), &limiter, 30));
         for _ in 0..2 {
             b.check(c("r", 1, &limiter, b"k", "/x"), 40, nz(1));
         }
-        let back = b.export(50, |_| Some(Arc::from("a")));
+        let back = b.export(50, |_| Some(Recipient::new("a", 1)));
         assert!(a.install(back[0].1.clone(), &limiter, 60));
         assert_eq!(remaining(&mut a), Some(8));
 
@@ -1757,8 +1761,8 @@ mod tests {
         for _ in 0..5 {
             b.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
         }
-        let _to_b = a.export(20, |_| Some(Arc::from("b")));
-        let to_a = b.export(20, |_| Some(Arc::from("a")));
+        let _to_b = a.export(20, |_| Some(Recipient::new("b", 1)));
+        let to_a = b.export(20, |_| Some(Recipient::new("a", 1)));
         assert!(a.install(to_a[0].1.clone(), &limiter, 30));
         assert_eq!(remaining(&mut a), Some(10));
     }
@@ -1775,7 +1779,7 @@ mod tests {
         for _ in 0..2 {
             new.check(c("r", 1, &limiter, b"k", "/x"), 20, nz(1));
         }
-        let exported = old.export(30, |_| Some(Arc::from("new")));
+        let exported = old.export(30, |_| Some(Recipient::new("new", 1)));
         assert!(new.install(exported[0].1.clone(), &limiter, 40));
         let (decision, _, _) = new.check(c("r", 1, &limiter, b"k", "/x"), 50, nz(1));
         assert!(
@@ -1792,7 +1796,7 @@ mod tests {
         for _ in 0..3 {
             old.check(c("r", 1, &limiter, b"k", "/x"), 10, nz(1));
         }
-        let exported = old.export(20, |_| Some(Arc::from("new")));
+        let exported = old.export(20, |_| Some(Recipient::new("new", 1)));
         assert!(new.install(exported[0].1.clone(), &limiter, 21));
         // A node on the old ring forwards two more checks to the old owner.
         assert!(

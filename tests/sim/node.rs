@@ -1022,16 +1022,11 @@ impl Node {
         if from_me <= 0.0 {
             return Vec::new();
         }
-        let me = self.id.clone();
-        let ring = new.ring.clone();
+        let new_owner = ringlimit::cluster::handoff::new_owners(&new, self.id.clone());
         let mut exported = Vec::new();
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
-            exported.extend(shard.core.export(now, |placement| {
-                ring.owner_of_hash(placement)
-                    .filter(|owner| *owner != &*me)
-                    .map(Arc::from)
-            }));
+            exported.extend(shard.core.export(now, |placement| new_owner(placement)));
         }
         self.push(&new, exported)
     }

@@ -173,8 +173,26 @@ impl PeerPool {
             .map_err(|status| calls::call_error(&owner.node_id, status.as_ref()))
     }
 
-    /// Push handed-over state to `owner`; returns how many keys it installed.
-    pub async fn install(&self, owner: &Member, states: &[Exported]) -> Result<u64, ForwardError> {
+    /// Push handed-over state to `owner` (`why`: which path, for the install trace);
+    /// returns how many keys it installed.
+    pub async fn install(
+        &self,
+        owner: &Member,
+        states: &[Exported],
+        why: &'static str,
+    ) -> Result<u64, ForwardError> {
+        for s in states {
+            tracing::debug!(
+                target: crate::shard::INSTALL_TRACE,
+                to = %owner.node_id,
+                generation = owner.generation,
+                why,
+                placement = s.id.placement,
+                disc = s.id.disc,
+                state = ?s.state,
+                "pushing"
+            );
+        }
         let mut client = self.link(owner).client.clone();
         let request = calls::install_request(&self.me, states, &self.inline);
         bounded(

@@ -6,6 +6,7 @@
 use super::{probe_standing, Churn, Exported, Store, LOCAL, MOVED};
 use crate::algorithms::{Limiter, Millis};
 use crate::shard::identity::KeyId;
+use crate::shard::Recipient;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -26,11 +27,11 @@ impl Store {
     }
 
     /// The keys handed away to a member `to` accepts.
-    pub fn handed_to(&self, mut to: impl FnMut(&str) -> bool) -> Vec<KeyId> {
+    pub fn handed_to(&self, mut to: impl FnMut(&str, u64) -> bool) -> Vec<KeyId> {
         let mut ids: Vec<KeyId> = self
             .moved
             .iter()
-            .filter(|(_, moved)| to(&moved.to))
+            .filter(|(_, moved)| to(&moved.to, moved.generation))
             .map(|(&id, _)| id)
             .collect();
         // The moved-key table iterates in hash order: sort for one order everywhere.
@@ -70,7 +71,7 @@ impl Store {
         &mut self,
         ids: &[KeyId],
         now: Millis,
-        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        mut new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
         let mut out = Vec::new();
         for &id in ids {

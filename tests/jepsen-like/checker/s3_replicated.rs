@@ -31,15 +31,15 @@ const AFTER_WINDOW_MS: u64 = 1000;
 /// How long before its death an owner's admissions may be missing from its successor's
 /// replica, for interval `r`: `2 r`.
 ///
-/// The replicator drains the changed keys every `r` (a tokio interval whose next tick
-/// waits for the round in progress) and sends them in one `Peer/Replicate` call it
-/// awaits before the next tick. At the death T, the last round the successor holds was
-/// drained at d; the next one was drained at d' ≤ d + r (the tick) and either was in
-/// flight at T or had not been drained yet. So what is lost was decided in (d, T], and
-/// T − d ≤ (d' − d) + (T − d') < r + (the in-flight round's duration). A round is one
-/// drain from the shard actors plus one call on loopback: ~1–5 ms, and under r whenever
-/// the node keeps up at all (a round longer than r delays the next tick by as much, so
-/// the node would fall behind every interval). Hence 2 r, which at the default 50 ms is
+/// The replicator drains the changed keys every `r` and sends each successor its
+/// batch, one `Peer/Replicate` call in flight per successor (`cluster::outbox`: a
+/// successor whose batch is still in flight gets the keys that wait for it at the
+/// first tick after its batch returns; no other successor and no fail-over push holds
+/// its batch back). At the death T, the last batch the successor holds was drained at
+/// d; the next one was drained at d' ≤ d + r + (that batch's duration) and either was
+/// in flight at T or had not been drained yet. So what is lost was decided in (d, T],
+/// and T − d < r + (two batches' durations). A batch to a live successor is one call on
+/// loopback: ~1–5 ms, far under r. Hence 2 r, which at the default 50 ms is
 /// 100 ms. Each admission decided in (d, T] was acknowledged at or after its decision,
 /// so counting the acknowledged admissions that completed at or after T − 2 r is an
 /// upper bound of what the replica misses (an admission whose answer was lost with the

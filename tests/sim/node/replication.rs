@@ -22,7 +22,7 @@ use ringlimit::cluster::{Answer, CheckItem};
 use ringlimit::membership::ClusterView;
 use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
 use ringlimit::shard::replication::Pick;
-use ringlimit::shard::{Charge, Exported};
+use ringlimit::shard::{Charge, Exported, Recipient};
 
 use super::{Msg, Node, Out, Pending, Timer};
 use crate::link::{Effects, Waiter};
@@ -207,12 +207,12 @@ impl Node {
         // `Replicator::hand_again_to_reborn`.
         let mut out = Vec::new();
         if !again.is_empty() {
-            let (me, ring) = (self.id.clone(), new.ring.clone());
-            let states = self.take_back(&again, |p| {
-                ring.owner_of_hash(p)
-                    .filter(|owner| *owner != &*me)
-                    .map(Arc::from)
-            });
+            let again: Vec<(String, u64)> = again
+                .into_iter()
+                .filter_map(|id| new.member(&id).map(|m| (id, m.generation)))
+                .collect();
+            let new_owner = ringlimit::cluster::handoff::new_owners(new, self.id.clone());
+            let states = self.take_back(&again, |p| new_owner(p));
             out.extend(self.push(new, states));
         }
         let reborn = replication::not_restored_here(new, reborn, &self.restores_served);
@@ -234,13 +234,16 @@ impl Node {
             && self.handed_again.insert(node.to_string(), generation) != Some(generation)
     }
 
-    /// `Replicator::take_back`: the keys handed to `gone`, handed again.
+    /// `Replicator::take_back`: the keys handed to incarnations of `back` (id,
+    /// generation now) earlier than the one now, handed again.
     fn take_back(
         &mut self,
-        gone: &[String],
-        mut new_owner: impl FnMut(u64) -> Option<Arc<str>>,
+        back: &[(String, u64)],
+        mut new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
-        let gone = |id: &str| gone.iter().any(|g| g == id);
+        let gone = |id: &str, generation: u64| {
+            back.iter().any(|(b, now)| b == id && generation < *now)
+        };
         let mut out = Vec::new();
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
@@ -343,15 +346,21 @@ impl Node {
             let mut states: Vec<Exported> = Vec::new();
             let mut out = Vec::new();
             if self.claim_hand_again(&request.from_node, request.generation) {
-                let owners = replication::owner_with(&view, &request.from_node, &self.id);
-                let again = self.take_back(std::slice::from_ref(&request.from_node), |p| owners(p));
+                let owners = replication::owner_with(
+                    &view,
+                    &request.from_node,
+                    request.generation,
+                    &self.id,
+                );
+                let back = [(request.from_node.clone(), request.generation)];
+                let again = self.take_back(&back, |p| owners(p));
                 let (mine, others): (Vec<_>, Vec<_>) = again
                     .into_iter()
                     .partition(|(owner, _)| **owner == *request.from_node);
                 states.extend(mine.into_iter().map(|(_, s)| s));
                 out.extend(self.push(&view, others));
             }
-            let new_owner = replication::joining(&view, &request.from_node);
+            let new_owner = replication::joining(&view, &request.from_node, request.generation);
             for shard in &mut self.shards {
                 let now = shard.clock.now_ms();
                 states.extend(
