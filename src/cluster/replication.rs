@@ -33,8 +33,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use crate::algorithms::Millis;
 use crate::clock::Clock;
 use crate::cluster::handoff::{new_owners, MAX_INSTALL_STATES};
-use crate::cluster::outbox::Outbox;
 use crate::cluster::link::PeerPool;
+use crate::cluster::outbox::Outbox;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
 use crate::shard::replication::{Gone, Pick};
@@ -280,7 +280,10 @@ pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
 /// A send of the replicator's that ended (see [`Replicator::run`]).
 enum Flight {
     /// A batch to `successor`; the placements of the states it did not deliver.
-    Replicated { successor: Arc<str>, failed: Vec<u64> },
+    Replicated {
+        successor: Arc<str>,
+        failed: Vec<u64>,
+    },
     /// A push of fail-over admissions to their owners.
     FailoverPushed,
 }
@@ -473,7 +476,9 @@ impl Replicator {
             .into_iter()
             .filter_map(|id| new.member(&id).map(|m| (id, m.generation)))
             .collect();
-        let states = self.take_back(reborn, new_owners(new, self.me.clone())).await;
+        let states = self
+            .take_back(reborn, new_owners(new, self.me.clone()))
+            .await;
         let mut to: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
         for (owner, state) in states {
             to.entry(owner).or_default().push(state);
@@ -675,7 +680,9 @@ impl Replicator {
                     self.metrics.states.increment(states.len() as u64);
                     let now = self.clock.now_ms();
                     for since in since {
-                        self.metrics.lag.record(now.saturating_sub(since) as f64 / 1000.0);
+                        self.metrics
+                            .lag
+                            .record(now.saturating_sub(since) as f64 / 1000.0);
                     }
                 }
                 Err(error) => {
@@ -761,12 +768,19 @@ impl Replicator {
             }
             for (owner, states) in others {
                 match view.member(&owner) {
-                    Some(member) => drop(self.push_handed(member, &states, "hand again, joiner asked").await),
+                    Some(member) => drop(
+                        self.push_handed(member, &states, "hand again, joiner asked")
+                            .await,
+                    ),
                     None => self.metrics.handoff_lost.increment(states.len() as u64),
                 }
             }
         }
-        if let Ok(exported) = self.shards.export(joining(view, &joiner.node_id, joiner.generation)).await {
+        if let Ok(exported) = self
+            .shards
+            .export(joining(view, &joiner.node_id, joiner.generation))
+            .await
+        {
             states.extend(exported.into_iter().map(|(_, state)| state));
         }
         if states.is_empty() {

@@ -241,9 +241,8 @@ impl Node {
         back: &[(String, u64)],
         mut new_owner: impl FnMut(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
-        let gone = |id: &str, generation: u64| {
-            back.iter().any(|(b, now)| b == id && generation < *now)
-        };
+        let gone =
+            |id: &str, generation: u64| back.iter().any(|(b, now)| b == id && generation < *now);
         let mut out = Vec::new();
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
