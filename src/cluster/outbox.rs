@@ -22,6 +22,9 @@ use std::sync::Arc;
 use crate::algorithms::Millis;
 use crate::shard::{Exported, KeyId};
 
+/// One successor's batch: each key's state, with when the key first changed.
+pub type Batch = Vec<(Exported, Millis)>;
+
 /// States for successors, waiting or in flight (see the module docs).
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -44,7 +47,7 @@ impl Outbox {
 
     /// The waiting states of every successor without a batch in flight, taken out;
     /// those successors count as busy until [`Outbox::done`].
-    pub fn ready(&mut self) -> Vec<(Arc<str>, Vec<(Exported, Millis)>)> {
+    pub fn ready(&mut self) -> Vec<(Arc<str>, Batch)> {
         let free: Vec<Arc<str>> = self
             .waiting
             .iter()
