@@ -68,13 +68,17 @@ impl Outbox {
         self.busy.remove(successor);
     }
 
-    /// Every waiting state taken out, as the placements of their keys: the view
-    /// changed, and their successors may have with it (the replicator marks them
-    /// changed again, so they go where the new view says).
-    pub fn take_waiting(&mut self) -> Vec<u64> {
+    /// Every waiting state taken out, as the placements of their keys with when each
+    /// first changed: the view changed, and their successors may have with it (the
+    /// replicator marks them changed again, so they go where the new view says).
+    pub fn take_waiting(&mut self) -> Vec<(u64, Millis)> {
         self.waiting
             .drain()
-            .flat_map(|(_, queue)| queue.into_keys().map(|id| id.placement))
+            .flat_map(|(_, queue)| {
+                queue
+                    .into_iter()
+                    .map(|(id, (_, since))| (id.placement, since))
+            })
             .collect()
     }
 
@@ -164,7 +168,7 @@ mod tests {
         outbox.add("s1", state(3, 1), 120);
         let mut placements = outbox.take_waiting();
         placements.sort_unstable();
-        assert_eq!(placements, vec![1, 3]);
+        assert_eq!(placements, vec![(1, 120), (3, 120)]);
         assert_eq!(outbox.waiting(), 0);
         outbox.done("s1");
         assert!(outbox.ready().is_empty());

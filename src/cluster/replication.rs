@@ -279,10 +279,11 @@ pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
 
 /// A send of the replicator's that ended (see [`Replicator::run`]).
 enum Flight {
-    /// A batch to `successor`; the placements of the states it did not deliver.
+    /// A batch to `successor`; the placements of the states it did not deliver, with
+    /// when each first changed.
     Replicated {
         successor: Arc<str>,
-        failed: Vec<u64>,
+        failed: Vec<(u64, Millis)>,
     },
     /// A push of fail-over admissions to their owners.
     FailoverPushed,
@@ -681,7 +682,7 @@ impl Replicator {
         let mut failed = Vec::new();
         let Some(member) = view.member(&successor) else {
             self.metrics.failed.increment(states.len() as u64);
-            failed.extend(states.iter().map(|(s, _)| s.id.placement));
+            failed.extend(states.iter().map(|(s, since)| (s.id.placement, *since)));
             return Flight::Replicated { successor, failed };
         };
         for chunk in states.chunks(MAX_INSTALL_STATES) {
@@ -700,7 +701,7 @@ impl Replicator {
                 }
                 Err(error) => {
                     self.metrics.failed.increment(states.len() as u64);
-                    failed.extend(states.iter().map(|s| s.id.placement));
+                    failed.extend(states.iter().map(|s| s.id.placement).zip(since));
                     tracing::debug!(to = %successor, %error, keys = states.len(), "replication batch not delivered");
                 }
             }
@@ -708,17 +709,17 @@ impl Replicator {
         Flight::Replicated { successor, failed }
     }
 
-    /// Mark the keys at `placements` changed again, so the next round sends them: a
-    /// replica whose batch failed is not left stale until its key next changes. (A
-    /// successor that stays unreachable is dropped from the ring, and its keys' new
-    /// successor gets their full state then.)
-    async fn retry(&self, placements: Vec<u64>) {
-        if placements.is_empty() {
+    /// Mark the keys at the placements of `owed` changed again, so the next round
+    /// sends them: a replica whose batch failed is not left stale until its key next
+    /// changes. Each stays owed since its first change, so the lag recorded when it
+    /// does arrive is the whole time its successor lacked it. (A successor that stays
+    /// unreachable is dropped from the ring, and its keys' new successor gets their full
+    /// state then.)
+    async fn retry(&self, owed: Vec<(u64, Millis)>) {
+        if owed.is_empty() {
             return;
         }
-        let placements: std::collections::HashSet<u64> = placements.into_iter().collect();
-        let pick: Pick = Arc::new(move |p| placements.contains(&p));
-        if let Err(error) = self.shards.resync(pick).await {
+        if let Err(error) = self.shards.retry(owed).await {
             tracing::debug!(%error, "marking undelivered replicas for the next round failed");
         }
     }

@@ -257,7 +257,7 @@ impl ShardCore {
 
     /// Mark every live key whose placement `pick` accepts as changed; returns how many.
     pub fn resync(&mut self, pick: &Pick, now: Millis) -> usize {
-        self.replicas.resync(&self.store, pick, now)
+        self.replicas.resync(&self.store, pick, &|_| now)
     }
 
     /// Keep replicas sent by their owners; returns how many are held.
@@ -328,6 +328,33 @@ mod tests {
     fn allowed(core: &mut ShardCore, item: &Charge) -> bool {
         let (outcomes, _) = core.check(std::slice::from_ref(item), NOW, |_, _| 0);
         outcomes[0].decision.allowed
+    }
+
+    #[test]
+    fn a_state_whose_batch_failed_stays_owed_since_its_first_change() {
+        // The replication lag counts from a key's first change to its successor's
+        // answer: a batch that was not delivered, sent again later, must not restart
+        // that clock, or a successor that cannot be reached never shows as lag.
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        assert!(allowed(&mut core, &item));
+        let sent = core.drain_changed(10).remove(0);
+        assert_eq!(sent.since, NOW);
+        let all: Pick = Arc::new(|_| true);
+        // The successor changed meanwhile: the key is owed from now on...
+        assert_eq!(core.resync(&all, NOW + 300), 1);
+        // ...and the failed batch comes back: owed since its first change.
+        let failed = |_: u64| NOW;
+        assert_eq!(core.replicas.resync(&core.store, &all, &failed), 1);
+        assert_eq!(
+            core.resync(&all, NOW + 600),
+            1,
+            "a later mark moves nothing"
+        );
+        let again = core.drain_changed(10).remove(0);
+        assert_eq!(again.since, NOW);
+        assert!(core.drain_changed(10).is_empty());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub(super) enum Command {
     },
     Resync {
         pick: Pick,
+        /// When each placement's key first changed, if it is owed from before (a batch
+        /// that was not delivered): its lag counts from there, not from now.
+        owed: Option<Arc<HashMap<u64, Millis>>>,
         reply: oneshot::Sender<usize>,
     },
     Hold {
@@ -210,8 +213,13 @@ impl Side {
             Command::Drain { max, reply } => {
                 let _ = reply.send(self.drain(live, max));
             }
-            Command::Resync { pick, reply } => {
-                let _ = reply.send(self.resync(live, &pick, now));
+            Command::Resync { pick, owed, reply } => {
+                let since = |p: u64| {
+                    owed.as_ref()
+                        .and_then(|o| o.get(&p).copied())
+                        .unwrap_or(now)
+                };
+                let _ = reply.send(self.resync(live, &pick, &since));
             }
             Command::Hold { items, reply } => {
                 let (held, c) = self.hold(live, items, now);
@@ -276,14 +284,19 @@ impl Side {
     }
 
     /// Mark every live key whose placement `pick` accepts as changed (their successor
-    /// changed). Returns how many.
-    pub fn resync(&mut self, live: &Store, pick: &Pick, now: Millis) -> usize {
+    /// changed, or their last batch was not delivered), owed since `since(placement)`
+    /// or earlier. Returns how many.
+    pub fn resync(&mut self, live: &Store, pick: &Pick, since: &dyn Fn(u64) -> Millis) -> usize {
         match &mut self.dirty {
             Some(dirty) => {
                 let ids = live.select(|p| pick(p));
                 let n = ids.len();
                 for e in ids {
-                    dirty.entry(e.id).or_insert(now);
+                    let t = since(e.id.placement);
+                    dirty
+                        .entry(e.id)
+                        .and_modify(|owed| *owed = (*owed).min(t))
+                        .or_insert(t);
                 }
                 n
             }
@@ -400,7 +413,41 @@ impl Shards {
         for shard in 0..self.len() {
             let pick = pick.clone();
             marked += self
-                .replication(shard, |reply| Command::Resync { pick, reply })
+                .replication(shard, |reply| Command::Resync {
+                    pick,
+                    owed: None,
+                    reply,
+                })
+                .await?;
+        }
+        Ok(marked)
+    }
+
+    /// Mark the live keys at the placements of `owed` as changed, each owed since the
+    /// time beside it (or earlier): states whose batch was not delivered go again, and
+    /// the replication lag recorded when they arrive counts from their first change,
+    /// so a successor that cannot be reached shows as lag. Returns how many.
+    pub async fn retry(&self, owed: Vec<(u64, Millis)>) -> Result<usize, ShardError> {
+        let mut groups: Vec<HashMap<u64, Millis>> = vec![HashMap::new(); self.len()];
+        for (placement, since) in owed {
+            let group = &mut groups[self.shard_of_placement(placement)];
+            let t = group.entry(placement).or_insert(since);
+            *t = (*t).min(since);
+        }
+        let mut marked = 0;
+        for (shard, owed) in groups.into_iter().enumerate() {
+            if owed.is_empty() {
+                continue;
+            }
+            let owed = Arc::new(owed);
+            let placements = owed.clone();
+            let pick: Pick = Arc::new(move |p| placements.contains_key(&p));
+            marked += self
+                .replication(shard, |reply| Command::Resync {
+                    pick,
+                    owed: Some(owed),
+                    reply,
+                })
                 .await?;
         }
         Ok(marked)
