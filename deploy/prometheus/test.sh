@@ -198,7 +198,18 @@ done
 say "healthy: all ${#alert_exprs[@]} alert expressions empty"
 
 # --- Faults: every alert fires ---------------------------------------------------------
-say "faults: key floods past the cap, rules and Envoy config changed, unauthenticated calls, node 3 paused"
+say "faults: a successor paused for 0.9 s, key floods past the cap, rules and Envoy config changed, unauthenticated calls, node 3 paused"
+# Replication lag: node 2 stops while node 1 admits keys the healthy traffic left
+# fresh (10-29); node 1's batches to node 2 (the successor of about half its keys) time
+# out and go again, and arrive once node 2 goes on, with the lag counted from the
+# first change: more than 0.5 s. 0.9 s is shorter than failure detection (~1.2 s), so the ring
+# stays as it is.
+kill -STOP "$node_pid_2"
+bench 30 1 1 "${grpc[1]}" &
+lagging=$!
+sleep 0.9
+kill -CONT "$node_pid_2"
+wait "$lagging" || fail "bench against node 1 failed while node 2 was paused"
 bench 100000 1 1 "${grpc[1]}" "${grpc[2]}" "${grpc[3]}" # live keys evicted
 bench 100000 5 2 "${grpc[1]}" "${grpc[2]}" "${grpc[3]}" # exhausted keys evicted
 # Every fault but the pause lands on nodes 1 and 2: a paused node's series go stale.
