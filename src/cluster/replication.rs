@@ -35,6 +35,7 @@ use crate::clock::Clock;
 use crate::cluster::handoff::{new_owners, MAX_INSTALL_STATES};
 use crate::cluster::link::PeerPool;
 use crate::cluster::outbox::Outbox;
+use crate::config::rules::MAX_WINDOW;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
 use crate::shard::replication::{Gone, Pick};
@@ -320,6 +321,10 @@ pub struct Replicator {
     /// The incarnation of every member this node pushed its replicas to when it
     /// restored (see [`Replicator::send_replicas`]).
     restores_served: std::sync::Mutex<HashMap<String, u64>>,
+    /// When this node last saw each member of `seen` in its view: a member absent
+    /// longer than the longest window is forgotten by all four maps (see
+    /// [`Replicator::remember`]).
+    last_seen: std::sync::Mutex<HashMap<String, Millis>>,
 }
 
 impl Replicator {
@@ -348,6 +353,7 @@ impl Replicator {
             seen: std::sync::Mutex::new(HashMap::new()),
             handed_again: std::sync::Mutex::new(HashMap::new()),
             restores_served: std::sync::Mutex::new(HashMap::new()),
+            last_seen: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -448,12 +454,51 @@ impl Replicator {
         }
     }
 
-    /// Remember the generation of every member of `view`.
+    /// Remember the generation of every member of `view`, and forget members gone
+    /// for longer than the longest window ([`MAX_WINDOW`]): whatever this node handed
+    /// them or holds of theirs has expired by then, so there is nothing left to hand
+    /// again or restore, and the maps of a long-lived node whose peers come and go
+    /// under new ids (a Deployment's pods) do not grow without end.
     fn remember(&self, view: &ClusterView) {
+        let now = self.clock.now_ms();
+        let forgotten: Vec<String> = {
+            let mut last = self.last_seen.lock().expect("last-seen lock");
+            for m in &view.members {
+                last.insert(m.node_id.clone(), now);
+            }
+            let gone = MAX_WINDOW.as_millis() as Millis;
+            let forgotten: Vec<String> = last
+                .iter()
+                .filter(|(_, &t)| now.saturating_sub(t) > gone)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &forgotten {
+                last.remove(id);
+            }
+            forgotten
+        };
         let mut seen = self.seen.lock().expect("seen lock");
         for m in &view.members {
             seen.insert(m.node_id.clone(), m.generation);
         }
+        for id in &forgotten {
+            seen.remove(id);
+            self.restarted.lock().expect("restarted lock").remove(id);
+            self.handed_again
+                .lock()
+                .expect("handed-again lock")
+                .remove(id);
+            self.restores_served
+                .lock()
+                .expect("restores lock")
+                .remove(id);
+        }
+    }
+
+    /// Members this node remembers (see [`Replicator::remember`]).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.seen.lock().expect("seen lock").len()
     }
 
     /// Whether the keys handed to `node` are still to be handed again for its
@@ -963,6 +1008,47 @@ mod tests {
         (0..20_000u64)
             .map(|i| Ring::key_hash(format!("k{i}").as_bytes()))
             .filter(move |&p| ring.owner_of_hash(p) == Some(owner))
+    }
+
+    #[tokio::test]
+    async fn members_gone_longer_than_the_longest_window_are_forgotten() {
+        use crate::clock::ManualClock;
+        use crate::cluster::link::ForwardConfig;
+        use crate::cluster::policy::testkit::view;
+        use crate::shard::ShardConfig;
+        use tokio_util::task::TaskTracker;
+
+        let clock = ManualClock::new(1_800_000_000_000);
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let shards = Shards::spawn(
+            &ShardConfig::default(),
+            Arc::new(clock.clone()),
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            &tracker,
+            cancel.clone(),
+        );
+        let peers = PeerPool::new(
+            "a".into(),
+            ForwardConfig::default(),
+            tracker,
+            cancel.clone(),
+        );
+        let replicator = Replicator::new("a".into(), shards, peers, Arc::new(clock.clone()));
+        replicator.remember(&view(&["a", "b", "c"]));
+        assert_eq!(replicator.remembered(), 3);
+        clock.advance(MAX_WINDOW.as_millis() as u64);
+        replicator.remember(&view(&["a", "c"]));
+        assert_eq!(
+            replicator.remembered(),
+            3,
+            "b gone for the longest window only: a key handed to it may still count"
+        );
+        clock.advance(1);
+        replicator.remember(&view(&["a", "c"]));
+        assert_eq!(replicator.remembered(), 2, "b forgotten");
+        replicator.remember(&view(&["a", "b", "c"]));
+        assert_eq!(replicator.remembered(), 3, "b back: remembered again");
+        cancel.cancel();
     }
 
     #[test]
