@@ -265,6 +265,17 @@ pub fn not_restored_here(
         .collect()
 }
 
+/// Members of `old` that `new` no longer holds (dead, or dropped while cut off), each
+/// with the generation after the last one seen: the keys this node handed to them are
+/// taken back (see [`Replicator::take_back_from_departed`]).
+pub fn departed(old: &ClusterView, new: &ClusterView) -> Vec<(String, u64)> {
+    old.members
+        .iter()
+        .filter(|m| new.member(&m.node_id).is_none())
+        .map(|m| (m.node_id.clone(), m.generation.saturating_add(1)))
+        .collect()
+}
+
 /// Members of `new` that were in `old` as an earlier incarnation (the same id, a lower
 /// generation): they restarted before the cluster dropped them.
 pub fn restarted_in_place(old: &ClusterView, new: &ClusterView) -> Vec<Member> {
@@ -394,7 +405,8 @@ impl Replicator {
                     }
                     let next = views.borrow_and_update().clone();
                     self.drop_handed_over(&current, &next).await;
-                    let mut pushes = self.hand_again_to_reborn(&current, &next).await;
+                    let mut pushes = self.take_back_from_departed(&current, &next).await;
+                    pushes.extend(self.hand_again_to_reborn(&current, &next).await);
                     pushes.extend(self.hand_over_unpromoted(&current, &next).await);
                     for push in pushes {
                         flights.push(Box::pin(async move {
@@ -537,19 +549,54 @@ impl Replicator {
             return Vec::new();
         }
         let states = self
-            .take_back(reborn, new_owners(new, self.me.clone()))
+            .take_back(reborn, new_owners(new, self.me.clone()), "hand again")
             .await;
+        self.pushes(new, states, "hand again")
+    }
+
+    /// The keys this node handed to members `new` no longer holds, taken back: those
+    /// `new` gives this node are live here again, the others go to their owners under
+    /// `new` (merged there with what the owner promoted from its replica).
+    ///
+    /// Without this, a key handed to a member that then died stayed "handed away"
+    /// here with that member's replica beside it, and once the ring gave the key back
+    /// to this node every check of it was decided on that replica, as for a forward
+    /// from the old view: counted, but never replicated to the key's successor, so a
+    /// crash of this node then lost the whole window (the 60-minute chaos run at
+    /// 12712f2: key z-1 at 10 of 10 on n28, which had inherited it back from a dead
+    /// n25; n28 was killed, and its successor n29, which had no replica, admitted 3
+    /// more).
+    async fn take_back_from_departed(&self, old: &ClusterView, new: &ClusterView) -> Vec<Push> {
+        let gone = departed(old, new);
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let why = "taken back, its owner left";
+        let states = self
+            .take_back(gone, new_owners(new, self.me.clone()), why)
+            .await;
+        self.pushes(new, states, why)
+    }
+
+    /// `states` grouped into a push per owner, members of `view` (the states of an
+    /// owner it does not hold are counted lost).
+    fn pushes(
+        &self,
+        view: &ClusterView,
+        states: Vec<(Arc<str>, Exported)>,
+        why: &'static str,
+    ) -> Vec<Push> {
         let mut to: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
         for (owner, state) in states {
             to.entry(owner).or_default().push(state);
         }
         let mut pushes = Vec::new();
         for (owner, states) in to {
-            match new.member(&owner) {
+            match view.member(&owner) {
                 Some(member) => pushes.push(Push {
                     to: member.clone(),
                     states,
-                    why: "hand again",
+                    why,
                 }),
                 None => self.metrics.handoff_lost.increment(states.len() as u64),
             }
@@ -563,6 +610,7 @@ impl Replicator {
         &self,
         back: Vec<(String, u64)>,
         new_owner: NewOwner,
+        why: &'static str,
     ) -> Vec<(Arc<str>, Exported)> {
         let count = back.len();
         let gone: Gone = Arc::new(move |id, generation| {
@@ -574,7 +622,8 @@ impl Replicator {
                     tracing::info!(
                         members = count,
                         keys = states.len(),
-                        "keys handed to members that restarted after the cluster dropped them: handed again"
+                        why,
+                        "keys handed to members since gone or restarted: taken back"
                     );
                 }
                 states
@@ -816,7 +865,7 @@ impl Replicator {
         if self.claim_hand_again(&joiner.node_id, joiner.generation) {
             let owners = owner_with(view, &joiner.node_id, joiner.generation, &self.me);
             let back = vec![(joiner.node_id.clone(), joiner.generation)];
-            let again = self.take_back(back, owners).await;
+            let again = self.take_back(back, owners, "hand again").await;
             let mut others: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
             for (owner, state) in again {
                 if *owner == *joiner.node_id {

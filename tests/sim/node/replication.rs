@@ -196,8 +196,16 @@ impl Node {
         for m in &new.members {
             self.seen.insert(m.node_id.clone(), m.generation);
         }
+        // `Replicator::take_back_from_departed`.
+        let mut out = Vec::new();
+        let departed = replication::departed(old, new);
+        if !departed.is_empty() {
+            let new_owner = ringlimit::cluster::handoff::new_owners(new, self.id.clone());
+            let states = self.take_back(&departed, |p| new_owner(p));
+            out.extend(self.push(new, states));
+        }
         if old.ring.digest() == new.ring.digest() {
-            return Vec::new();
+            return out;
         }
         if let Some(pick) = replication::handed_over_by_live_owner(&self.id, old, new) {
             for shard in &mut self.shards {
@@ -205,7 +213,6 @@ impl Node {
             }
         }
         // `Replicator::hand_again_to_reborn`.
-        let mut out = Vec::new();
         if !again.is_empty() {
             let again: Vec<(String, u64)> = again
                 .into_iter()
