@@ -267,7 +267,7 @@ pub fn not_restored_here(
 
 /// Members of `old` that `new` no longer holds (dead, or dropped while cut off), each
 /// with the generation after the last one seen: the keys this node handed to them are
-/// taken back (see [`Replicator::take_back_from_departed`]).
+/// taken back (by the replicator on each view change).
 pub fn departed(old: &ClusterView, new: &ClusterView) -> Vec<(String, u64)> {
     old.members
         .iter()
