@@ -429,6 +429,7 @@ fn install(states: Vec<KeyState>) -> InstallRequest {
     InstallRequest {
         from_node: "a".into(),
         states,
+        joined: false,
     }
 }
 

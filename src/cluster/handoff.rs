@@ -16,7 +16,7 @@
 //! because their owner died are counted in `ringlimit_ownership_resets_total` (see
 //! `docs/ownership.md`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -87,6 +87,7 @@ impl Handoff {
         let mut current = views.borrow_and_update().clone();
         // A node's first rings inherit nothing from a dead member.
         self.inherited.accounted(current.ring.digest());
+        let mut history: VecDeque<Arc<ClusterView>> = VecDeque::with_capacity(HISTORY + 1);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -94,8 +95,12 @@ impl Handoff {
             }
             let next = views.borrow_and_update().clone();
             self.note_restarts(&current, &next);
+            history.push_back(current.clone());
+            if history.len() > HISTORY {
+                history.pop_front();
+            }
             if next.ring.digest() != current.ring.digest() {
-                self.ring_changed(&current, &next).await;
+                self.ring_changed(&current, &next, &history).await;
             }
             current = next;
         }
@@ -121,7 +126,12 @@ impl Handoff {
     }
 
     /// Log and account for one ring change, and push away what is no longer ours.
-    async fn ring_changed(&self, old: &ClusterView, new: &ClusterView) {
+    async fn ring_changed(
+        &self,
+        old: &ClusterView,
+        new: &ClusterView,
+        history: &VecDeque<Arc<ClusterView>>,
+    ) {
         let moves = diff(&old.ring, &new.ring);
         let me = &*self.me;
         let mut from_dead: Vec<&str> = Vec::new();
@@ -170,16 +180,27 @@ impl Handoff {
         }
         self.inherited.accounted(new.ring.digest());
         if share_from_me > 0.0 {
-            self.push_away(new).await;
+            let earlier = earlier_owners(history.iter().cloned().collect(), self.me.clone());
+            self.hand_over(new, Some(earlier)).await;
         }
     }
 
     /// Hand every key `view` gives to another member to that member. Returns how many
     /// keys their new owners installed.
     pub async fn push_away(&self, view: &ClusterView) -> u64 {
+        self.hand_over(view, None).await
+    }
+
+    /// [`Handoff::push_away`]; with `earlier` (each placement's owner before this
+    /// node), the keys this node promoted go back to that owner to be joined.
+    async fn hand_over(&self, view: &ClusterView, earlier: Option<NewOwner>) -> u64 {
         let new_owner = new_owners(view, self.me.clone());
-        match self.shards.export(new_owner).await {
-            Ok(exported) => self.push(view, exported, "handed state over").await,
+        match self.shards.export(new_owner, earlier).await {
+            Ok(exported) => {
+                self.push(view, exported.merged, "handed state over").await
+                    // Keys promoted here, back to the incarnation their replica came from.
+                    + self.push(view, exported.joined, HANDED_BACK).await
+            }
             Err(error) => {
                 tracing::error!(%error, "handoff export failed");
                 0
@@ -243,7 +264,12 @@ impl Handoff {
             let total = states.len();
             let mut delivered = 0;
             for chunk in states.chunks(MAX_INSTALL_STATES) {
-                match self.peers.install(&owner, chunk, what).await {
+                let pushed = if what == HANDED_BACK {
+                    self.peers.hand_back(&owner, chunk).await
+                } else {
+                    self.peers.install(&owner, chunk, what).await
+                };
+                match pushed {
                     Ok(n) => {
                         installed += n;
                         delivered += chunk.len();
@@ -269,6 +295,29 @@ pub fn new_owners(view: &ClusterView, me: Arc<str>) -> NewOwner {
         let owner = view.ring.owner_of_hash(placement).filter(|o| *o != &*me)?;
         let member = view.member(owner)?;
         Some(Recipient::new(owner, member.generation))
+    })
+}
+
+/// What [`Handoff::push`] says of keys handed back to be joined (see
+/// `ShardCore::export_back`).
+const HANDED_BACK: &str = "handed promoted keys back";
+
+/// Views the handoff remembers to find, for a key this node promoted, the incarnation
+/// that owned it before ([`earlier_owners`]).
+const HISTORY: usize = 16;
+
+/// For each key placement: the incarnation that owned it in the newest of `views`
+/// (oldest first) whose ring gives it to another member than `me`; `None` where `me`
+/// owned it in all. For a key `me` promoted, that is the owner whose replica it
+/// promoted, as `me` saw it then.
+pub fn earlier_owners(views: Vec<Arc<ClusterView>>, me: Arc<str>) -> NewOwner {
+    Arc::new(move |placement: u64| {
+        let view = views
+            .iter()
+            .rev()
+            .find(|v| v.ring.owner_of_hash(placement).is_some_and(|o| o != &*me))?;
+        let owner = view.ring.owner_of_hash(placement)?;
+        Some(Recipient::new(owner, view.member(owner)?.generation))
     })
 }
 
@@ -344,6 +393,30 @@ mod tests {
     use crate::shard::KeyId;
 
     const NOW: Millis = 1_700_000_000_000;
+
+    #[test]
+    fn the_earlier_owner_is_the_newest_other_owner_with_its_generation_then() {
+        use crate::cluster::policy::testkit::view;
+        let full = Arc::new(view(&["a", "b", "c"]));
+        let mut a2 = full.members.clone();
+        a2.iter_mut().find(|m| m.node_id == "a").unwrap().generation = 2;
+        let restarted = Arc::new(ClusterView::from_members(a2));
+        let dropped = Arc::new(view(&["b", "c"]));
+        // A key a owned that b took over when b's view dropped a.
+        let p = (0..20_000u64)
+            .map(|i| crate::ring::Ring::key_hash(format!("k{i}").as_bytes()))
+            .find(|&p| {
+                full.ring.owner_of_hash(p) == Some("a")
+                    && dropped.ring.owner_of_hash(p) == Some("b")
+            })
+            .expect("a key of a's that goes to b");
+        let earlier = earlier_owners(vec![full.clone(), dropped.clone()], Arc::from("b"));
+        assert_eq!(earlier(p), Some(Recipient::new("a", 1)));
+        let earlier = earlier_owners(vec![full, restarted, dropped.clone()], Arc::from("b"));
+        assert_eq!(earlier(p), Some(Recipient::new("a", 2)), "as last seen");
+        let earlier = earlier_owners(vec![dropped], Arc::from("b"));
+        assert_eq!(earlier(p), None, "b owned it in every view kept");
+    }
 
     #[test]
     fn handed_over_states_find_their_rule_by_fingerprint_or_are_dropped() {

@@ -886,10 +886,12 @@ impl Replicator {
         }
         if let Ok(exported) = self
             .shards
-            .export(joining(view, &joiner.node_id, joiner.generation))
+            .export(joining(view, &joiner.node_id, joiner.generation), None)
             .await
         {
-            states.extend(exported.into_iter().map(|(_, state)| state));
+            // A restoring joiner is a new incarnation: nothing here was started from
+            // its replicas, every state adds.
+            states.extend(exported.merged.into_iter().map(|(_, state)| state));
         }
         if states.is_empty() {
             return (0, 0);

@@ -506,8 +506,13 @@ fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::Instal
                 inline: None,
             },
         );
-    (text(), prop::collection::vec(state, 0..12))
-        .prop_map(|(from_node, states)| peer::InstallRequest { from_node, states })
+    (text(), prop::collection::vec(state, 0..12), any::<bool>()).prop_map(
+        |(from_node, states, joined)| peer::InstallRequest {
+            from_node,
+            states,
+            joined,
+        },
+    )
 }
 
 /// One edit of an encoding.
@@ -630,6 +635,7 @@ fn the_fuzz_reaches_the_store_with_plausible_states_and_refuses_the_rest() {
         peer::InstallRequest {
             from_node: "x".into(),
             states: vec![state(vec![1_000_000_000_000, 20])],
+            joined: false,
         },
         &rules
     )

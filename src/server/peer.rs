@@ -424,13 +424,14 @@ impl Peer for PeerService {
         let installed = self
             .router
             .shards()
-            .install(vetted.items)
+            .install(vetted.items, request.joined)
             .await
             .map_err(CheckError::from)? as u64;
         self.installed.increment(installed);
         tracing::info!(
             node_id = %self.router.me().node_id,
             from = %request.from_node,
+            joined = request.joined,
             installed,
             skipped = total - installed,
             refused,

@@ -16,6 +16,15 @@ use super::{
 use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
+/// Keys handed over, as [`ShardCore::export_back`] sorts them.
+#[derive(Debug, Default)]
+pub struct Exports {
+    /// States the new owner adds to what it holds.
+    pub merged: Vec<(Arc<str>, Exported)>,
+    /// States started here from the new owner's own replica: it joins them.
+    pub joined: Vec<(Arc<str>, Exported)>,
+}
+
 /// One shard's state: live keys and replicas, and how both change.
 pub struct ShardCore {
     store: Store,
@@ -152,8 +161,15 @@ impl ShardCore {
         self.replicas.changed(&counter, now);
     }
 
-    /// Install handed-over states (merged with what is held); returns how many.
-    pub fn install(&mut self, items: Vec<(Exported, Arc<Rule>)>, now: Millis) -> usize {
+    /// Install handed-over states (merged with what is held, or joined with it when
+    /// `joined`: states started from this node's own replicas, see
+    /// [`ShardCore::export_back`]); returns how many.
+    pub fn install(
+        &mut self,
+        items: Vec<(Exported, Arc<Rule>)>,
+        joined: bool,
+        now: Millis,
+    ) -> usize {
         let mut installed = 0;
         // A state from an owner whose clock ran ahead needs no help here: every
         // algorithm state clamps time to the newest instant it has acted on.
@@ -162,7 +178,11 @@ impl ShardCore {
             let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
             let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
             let incoming = trace.then(|| item.state.clone());
-            let taken = self.store.install(item, &rule.limiter, now);
+            let taken = if joined {
+                self.store.install_joined(item, &rule.limiter, now)
+            } else {
+                self.store.install(item, &rule.limiter, now)
+            };
             if taken {
                 installed += 1;
                 self.replicas.changed_id(id, now);
@@ -173,6 +193,7 @@ impl ShardCore {
                     placement = id.placement,
                     disc = id.disc,
                     taken,
+                    joined,
                     ?before,
                     ?incoming,
                     after = ?self.store.snapshot(id).map(|e| e.state),
@@ -187,9 +208,36 @@ impl ShardCore {
     pub fn export(
         &mut self,
         now: Millis,
-        new_owner: impl FnMut(u64) -> Option<Recipient>,
+        new_owner: impl Fn(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
-        self.store.export(now, new_owner)
+        self.export_back(now, &new_owner, &|_| None).merged
+    }
+
+    /// [`ShardCore::export`], setting apart the keys handed back to the incarnation
+    /// their replica came from: those this node promoted (its view had dropped their
+    /// owner, or a peer's had) and whose new owner is `earlier`'s for their placement,
+    /// the incarnation that owned them before this node did. Their states include
+    /// that owner's own admissions up to its last replica, so it joins them
+    /// ([`Store::install_joined`]); the others it adds to what it holds.
+    pub fn export_back(
+        &mut self,
+        now: Millis,
+        new_owner: &dyn Fn(u64) -> Option<Recipient>,
+        earlier: &dyn Fn(u64) -> Option<Recipient>,
+    ) -> Exports {
+        let mut merged = self.store.export(now, new_owner);
+        let mut joined = Vec::new();
+        let side = &mut self.replicas;
+        merged.retain(|(to, state)| {
+            let p = state.id.placement;
+            let back = side.hand_away_promoted(state.id)
+                && earlier(p).is_some_and(|e| new_owner(p).is_some_and(|n| n == e));
+            if back {
+                joined.push((to.clone(), state.clone()));
+            }
+            !back
+        });
+        Exports { merged, joined }
     }
 
     /// Hand again the keys handed to members whose incarnation is `gone` (see
@@ -240,7 +288,9 @@ impl ShardCore {
     pub fn expire(&mut self, now: Millis) -> u64 {
         // A full pass every ~16 ticks, while one tick stays a sub-millisecond pause.
         let budget = (self.store.len() / 16).max(1024);
-        self.store.expire(now, budget) + self.replicas.expire(now, budget)
+        let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
+        self.replicas.forget_promoted(&self.store);
+        expired
     }
 
     // ---- replication (the replicator's and the peer service's side) ------------------
@@ -357,6 +407,74 @@ mod tests {
         assert!(core.drain_changed(10).is_empty());
     }
 
+    /// `owner` admits once on `item` and replicates it to a new successor, which
+    /// promotes the replica on a check of its own (its view dropped the owner) and
+    /// admits once more. Returns the successor.
+    fn promoted_after_one(owner: &mut ShardCore, rule: &Arc<Rule>, item: &Charge) -> ShardCore {
+        assert!(allowed(owner, item));
+        let replica = owner.drain_changed(10).remove(0).state;
+        let mut successor = ShardCore::new(true, 100, 1 << 20, 1);
+        assert_eq!(successor.hold(vec![(replica, rule.clone())], NOW).0, 1);
+        assert!(allowed(&mut successor, item), "promoted: 2 of 3");
+        successor
+    }
+
+    #[test]
+    fn a_promoted_key_handed_back_to_its_live_owner_is_joined_not_added() {
+        // The 60-minute chaos run at c5f6d92 (S4): a successor whose view dropped the
+        // owner for a moment promoted its replica, admitted on it, then handed the key
+        // back; the owner added that count to its own, which the replica already held,
+        // and denied below the limit.
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
+        let mut successor = promoted_after_one(&mut owner, &rule, &item);
+        let back = Recipient::new("owner", 7);
+        let exports = successor.export_back(NOW, &|_| Some(back.clone()), &|_| Some(back.clone()));
+        assert!(exports.merged.is_empty());
+        assert_eq!(exports.joined.len(), 1);
+        let state = exports.joined[0].1.clone();
+        assert_eq!(
+            owner.install(vec![(state.clone(), rule.clone())], true, NOW),
+            1
+        );
+        assert!(
+            allowed(&mut owner, &item),
+            "1 here + 1 there: the third of 3"
+        );
+        assert!(!allowed(&mut owner, &item));
+
+        // Added, the owner's own admission counts twice: it denies at 2 of 3.
+        let mut adding = ShardCore::new(true, 100, 1 << 20, 2);
+        assert!(allowed(&mut adding, &item));
+        assert_eq!(adding.install(vec![(state, rule.clone())], false, NOW), 1);
+        assert!(!allowed(&mut adding, &item));
+    }
+
+    #[test]
+    fn a_promoted_key_goes_in_full_to_a_restarted_owner_and_others_are_added() {
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
+        let mut successor = promoted_after_one(&mut owner, &rule, &item);
+        // A key the successor started itself (no replica) is the new owner's to add.
+        let own = charge(&rule, b"own");
+        assert!(allowed(&mut successor, &own));
+        // The owner restarted (generation 8): its memory holds nothing of generation
+        // 7's count, so the promoted key's whole state is added too.
+        let (was, now) = (Recipient::new("owner", 7), Recipient::new("owner", 8));
+        let exports = successor.export_back(NOW, &|_| Some(now.clone()), &|_| Some(was.clone()));
+        assert_eq!(exports.merged.len(), 2);
+        assert!(exports.joined.is_empty());
+        // Handed away, the key is no longer promoted here: coming back and going again
+        // it is this node's count.
+        let again = successor.export_back(NOW, &|_| Some(was.clone()), &|_| Some(was.clone()));
+        assert!(
+            again.merged.is_empty() && again.joined.is_empty(),
+            "already handed"
+        );
+    }
+
     #[test]
     fn a_key_handed_away_keeps_its_count_when_its_replica_arrives() {
         // Simulator seed 603: this node handed a full key to a joiner, which started it
@@ -394,7 +512,7 @@ mod tests {
         let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
-        assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
+        assert_eq!(owner.install(vec![(state, rule.clone())], false, NOW), 1);
         assert!(allowed(&mut owner, &item));
         let replica = owner.drain_changed(10).remove(0).state;
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
@@ -435,7 +553,7 @@ mod tests {
         let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
-        assert_eq!(owner.install(vec![(state, rule.clone())], NOW), 1);
+        assert_eq!(owner.install(vec![(state, rule.clone())], false, NOW), 1);
         assert!(allowed(&mut owner, &item));
         let replica = owner.drain_changed(10).remove(0).state;
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use self::core::ShardCore;
+pub use self::core::{Exports, ShardCore};
 
 /// The tracing target of a debug line per state installed, replica held or promoted,
 /// and per state pushed to a peer with why (`RUST_LOG=ringlimit::install_trace=debug`):
@@ -213,13 +213,15 @@ enum Command {
     },
     Export {
         new_owner: NewOwner,
-        reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
+        earlier: Option<NewOwner>,
+        reply: oneshot::Sender<Exports>,
     },
     DrainDeltas {
         reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
     },
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
+        joined: bool,
         reply: oneshot::Sender<usize>,
     },
     Counters {
@@ -422,22 +424,29 @@ impl Shards {
     }
 
     /// Hand over every key `new_owner` gives to another node, from every shard: a copy
-    /// of each state with its destination (the entries stay, marked moved).
+    /// of each state with its destination (the entries stay, marked moved). With
+    /// `earlier` (each placement's owner before this node), the keys handed back to
+    /// the incarnation their promoted replica came from are set apart
+    /// ([`ShardCore::export_back`]).
     pub async fn export(
         &self,
         new_owner: NewOwner,
-    ) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
-        let mut out = Vec::new();
+        earlier: Option<NewOwner>,
+    ) -> Result<Exports, ShardError> {
+        let mut out = Exports::default();
         for (shard, inbox) in self.inboxes.iter().enumerate() {
             let (reply, rx) = oneshot::channel();
             inbox
                 .send(Command::Export {
                     new_owner: new_owner.clone(),
+                    earlier: earlier.clone(),
                     reply,
                 })
                 .await
                 .map_err(|_| ShardError::Stopped(shard))?;
-            out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
+            let exports = rx.await.map_err(|_| ShardError::Stopped(shard))?;
+            out.merged.extend(exports.merged);
+            out.joined.extend(exports.joined);
         }
         Ok(out)
     }
@@ -456,9 +465,14 @@ impl Shards {
         Ok(out)
     }
 
-    /// Install handed-over state, each item with the local rule it belongs to; keys a
-    /// shard already holds keep their local state. Returns how many were installed.
-    pub async fn install(&self, items: Vec<(Exported, Arc<Rule>)>) -> Result<usize, ShardError> {
+    /// Install handed-over state, each item with the local rule it belongs to, merged
+    /// with what a shard holds (joined with it when `joined`: see
+    /// [`ShardCore::install`]). Returns how many were installed.
+    pub async fn install(
+        &self,
+        items: Vec<(Exported, Arc<Rule>)>,
+        joined: bool,
+    ) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
             let shard = self.shard_of_placement(item.0.id.placement);
@@ -471,7 +485,11 @@ impl Shards {
             }
             let (reply, rx) = oneshot::channel();
             self.inboxes[shard]
-                .send(Command::Install { items, reply })
+                .send(Command::Install {
+                    items,
+                    joined,
+                    reply,
+                })
                 .await
                 .map_err(|_| ShardError::Stopped(shard))?;
             installed += rx.await.map_err(|_| ShardError::Stopped(shard))?;
@@ -682,16 +700,30 @@ impl Actor {
             Command::Len { reply } => {
                 let _ = reply.send(self.core.store().len());
             }
-            Command::Export { new_owner, reply } => {
-                let exported = self.core.export(now, |placement| new_owner(placement));
+            Command::Export {
+                new_owner,
+                earlier,
+                reply,
+            } => {
+                let exported = match earlier {
+                    Some(earlier) => self.core.export_back(now, &*new_owner, &*earlier),
+                    None => Exports {
+                        merged: self.core.export(now, |placement| new_owner(placement)),
+                        joined: Vec::new(),
+                    },
+                };
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(exported);
             }
             Command::DrainDeltas { reply } => {
                 let _ = reply.send(self.core.drain_deltas());
             }
-            Command::Install { items, reply } => {
-                let installed = self.core.install(items, now);
+            Command::Install {
+                items,
+                joined,
+                reply,
+            } => {
+                let installed = self.core.install(items, joined, now);
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(installed);
             }

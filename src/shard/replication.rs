@@ -5,7 +5,7 @@
 //! the shard only answers with states, in one step of its actor, so a snapshot is
 //! never torn by a concurrent check.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -80,6 +80,10 @@ pub(super) struct Side {
     dirty: Option<HashMap<KeyId, Millis, foldhash::fast::RandomState>>,
     keys: usize,
     bytes: usize,
+    /// Live keys started here from a replica (promoted) and not handed away since:
+    /// handed back to the incarnation the replica came from, they are joined there,
+    /// not added (see [`Store::install_joined`]).
+    promoted_keys: HashSet<KeyId, foldhash::fast::RandomState>,
     held: metrics::Gauge,
     promoted: metrics::Counter,
     failover: metrics::Counter,
@@ -98,6 +102,7 @@ impl Side {
             dirty: replicate.then(HashMap::default),
             keys,
             bytes,
+            promoted_keys: HashSet::default(),
             held: metrics::gauge!("ringlimit_replicas", "shard" => shard),
             promoted: metrics::counter!("ringlimit_replica_promotions_total"),
             failover: metrics::counter!("ringlimit_failover_decisions_total"),
@@ -137,6 +142,7 @@ impl Side {
         tracing::debug!(target: super::INSTALL_TRACE, placement = item.id.placement, disc = item.id.disc, state = ?replica.state, "promoting");
         if live.install(replica, &item.rule.limiter, now) {
             self.promoted.increment(1);
+            self.promoted_keys.insert(item.id);
         }
         self.held.set(self.replicas.len() as f64);
         Churn::default()
@@ -187,6 +193,19 @@ impl Side {
             .replicas
             .check_failover(item.counter(), now, item.cost, owed);
         (decision, churn, false)
+    }
+
+    /// Whether `id` was started here from a replica and not handed away since; it
+    /// is not any more after this (the caller hands it away).
+    pub fn hand_away_promoted(&mut self, id: KeyId) -> bool {
+        !self.promoted_keys.is_empty() && self.promoted_keys.remove(&id)
+    }
+
+    /// Forget the promoted keys `live` no longer holds as its own (expired, evicted).
+    pub fn forget_promoted(&mut self, live: &Store) {
+        if !self.promoted_keys.is_empty() {
+            self.promoted_keys.retain(|id| live.holds(*id));
+        }
     }
 
     /// Keep the replicas within the room the live keys leave.

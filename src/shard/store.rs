@@ -643,6 +643,21 @@ impl Store {
     /// key (it decided for it during the gossip window), the two states are merged so
     /// the admissions recorded on both nodes count. Returns whether anything was taken.
     pub fn install(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> bool {
+        self.install_as(item, limiter, now, false)
+    }
+
+    /// [`Store::install`] of a state its sender started from this node's own replica
+    /// of the key (it promoted the replica while its view did not hold this node, and
+    /// hands the key back now that it does): the state already includes what this
+    /// node had admitted when it sent the replica, so a held key is joined with it
+    /// (the stricter of the two), never added to. Adding counted this node's own
+    /// admissions twice (the 60-minute chaos run at c5f6d92: a count of 3 became 7
+    /// on a handback of 4, and the owner denied at 7 of 10).
+    pub fn install_joined(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> bool {
+        self.install_as(item, limiter, now, true)
+    }
+
+    fn install_as(&mut self, item: Exported, limiter: &Limiter, now: Millis, join: bool) -> bool {
         if !limiter.accepts(&item.state) {
             return false;
         }
@@ -652,7 +667,7 @@ impl Store {
             if self.slots[i].fingerprint_slot() != fp {
                 return false;
             }
-            let standing = if self.slots[i].has(MOVED) {
+            let standing = if join || self.slots[i].has(MOVED) {
                 // The key comes back after this node handed it away. The sender's state
                 // includes everything this node pushed if it took the handoff in first,
                 // so adding the two would count that twice; but when the two nodes
@@ -660,7 +675,8 @@ impl Store {
                 // the sender's state does not include ours, and replacing ours with it
                 // would forget what this node admitted (the chaos suite's S1-fw at
                 // seed 20261202: a count went from 10 back to 5). The join keeps the
-                // stricter of the two, which is the sender's in the first case.
+                // stricter of the two, which is the sender's in the first case. A state
+                // built on this node's replica (`install_joined`) is joined likewise.
                 self.slots[i].set(MOVED, false);
                 self.moved.remove(&item.id);
                 self.update(i, |state| {

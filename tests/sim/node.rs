@@ -19,7 +19,7 @@
 //! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
 //! exercised by the process suite, `tests/jepsen-like`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -232,6 +232,8 @@ pub enum Out {
 #[derive(Default, Debug, Clone)]
 pub struct NodeStats {
     pub handed_over: u64,
+    /// Of those, keys promoted here and handed back to be joined.
+    pub handed_back: u64,
     pub handoff_lost: u64,
     pub installed: u64,
     pub refused_late: u64,
@@ -317,6 +319,8 @@ pub struct Node {
     sequence: u64,
     deny: DenyCache,
     pub view: Arc<ClusterView>,
+    /// The views before `view`, newest last (`Handoff::watch`'s history).
+    history: VecDeque<Arc<ClusterView>>,
     rules: Arc<RuleSet>,
     /// Inline (Gubernator) rules: none in the simulator's workload, but the owner's
     /// planning takes the registry.
@@ -396,6 +400,7 @@ impl Node {
             sequence: 0,
             deny: DenyCache::new(100_000),
             view: Arc::new(ClusterView::single(me_member)),
+            history: VecDeque::new(),
             rules,
             inline: InlineRules::default(),
             routing: Routing {
@@ -975,10 +980,11 @@ impl Node {
     /// Vet and install (merge) `request`'s states; returns how many were installed.
     fn install(&mut self, request: InstallRequest) -> u64 {
         let mut installed = 0;
+        let joined = request.joined;
         for (item, rule) in self.vet(request) {
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
-            installed += shard.core.install(vec![(item, rule)], now) as u64;
+            installed += shard.core.install(vec![(item, rule)], joined, now) as u64;
         }
         installed
     }
@@ -1022,13 +1028,19 @@ impl Node {
         if from_me <= 0.0 {
             return Vec::new();
         }
-        let new_owner = ringlimit::cluster::handoff::new_owners(&new, self.id.clone());
-        let mut exported = Vec::new();
+        let new_owner = handoff::new_owners(&new, self.id.clone());
+        let earlier =
+            handoff::earlier_owners(self.history.iter().cloned().collect(), self.id.clone());
+        let (mut merged, mut joined) = (Vec::new(), Vec::new());
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
-            exported.extend(shard.core.export(now, |placement| new_owner(placement)));
+            let exports = shard.core.export_back(now, &*new_owner, &*earlier);
+            merged.extend(exports.merged);
+            joined.extend(exports.joined);
         }
-        self.push(&new, exported)
+        let mut out = self.push(&new, merged);
+        out.extend(self.push_as(&new, joined, true));
+        out
     }
 
     /// `Handoff::flush_once`.
@@ -1046,6 +1058,16 @@ impl Node {
 
     /// `Handoff::push`: per destination, in chunks of `MAX_INSTALL_STATES`.
     fn push(&mut self, view: &ClusterView, items: Vec<(Arc<str>, Exported)>) -> Vec<Out> {
+        self.push_as(view, items, false)
+    }
+
+    /// [`Node::push`]; `joined`: keys promoted here, handed back to be joined.
+    fn push_as(
+        &mut self,
+        view: &ClusterView,
+        items: Vec<(Arc<str>, Exported)>,
+        joined: bool,
+    ) -> Vec<Out> {
         let mut by_owner: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
         for (to, item) in items {
             by_owner.entry(to).or_default().push(item);
@@ -1059,10 +1081,17 @@ impl Node {
                 continue;
             }
             self.stats.handed_over += states.len() as u64;
+            if joined {
+                self.stats.handed_back += states.len() as u64;
+            }
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 out.push(Out::Send {
                     to: owner.to_string(),
-                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
+                    msg: Msg::Install(if joined {
+                        calls::hand_back_request(&self.id, chunk, &self.inline)
+                    } else {
+                        calls::install_request(&self.id, chunk, &self.inline)
+                    }),
                 });
             }
         }
@@ -1292,6 +1321,10 @@ impl Node {
             return Vec::new();
         }
         let old = std::mem::replace(&mut self.view, Arc::new(new));
+        self.history.push_back(old.clone());
+        if self.history.len() > 16 {
+            self.history.pop_front();
+        }
         let new = self.view.clone();
         let mut out = self.successors_changed(&old, &new);
         out.extend(self.view_changed(&old, new));

@@ -151,6 +151,33 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// `count` partitions of one node each (victims drawn from `seed`), just long enough
+    /// for both sides to drop each other from their views: the cut-off node promotes
+    /// the replicas it holds of keys whose owners stay up, and hands them back at the
+    /// heal, often inside the window the replica was taken in.
+    pub fn partitions(seed: u64, count: usize) -> Profile {
+        let mut rng = Rng::new(seed ^ 0x5041_5254);
+        let steps = (0..count)
+            .map(|_| Step {
+                kind: Kind::Partition,
+                victim_pick: rng.next_u64(),
+                hold_ms: rng.range(1100, 1800),
+                settle_ms: rng.range(1000, 2000),
+                offset_s: 0,
+                loss: 0.0,
+                delay: (0, 0),
+            })
+            .collect();
+        Profile {
+            nodes: 3,
+            clients: 6,
+            fault_free_ms: 4200,
+            steps,
+        }
+    }
+}
+
 /// What one seed produced.
 pub struct Outcome {
     pub seed: u64,
@@ -161,6 +188,9 @@ pub struct Outcome {
     pub history: Vec<Entry>,
     /// S3-replicated's figures.
     pub replicated: replicated::Figures,
+    /// Keys handed back, to be joined, by the nodes up at the end (see
+    /// `ShardCore::export_back`).
+    pub handed_back: u64,
     /// The run itself failed (the cluster never converged where the process suite's
     /// harness would have given up).
     pub errors: Vec<String>,
@@ -369,8 +399,24 @@ pub fn run(seed: u64, broken: bool) -> Outcome {
 /// S3-replicated is asserted when `assert_replicated` (it is what replication promises:
 /// on a run without it, only as a negative control).
 pub fn run_with(seed: u64, broken: bool, replicate_ms: u64, assert_replicated: bool) -> Outcome {
+    run_profile(
+        seed,
+        Profile::of(seed, broken),
+        broken,
+        replicate_ms,
+        assert_replicated,
+    )
+}
+
+/// [`run_with`] on a given profile.
+pub fn run_profile(
+    seed: u64,
+    profile: Profile,
+    broken: bool,
+    replicate_ms: u64,
+    assert_replicated: bool,
+) -> Outcome {
     let started = std::time::Instant::now();
-    let profile = Profile::of(seed, broken);
     let rules = Arc::new(RuleSet::from_toml_str(RULES).expect("the rules parse"));
     let ids: Vec<String> = (1..=profile.nodes).map(|i| format!("n{i}")).collect();
     let seeds = ids.iter().take(3).cloned().collect();
@@ -420,6 +466,12 @@ pub fn run_with(seed: u64, broken: bool, replicate_ms: u64, assert_replicated: b
     w.stop_clients();
     w.run_while_not(DEADLINE_MS + 1000, World::clients_idle);
     w.stop_sampler();
+    let handed_back = w
+        .slots
+        .values()
+        .filter_map(|s| s.node.as_ref())
+        .map(|n| n.stats.handed_back)
+        .sum();
     let history = std::mem::take(&mut w.history);
     let digest = digest(&history);
     let ops = history
@@ -443,6 +495,7 @@ pub fn run_with(seed: u64, broken: bool, replicate_ms: u64, assert_replicated: b
     }
     Outcome {
         replicated,
+        handed_back,
         took: (simulated, started.elapsed() - simulated),
         seed,
         ops,

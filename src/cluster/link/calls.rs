@@ -60,6 +60,15 @@ pub fn refund_request(items: &[(CheckItem, Millis)]) -> RefundRequest {
     RefundRequest { items }
 }
 
+/// Handed-over state from node `me` of keys it started from the receiver's own
+/// replicas, for the receiver to join (see `ShardCore::export_back`).
+pub fn hand_back_request(me: &str, states: &[Exported], inline: &InlineRules) -> InstallRequest {
+    InstallRequest {
+        joined: true,
+        ..install_request(me, states, inline)
+    }
+}
+
 /// Handed-over state from node `me`; a counter of an inline rule carries its numbers.
 pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> InstallRequest {
     InstallRequest {
@@ -75,6 +84,7 @@ pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> I
                 inline: inline.inline_of(item.fingerprint).map(wire_inline),
             })
             .collect(),
+        joined: false,
     }
 }
 

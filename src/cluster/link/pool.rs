@@ -181,6 +181,26 @@ impl PeerPool {
         states: &[Exported],
         why: &'static str,
     ) -> Result<u64, ForwardError> {
+        self.push_states(owner, states, why, false).await
+    }
+
+    /// Push `owner` the states of keys this node started from `owner`'s own replicas,
+    /// for it to join (see `InstallRequest.joined`); returns how many it installed.
+    pub async fn hand_back(
+        &self,
+        owner: &Member,
+        states: &[Exported],
+    ) -> Result<u64, ForwardError> {
+        self.push_states(owner, states, "hand back", true).await
+    }
+
+    async fn push_states(
+        &self,
+        owner: &Member,
+        states: &[Exported],
+        why: &'static str,
+        joined: bool,
+    ) -> Result<u64, ForwardError> {
         for s in states {
             tracing::debug!(
                 target: crate::shard::INSTALL_TRACE,
@@ -194,7 +214,11 @@ impl PeerPool {
             );
         }
         let mut client = self.link(owner).client.clone();
-        let request = calls::install_request(&self.me, states, &self.inline);
+        let request = if joined {
+            calls::hand_back_request(&self.me, states, &self.inline)
+        } else {
+            calls::install_request(&self.me, states, &self.inline)
+        };
         bounded(
             calls::install_deadline(self.config.timeout),
             client.install(request),
