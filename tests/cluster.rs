@@ -430,6 +430,8 @@ fn install(states: Vec<KeyState>) -> InstallRequest {
         from_node: "a".into(),
         states,
         joined: false,
+        sender_generation: 0,
+        batch: 0,
     }
 }
 

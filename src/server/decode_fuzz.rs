@@ -506,13 +506,21 @@ fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::Instal
                 inline: None,
             },
         );
-    (text(), prop::collection::vec(state, 0..12), any::<bool>()).prop_map(
-        |(from_node, states, joined)| peer::InstallRequest {
-            from_node,
-            states,
-            joined,
-        },
+    (
+        text(),
+        prop::collection::vec(state, 0..12),
+        any::<bool>(),
+        any::<(u64, u64)>(),
     )
+        .prop_map(|(from_node, states, joined, (sender_generation, batch))| {
+            peer::InstallRequest {
+                from_node,
+                states,
+                joined,
+                sender_generation,
+                batch,
+            }
+        })
 }
 
 /// One edit of an encoding.
@@ -636,6 +644,8 @@ fn the_fuzz_reaches_the_store_with_plausible_states_and_refuses_the_rest() {
             from_node: "x".into(),
             states: vec![state(vec![1_000_000_000_000, 20])],
             joined: false,
+            sender_generation: 0,
+            batch: 0,
         },
         &rules
     )

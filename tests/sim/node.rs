@@ -321,6 +321,8 @@ pub struct Node {
     pub view: Arc<ClusterView>,
     /// The views before `view`, newest last (`Handoff::watch`'s history).
     history: VecDeque<Arc<ClusterView>>,
+    /// The latest replication batch held from each sender.
+    held_batches: ringlimit::cluster::replication::ReplicaBatches,
     rules: Arc<RuleSet>,
     /// Inline (Gubernator) rules: none in the simulator's workload, but the owner's
     /// planning takes the registry.
@@ -401,6 +403,7 @@ impl Node {
             deny: DenyCache::new(100_000),
             view: Arc::new(ClusterView::single(me_member)),
             history: VecDeque::new(),
+            held_batches: Default::default(),
             rules,
             inline: InlineRules::default(),
             routing: Routing {

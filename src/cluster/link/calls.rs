@@ -69,6 +69,21 @@ pub fn hand_back_request(me: &str, states: &[Exported], inline: &InlineRules) ->
     }
 }
 
+/// Replicas from node `me`, as its batch `batch` of incarnation `generation` (see
+/// `replication::ReplicaBatches`).
+pub fn replicate_request(
+    me: &str,
+    states: &[Exported],
+    inline: &InlineRules,
+    (generation, batch): (u64, u64),
+) -> InstallRequest {
+    InstallRequest {
+        sender_generation: generation,
+        batch,
+        ..install_request(me, states, inline)
+    }
+}
+
 /// Handed-over state from node `me`; a counter of an inline rule carries its numbers.
 pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> InstallRequest {
     InstallRequest {
@@ -85,6 +100,8 @@ pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> I
             })
             .collect(),
         joined: false,
+        sender_generation: 0,
+        batch: 0,
     }
 }
 

@@ -228,15 +228,17 @@ impl PeerPool {
         .map_err(|status| calls::call_error(&owner.node_id, status.as_ref()))
     }
 
-    /// Send replicas to the keys' successor `to`; returns how many it holds and the
-    /// bytes of the request (for the replication metrics).
+    /// Send replicas to the keys' successor `to`, as batch `stamp` (this incarnation's
+    /// generation, the batch's number); returns how many it holds and the bytes of the
+    /// request (for the replication metrics).
     pub async fn replicate(
         &self,
         to: &Member,
         states: &[Exported],
+        stamp: (u64, u64),
     ) -> Result<(u64, usize), ForwardError> {
         let mut client = self.link(to).client.clone();
-        let request = calls::install_request(&self.me, states, &self.inline);
+        let request = calls::replicate_request(&self.me, states, &self.inline, stamp);
         let bytes = prost::Message::encoded_len(&request);
         bounded(self.config.timeout, client.replicate(request))
             .await

@@ -62,6 +62,18 @@ impl PeerService {
         request: InstallRequest,
     ) -> Result<InstallResponse, Status> {
         let total = request.states.len() as u64;
+        let later = self.replicator.as_ref().is_none_or(|r| {
+            r.admit_batch(&request.from_node, request.sender_generation, request.batch)
+        });
+        if !later {
+            // Older than a batch already held from this sender: its states would
+            // replace newer replicas (see `replication::ReplicaBatches`).
+            tracing::debug!(from = %request.from_node, batch = request.batch, "late replication batch refused");
+            return Ok(InstallResponse {
+                installed: 0,
+                skipped: total,
+            });
+        }
         let mut vetted = self.vet_states(request.states, &request.from_node, "replicated")?;
         let view = self.router.view();
         vetted.items.retain(|(item, _)| {

@@ -130,9 +130,15 @@ impl Node {
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 self.repl.replicated += chunk.len() as u64;
                 self.repl.batches += 1;
+                let stamp = (self.generation, self.repl.batches);
                 out.push(Out::Send {
                     to: successor.clone(),
-                    msg: Msg::Replicate(calls::install_request(&self.id, chunk, &self.inline)),
+                    msg: Msg::Replicate(calls::replicate_request(
+                        &self.id,
+                        chunk,
+                        &self.inline,
+                        stamp,
+                    )),
                 });
             }
         }
@@ -319,6 +325,13 @@ impl Node {
     /// `PeerService::hold_replicas`: vet like an install, keep as replicas.
     pub(super) fn on_replicate(&mut self, request: InstallRequest) {
         let from = request.from_node.clone();
+        // `Replicator::admit_batch`: a batch older than one held is refused.
+        if !self
+            .held_batches
+            .admit(&from, request.sender_generation, request.batch)
+        {
+            return;
+        }
         let vetted = self.vet(request);
         let view = self.view.clone();
         for (item, rule) in vetted {
