@@ -31,6 +31,7 @@ pub mod handoff;
 pub mod link;
 pub mod outbox;
 pub mod policy;
+pub mod replica_batches;
 pub mod replication;
 pub mod reservation;
 pub mod router;
