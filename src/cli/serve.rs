@@ -128,10 +128,10 @@ pub struct ServeArgs {
     /// (0: none; every check of a denied client goes to its owner).
     #[arg(long, default_value_t = 100_000)]
     deny_cache: usize,
-    /// How often each key's changes go to its successor's replica, in ms; 50 is the
-    /// tested setting. 0 (the default while replication is experimental: see
-    /// docs/ownership.md): off, a crashed owner's keys restart from empty.
-    #[arg(long, default_value_t = 0)]
+    /// How often each key's changes go to its successor's replica, in ms (a crashed
+    /// owner's keys lose at most what it admitted in the last interval: see
+    /// docs/ownership.md). 0: off, a crashed owner's keys restart from empty.
+    #[arg(long, default_value_t = 50)]
     replicate_interval_ms: u64,
     /// Longest a restarted node waits for its keys' replicas before it answers as owner.
     #[arg(long, default_value_t = 3000)]

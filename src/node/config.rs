@@ -93,9 +93,9 @@ pub struct NodeConfig {
     /// On graceful leave: how long to keep serving after announcing, so every ring drops
     /// this node before its state is pushed away.
     pub leave_settle: Duration,
-    /// How often changed keys go to their successors' replicas (`--replicate-interval-ms`);
-    /// zero (the default until replication passes the simulator and the chaos runs: see
-    /// docs/ownership.md): no replicas, no fail-over to successors, no restore.
+    /// How often changed keys go to their successors' replicas (`--replicate-interval-ms`,
+    /// default 50 ms: see docs/ownership.md); zero: no replicas, no fail-over to
+    /// successors, no restore.
     pub replicate_interval: Duration,
     /// Longest a node that starts with seeds waits to restore its keys' replicas before
     /// it answers as owner anyway (`--restore-timeout-ms`).
@@ -155,7 +155,7 @@ impl Default for NodeConfig {
             forward: ForwardConfig::default(),
             deny_cache: 100_000,
             leave_settle: Duration::from_millis(600),
-            replicate_interval: Duration::ZERO,
+            replicate_interval: Duration::from_millis(50),
             restore_timeout: Duration::from_secs(3),
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,

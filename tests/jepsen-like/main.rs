@@ -11,7 +11,7 @@
 //! - `RINGLIMIT_CHAOS_SEED=N` repeats a run; `RINGLIMIT_CHAOS_RECHECK=FILE` re-checks a
 //!   history file offline.
 //! - `RINGLIMIT_CHAOS_REPLICATE=MS` starts the nodes with `--replicate-interval-ms MS`
-//!   (0: replication off, as before issue 23; unset: the nodes' default, 0 for now), so two
+//!   (0: replication off, as before issue 23; unset: the nodes' default, 50 ms), so two
 //!   runs with one seed compare replication on and off. S3-replicated is asserted only
 //!   when the nodes replicate; `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1` asserts it anyway
 //!   (the negative control: a run without replication must fail it), `=0` never.
@@ -303,7 +303,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
 }
 
 /// The nodes' `--replicate-interval-ms` when the run does not set it.
-const DEFAULT_REPLICATE_MS: u64 = 0;
+const DEFAULT_REPLICATE_MS: u64 = 50;
 
 /// `RINGLIMIT_CHAOS_REPLICATE`: the interval to start the nodes with (`None`: their
 /// default).

@@ -218,10 +218,9 @@ pub fn node_config(broken: bool, seeds: Vec<String>) -> NodeConfig {
     }
 }
 
-/// The replication interval the simulated nodes run with: the node's default, off
-/// (`--replicate-interval-ms 0`) until replication passes every seed; replicated runs
-/// with `RINGLIMIT_SIM_REPLICATE_MS=50`.
-pub const REPLICATE_MS: u64 = 0;
+/// The replication interval the simulated nodes run with: the node's default
+/// (`--replicate-interval-ms 50`); `RINGLIMIT_SIM_REPLICATE_MS=0` runs without replicas.
+pub const REPLICATE_MS: u64 = 50;
 
 /// The interval S3-replicated's loss window is computed with when it is asserted on a
 /// run without replication (the negative control): the one operators are told to use.
@@ -390,8 +389,8 @@ fn kill_pair(w: &mut World, n: u32, step: &Step, victim: &str) {
 
 /// Run one seed and check its history.
 pub fn run(seed: u64, broken: bool) -> Outcome {
-    // S3-replicated is asserted only when the run replicates (the default does not).
-    run_with(seed, broken, REPLICATE_MS, false)
+    // S3-replicated is asserted whenever the run replicates (the default does).
+    run_with(seed, broken, REPLICATE_MS, REPLICATE_MS > 0)
 }
 
 /// [`run`] with the replication interval `replicate_ms` (0: no replicas, the
