@@ -169,14 +169,16 @@ OUT="$OUT" DURATION="$DURATION" ROUNDS="${H2_ROUNDS:-3}" bash bench/h2-settings.
     sed -n '/^# medians/,$p' "$OUT/h2-settings.txt"
 } >>"$OUT/summary.txt"
 
-# Allocations per check (a counting allocator, not timed) and the microbenchmarks.
+# Allocations per check (a counting allocator, not timed) with the nodes' defaults, then
+# without replicas (the check path alone), and the microbenchmarks.
 echo "== allocations: cargo bench --bench allocations" | tee "$OUT/allocations.txt"
 cargo bench --bench allocations 2>/dev/null | tee -a "$OUT/allocations.txt"
+echo "== allocations: RINGLIMIT_BENCH_REPLICATE_MS=0 cargo bench --bench allocations" | tee -a "$OUT/allocations.txt"
+RINGLIMIT_BENCH_REPLICATE_MS=0 cargo bench --bench allocations 2>/dev/null | tee -a "$OUT/allocations.txt"
 echo "== microbenchmarks: cargo bench --bench decision" | tee "$OUT/micro.txt"
 cargo bench --bench decision 2>/dev/null | tee -a "$OUT/micro.txt"
 {
-    echo "== allocations: cargo bench --bench allocations"
-    grep -iE 'alloc' "$OUT/allocations.txt" || true
+    grep -iE 'alloc|replicate every' "$OUT/allocations.txt" || true
     echo "== microbenchmarks: cargo bench --bench decision"
     # divan's table: name, fastest, slowest, median, mean, samples, iterations.
     grep -E '[0-9.]+ (ns|µs|ms) +│' "$OUT/micro.txt" || true

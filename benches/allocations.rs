@@ -22,8 +22,12 @@
 //! the server's share of the difference is what the `ringlimit.v1` service costs above
 //! tonic's floor.
 //!
-//! Everything the process does meanwhile is counted too (gossip rounds, expiry ticks);
-//! over 20,000 checks that adds well under 0.1 per check.
+//! Everything the process does meanwhile is counted too. Gossip rounds and expiry ticks
+//! add well under 0.1 per check over 20,000 checks; the nodes' successor replication
+//! (on by default, every 50 ms) adds ~1.8 per local check, its rounds' encoding and peer
+//! calls shared by the checks between them (bench/RESULTS.md, 2026-12-04).
+//! `RINGLIMIT_BENCH_REPLICATE_MS=0` runs the nodes without replicas, to count the check
+//! path alone (`=N`: every N ms).
 
 use std::alloc::System;
 use std::sync::Arc;
@@ -80,6 +84,18 @@ fn wire_request(key: &str) -> CheckRequest {
     }
 }
 
+/// The nodes' `--replicate-interval-ms`: `RINGLIMIT_BENCH_REPLICATE_MS`, or the default.
+fn replicate_interval() -> Duration {
+    match std::env::var("RINGLIMIT_BENCH_REPLICATE_MS") {
+        Ok(ms) => Duration::from_millis(
+            ms.trim()
+                .parse()
+                .expect("RINGLIMIT_BENCH_REPLICATE_MS must be a whole number of ms (0: off)"),
+        ),
+        Err(_) => NodeConfig::default().replicate_interval,
+    }
+}
+
 /// The public service of `node`, called in-process.
 fn service(node: &RunningNode) -> impl RateLimiter {
     node.public_service()
@@ -112,13 +128,19 @@ fn main() {
         let dir = tempfile::tempdir().expect("temp dir");
         let rules = dir.path().join("rules.toml");
         std::fs::write(&rules, RULES).expect("write rules");
+        let replicate = replicate_interval();
         let config = |id: &str, seeds: Vec<String>| NodeConfig {
             node_id: id.into(),
             seeds,
             rules_path: Some(rules.clone()),
             http_listen: None,
+            replicate_interval: replicate,
             ..NodeConfig::for_test()
         };
+        println!(
+            "nodes replicate every {} ms (0: off; RINGLIMIT_BENCH_REPLICATE_MS)",
+            replicate.as_millis()
+        );
         let a = node::start(config("a", Vec::new())).await.expect("a starts");
         let b = node::start(config("b", vec![a.gossip_addr.to_string()]))
             .await
