@@ -5,8 +5,9 @@
 //! and pushes it to that member's `Peer/Install`. The receiver merges it with any state
 //! it already built for the key during the gossip window, so counts from both sides
 //! survive; a key this node promoted from the receiver's own replica goes back marked
-//! `joined`, and the receiver joins it instead (see `ShardCore::export_back`). The old owner keeps the handed-over state: a node still on the old ring may
-//! forward a late check to it, and a forwarded check is never forwarded again, so the
+//! `joined`, and the receiver joins it instead (see `ShardCore::export_back`). The old
+//! owner keeps the handed-over state: a node still on the old ring may forward a late
+//! check to it, and a forwarded check is never forwarded again, so the
 //! old owner decides it on the same count (never on a fresh one) and pushes what it
 //! admitted as a delta every 100 ms. This serves scale-out (a joiner takes ~1/N of the keys, the
 //! old owners push them) and graceful leave (the leaver drops off every ring, including
