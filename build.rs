@@ -57,6 +57,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // a malformed request failed to decode as (`ringlimit.v1.CheckRequest: ...`).
     let mut prost_config = prost_build::Config::new();
     prost_config.enable_type_names();
+    // A forwarded check's strings are slices, not `String`s, on both sides of the peer
+    // link: the message is hand-written (see `cluster::link::item`).
+    prost_config.extern_path(
+        ".ringlimit.peer.v1.ForwardItem",
+        "crate::cluster::link::item::ForwardItem",
+    );
     tonic_prost_build::configure()
         .codec_path("crate::server::codec::NamedProstCodec")
         .compile_fds_with_config(fds, prost_config)?;

@@ -90,3 +90,4 @@ pub mod proto;
 pub use ringlimit_ring as ring;
 pub mod server;
 pub mod shard;
+pub mod text;

@@ -18,6 +18,9 @@ pub mod v1_server {
 /// The node-to-node API (`proto/peer.proto`).
 pub mod peer {
     tonic::include_proto!("ringlimit.peer.v1");
+
+    /// Hand-written (its strings are slices: see `build.rs`), under its proto name.
+    pub use crate::cluster::link::item::ForwardItem;
 }
 
 /// Envoy's rate limit service and the types it uses: trimmed copies of the upstream

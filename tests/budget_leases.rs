@@ -222,7 +222,7 @@ async fn lease_calls_need_the_cluster_key_and_a_member_name() {
     let lease = |from: &str| PeerLeaseRequest {
         from_node: from.into(),
         item: Some(ForwardItem {
-            key: key.clone(),
+            key: key.clone().into(),
             route: ROUTE.into(),
             cost: 1,
             hops: 1,

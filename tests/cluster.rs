@@ -43,7 +43,7 @@ const LIMIT: usize = 20;
 /// A forwarded item as a member sends it: `key` on `route`, cost 1, one hop, no tier.
 fn forward_item(key: String, route: &str) -> ForwardItem {
     ForwardItem {
-        key,
+        key: key.into(),
         route: route.into(),
         tier: None,
         cost: 1,
@@ -610,7 +610,7 @@ async fn an_oversized_or_invalid_forward_is_refused_with_nothing_decided() {
     let victim = key_owned_by("b", &["a", "b", "c"], "v");
     let mut peer = peer_client(&nodes[1]).await;
     let item = |tier: Option<String>| ForwardItem {
-        tier,
+        tier: tier.map(Into::into),
         ..forward_item(victim.clone(), "GET /t")
     };
     let forward = |items| ForwardRequest {

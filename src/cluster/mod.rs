@@ -288,6 +288,12 @@ impl CheckItem {
         &self.text[..self.client_len]
     }
 
+    /// The client key and the route as sent, as [`Text`](crate::text::Text)s sharing
+    /// this item's one string: what a forward writes, with no copy of either.
+    pub fn texts(&self) -> (crate::text::Text, crate::text::Text) {
+        crate::text::Text::shared(self.text.clone()).split_at(self.client_len)
+    }
+
     /// The route as sent, query string included: echoed in the answer and forwarded to
     /// the owner, which plans it again and so normalises it the same way.
     pub fn route(&self) -> &str {

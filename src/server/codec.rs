@@ -77,6 +77,9 @@ impl<U: Message + Name + Default> Decoder for NamedProstDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         let len = buf.remaining();
+        if sliced::<U>() {
+            return SlicingDecoder::<U>::default().decode(buf);
+        }
         // tonic's decode buffer is contiguous: decoded in place, the body is still there
         // to name the field on an error.
         if buf.chunk().len() == len {
@@ -96,12 +99,27 @@ impl<U: Message + Name + Default> Decoder for NamedProstDecoder<U> {
     }
 }
 
+/// Whether `U` holds forwarded checks, whose strings are slices of the body they came
+/// in ([`ForwardItem`](crate::proto::peer::ForwardItem)): decoded from the body's `Bytes`
+/// ([`SlicingDecoder`]), a check's key and route cost the owner no copy. Any other
+/// message decodes in place: its strings are copied either way, and slicing the buffer
+/// would cost it an allocation.
+fn sliced<U: Name>() -> bool {
+    U::PACKAGE == "ringlimit.peer.v1" && matches!(U::NAME, "ForwardCall" | "ForwardRequest")
+}
+
 /// Decodes `U` from a slice of the received body (its `bytes` fields slices of it, not
-/// copies: [`crate::server::ringlimit_v1::Text`]); a malformed body as
+/// copies: [`crate::text::Text`]); a malformed body as
 /// [`NamedProstDecoder`] answers it.
 #[derive(Debug, Clone)]
 pub struct SlicingDecoder<U> {
     _pd: PhantomData<U>,
+}
+
+impl<U> Default for SlicingDecoder<U> {
+    fn default() -> Self {
+        Self { _pd: PhantomData }
+    }
 }
 
 impl<U: Message + Name + Default> Decoder for SlicingDecoder<U> {

@@ -6,8 +6,9 @@
 //! handed-over state `decode_install`, `handoff::with_rules` and the store's install and
 //! check. Never a panic; always a plan or an `InvalidArgument` naming a field; and no
 //! state that gets past validation can freeze a key for longer than its rule allows.
-//! The `ringlimit.v1` requests are decoded as the server decodes them (strings as slices
-//! of the body, `ringlimit_v1::V1Request`), and every case is also decoded by prost as
+//! The `ringlimit.v1` requests and the peer `ForwardRequest` are decoded as the server
+//! decodes them (strings as slices of the body: `ringlimit_v1::V1Request`, the
+//! hand-written `ForwardItem`), and every case is also decoded by prost-derived code as
 //! the reference: the same bytes accepted with the same fields, or refused with the same
 //! error text.
 //!
@@ -147,7 +148,7 @@ fn clear<T>(what: &str, result: Result<T, CheckError>) -> Result<(), TestCaseErr
     }
 }
 
-/// `bytes` decoded as the server decodes `ringlimit.v1` requests (`L`, strings as slices
+/// `bytes` decoded as the server decodes them (`L`, strings as slices
 /// of the body), held to prost's decoding of the generated message `P` as the reference:
 /// the same bytes are accepted with the same fields (compared as `P`'s encoding), and
 /// refused with the same error text.
@@ -188,7 +189,9 @@ fn exercise(bytes: &[u8], rules: &RuleSet) -> Result<(), TestCaseError> {
         let inputs: Vec<_> = batch.checks.iter().map(input).collect();
         clear("CheckBatch", plan_batch(&inputs, rules, &V1Names))?;
     }
-    if let Ok(request) = peer::ForwardRequest::decode(bytes) {
+    if let Ok(request) =
+        decoded_as_prost_would::<peer::ForwardRequest, reference::ForwardRequest>(bytes)?
+    {
         note(|r| r.decoded[2] += 1);
         clear(
             "Forward",
@@ -317,29 +320,86 @@ fn wire_cost() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), 1u64..30, Just(u64::MAX), any::<u64>()]
 }
 
-fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
+/// prost-derived `ForwardRequest` and `ForwardItem` with `String`s, as prost-build
+/// generated them before the item was hand-written (`cluster::link::item`): the
+/// reference its decoding is held to, and what the fuzz encodes. The structs keep the
+/// proto names, as prost's errors name them.
+mod reference {
+    use crate::proto::peer::NamedRule;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ForwardItem {
+        #[prost(string, tag = "1")]
+        pub key: String,
+        #[prost(string, tag = "2")]
+        pub route: String,
+        #[prost(string, optional, tag = "3")]
+        pub tier: Option<String>,
+        #[prost(uint64, tag = "4")]
+        pub cost: u64,
+        #[prost(uint32, tag = "5")]
+        pub hops: u32,
+        #[prost(message, optional, tag = "6")]
+        pub named: Option<NamedRule>,
+        #[prost(uint64, tag = "7")]
+        pub give_back: u64,
+        #[prost(bool, tag = "8")]
+        pub drain: bool,
+        #[prost(bool, tag = "9")]
+        pub peek: bool,
+        #[prost(fixed64, tag = "10")]
+        pub rule_hash: u64,
+        #[prost(bool, tag = "11")]
+        pub failover: bool,
+        #[prost(bool, tag = "12")]
+        pub failover_in_doubt: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ForwardRequest {
+        #[prost(string, tag = "1")]
+        pub from_node: String,
+        #[prost(message, repeated, tag = "2")]
+        pub items: Vec<ForwardItem>,
+        #[prost(uint64, tag = "3")]
+        pub deadline_ms: u64,
+        #[prost(bool, tag = "4")]
+        pub compact: bool,
+    }
+}
+
+fn named_rule() -> impl Strategy<Value = Option<peer::NamedRule>> {
+    let named =
+        (text(), any::<u32>(), any::<u64>()).prop_map(|(name, limit, unit)| peer::NamedRule {
+            name,
+            override_limit: limit % 3,
+            override_unit_seconds: unit % 3,
+            inline: None,
+        });
+    prop_oneof![4 => Just(None), 1 => named.prop_map(Some)]
+}
+
+fn forward_request() -> impl Strategy<Value = reference::ForwardRequest> {
     let item = (
-        text(),
-        route(),
-        tier(),
-        wire_cost(),
-        any::<u32>(),
-        any::<u64>(),
+        (text(), route(), tier(), wire_cost(), any::<u32>()),
+        (named_rule(), wire_cost(), any::<[bool; 4]>(), any::<u64>()),
     )
         .prop_map(
-            |(key, route, tier, cost, hops, rule_hash)| peer::ForwardItem {
-                key,
-                route,
-                tier,
-                cost,
-                hops,
-                named: None,
-                give_back: 0,
-                drain: false,
-                peek: false,
-                rule_hash,
-                failover: false,
-                failover_in_doubt: false,
+            |((key, route, tier, cost, hops), (named, give_back, flags, rule_hash))| {
+                reference::ForwardItem {
+                    key,
+                    route,
+                    tier,
+                    cost,
+                    hops,
+                    named,
+                    give_back,
+                    drain: flags[0],
+                    peek: flags[1],
+                    rule_hash,
+                    failover: flags[2],
+                    failover_in_doubt: flags[3],
+                }
             },
         );
     (
@@ -349,7 +409,7 @@ fn forward_request() -> impl Strategy<Value = peer::ForwardRequest> {
         any::<bool>(),
     )
         .prop_map(
-            |(from_node, items, deadline_ms, compact)| peer::ForwardRequest {
+            |(from_node, items, deadline_ms, compact)| reference::ForwardRequest {
                 from_node,
                 items,
                 deadline_ms,

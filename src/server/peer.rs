@@ -36,6 +36,7 @@ use crate::proto::peer::{
 };
 use crate::shard::counters::{ClientQuery, CounterReading};
 use crate::shard::{Exported, KeyId, Refund};
+use crate::text::Text;
 
 mod budget;
 mod replicas;
@@ -71,9 +72,9 @@ fn decode_inline(wire: &WireInline) -> Option<InlineRule> {
 /// A forwarded item as the check layer's input.
 fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
     ForwardedInput {
-        key: &item.key,
-        route: &item.route,
-        tier: item.tier.as_deref(),
+        key: item.key.as_str(),
+        route: item.route.as_str(),
+        tier: item.tier.as_ref().map(Text::as_str),
         cost: item.cost,
         named: item.named.as_ref().map(named_input),
         give_back: item.give_back,

@@ -11,36 +11,7 @@ use crate::check::Verdict;
 use crate::cluster::DescriptorOutcome;
 use wire::{Message as _, Sink as _};
 
-/// A string field of a request, kept as a slice of the received body rather than copied
-/// into a `String`: decoding a check costs no allocation per field. Checked to be UTF-8
-/// when decoded, as prost checks a `string`.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Text(bytes::Bytes);
-
-impl Text {
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        // Only `merge_text` builds a non-empty `Text`, after checking the bytes.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-
-    /// No text (an unset field).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl std::fmt::Debug for Text {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_str().fmt(f)
-    }
-}
-
-impl From<&str> for Text {
-    fn from(text: &str) -> Self {
-        Self(bytes::Bytes::copy_from_slice(text.as_bytes()))
-    }
-}
+pub use crate::text::Text;
 
 /// `ringlimit.v1.CheckRequest` as the server decodes it: the same fields, strings as
 /// [`Text`]. Decoding accepts and refuses exactly what prost's `proto::CheckRequest`
@@ -89,43 +60,7 @@ mod request {
     use prost::DecodeError;
 
     use super::{Text, V1BatchRequest, V1Descriptor, V1Request};
-
-    /// Merge one string field into `text`; `message` and `field` name it in an error.
-    fn merge_text(
-        text: &mut Text,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-        at: (&'static str, &'static str),
-    ) -> Result<(), DecodeError> {
-        let named = |mut error: DecodeError| {
-            error.push(at.0, at.1);
-            error
-        };
-        encoding::bytes::merge(wire_type, &mut text.0, buf, ctx).map_err(named)?;
-        if std::str::from_utf8(&text.0).is_err() {
-            return Err(named(not_utf8(&text.0)));
-        }
-        Ok(())
-    }
-
-    /// prost's own error for a `string` field holding `bytes`, so a refusal reads the
-    /// same as it did when requests were decoded by prost.
-    #[cold]
-    fn not_utf8(bytes: &[u8]) -> DecodeError {
-        let mut framed = Vec::with_capacity(bytes.len() + 10);
-        encoding::encode_varint(bytes.len() as u64, &mut framed);
-        framed.extend_from_slice(bytes);
-        match encoding::string::merge(
-            WireType::LengthDelimited,
-            &mut String::new(),
-            &mut &framed[..],
-            DecodeContext::default(),
-        ) {
-            Err(error) => error,
-            Ok(()) => unreachable!("bytes that are not UTF-8 decode as a string"),
-        }
-    }
+    use crate::text::{encode_optional_text, encode_text, merge_text, optional_text_len, text_len};
 
     fn merge_int(
         value: &mut Option<i64>,
@@ -140,27 +75,11 @@ mod request {
         })
     }
 
-    fn text_len(tag: u32, text: &Text) -> usize {
-        if text.is_empty() {
-            0
-        } else {
-            encoding::bytes::encoded_len(tag, &text.0)
-        }
-    }
-
-    fn encode_text(tag: u32, text: &Text, buf: &mut impl BufMut) {
-        if !text.is_empty() {
-            encoding::bytes::encode(tag, &text.0, buf);
-        }
-    }
-
     impl prost::Message for V1Descriptor {
         fn encode_raw(&self, buf: &mut impl BufMut) {
             encode_text(1, &self.key, buf);
             encode_text(2, &self.route, buf);
-            if let Some(tier) = &self.tier {
-                encoding::bytes::encode(3, &tier.0, buf);
-            }
+            encode_optional_text(3, self.tier.as_ref(), buf);
             if let Some(cost) = &self.cost {
                 encoding::int64::encode(4, cost, buf);
             }
@@ -192,10 +111,7 @@ mod request {
         fn encoded_len(&self) -> usize {
             text_len(1, &self.key)
                 + text_len(2, &self.route)
-                + self
-                    .tier
-                    .as_ref()
-                    .map_or(0, |t| encoding::bytes::encoded_len(3, &t.0))
+                + optional_text_len(3, self.tier.as_ref())
                 + self
                     .cost
                     .as_ref()
@@ -214,9 +130,7 @@ mod request {
             if let Some(cost) = &self.cost {
                 encoding::int64::encode(3, cost, buf);
             }
-            if let Some(tier) = &self.tier {
-                encoding::bytes::encode(4, &tier.0, buf);
-            }
+            encode_optional_text(4, self.tier.as_ref(), buf);
             for d in &self.descriptors {
                 encoding::message::encode(5, d, buf);
             }
@@ -257,10 +171,7 @@ mod request {
                     .cost
                     .as_ref()
                     .map_or(0, |c| encoding::int64::encoded_len(3, c))
-                + self
-                    .tier
-                    .as_ref()
-                    .map_or(0, |t| encoding::bytes::encoded_len(4, &t.0))
+                + optional_text_len(4, self.tier.as_ref())
                 + encoding::message::encoded_len_repeated(5, &self.descriptors)
         }
 

@@ -868,9 +868,9 @@ impl Node {
                 // `PeerService::forward_batch`: the owner's one planning path.
                 let planned = forwarded::plan_batch(
                     request.items.iter().map(|it| ForwardedInput {
-                        key: &it.key,
-                        route: &it.route,
-                        tier: it.tier.as_deref(),
+                        key: it.key.as_str(),
+                        route: it.route.as_str(),
+                        tier: it.tier.as_ref().map(|t| t.as_str()),
                         cost: it.cost,
                         named: None,
                         give_back: it.give_back,

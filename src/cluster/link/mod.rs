@@ -16,7 +16,8 @@
 //!   `ForwardStream` (opened, aged, broken, replaced), answers (late ones ignored),
 //!   deadlines, the switch to unary calls for a peer without the stream, shutdown.
 //! - [`calls`]: refund, install and rules calls as request builders and answer readers.
-//! - [`wire`]: the prost conversions of a forwarded check and its answer.
+//! - [`wire`]: the prost conversions of a forwarded check and its answer; [`item`]: the
+//!   forwarded check as it travels, its strings slices rather than copies.
 //! - [`signing`]: the call proof every peer call carries.
 //! - `pool` and `stream` (private): the shell. [`PeerPool`] is what the router, handoff
 //!   and rules sync hold; the stream shell runs one batcher task per peer and one driver
@@ -49,6 +50,7 @@
 pub mod batcher;
 pub mod budget;
 pub mod calls;
+pub mod item;
 mod pool;
 pub mod session;
 pub mod signing;

@@ -11,6 +11,7 @@ use crate::cluster::{CheckItem, Decider, InlineRule, NamedRule, Remote};
 use crate::proto::peer::{
     ForwardAnswer, ForwardItem, ForwardOutcome, ForwardRequest, ForwardResponse,
 };
+use crate::text::Text;
 
 use super::session::Answered;
 use super::ForwardError;
@@ -48,11 +49,14 @@ pub fn wire_named(named: &NamedRule) -> crate::proto::peer::NamedRule {
 }
 
 /// One check as its owner receives it (one hop: the owner never forwards it again).
+/// The key and route are slices of the item's own string (one small allocation for
+/// sharing it, none per field), written into the call's body once, when it is sent.
 pub fn forward_item(item: &CheckItem) -> ForwardItem {
+    let (key, route) = item.texts();
     ForwardItem {
-        key: item.client().to_string(),
-        route: item.route().to_string(),
-        tier: item.tier.as_deref().map(str::to_string),
+        key,
+        route,
+        tier: item.tier.clone().map(Text::shared),
         cost: item.cost.get(),
         hops: 1,
         named: item.named.as_ref().map(wire_named),
