@@ -63,6 +63,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".ringlimit.peer.v1.ForwardItem",
         "crate::cluster::link::item::ForwardItem",
     );
+    // Likewise a replicated or handed-over counter's state (`cluster::link::key_state`).
+    prost_config.extern_path(
+        ".ringlimit.peer.v1.KeyState",
+        "crate::cluster::link::key_state::KeyState",
+    );
     tonic_prost_build::configure()
         .codec_path("crate::server::codec::NamedProstCodec")
         .compile_fds_with_config(fds, prost_config)?;

@@ -19,8 +19,9 @@ pub mod v1_server {
 pub mod peer {
     tonic::include_proto!("ringlimit.peer.v1");
 
-    /// Hand-written (its strings are slices: see `build.rs`), under its proto name.
-    pub use crate::cluster::link::item::ForwardItem;
+    /// Hand-written (strings as slices, words inline: see `build.rs`), under their
+    /// proto names.
+    pub use crate::cluster::link::{item::ForwardItem, key_state::KeyState};
 }
 
 /// Envoy's rate limit service and the types it uses: trimmed copies of the upstream

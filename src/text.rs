@@ -37,6 +37,11 @@ impl Text {
         self.0.is_empty()
     }
 
+    /// A static string: no allocation, no copy.
+    pub fn from_static(text: &'static str) -> Self {
+        Self(Bytes::from_static(text.as_bytes()))
+    }
+
     /// `text`, sharing its allocation: one small allocation for the shared owner, then
     /// every [`split_at`](Self::split_at) of it is free.
     pub fn shared(text: Arc<str>) -> Self {

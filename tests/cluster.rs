@@ -418,7 +418,7 @@ fn handed_over(rule: &str, key: &str, route: &str, algorithm: &str, words: Vec<u
     KeyState {
         fingerprint,
         algorithm: algorithm.into(),
-        words,
+        words: words.into(),
         placement: id.placement,
         id: id.disc,
         inline: None,

@@ -79,7 +79,7 @@ mod token_bucket;
 
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraMode, GcraState};
-pub use portable::Implausible;
+pub use portable::{Implausible, Words};
 pub use sliding_counter::{SlidingCounter, SlidingCounterState};
 pub use sliding_log::{SlidingLog, SlidingLogState, MAX_SLIDING_LOG_LIMIT};
 pub use token_bucket::{TokenBucket, TokenBucketState};

@@ -13,10 +13,16 @@
 
 use std::collections::VecDeque;
 
+use smallvec::SmallVec;
+
 use super::{
     AlgorithmKind, FixedWindowState, GcraState, KeyState, Limiter, SlidingCounterState,
     SlidingLogState, TokenBucketState,
 };
+
+/// A state's words ([`KeyState::to_words`]): inline up to 4, enough for every algorithm
+/// but a sliding log with entries.
+pub type Words = SmallVec<[u64; 4]>;
 
 impl KeyState {
     /// Which algorithm this state belongs to.
@@ -53,23 +59,25 @@ impl KeyState {
         }
     }
 
-    /// The state as words; [`KeyState::from_words`] with the same kind restores it.
-    pub fn to_words(&self) -> Vec<u64> {
+    /// The state as words; [`KeyState::from_words`] with the same kind restores it. Up
+    /// to 4 words (every algorithm's state but a sliding log's) are held inline: a
+    /// replicated or handed-over state costs no allocation for them.
+    pub fn to_words(&self) -> Words {
         match self {
-            KeyState::TokenBucket(s) => vec![s.deficit, s.last],
+            KeyState::TokenBucket(s) => Words::from_slice(&[s.deficit, s.last]),
             KeyState::LeakyBucket(s) => {
-                vec![(s.tat >> 64) as u64, s.tat as u64, s.last_admit]
+                Words::from_slice(&[(s.tat >> 64) as u64, s.tat as u64, s.last_admit])
             }
-            KeyState::FixedWindow(s) => vec![s.idx, s.count],
+            KeyState::FixedWindow(s) => Words::from_slice(&[s.idx, s.count]),
             KeyState::SlidingWindowLog(s) => {
-                let mut words = Vec::with_capacity(2 + 2 * s.entries.len());
+                let mut words = Words::with_capacity(2 + 2 * s.entries.len());
                 words.extend([s.high, s.sum]);
                 for &(at, cost) in &s.entries {
                     words.extend([at, cost]);
                 }
                 words
             }
-            KeyState::SlidingWindowCounter(s) => vec![s.idx, s.prev, s.curr],
+            KeyState::SlidingWindowCounter(s) => Words::from_slice(&[s.idx, s.prev, s.curr]),
         }
     }
 

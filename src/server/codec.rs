@@ -99,13 +99,16 @@ impl<U: Message + Name + Default> Decoder for NamedProstDecoder<U> {
     }
 }
 
-/// Whether `U` holds forwarded checks, whose strings are slices of the body they came
-/// in ([`ForwardItem`](crate::proto::peer::ForwardItem)): decoded from the body's `Bytes`
-/// ([`SlicingDecoder`]), a check's key and route cost the owner no copy. Any other
+/// Whether `U` holds forwarded checks or counters' states, whose strings are slices of
+/// the body they came in ([`ForwardItem`](crate::proto::peer::ForwardItem),
+/// [`KeyState`](crate::proto::peer::KeyState)): decoded from the body's `Bytes`
+/// ([`SlicingDecoder`]), a check's key and route, or a state's algorithm, cost the
+/// receiver no copy. Any other
 /// message decodes in place: its strings are copied either way, and slicing the buffer
 /// would cost it an allocation.
 fn sliced<U: Name>() -> bool {
-    U::PACKAGE == "ringlimit.peer.v1" && matches!(U::NAME, "ForwardCall" | "ForwardRequest")
+    U::PACKAGE == "ringlimit.peer.v1"
+        && matches!(U::NAME, "ForwardCall" | "ForwardRequest" | "InstallRequest")
 }
 
 /// Decodes `U` from a slice of the received body (its `bytes` fields slices of it, not

@@ -6,9 +6,9 @@
 //! handed-over state `decode_install`, `handoff::with_rules` and the store's install and
 //! check. Never a panic; always a plan or an `InvalidArgument` naming a field; and no
 //! state that gets past validation can freeze a key for longer than its rule allows.
-//! The `ringlimit.v1` requests and the peer `ForwardRequest` are decoded as the server
-//! decodes them (strings as slices of the body: `ringlimit_v1::V1Request`, the
-//! hand-written `ForwardItem`), and every case is also decoded by prost-derived code as
+//! The `ringlimit.v1` requests and the peer `ForwardRequest` and `InstallRequest` are
+//! decoded as the server decodes them (strings as slices of the body:
+//! `ringlimit_v1::V1Request`, the hand-written `ForwardItem` and `KeyState`), and every case is also decoded by prost-derived code as
 //! the reference: the same bytes accepted with the same fields, or refused with the same
 //! error text.
 //!
@@ -205,7 +205,9 @@ fn exercise(bytes: &[u8], rules: &RuleSet) -> Result<(), TestCaseError> {
             plan_refund(&request, rules, &Default::default(), &Default::default()),
         )?;
     }
-    if let Ok(request) = peer::InstallRequest::decode(bytes) {
+    if let Ok(request) =
+        decoded_as_prost_would::<peer::InstallRequest, reference::InstallRequest>(bytes)?
+    {
         note(|r| r.decoded[4] += 1);
         install(request, rules)?;
     }
@@ -320,9 +322,10 @@ fn wire_cost() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), 1u64..30, Just(u64::MAX), any::<u64>()]
 }
 
-/// prost-derived `ForwardRequest` and `ForwardItem` with `String`s, as prost-build
-/// generated them before the item was hand-written (`cluster::link::item`): the
-/// reference its decoding is held to, and what the fuzz encodes. The structs keep the
+/// prost-derived `ForwardRequest` / `ForwardItem` and `InstallRequest` / `KeyState` with
+/// `String`s and `Vec`s, as prost-build generated them before the item and the state
+/// were hand-written (`cluster::link::item`, `cluster::link::key_state`): the reference
+/// their decoding is held to, and what the fuzz encodes. The structs keep the
 /// proto names, as prost's errors name them.
 mod reference {
     use crate::proto::peer::NamedRule;
@@ -353,6 +356,36 @@ mod reference {
         pub failover: bool,
         #[prost(bool, tag = "12")]
         pub failover_in_doubt: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct KeyState {
+        #[prost(uint64, tag = "2")]
+        pub fingerprint: u64,
+        #[prost(string, tag = "3")]
+        pub algorithm: String,
+        #[prost(uint64, repeated, tag = "4")]
+        pub words: Vec<u64>,
+        #[prost(fixed64, tag = "5")]
+        pub placement: u64,
+        #[prost(fixed64, tag = "6")]
+        pub id: u64,
+        #[prost(message, optional, tag = "7")]
+        pub inline: Option<crate::proto::peer::InlineRule>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct InstallRequest {
+        #[prost(string, tag = "1")]
+        pub from_node: String,
+        #[prost(message, repeated, tag = "2")]
+        pub states: Vec<KeyState>,
+        #[prost(bool, tag = "3")]
+        pub joined: bool,
+        #[prost(uint64, tag = "4")]
+        pub sender_generation: u64,
+        #[prost(uint64, tag = "5")]
+        pub batch: u64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -534,7 +567,7 @@ fn shapes(rules: &RuleSet) -> Vec<RuleShape> {
         .collect()
 }
 
-fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::InstallRequest> {
+fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = reference::InstallRequest> {
     // Mostly states shaped for one of the rules (so they reach the validation and, when
     // plausible, the store), sometimes anything at all.
     let shaped = (prop::sample::select(shapes), 0usize..4).prop_flat_map(
@@ -557,7 +590,7 @@ fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::Instal
         any::<u64>(),
     )
         .prop_map(
-            |((fingerprint, algorithm, words), placement, id)| peer::KeyState {
+            |((fingerprint, algorithm, words), placement, id)| reference::KeyState {
                 fingerprint,
                 algorithm,
                 words,
@@ -573,7 +606,7 @@ fn install_request(shapes: Vec<RuleShape>) -> impl Strategy<Value = peer::Instal
         any::<(u64, u64)>(),
     )
         .prop_map(|(from_node, states, joined, (sender_generation, batch))| {
-            peer::InstallRequest {
+            reference::InstallRequest {
                 from_node,
                 states,
                 joined,
@@ -686,7 +719,7 @@ fn the_fuzz_reaches_the_store_with_plausible_states_and_refuses_the_rest() {
     let state = |words: Vec<u64>| peer::KeyState {
         fingerprint: fixed.fingerprint,
         algorithm: "fixed_window".into(),
-        words,
+        words: words.into(),
         placement: 1,
         id: 2,
         inline: None,

@@ -168,7 +168,7 @@ pub(crate) fn decode_install_with(
     let exported = states
         .into_iter()
         .filter_map(|state| {
-            let kind = AlgorithmKind::parse(&state.algorithm)?;
+            let kind = AlgorithmKind::parse(state.algorithm.as_str())?;
             Some(Exported {
                 id: KeyId {
                     placement: state.placement,
@@ -733,7 +733,7 @@ mod tests {
         let state = |fingerprint, inline: WireInline| WireState {
             fingerprint,
             algorithm: "token_bucket".into(),
-            words: vec![0, 0],
+            words: [0, 0][..].into(),
             placement: 2,
             id: 3,
             inline: Some(inline),
@@ -954,7 +954,7 @@ mod tests {
         let state = |algorithm: &str, words: Vec<u64>| WireState {
             fingerprint: 1,
             algorithm: algorithm.into(),
-            words,
+            words: words.into(),
             placement: 2,
             id: 3,
             inline: None,

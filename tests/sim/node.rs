@@ -999,7 +999,7 @@ impl Node {
             .states
             .into_iter()
             .filter_map(|s| {
-                let kind = AlgorithmKind::parse(&s.algorithm)?;
+                let kind = AlgorithmKind::parse(s.algorithm.as_str())?;
                 Some(Exported {
                     id: KeyId {
                         placement: s.placement,

@@ -19,6 +19,7 @@ use crate::proto::peer::{
 use crate::shard::counters::{ClientCounters, ClientQuery, CounterReading};
 use crate::shard::reservations::Settled;
 use crate::shard::Exported;
+use crate::text::Text;
 
 use super::wire::{wire_inline, wire_named};
 use super::{CountersError, ForwardError, PulledRules, RemoteWriteError, WriteOutcome};
@@ -94,7 +95,7 @@ pub fn install_request(me: &str, states: &[Exported], inline: &InlineRules) -> I
                 placement: item.id.placement,
                 id: item.id.disc,
                 fingerprint: item.fingerprint,
-                algorithm: item.state.kind().as_str().to_string(),
+                algorithm: Text::from_static(item.state.kind().as_str()),
                 words: item.state.to_words(),
                 inline: inline.inline_of(item.fingerprint).map(wire_inline),
             })

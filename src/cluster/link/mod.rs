@@ -17,7 +17,8 @@
 //!   deadlines, the switch to unary calls for a peer without the stream, shutdown.
 //! - [`calls`]: refund, install and rules calls as request builders and answer readers.
 //! - [`wire`]: the prost conversions of a forwarded check and its answer; [`item`]: the
-//!   forwarded check as it travels, its strings slices rather than copies.
+//!   forwarded check as it travels, its strings slices rather than copies;
+//!   [`key_state`]: a counter's state as it travels, likewise.
 //! - [`signing`]: the call proof every peer call carries.
 //! - `pool` and `stream` (private): the shell. [`PeerPool`] is what the router, handoff
 //!   and rules sync hold; the stream shell runs one batcher task per peer and one driver
@@ -51,6 +52,7 @@ pub mod batcher;
 pub mod budget;
 pub mod calls;
 pub mod item;
+pub mod key_state;
 mod pool;
 pub mod session;
 pub mod signing;
