@@ -21,6 +21,9 @@ use crate::config::rules::Rule;
 /// node now owns, keys of an owner that restarted).
 pub type Pick = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
+/// The fewest changed keys a shard's map keeps room for after a drain shrinks it.
+const DIRTY_FLOOR: usize = 1024;
+
 /// A changed key's state for its successor, and since when it was owed.
 #[derive(Debug, Clone)]
 pub struct Changed {
@@ -374,6 +377,8 @@ impl Side {
     }
 
     /// Up to `max` changed keys' states (the rest stay owed for the next call).
+    /// Afterwards the changed-key map keeps room for about twice what this call
+    /// drained (see [`DIRTY_FLOOR`]).
     pub fn drain(&mut self, live: &Store, max: usize) -> Vec<Changed> {
         let Some(dirty) = &mut self.dirty else {
             return Vec::new();
@@ -387,6 +392,15 @@ impl Side {
             }
             ids
         };
+        // A burst (a node filling with new keys faster than rounds drain them, a resync
+        // of every key) leaves the map sized for far more keys than later rounds see,
+        // and draining keeps that capacity: once a round needs less than a quarter of
+        // it, give it back, keeping room for twice that round. In a steady state the
+        // map stays within that and is not touched.
+        let wanted = 2 * (dirty.len() + ids.len()).max(DIRTY_FLOOR);
+        if dirty.capacity() > 2 * wanted {
+            dirty.shrink_to(wanted);
+        }
         ids.into_iter()
             .filter_map(|(id, since)| {
                 Some(Changed {
@@ -563,5 +577,51 @@ impl Shards {
             );
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_changed_keys_gives_its_map_back_once_drained() {
+        let mut side = Side::new(true, 1_000_000, usize::MAX, 0);
+        let live = Store::new(1, 0);
+        let burst = 100_000u64;
+        for i in 0..burst {
+            side.changed_id(
+                KeyId {
+                    placement: i,
+                    disc: i,
+                },
+                1,
+            );
+        }
+        let capacity = |side: &Side| side.dirty.as_ref().map_or(0, HashMap::capacity);
+        assert!(capacity(&side) >= burst as usize);
+        // The store holds none of them, so nothing is sent; the map is emptied but
+        // keeps room for a round like this one, then the next, quiet, round gives it up.
+        assert!(side.drain(&live, usize::MAX).is_empty());
+        assert!(capacity(&side) >= burst as usize);
+        side.drain(&live, usize::MAX);
+        assert!(
+            capacity(&side) <= 4 * DIRTY_FLOOR,
+            "kept room for {} keys after a drain of a burst",
+            capacity(&side)
+        );
+        // A steady round is not shrunk under its own size.
+        for i in 0..3_000u64 {
+            side.changed_id(
+                KeyId {
+                    placement: i,
+                    disc: i,
+                },
+                2,
+            );
+        }
+        let before = capacity(&side);
+        side.drain(&live, usize::MAX);
+        assert_eq!(capacity(&side), before, "a round's own size is kept");
     }
 }
