@@ -403,6 +403,8 @@ impl Replicator {
     ) {
         let mut current = views.borrow_and_update().clone();
         self.remember(&current);
+        let mut tracking = None;
+        self.track(&current, &mut tracking).await;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Sends in flight: a batch per successor, the fail-over push (see `outbox`).
@@ -428,6 +430,8 @@ impl Replicator {
                         }));
                     }
                     self.remember(&next);
+                    // Before the resync below: it marks keys in what the shards track.
+                    self.track(&next, &mut tracking).await;
                     if next.ring.digest() != current.ring.digest() {
                         self.successors_changed(&current, &next).await;
                     }
@@ -460,6 +464,23 @@ impl Replicator {
                     }
                 }
             }
+        }
+    }
+
+    /// Have the shards track changed keys only while a key of this node can have a
+    /// successor (a ring of two or more): a lone node has nowhere to send them, and
+    /// tracking them costs it a map entry per changed key and a snapshot per key and
+    /// round. Once it has a successor again, the resync that follows a ring change
+    /// marks every key it owns (`needs_full_state`). `tracking` is what the shards were
+    /// last told.
+    async fn track(&self, view: &ClusterView, tracking: &mut Option<bool>) {
+        let on = view.ring.len() > 1;
+        if *tracking == Some(on) {
+            return;
+        }
+        match self.shards.track_changes(on).await {
+            Ok(()) => *tracking = Some(on),
+            Err(error) => tracing::debug!(%error, "switching change tracking failed"),
         }
     }
 

@@ -35,6 +35,10 @@ pub struct Changed {
 
 /// Replication messages to a shard actor.
 pub(super) enum Command {
+    Track {
+        on: bool,
+        reply: oneshot::Sender<()>,
+    },
     Drain {
         max: usize,
         reply: oneshot::Sender<Vec<Changed>>,
@@ -79,8 +83,12 @@ pub type Gone = Arc<dyn Fn(&str, u64) -> bool + Send + Sync>;
 pub(super) struct Side {
     replicas: Replicas,
     /// Keys changed since their last replication, with when they first changed; `None`
-    /// when the node does not replicate (nothing is tracked, nothing costs).
+    /// when the node does not replicate, or has no successor to replicate to (nothing
+    /// is tracked, nothing costs).
     dirty: Option<HashMap<KeyId, Millis, foldhash::fast::RandomState>>,
+    /// This node replicates (`--replicate-interval-ms` above 0): changed keys are
+    /// tracked while it has a successor ([`Side::track`]).
+    replicate: bool,
     keys: usize,
     bytes: usize,
     /// Live keys started here from a replica (promoted) and not handed away since:
@@ -103,6 +111,7 @@ impl Side {
             replicas,
             // A fast hash: this map is touched on every check of a replicating node.
             dirty: replicate.then(HashMap::default),
+            replicate,
             keys,
             bytes,
             promoted_keys: HashSet::default(),
@@ -116,6 +125,19 @@ impl Side {
     pub fn changed(&mut self, counter: &Counter<'_>, now: Millis) {
         if !counter.local {
             self.changed_id(counter.id, now);
+        }
+    }
+
+    /// Track changed keys or not (a replicating node only). A node with no successor
+    /// has nowhere to send them: it tracks none, and forgets what it tracked; once it
+    /// has a successor again, the replicator resyncs every key it owns anyway
+    /// (`cluster::replication::needs_full_state`), so nothing is owed from before.
+    pub fn track(&mut self, on: bool) {
+        match (on, self.replicate) {
+            (true, true) => {
+                self.dirty.get_or_insert_with(HashMap::default);
+            }
+            _ => self.dirty = None,
         }
     }
 
@@ -232,6 +254,10 @@ impl Side {
     pub fn handle(&mut self, command: Command, live: &mut Store, now: Millis) -> Churn {
         let mut churn = Churn::default();
         match command {
+            Command::Track { on, reply } => {
+                self.track(on);
+                let _ = reply.send(());
+            }
             Command::Drain { max, reply } => {
                 let _ = reply.send(self.drain(live, max));
             }
@@ -424,6 +450,15 @@ impl Shards {
             .await
             .map_err(|_| ShardError::Stopped(shard))?;
         rx.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    /// Track changed keys on every shard, or stop and forget them ([`Side::track`]).
+    pub async fn track_changes(&self, on: bool) -> Result<(), ShardError> {
+        for shard in 0..self.len() {
+            self.replication(shard, |reply| Command::Track { on, reply })
+                .await?;
+        }
+        Ok(())
     }
 
     /// Keys changed since their last replication, up to `max` per shard, with their
@@ -623,5 +658,27 @@ mod tests {
         let before = capacity(&side);
         side.drain(&live, usize::MAX);
         assert_eq!(capacity(&side), before, "a round's own size is kept");
+    }
+
+    #[test]
+    fn a_node_without_a_successor_tracks_no_change_and_one_that_does_not_replicate_never() {
+        let id = KeyId {
+            placement: 7,
+            disc: 7,
+        };
+        let mut side = Side::new(true, 100, usize::MAX, 0);
+        side.changed_id(id, 1);
+        side.track(false);
+        assert!(side.dirty.is_none(), "what was tracked is forgotten");
+        side.changed_id(id, 2);
+        assert!(side.dirty.is_none());
+        side.track(true);
+        side.changed_id(id, 3);
+        assert_eq!(side.dirty.as_ref().map(HashMap::len), Some(1));
+
+        let mut off = Side::new(false, 100, usize::MAX, 0);
+        off.track(true);
+        off.changed_id(id, 1);
+        assert!(off.dirty.is_none(), "replication off: nothing to track");
     }
 }
