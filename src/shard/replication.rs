@@ -452,7 +452,8 @@ impl Shards {
         rx.await.map_err(|_| ShardError::Stopped(shard))
     }
 
-    /// Track changed keys on every shard, or stop and forget them ([`Side::track`]).
+    /// Track changed keys on every shard, or stop and forget them (a node with no
+    /// successor tracks none: `Side::track`).
     pub async fn track_changes(&self, on: bool) -> Result<(), ShardError> {
         for shard in 0..self.len() {
             self.replication(shard, |reply| Command::Track { on, reply })
