@@ -26,12 +26,14 @@
 //!   │                              gossip → ClusterView
 //! clock  keyring                   time (clamped wall-clock ms); the cluster key (pure)
 //!   │
-//! algorithms  ring                 pure: the five limiters; the consistent-hash ring
+//! algorithms  ring  text           pure: the five limiters; the consistent-hash ring;
+//!                                  protobuf strings as shared slices (text::Text)
 //! ```
 //!
 //! `proto` (generated wire types) sits beside the floors: only `server`, the link's
 //! adapter files and the xDS client's (`node::xds`: wire, stream) use it, and its
-//! generated services name `server`'s codec.
+//! generated services name `server`'s codec and the peer messages `cluster::link`
+//! writes by hand (`item`, `key_state`: their strings are slices).
 //!
 //! # One result, one name per floor
 //!

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(&str, &[&str])] = &[
     ("algorithms", &[]),
     ("keyring", &[]),
+    ("text", &[]),
     ("clock", &["algorithms"]),
     ("config", &["algorithms"]),
     ("membership", &["clock", "keyring", "ring"]),
@@ -27,6 +28,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "ring",
             "shard",
             "proto",
+            "text",
         ],
     ),
     (
@@ -54,11 +56,14 @@ const FLOORS: &[(&str, &[&str])] = &[
             "proto",
             "ring",
             "shard",
+            "text",
         ],
     ),
     // The generated code names the codec `build.rs` wires in, and its docs name the
     // answers that codec encodes: `proto` sits beside the floors, used by the adapters.
-    ("proto", &["server"]),
+    // The peer messages hand-written for slices (`cluster::link::item`, `key_state`)
+    // are re-exported under their proto names.
+    ("proto", &["server", "cluster"]),
     // The composition root may name every floor; it is listed for its prost rule below.
     (
         "node",
@@ -79,8 +84,8 @@ const FLOORS: &[(&str, &[&str])] = &[
 ];
 
 /// Floors that may name `proto` only in some files: their adapters.
-/// Inside `cluster`, only the peer client adapter's shell and wire files see prost
-/// types: the batcher, the session and every policy speak domain types. Inside `node`,
+/// Inside `cluster`, only the peer client adapter's shell and wire files (the
+/// hand-written messages among them) see prost types: the batcher, the session and every policy speak domain types. Inside `node`,
 /// the faces register the generated services, and the xDS client's adapter (messages and
 /// stream) converts to the session's types; its shell (`xds/mod.rs`) and the session
 /// (`config::xds`) never see a prost type.
@@ -89,6 +94,8 @@ const PROTO_ADAPTERS: &[(&str, &[&str])] = &[
         "cluster",
         &[
             "link/wire.rs",
+            "link/item.rs",
+            "link/key_state.rs",
             "link/calls.rs",
             "link/budget.rs",
             "link/stream.rs",
