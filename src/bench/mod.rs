@@ -36,8 +36,16 @@ pub use floor_server::FloorServerArgs;
 use keys::Keys;
 use rounds::{Rounds, Systems};
 
-/// Run `ringlimit bench`.
+/// Run `ringlimit bench`; the process's scratch directory (rules, cluster secret,
+/// request files for h2load: [`nodes::tempfile_dir`]) is removed afterwards, whatever
+/// the outcome.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let result = run_mode(args).await;
+    let _ = std::fs::remove_dir_all(nodes::scratch_path());
+    result
+}
+
+async fn run_mode(args: BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     if args.memory {
         return memory::run(&args).await;

@@ -21,9 +21,14 @@ pub fn rule_toml(algorithm: &str, limit: u64) -> String {
 
 /// A directory of this run for rule files and the cluster key.
 pub fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("ringlimit-bench-{}", std::process::id()));
+    let dir = scratch_path();
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// This process's scratch directory (`bench::run` removes it when the run ends).
+pub fn scratch_path() -> PathBuf {
+    std::env::temp_dir().join(format!("ringlimit-bench-{}", std::process::id()))
 }
 
 /// A node process started by the bench.
