@@ -96,15 +96,24 @@ pub(crate) fn merge_text(
     ctx: DecodeContext,
     at: (&'static str, &'static str),
 ) -> Result<(), DecodeError> {
-    let named = |mut error: DecodeError| {
-        error.push(at.0, at.1);
-        error
-    };
-    encoding::bytes::merge(wire_type, &mut text.0, buf, ctx).map_err(named)?;
+    let named = field_error(at.0, at.1);
+    encoding::bytes::merge(wire_type, &mut text.0, buf, ctx).map_err(&named)?;
     if std::str::from_utf8(&text.0).is_err() {
         return Err(named(not_utf8(&text.0)));
     }
     Ok(())
+}
+
+/// prost's error for `field` of `message`, named as prost-derive names it (the
+/// hand-written messages' decoders push the same path as generated code).
+pub(crate) fn field_error(
+    message: &'static str,
+    field: &'static str,
+) -> impl Fn(DecodeError) -> DecodeError {
+    move |mut error| {
+        error.push(message, field);
+        error
+    }
 }
 
 /// prost's own error for a `string` field holding `bytes`, so a refusal reads the same as

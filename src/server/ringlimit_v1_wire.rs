@@ -60,7 +60,9 @@ mod request {
     use prost::DecodeError;
 
     use super::{Text, V1BatchRequest, V1Descriptor, V1Request};
-    use crate::text::{encode_optional_text, encode_text, merge_text, optional_text_len, text_len};
+    use crate::text::{
+        encode_optional_text, encode_text, field_error, merge_text, optional_text_len, text_len,
+    };
 
     fn merge_int(
         value: &mut Option<i64>,
@@ -69,10 +71,8 @@ mod request {
         ctx: DecodeContext,
         at: (&'static str, &'static str),
     ) -> Result<(), DecodeError> {
-        encoding::int64::merge(wire_type, value.get_or_insert(0), buf, ctx).map_err(|mut e| {
-            e.push(at.0, at.1);
-            e
-        })
+        encoding::int64::merge(wire_type, value.get_or_insert(0), buf, ctx)
+            .map_err(field_error(at.0, at.1))
     }
 
     impl prost::Message for V1Descriptor {
@@ -156,10 +156,7 @@ mod request {
                     (NAME, "tier"),
                 ),
                 5 => encoding::message::merge_repeated(wire_type, &mut self.descriptors, buf, ctx)
-                    .map_err(|mut e| {
-                        e.push(NAME, "descriptors");
-                        e
-                    }),
+                    .map_err(field_error(NAME, "descriptors")),
                 _ => encoding::skip_field(wire_type, tag, buf, ctx),
             }
         }
@@ -196,10 +193,7 @@ mod request {
         ) -> Result<(), DecodeError> {
             match tag {
                 1 => encoding::message::merge_repeated(wire_type, &mut self.checks, buf, ctx)
-                    .map_err(|mut e| {
-                        e.push("CheckBatchRequest", "checks");
-                        e
-                    }),
+                    .map_err(field_error("CheckBatchRequest", "checks")),
                 _ => encoding::skip_field(wire_type, tag, buf, ctx),
             }
         }

@@ -15,7 +15,7 @@ use prost::DecodeError;
 
 use crate::proto::peer::NamedRule;
 use crate::text::{
-    encode_optional_text, encode_text, merge_text, optional_text_len, text_len, Text,
+    encode_optional_text, encode_text, field_error, merge_text, optional_text_len, text_len, Text,
 };
 
 /// One forwarded check: see `proto/peer.proto` for what each field means.
@@ -49,12 +49,9 @@ pub struct ForwardItem {
 
 const NAME: &str = "ForwardItem";
 
-/// prost's error for `field` of this message, as prost-derive pushes it.
+/// prost's error for `field` of this message.
 fn at(field: &'static str) -> impl Fn(DecodeError) -> DecodeError {
-    move |mut error| {
-        error.push(NAME, field);
-        error
-    }
+    field_error(NAME, field)
 }
 
 impl prost::Message for ForwardItem {

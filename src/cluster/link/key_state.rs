@@ -17,7 +17,7 @@ use prost::DecodeError;
 
 use crate::algorithms::Words;
 use crate::proto::peer::InlineRule;
-use crate::text::{encode_text, merge_text, text_len, Text};
+use crate::text::{encode_text, field_error, merge_text, text_len, Text};
 
 /// One counter's state as it travels: see `proto/peer.proto` for each field.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
@@ -38,12 +38,9 @@ pub struct KeyState {
 
 const NAME: &str = "KeyState";
 
-/// prost's error for `field` of this message, as prost-derive pushes it.
+/// prost's error for `field` of this message.
 fn at(field: &'static str) -> impl Fn(DecodeError) -> DecodeError {
-    move |mut error| {
-        error.push(NAME, field);
-        error
-    }
+    field_error(NAME, field)
 }
 
 /// One `repeated uint64` field's occurrence, packed or not, into `words`: what prost's
