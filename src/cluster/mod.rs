@@ -27,6 +27,7 @@
 
 pub mod budget;
 pub mod deny_cache;
+pub mod flight;
 pub mod handoff;
 pub mod link;
 pub mod outbox;

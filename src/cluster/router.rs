@@ -15,9 +15,10 @@ use tokio::sync::watch;
 use crate::algorithms::Millis;
 use crate::clock::Clock;
 use crate::cluster::deny_cache::DenyCache;
+use crate::cluster::flight::{self, FailOver, Flight, Rescue, Tally};
 use crate::cluster::link::CountersError;
 use crate::cluster::link::PeerPool;
-use crate::cluster::policy::{self, Fallback, Origin, Routing};
+use crate::cluster::policy::{self, Origin, Routing};
 use crate::cluster::replication::Restore;
 use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::{Rule, RuleSet};
@@ -86,24 +87,6 @@ impl Inherited {
     }
 }
 
-/// Why a forwarded descriptor got no answer, as the fail-over step needs it.
-#[derive(Debug, Clone, Copy)]
-struct Failed {
-    /// The owner may be down or cut off: its successor may decide (else it refused).
-    unreachable: bool,
-    /// The owner may have charged it all the same (the call timed out).
-    in_doubt: bool,
-}
-
-impl Failed {
-    fn of(error: &crate::cluster::link::ForwardError) -> Self {
-        Self {
-            unreachable: error.owner_unreachable(),
-            in_doubt: error.may_have_charged(),
-        }
-    }
-}
-
 /// Node-level counters of the routing layer.
 struct RouterMetrics {
     forwarded: metrics::Counter,
@@ -145,7 +128,7 @@ pub struct Router {
     routing: Routing,
     /// Whether a check whose owner cannot be reached goes to the key's successor
     /// (which holds its replica) before failing open: on when the cluster replicates.
-    failover: bool,
+    failover: FailOver,
     restore: Arc<Restore>,
     /// Decide checks of hot remote counters from budget leases (`router/budget.rs`).
     budget_leases: bool,
@@ -180,7 +163,7 @@ impl Router {
             inherited,
             metrics: RouterMetrics::new(),
             routing: Routing::default(),
-            failover: false,
+            failover: FailOver::Off,
             restore: Arc::new(Restore::new(true)),
             budget_leases: false,
         }
@@ -189,7 +172,11 @@ impl Router {
     /// This router sending checks whose owner is unreachable to the key's successor
     /// (`failover`), and answering as owner only once `restore` is done.
     pub fn with_replication(mut self, failover: bool, restore: Arc<Restore>) -> Self {
-        self.failover = failover;
+        self.failover = if failover {
+            FailOver::ToSuccessor
+        } else {
+            FailOver::Off
+        };
         self.restore = restore;
         self
     }
@@ -291,7 +278,8 @@ impl Router {
         Ok(decided)
     }
 
-    /// [`Router::decide`] up to its refunds.
+    /// [`Router::decide`] up to its refunds: the check's [`Flight`], driven with this
+    /// node's shards and peer pool.
     async fn decide_unrefunded(&self, checks: Checks) -> Result<DecidedChecks, ShardError> {
         if !self.restore.is_done() {
             // Restarted: this node answers as owner once its keys are restored.
@@ -299,199 +287,104 @@ impl Router {
         }
         let view = self.view();
         let now = policy::Now::of(&*self.clock);
-        let flat: smallvec::SmallVec<[&CheckItem; 4]> = checks.iter().flatten().collect();
-        let mut plan = policy::plan(
-            &flat,
-            &view,
+        let mut flight = Flight::plan(
+            checks,
+            view.clone(),
             &self.me.node_id,
             &self.deny,
             now,
-            Origin::Client,
             self.routing,
+            self.failover,
         );
-        self.metrics.deny_cache_hits.increment(plan.cached as u64);
-        self.spend_leases(&checks, &flat, &mut plan, now).await?;
-        let mut answers = plan.answers;
+        self.spend_leases(&mut flight).await?;
 
         // The one step with I/O: this node's shards and the owners, concurrently.
-        let local = plan.local.iter().map(|&i| flat[i]);
-        let (local_answers, remote_results) = if let [(i, owner)] = plan.remote.as_slice() {
+        let (local_answers, remote_results) = if flight.remote_len() == 1 {
             // The common remote case, one descriptor: `join_all` would box and collect.
+            let (i, owner) = flight.remote().next().expect("one remote descriptor");
             let (local, remote) = tokio::join!(
-                self.decide_here(local, &view),
-                self.peers.forward(owner, flat[*i])
+                self.decide_here(flight.local(), &view),
+                self.peers.forward(owner, flight.item(i))
             );
             (local, Remotes::from_buf([remote]))
         } else {
-            let remote_calls = plan
-                .remote
-                .iter()
-                .map(|(i, owner)| self.peers.forward(owner, flat[*i]));
-            let (local, remote) =
-                tokio::join!(self.decide_here(local, &view), join_all(remote_calls));
+            let remote_calls = flight
+                .remote()
+                .map(|(i, owner)| self.peers.forward(owner, flight.item(i)));
+            let (local, remote) = tokio::join!(
+                self.decide_here(flight.local(), &view),
+                join_all(remote_calls)
+            );
             (local, Remotes::from_vec(remote))
         };
-        for (&i, answer) in plan.local.iter().zip(local_answers?) {
-            answers[i] = Some(answer);
-        }
-        self.metrics.forwarded.increment(plan.remote.len() as u64);
-
-        let failed = self.settle_remote(&flat, &plan.remote, remote_results, now, &mut answers);
-        if !failed.is_empty() {
+        // Collected (inline for a unary check) so the answers stop borrowing the flight.
+        let local_answers: smallvec::SmallVec<[Answer; 2]> = local_answers?.collect();
+        flight.answer_here(local_answers);
+        let rescues = flight.settle(&self.me.node_id, remote_results, &self.deny);
+        if !rescues.is_empty() {
             // Only when an owner did not answer: boxed, so every check's future does not
             // carry room for the fail-over's.
-            let open = Box::pin(self.fail_over(&flat, failed, &view, now, &mut answers)).await?;
-            if !open.is_empty() {
-                Box::pin(self.decide_open(&flat, open, &mut answers)).await?;
-            }
+            Box::pin(self.rescue(&mut flight, rescues)).await?;
         }
-
-        drop(flat);
-        let answers = answers
-            .into_iter()
-            .map(|a| a.expect("every descriptor answered"));
-        Ok(policy::combine(checks, answers))
+        self.count(flight.tally());
+        Ok(flight.land())
     }
 
-    /// Take the owners' answers (caching denials); returns the descriptors whose owner
-    /// did not answer, for [`Router::fail_over`].
-    fn settle_remote(
-        &self,
-        flat: &[&CheckItem],
-        remote: &[(usize, &crate::membership::Member)],
-        results: Remotes,
-        now: policy::Now,
-        answers: &mut [Option<Answer>],
-    ) -> Vec<(usize, Failed)> {
-        let mut failed = Vec::new();
-        for ((i, owner), result) in remote.iter().zip(results) {
-            let item = flat[*i];
-            match result {
-                Ok(remote) => {
-                    let answer = policy::remote_answer(item, remote, owner);
-                    // A shadow rule's denial is not cached: its checks are allowed, and
-                    // each must still reach the owner to be counted there.
-                    if let Some(denial) = policy::denial(item, &answer, now.mono)
-                        .filter(|_| !item.rule.shadow && !item.uncached)
-                    {
-                        self.deny.insert(item.id, denial, now.mono);
-                    }
-                    answers[*i] = Some(answer);
-                }
-                Err(error) => {
-                    self.metrics.forward_errors.increment(1);
-                    tracing::debug!(%error, key = %item.client(), "owner unreachable; falling back");
-                    failed.push((*i, Failed::of(&error)));
-                }
-            }
-        }
-        failed
+    /// Add what a flight did to the node's metrics.
+    fn count(&self, tally: Tally) {
+        let m = &self.metrics;
+        m.deny_cache_hits.increment(tally.cached);
+        m.forwarded.increment(tally.forwarded);
+        m.forward_errors.increment(tally.forward_errors);
+        m.failed_over.increment(tally.failed_over);
+        m.degraded_closed.increment(tally.closed);
+        m.degraded_open.increment(tally.open);
     }
 
-    /// Send each descriptor whose owner could not be reached to the key's successor,
-    /// which decides it on its replica (degraded); give each the successor cannot
-    /// answer either, and each an owner refused (it is alive: a second decider would
-    /// not be bounded by its count), its fallback: a fail-closed denial now, or a fail-open stand-in counter,
-    /// returned for [`Router::decide_open`].
-    async fn fail_over(
+    /// Perform each descriptor's [`Rescue`]: its replica at the key's successor (here
+    /// or one hop away), then, where that gave no answer, its fallback (a fail-open
+    /// stand-in decided on this node's shards).
+    async fn rescue(
         &self,
-        flat: &[&CheckItem],
-        failed: Vec<(usize, Failed)>,
-        view: &ClusterView,
-        now: policy::Now,
-        answers: &mut [Option<Answer>],
-    ) -> Result<Vec<(usize, Charge)>, ShardError> {
-        let mut open = Vec::new();
-        for (i, failed) in failed {
-            let item = flat[i];
-            if self.failover && failed.unreachable {
-                if let Some(answer) = self.decide_on_successor(item, failed, view).await? {
-                    answers[i] = Some(answer);
-                    continue;
-                }
-            }
-            match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
-                Fallback::Closed(answer) => {
-                    self.metrics.degraded_closed.increment(1);
-                    answers[i] = Some(*answer);
-                }
-                Fallback::Open { nodes } => {
-                    self.metrics.degraded_open.increment(1);
-                    open.push((i, item.under(self.fallback_rule(item, nodes))));
-                }
-            }
-        }
-        Ok(open)
-    }
-
-    /// Decide `item` on its replica, at the key's successor (here, if this node is
-    /// it): `None` when there is no successor or it cannot be reached either.
-    async fn decide_on_successor(
-        &self,
-        item: &CheckItem,
-        failed: Failed,
-        view: &ClusterView,
-    ) -> Result<Option<Answer>, ShardError> {
-        let Some(successor) = view.ring.successor_of_hash(item.id.placement) else {
-            return Ok(None);
-        };
-        let mut failover = item.clone();
-        failover.failover = true;
-        failover.in_doubt = failed.in_doubt;
-        let mut answer = if successor == &*self.me.node_id {
-            let outcome = self
-                .shards
-                .check(smallvec::smallvec![failover.charge()])
-                .await?;
-            let outcome = outcome[0];
-            policy::local_answer(
-                item,
-                &self.me,
-                outcome.decision,
-                outcome.sequence,
-                outcome.at,
-                failover.charge(),
-            )
-        } else {
-            let Some(member) = view.member(successor) else {
-                return Ok(None);
-            };
-            match self.peers.forward(member, &failover).await {
-                Ok(remote) => policy::remote_answer(item, remote, member),
-                Err(error) => {
-                    tracing::debug!(%error, key = %item.client(), "successor unreachable too");
-                    return Ok(None);
-                }
-            }
-        };
-        self.metrics.failed_over.increment(1);
-        answer.degraded = true;
-        Ok(Some(answer))
-    }
-
-    /// Decide fail-open descriptors on their stand-in counters here, flagged degraded.
-    async fn decide_open(
-        &self,
-        flat: &[&CheckItem],
-        open: Vec<(usize, Charge)>,
-        answers: &mut [Option<Answer>],
+        flight: &mut Flight,
+        rescues: Vec<(usize, Rescue)>,
     ) -> Result<(), ShardError> {
+        let mut open: Vec<(usize, Charge)> = Vec::new();
+        for (i, rescue) in rescues {
+            let answered = match rescue {
+                Rescue::ReplicaHere(failover) => {
+                    let charge = failover.charge();
+                    let outcome = self
+                        .shards
+                        .check(smallvec::smallvec![charge.clone()])
+                        .await?;
+                    flight.replica_decided_here(i, &self.me, charge, outcome[0]);
+                    true
+                }
+                Rescue::Replica(successor, failover) => {
+                    let result = self
+                        .peers
+                        .forward(flight.member(successor), &failover)
+                        .await;
+                    flight.replica_answered(i, successor, result)
+                }
+                Rescue::Fallback => false,
+            };
+            if answered {
+                continue;
+            }
+            if let Some(nodes) = flight.fall_back(i, &self.me) {
+                let item = flight.item(i);
+                open.push((i, item.under(self.fallback_rule(item, nodes))));
+            }
+        }
         if open.is_empty() {
             return Ok(());
         }
         let (positions, charges): (Vec<usize>, crate::shard::Charges) = open.into_iter().unzip();
         let outcomes = self.shards.check(charges.clone()).await?;
         for ((i, charge), outcome) in positions.into_iter().zip(charges).zip(outcomes) {
-            let mut answer = policy::local_answer(
-                flat[i],
-                &self.me,
-                outcome.decision,
-                outcome.sequence,
-                outcome.at,
-                charge,
-            );
-            answer.degraded = true;
-            answers[i] = Some(answer);
+            flight.opened(i, &self.me, charge, outcome);
         }
         Ok(())
     }
@@ -505,7 +398,7 @@ impl Router {
         items: &[CheckItem],
         wire: impl FnMut(Answer) -> T,
     ) -> Result<Vec<T>, ShardError> {
-        if !self.restore.is_done() && items.iter().any(|item| !item.failover) {
+        if flight::owner_refuses(self.restore.is_done(), items.iter().map(|i| i.failover)) {
             // Not an owner yet: the sender fails over to the successor.
             return Err(ShardError::Restoring);
         }

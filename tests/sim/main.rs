@@ -10,7 +10,8 @@
 //! shape, and every checker property of `tests/jepsen-like` runs on it.
 //!
 //! - `cargo test --test sim` runs 100 seeds (`RINGLIMIT_SIM_SEEDS=N`: N seeds;
-//!   `RINGLIMIT_SIM_SEED=S`: replay seed S; `RINGLIMIT_SIM_BROKEN=1`: the nodes decide
+//!   `RINGLIMIT_SIM_SEED_BASE=B`: seeds B+1..=B+N, for fresh histories; the default
+//!   base is 0 so CI is repeatable; `RINGLIMIT_SIM_SEED=S`: replay seed S; `RINGLIMIT_SIM_BROKEN=1`: the nodes decide
 //!   every check locally, which the checkers must flag), asserts that a seed replays to
 //!   the same digest, that the broken mode is caught within 20 seeds, and measures a
 //!   50-node cluster (`-- --nocapture` prints the figures).
@@ -132,7 +133,11 @@ fn seeds() {
     let broken = std::env::var("RINGLIMIT_SIM_BROKEN").is_ok_and(|v| v == "1");
     let seeds: Vec<u64> = match env_u64("RINGLIMIT_SIM_SEED") {
         Some(seed) => vec![seed],
-        None => (1..=env_u64("RINGLIMIT_SIM_SEEDS").unwrap_or(100)).collect(),
+        None => {
+            let base = env_u64("RINGLIMIT_SIM_SEED_BASE").unwrap_or(0);
+            let n = env_u64("RINGLIMIT_SIM_SEEDS").unwrap_or(100);
+            (base + 1..=base + n).collect()
+        }
     };
     let started = std::time::Instant::now();
     let mut failed = Vec::new();

@@ -13,9 +13,12 @@
 //! The peer link's sender is the real `cluster::link` state machines, driven by
 //! `link.rs`; refunds and installs are built by `cluster::link::calls`.
 //!
-//! What is a model: the async shells around them (this file mirrors `Router::decide`,
-//! `decide_forwarded`, the shard actor's `Check`, and the handoff watcher step by
-//! step, each noted where it is), the peer link's shell (`link.rs`), and gossip
+//! A client's check is the production [`Flight`] (plan, fail-over to the
+//! successor, fallbacks, combining, refunds): this file only performs what it asks for.
+//!
+//! What is a model: the async shells around them (this file mirrors
+//! `decide_forwarded`'s shard calls, the shard actor's `Check`, and the handoff watcher
+//! step by step, each noted where it is), the peer link's shell (`link.rs`), and gossip
 //! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
 //! exercised by the process suite, `tests/jepsen-like`).
 
@@ -32,6 +35,7 @@ use ringlimit::check::verdict::Verdict;
 use ringlimit::check::{CheckInput, DescriptorInput};
 use ringlimit::clock::{Clamped, Clock};
 use ringlimit::cluster::deny_cache::DenyCache;
+use ringlimit::cluster::flight::{self, FailOver, Flight, Rescue};
 use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
 use ringlimit::cluster::link::calls;
 use ringlimit::cluster::policy::{self, Now, Origin, Routing};
@@ -245,29 +249,24 @@ struct Shard {
     clock: Clamped,
 }
 
-/// A client's check waiting for its owners' answers (the state `Router::decide` keeps
-/// on its stack across the `join`).
+/// A client's check in flight: the production [`Flight`] and the results the
+/// simulated network has delivered for it so far.
 struct Pending {
     client: u32,
     op: u64,
-    checks: Checks,
-    flat: Vec<CheckItem>,
-    answers: Vec<Option<Answer>>,
-    remote: Vec<(usize, Member)>,
-    /// Answers from the owners (`remote`'s order), then from successors (`second`).
+    flight: Flight,
+    /// Results from the owners (the flight's `remote()` order), then from successors
+    /// (`second`).
     results: Vec<Option<Result<Remote, ringlimit::cluster::link::ForwardError>>>,
     /// Results still due.
     waiting: usize,
-    /// Fail-overs sent to successors: (position in `results`, descriptor, successor).
-    second: Vec<(usize, usize, Member)>,
-    /// The owners' answers are settled (`settle_remote` ran).
+    /// Fail-overs sent to successors: (position in `results`, descriptor, successor's
+    /// index in the flight's view).
+    second: Vec<(usize, usize, usize)>,
+    /// The owners' answers are settled (`Flight::settle` ran).
     settled: bool,
-    /// Fail-open charges to decide here at the end (`decide_open`).
+    /// Fail-open stand-in charges to decide here at the end.
     open: Vec<(usize, Charge)>,
-    /// A descriptor was answered by its successor.
-    failover: bool,
-    view: Arc<ClusterView>,
-    now: Now,
 }
 
 struct Known {
@@ -614,70 +613,50 @@ impl Node {
             }
         };
         let checks: Checks = smallvec::smallvec![items];
-        let flat: Vec<CheckItem> = checks.iter().flatten().cloned().collect();
-        let view = self.view.clone();
+        let failover = if self.replicating() {
+            FailOver::ToSuccessor
+        } else {
+            FailOver::Off
+        };
         let now = self.now();
-        let (mut answers, local, remote) = {
-            let refs: Vec<&CheckItem> = flat.iter().collect();
-            let plan = policy::plan(
-                &refs,
-                &view,
-                &self.me.node_id,
-                &self.deny,
-                now,
-                Origin::Client,
-                self.routing,
-            );
-            let answers: Vec<Option<Answer>> = plan.answers.into_iter().collect();
-            let remote: Vec<(usize, Member)> = plan
-                .remote
-                .iter()
-                .map(|(i, m)| (*i, (*m).clone()))
-                .collect();
-            (answers, plan.local.to_vec(), remote)
-        };
-        let local_items: Vec<&CheckItem> = local.iter().map(|&i| &flat[i]).collect();
-        let local_answers = {
-            let owned: Vec<CheckItem> = local_items.into_iter().cloned().collect();
-            let refs: Vec<&CheckItem> = owned.iter().collect();
-            self.decide_here(&refs)
-        };
-        for (&i, a) in local.iter().zip(local_answers) {
-            answers[i] = Some(a);
-        }
+        let mut flight = Flight::plan(
+            checks,
+            self.view.clone(),
+            &self.me.node_id,
+            &self.deny,
+            now,
+            self.routing,
+            failover,
+        );
+        let local: Vec<&CheckItem> = flight.local().collect();
+        let answers = self.decide_here(&local);
+        flight.answer_here(answers);
         let id = self.next_check;
         self.next_check += 1;
-        let n = remote.len();
+        let n = flight.remote_len();
+        let mut fx = Effects::default();
+        for (pos, (i, owner)) in flight.remote().enumerate() {
+            let step = self
+                .link
+                .forward(now, owner, flight.item(i), Waiter { check: id, pos });
+            fx.send.extend(step.send);
+            fx.done.extend(step.done);
+        }
         self.pending.insert(
             id,
             Pending {
                 client,
                 op,
-                checks,
-                flat,
-                answers,
-                remote: remote.clone(),
+                flight,
                 results: (0..n).map(|_| None).collect(),
                 waiting: n,
                 second: Vec::new(),
                 settled: false,
                 open: Vec::new(),
-                failover: false,
-                view,
-                now,
             },
         );
         if n == 0 {
             return self.finish(id);
-        }
-        let mut fx = Effects::default();
-        for (pos, (i, owner)) in remote.iter().enumerate() {
-            let item = self.pending[&id].flat[*i].clone();
-            let step = self
-                .link
-                .forward(now, owner, &item, Waiter { check: id, pos });
-            fx.send.extend(step.send);
-            fx.done.extend(step.done);
         }
         self.link_effects(fx)
     }
@@ -718,80 +697,43 @@ impl Node {
         out
     }
 
-    /// The rest of `Router::decide` once every owner answered or failed:
-    /// `settle_remote`, `fail_over` (which may wait for successors' answers),
-    /// `decide_open`, `combine`, `refund`, then the verdict.
+    /// The rest of the flight once every owner answered or failed: settle, rescue
+    /// (which may wait for successors' answers), the fail-open stand-ins, land, refund,
+    /// then the verdict.
     fn finish(&mut self, id: u64) -> Vec<Out> {
         let mut p = self.pending.remove(&id).expect("pending");
         if !p.settled {
             p.settled = true;
-            // settle_remote
-            let mut failed = Vec::new();
-            for (k, (i, owner)) in p.remote.iter().enumerate() {
-                let item = &p.flat[*i];
-                match p.results[k].clone().expect("every result in") {
-                    Ok(remote) => {
-                        let answer = policy::remote_answer(item, remote, owner);
-                        if let Some(denial) = policy::denial(item, &answer, p.now.mono)
-                            .filter(|_| !item.rule.shadow && !item.uncached)
-                        {
-                            self.deny.insert(item.id, denial, p.now.mono);
-                        }
-                        p.answers[*i] = Some(answer);
-                    }
-                    Err(error) => {
-                        failed.push((*i, error.owner_unreachable(), error.may_have_charged()))
-                    }
-                }
-            }
-            let fx = self.fail_over(id, failed, &mut p);
+            let owners = p.flight.remote_len();
+            let results: Vec<_> = p.results[..owners]
+                .iter_mut()
+                .map(|r| r.take().expect("every result in"))
+                .collect();
+            let rescues = p.flight.settle(&self.me.node_id, results, &self.deny);
+            let fx = self.rescue(id, rescues, &mut p);
             if p.waiting > 0 {
                 self.pending.insert(id, p);
                 return self.link_effects(fx);
             }
         } else {
-            // The successors' answers: decided on their replicas, degraded.
             for (k, i, successor) in std::mem::take(&mut p.second) {
-                match p.results[k].clone().expect("every result in") {
-                    Ok(remote) => {
-                        let mut answer = policy::remote_answer(&p.flat[i], remote, &successor);
-                        answer.degraded = true;
-                        p.answers[i] = Some(answer);
-                        p.failover = true;
-                    }
-                    Err(_) => {
-                        self.repl.failover_failed += 1;
-                        let item = p.flat[i].clone();
-                        let (view, now) = (p.view.clone(), p.now);
-                        self.unreachable(i, &item, &view, now, &mut p.answers, &mut p.open);
-                    }
+                let result = p.results[k].take().expect("every result in");
+                if !p.flight.replica_answered(i, successor, result) {
+                    self.fall_back(i, &mut p);
                 }
             }
         }
-        let Pending {
-            client,
-            op,
-            checks,
-            flat,
-            mut answers,
-            open,
-            failover,
-            ..
-        } = p;
-        // decide_open
-        for (i, charge) in open {
+        for (i, charge) in std::mem::take(&mut p.open) {
             let o = self.shard_check(&charge);
-            let mut answer =
-                policy::local_answer(&flat[i], &self.me, o.decision, o.sequence, o.at, charge);
-            answer.degraded = true;
-            answers[i] = Some(answer);
+            p.flight.opened(i, &self.me, charge, o);
         }
-        let mut decided = policy::combine(
-            checks,
-            answers
-                .into_iter()
-                .map(|a| a.expect("every descriptor answered")),
-        );
+        let Pending {
+            client, op, flight, ..
+        } = p;
+        let tally = flight.tally();
+        self.repl.failed_over += tally.failed_over;
+        self.repl.failover_failed += tally.failover_failed;
+        let mut decided = flight.land();
         // refund
         let refunds = policy::refunds(&decided);
         let mut out = Vec::new();
@@ -811,7 +753,7 @@ impl Node {
         out.push(Out::Answer {
             client,
             op,
-            failover,
+            failover: tally.failed_over > 0,
             entry: Entry::Ok {
                 id: op,
                 t: 0,
@@ -830,6 +772,47 @@ impl Node {
             },
         });
         out
+    }
+
+    /// Perform each rescue the flight asked for: a replica here is decided at once, one
+    /// at the successor is forwarded (its answer is due in `p.results`), and the rest
+    /// get their fallback.
+    fn rescue(&mut self, check: u64, rescues: Vec<(usize, Rescue)>, p: &mut Pending) -> Effects {
+        let mut fx = Effects::default();
+        for (i, rescue) in rescues {
+            match rescue {
+                Rescue::ReplicaHere(item) => {
+                    let charge = item.charge();
+                    let o = self.shard_check(&charge);
+                    p.flight.replica_decided_here(i, &self.me, charge, o);
+                }
+                Rescue::Replica(successor, item) => {
+                    let waiter = Waiter {
+                        check,
+                        pos: p.results.len(),
+                    };
+                    p.second.push((p.results.len(), i, successor));
+                    p.results.push(None);
+                    p.waiting += 1;
+                    let member = p.flight.member(successor);
+                    let step = self.link.forward(self.now(), member, &item, waiter);
+                    fx.send.extend(step.send);
+                    fx.done.extend(step.done);
+                }
+                Rescue::Fallback => self.fall_back(i, p),
+            }
+        }
+        fx
+    }
+
+    /// Descriptor `i`'s fallback: answered now (fail-closed) or a stand-in charge
+    /// decided at the end (fail-open).
+    fn fall_back(&mut self, i: usize, p: &mut Pending) {
+        if let Some(nodes) = p.flight.fall_back(i, &self.me) {
+            let item = p.flight.item(i);
+            let rule = self.fallback_rule(item, nodes);
+            p.open.push((i, item.under(rule)));
+        }
     }
 
     /// `Router::fallback_rule`: the fail-open stand-in, built once per (rule, ring size).
@@ -858,7 +841,12 @@ impl Node {
             }
             // `Router::decide_forwarded`: not an owner until restored (the sender fails
             // over to the successor); `ShardError::Restoring` is UNAVAILABLE.
-            Some(request) if self.restoring() && request.items.iter().any(|it| !it.failover) => {
+            Some(request)
+                if flight::owner_refuses(
+                    !self.restoring(),
+                    request.items.iter().map(|it| it.failover),
+                ) =>
+            {
                 refuse(
                     14,
                     "this node is restoring its keys from their successors after a restart".into(),

@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use crate::cluster::budget::{self, LeaseGrant};
-use crate::cluster::policy::{Now, Plan};
-use crate::cluster::{CheckItem, Checks, Decider};
+use crate::cluster::flight::Flight;
+use crate::cluster::policy::Now;
+use crate::cluster::{CheckItem, Decider};
 use crate::membership::Member;
 use crate::shard::budget::entry::SpendAsk;
 use crate::shard::budget::gate::Gated;
@@ -33,44 +34,24 @@ impl Router {
     /// them out of `plan.remote`, and among its deny-cache answers (a lease granted
     /// after the denial is budget to spend); ask owners for leases where the shards
     /// say so.
-    pub(super) async fn spend_leases(
-        &self,
-        checks: &Checks,
-        flat: &[&CheckItem],
-        plan: &mut Plan<'_>,
-        now: Now,
-    ) -> Result<(), ShardError> {
-        if !self.budget_leases || (plan.remote.is_empty() && plan.cached == 0) {
+    pub(super) async fn spend_leases(&self, flight: &mut Flight) -> Result<(), ShardError> {
+        if !self.budget_leases {
             return Ok(());
         }
-        // A descriptor is leasable only as a check's one descriptor (no sibling can
-        // ask for its unit back).
-        let single: smallvec::SmallVec<[bool; 4]> = checks
-            .iter()
-            .flat_map(|check| std::iter::repeat_n(check.len() == 1, check.len()))
-            .collect();
-        let cached = (0..flat.len()).filter(|&i| plan.answers[i].is_some());
-        let candidates: smallvec::SmallVec<[(usize, Option<&Member>); 2]> = plan
-            .remote
-            .iter()
-            .map(|&(i, owner)| (i, Some(owner)))
-            .chain(cached.map(|i| (i, None)))
-            .collect();
-        let mut forwarded = smallvec::SmallVec::<[(usize, &Member); 2]>::new();
-        for (i, owner) in candidates {
-            let item = flat[i];
-            let leased = if budget::eligible(item, single[i]) {
-                self.spend_one(item, owner, now).await?
-            } else {
-                None
-            };
-            match (leased, owner) {
-                (Some(answer), _) => plan.answers[i] = Some(answer),
-                (None, Some(owner)) => forwarded.push((i, owner)),
-                (None, None) => {} // the cached answer stands
+        let now = flight.now();
+        for candidate in flight.lease_candidates() {
+            let item = flight.item(candidate.position);
+            // A descriptor is leasable only as a check's one descriptor (no sibling can
+            // ask for its unit back).
+            if !budget::eligible(item, candidate.single) {
+                continue;
             }
+            let owner = flight.candidate_owner(&candidate);
+            if let Some(answer) = self.spend_one(item, owner, now).await? {
+                flight.leased(candidate.position, answer);
+            }
+            // Else it is forwarded, or the cached answer stands.
         }
-        plan.remote = forwarded;
         Ok(())
     }
 

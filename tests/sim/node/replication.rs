@@ -16,16 +16,13 @@ use std::sync::Arc;
 use ringlimit::clock::Clock;
 use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
 use ringlimit::cluster::link::calls;
-use ringlimit::cluster::policy::{self, Fallback};
 use ringlimit::cluster::replication::{self, MAX_PER_ROUND, RESTORE_SETTLE};
-use ringlimit::cluster::{Answer, CheckItem};
 use ringlimit::membership::ClusterView;
 use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
 use ringlimit::shard::replication::Pick;
-use ringlimit::shard::{Charge, Exported, Recipient};
+use ringlimit::shard::{Exported, Recipient};
 
-use super::{Msg, Node, Out, Pending, Timer};
-use crate::link::{Effects, Waiter};
+use super::{Msg, Node, Out, Timer};
 
 /// Where a restarted node's restore stands (`restore_from_peers`' loop as states).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -542,80 +539,5 @@ impl Node {
             out.extend(self.on_client_check(client, op, &key, &route, cost));
         }
         out
-    }
-
-    // ---- fail-over (`Router::fail_over` + `decide_on_successor`) ------------------------
-
-    /// For each descriptor whose owner did not answer: send it to the key's successor
-    /// (decided here at once if this node is it), or give it its fallback (fail-open
-    /// charges go to `p.open`). Successors' answers are due in `p.results` (counted in
-    /// `p.waiting`); returns what the link did.
-    pub(super) fn fail_over(
-        &mut self,
-        check: u64,
-        failed: Vec<(usize, bool, bool)>,
-        p: &mut Pending,
-    ) -> Effects {
-        let mut fx = Effects::default();
-        let view = p.view.clone();
-        for (i, unreachable, in_doubt) in failed {
-            let item = p.flat[i].clone();
-            // As the router: only an owner that could not be reached is failed over;
-            // one that refused the batch is alive.
-            if self.replicating() && unreachable {
-                if let Some(successor) = view.ring.successor_of_hash(item.id.placement) {
-                    let mut failover = item.clone();
-                    failover.failover = true;
-                    failover.in_doubt = in_doubt;
-                    self.repl.failed_over += 1;
-                    if successor == &*self.id {
-                        let charge = failover.charge();
-                        let o = self.shard_check(&charge);
-                        let mut answer = policy::local_answer(
-                            &item, &self.me, o.decision, o.sequence, o.at, charge,
-                        );
-                        answer.degraded = true;
-                        p.answers[i] = Some(answer);
-                        p.failover = true;
-                        continue;
-                    }
-                    if let Some(member) = view.member(successor) {
-                        let waiter = Waiter {
-                            check,
-                            pos: p.results.len(),
-                        };
-                        p.second.push((p.results.len(), i, member.clone()));
-                        p.results.push(None);
-                        p.waiting += 1;
-                        let step = self.link.forward(self.now(), member, &failover, waiter);
-                        fx.send.extend(step.send);
-                        fx.done.extend(step.done);
-                        continue;
-                    }
-                    self.repl.failover_failed += 1;
-                }
-            }
-            self.unreachable(i, &item, &view, p.now, &mut p.answers, &mut p.open);
-        }
-        fx
-    }
-
-    /// `policy::on_unreachable`: a fail-closed denial now, or a fail-open stand-in.
-    pub(super) fn unreachable(
-        &mut self,
-        i: usize,
-        item: &CheckItem,
-        view: &ClusterView,
-        now: policy::Now,
-        answers: &mut [Option<Answer>],
-        open: &mut Vec<(usize, Charge)>,
-    ) {
-        match policy::on_unreachable(item, &self.me, view.ring.len(), now.wall) {
-            Fallback::Closed(answer) => answers[i] = Some(*answer),
-            Fallback::Open { nodes } => {
-                let rule = self.fallback_rule(item, nodes);
-                open.push((i, item.under(rule)));
-            }
-        }
     }
 }

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Plant each mutant of MUTANTS in production code and see whether the simulator catches it.
+
+Run on demand, never in CI (each mutant is a release build and N seeds):
+
+    python3 tests/sim/mutants.py [--seeds 200] [--only NAME,...] [--scratch DIR]
+
+Each mutant is applied in a scratch worktree of HEAD (its own target directory, so the
+checkout you work in is untouched), the simulator's seeds test runs, and one line per
+mutant says whether a seed found a violation, which seed first, and the property. The
+table of results lives in tests/sim/mutants.md.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+# name, file, text to find (exactly once), replacement, what the bug is.
+MUTANTS = [
+    ("failover-never", "src/cluster/flight.rs",
+     "if self.failover == FailOver::Off || failure == Failure::Refused {",
+     "if true || self.failover == FailOver::Off || failure == Failure::Refused {",
+     "an unreachable owner's checks never go to the successor's replica"),
+    ("failover-refused-owner", "src/cluster/flight.rs",
+     "if self.failover == FailOver::Off || failure == Failure::Refused {",
+     "if self.failover == FailOver::Off {",
+     "an owner that refused (alive) still gets a second decider at its successor"),
+    ("in-doubt-never", "src/cluster/flight.rs",
+     "failover.in_doubt = failure == Failure::TimedOut;",
+     "failover.in_doubt = false;",
+     "a timed-out forward is not marked in doubt (the replica owes nothing for it)"),
+    ("in-doubt-always", "src/cluster/flight.rs",
+     "failover.in_doubt = failure == Failure::TimedOut;",
+     "failover.in_doubt = true;",
+     "every fail-over is marked in doubt"),
+    ("replica-answer-not-degraded", "src/cluster/flight.rs",
+     "let mut answer = policy::remote_answer(item, remote, successor);\n                answer.degraded = true;",
+     "let answer = policy::remote_answer(item, remote, successor);",
+     "a successor's answer is not flagged degraded"),
+    ("deny-cache-shadow", "src/cluster/flight.rs",
+     ".filter(|_| !item.rule.shadow && !item.uncached)",
+     ".filter(|_| !item.uncached)",
+     "a shadow rule's denial is cached (its checks stop reaching the owner)"),
+    ("restoring-owner-answers", "src/cluster/flight.rs",
+     "!restored && items.into_iter().any(|failover| !failover)",
+     "false && items.into_iter().any(|failover| !failover)",
+     "a restarted owner answers as owner before its restore"),
+    ("late-batch-decided", "src/cluster/policy.rs",
+     "deadline_ms != 0 && now > deadline_ms",
+     "deadline_ms != 0 && now > deadline_ms + 60_000",
+     "a forwarded batch past its deadline is decided (the entry already fell back)"),
+    ("replica-batch-order", "src/cluster/replica_batches.rs",
+     "Some(held) if *held >= (generation, number) => false,",
+     "Some(held) if *held > (generation, number) => false,",
+     "a successor holds a replication batch no later than one it holds"),
+    ("handback-added", "src/shard/store.rs",
+     "let standing = if join || self.slots[i].has(MOVED) {",
+     "let standing = if self.slots[i].has(MOVED) {",
+     "a promoted key handed back is added to the state it came from, not joined"),
+    ("fixed-window-off-by-one", "src/algorithms/fixed_window.rs",
+     "u128::from(state.count) + u128::from(cost.get()) <= u128::from(self.limit)",
+     "u128::from(state.count) + u128::from(cost.get()) <= u128::from(self.limit) + 1",
+     "a fixed window admits one past its limit"),
+    ("refund-dropped", "src/shard/core.rs",
+     "self.store.refund(counter, refund.at, refund.charge.cost);",
+     "let _ = (counter, refund.at);",
+     "a refund of a denied check's admitted sibling is dropped"),
+    ("replica-owed-ignored", "src/shard/replication.rs",
+     "let owed = !item.in_doubt;",
+     "let owed = false;",
+     "a fail-over on a replica owes nothing for the interval the owner may have admitted"),
+    ("deny-cache-past-retry", "src/cluster/deny_cache.rs",
+     "self.map.insert(key, denial);",
+     "self.map.insert(key, Denial { until: denial.until + 5_000, ..denial });",
+     "a cached denial outlives its retry-after (false denies)"),
+]
+
+
+def run(cmd, cwd, env=None, timeout=None):
+    return subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--scratch", default="/tmp/ringlimit-mutants")
+    args = ap.parse_args()
+    repo = run(["git", "rev-parse", "--show-toplevel"], os.getcwd()).stdout.strip()
+    tree = os.path.join(args.scratch, "tree")
+    if not os.path.isdir(tree):
+        os.makedirs(args.scratch, exist_ok=True)
+        r = run(["git", "worktree", "add", "--detach", tree, "HEAD"], repo)
+        if r.returncode:
+            sys.exit(r.stdout)
+    else:
+        run(["git", "checkout", "--detach", run(["git", "rev-parse", "HEAD"], repo).stdout.strip()], tree)
+    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(args.scratch, "target"),
+               RINGLIMIT_SIM_SEEDS=str(args.seeds))
+    only = set(filter(None, args.only.split(",")))
+    for name, path, find, replace, what in MUTANTS:
+        if only and name not in only:
+            continue
+        run(["git", "checkout", "--", "."], tree)
+        full = os.path.join(tree, path)
+        text = open(full).read()
+        if text.count(find) != 1:
+            print(f"{name}: STALE (the text to mutate occurs {text.count(find)} times in {path})")
+            continue
+        open(full, "w").write(text.replace(find, replace))
+        started = time.time()
+        build = run(["cargo", "test", "--release", "--test", "sim", "--no-run"], tree, env)
+        if build.returncode:
+            print(f"{name}: BUILD FAILED\n{build.stdout[-2000:]}")
+            continue
+        test = run(["cargo", "test", "--release", "--test", "sim", "--", "seeds", "--exact",
+                    "--nocapture"], tree, env)
+        took = time.time() - started
+        failed = re.findall(r"sim seed=(\d+) FAILED", test.stdout)
+        props = re.findall(r"^\s*(S[0-9A-Za-z_-]+)[: ]", test.stdout, re.M)
+        if failed:
+            print(f"{name}: CAUGHT by {len(failed)} of {args.seeds} seeds, first seed {failed[0]}, "
+                  f"properties {sorted(set(props))[:4]} ({took:.0f} s) -- {what}")
+        elif test.returncode:
+            print(f"{name}: CAUGHT (test failed without a failing seed: a panic) ({took:.0f} s) -- {what}\n"
+                  + "\n".join(test.stdout.splitlines()[-8:]))
+        else:
+            print(f"{name}: MISSED by {args.seeds} seeds ({took:.0f} s) -- {what}")
+        sys.stdout.flush()
+    run(["git", "checkout", "--", "."], tree)
+
+
+if __name__ == "__main__":
+    main()
