@@ -186,6 +186,10 @@ fn describe_checks() {
         "ringlimit_envoy_rls_duration_seconds",
         "Time to answer one Envoy ShouldRateLimit call."
     );
+    describe_histogram!(
+        "ringlimit_gubernator_duration_seconds",
+        "Time to answer one Gubernator GetRateLimits call (serve --gubernator)."
+    );
     describe_counter!(
         "ringlimit_shadow_denials_total",
         "Checks a rule in shadow mode would have denied (they were allowed), by rule."
@@ -309,6 +313,10 @@ fn describe_connections() {
     describe_counter!(
         "ringlimit_accept_errors_total",
         "Failed accepts on a gRPC listener (e.g. at the file descriptor limit)."
+    );
+    describe_counter!(
+        "ringlimit_ops_connections_closed_total",
+        "Ops HTTP connections the node closed, by reason (evicted: the oldest idle one, for a new connection at the cap; refused: at the cap with every connection busy; header_timeout: no request head in time)."
     );
 }
 
