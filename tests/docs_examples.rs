@@ -112,6 +112,27 @@ fn is_shell(lang: &str) -> bool {
 
 // ---------------------------------------------------------------- shell blocks
 
+/// Whether `tool` is on the PATH.
+fn installed(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The tools a page says it needs beyond the harness's own
+/// (`<!-- docs-test: needs prometheus promtool -->`).
+fn page_needs(markdown: &str) -> Vec<String> {
+    markdown
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("<!-- docs-test: needs "))
+        .flat_map(|rest| rest.trim_end_matches("-->").split_whitespace())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Why the shell examples cannot run here, if they cannot.
 fn cannot_run_shell_examples() -> Option<String> {
     let as_root = Command::new("id")
@@ -121,18 +142,10 @@ fn cannot_run_shell_examples() -> Option<String> {
     if !as_root {
         return Some("not root: a network namespace needs it".into());
     }
-    for tool in ["unshare", "ip", "curl", "openssl"] {
-        let found = Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {tool}"))
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            return Some(format!("{tool} is not installed"));
-        }
-    }
-    None
+    ["unshare", "ip", "curl", "openssl"]
+        .into_iter()
+        .find(|tool| !installed(tool))
+        .map(|tool| format!("{tool} is not installed"))
 }
 
 /// The script that runs a page's shell blocks: a node with default flags first unless
@@ -167,6 +180,11 @@ fn run_in_namespace(script: &str, limit: Duration) -> (bool, String) {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let path = dir.path().join("page.sh");
     std::fs::write(&path, script).expect("writing the script");
+    // Pages run "from the root of a checkout": what they read from it is there.
+    for shared in ["deploy", "examples"] {
+        std::os::unix::fs::symlink(root().join(shared), dir.path().join(shared))
+            .expect("linking the checkout into the scratch directory");
+    }
     let mut child = Command::new("unshare")
         .args(["--net", "--pid", "--fork", "--kill-child", "bash"])
         .arg(&path)
@@ -226,6 +244,18 @@ fn shell_examples_run_against_real_nodes() {
             .filter(|b| is_shell(&b.lang) && !b.illustrative)
             .collect();
         if runnable.is_empty() {
+            continue;
+        }
+        let missing: Vec<String> = page_needs(&markdown)
+            .into_iter()
+            .filter(|tool| !installed(tool))
+            .collect();
+        if !missing.is_empty() {
+            println!(
+                "SKIPPED: {}'s shell examples ({} not installed)",
+                relative(&page),
+                missing.join(", ")
+            );
             continue;
         }
         for block in &runnable {

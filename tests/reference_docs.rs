@@ -197,7 +197,7 @@ fn literals(text: &str) -> Vec<String> {
 fn calls<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
     let mut calls = Vec::new();
     let mut from = 0;
-    while let Some(at) = text[from..].find(&needle) {
+    while let Some(at) = text[from..].find(needle) {
         let start = from + at;
         let preceded = text[..start]
             .chars()
