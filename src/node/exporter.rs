@@ -41,7 +41,7 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
     })
 }
 
-/// A `# HELP` line for every metric (README "Flags and metrics" has the longer story):
+/// A `# HELP` line for every metric (docs/reference/metrics.md lists them, generated from these calls):
 /// a dashboard author should not need the source to read `/metrics`.
 fn describe_metrics() {
     describe_checks();
@@ -176,7 +176,7 @@ fn describe_checks() {
     );
     describe_counter!(
         "ringlimit_degraded_total",
-        "Answers given without the owner (fail_open, fail_closed)."
+        "Answers given without the owner, by reason (fail_over: the successor decided on its replica; fail_open; fail_closed)."
     );
     describe_counter!(
         "ringlimit_deny_cache_hits_total",
