@@ -6,12 +6,12 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use ringlimit::node::config::DEFAULT_HTTP_LISTEN;
 
 // The global allocator is glibc's: its resident memory per key is steady from run to
-// run, which the memory target needs (bench/RESULTS.md, mimalloc).
+// run, which the memory target needs (bench/journal/, mimalloc).
 
 /// A self-contained clustered rate limiter.
 #[derive(Parser)]
@@ -64,6 +64,10 @@ enum Command {
     /// The bare tonic server `bench --protocol floor` measures beside the node.
     #[command(hide = true)]
     BenchFloorServer(bench::FloorServerArgs),
+    /// Print the guide's command-line reference (docs/reference/cli.md), generated from
+    /// these definitions.
+    #[command(hide = true)]
+    DocsReference,
 }
 
 fn main() -> ExitCode {
@@ -78,6 +82,10 @@ fn main() -> ExitCode {
         Command::Bench(args) => cli::block_on(bench::run(args)).map(|()| ExitCode::SUCCESS),
         Command::BenchFloorServer(args) => {
             bench::floor_server::run(args).map(|()| ExitCode::SUCCESS)
+        }
+        Command::DocsReference => {
+            print!("{}", cli::reference::render(&Cli::command()));
+            Ok(ExitCode::SUCCESS)
         }
     };
     match result {

@@ -7,6 +7,7 @@ pub mod dev_cluster;
 mod http;
 pub mod owner;
 pub mod peer_tls;
+pub mod reference;
 pub mod rules;
 pub mod serve;
 pub mod status;
@@ -46,7 +47,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// The async runtime, with `threads` workers (default: tokio's, the usable cores). One
 /// thread is tokio's current-thread scheduler: every task, the shard actors and the
 /// connections that use them, on the thread that runs the node, with no hand-over
-/// between a main thread and one worker (bench/RESULTS.md, 2026-12-03).
+/// between a main thread and one worker (bench/journal/).
 pub fn runtime_with(threads: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut builder = match threads {
         Some(1) => tokio::runtime::Builder::new_current_thread(),

@@ -83,7 +83,7 @@ pub struct ServeArgs {
     /// Threads that run the node (the async runtime's workers; default: the cores this
     /// process may use). A sidecar given one core does best with `--threads 1`: no
     /// wake-ups and task steals between threads on a core they share; one thread runs
-    /// every task on tokio's current-thread scheduler (bench/RESULTS.md, 2026-12-03).
+    /// every task on tokio's current-thread scheduler (bench/RESULTS.md).
     #[arg(long, env = "RINGLIMIT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
     /// Most keys this node holds; beyond it the least-harm keys are evicted, never an

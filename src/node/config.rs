@@ -440,7 +440,7 @@ pub fn peer_message_cap(max_rules_bytes: u64) -> usize {
 /// What one client can make the gRPC listener hold. Each bound answers one way a single
 /// client can exhaust a node: thousands of streams on one connection, never finished
 /// requests, dead or silent peers, an fd-limit spin. The defaults and their
-/// reasons are in README "Flags and metrics".
+/// reasons are in docs/sizing.md, "What one client can make a node hold".
 #[derive(Debug, Clone)]
 pub struct GrpcLimits {
     /// Open connections at most; one more is closed at once after accept and counted

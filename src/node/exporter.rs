@@ -41,7 +41,7 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
     })
 }
 
-/// A `# HELP` line for every metric (README "Flags and metrics" has the longer story):
+/// A `# HELP` line for every metric (docs/reference/metrics.md lists them, generated from these calls):
 /// a dashboard author should not need the source to read `/metrics`.
 fn describe_metrics() {
     describe_checks();
@@ -176,7 +176,7 @@ fn describe_checks() {
     );
     describe_counter!(
         "ringlimit_degraded_total",
-        "Answers given without the owner (fail_open, fail_closed)."
+        "Answers given without the owner, by reason (fail_over: the successor decided on its replica; fail_open; fail_closed)."
     );
     describe_counter!(
         "ringlimit_deny_cache_hits_total",
@@ -185,6 +185,10 @@ fn describe_checks() {
     describe_histogram!(
         "ringlimit_envoy_rls_duration_seconds",
         "Time to answer one Envoy ShouldRateLimit call."
+    );
+    describe_histogram!(
+        "ringlimit_gubernator_duration_seconds",
+        "Time to answer one Gubernator GetRateLimits call (serve --gubernator)."
     );
     describe_counter!(
         "ringlimit_shadow_denials_total",
@@ -309,6 +313,10 @@ fn describe_connections() {
     describe_counter!(
         "ringlimit_accept_errors_total",
         "Failed accepts on a gRPC listener (e.g. at the file descriptor limit)."
+    );
+    describe_counter!(
+        "ringlimit_ops_connections_closed_total",
+        "Ops HTTP connections the node closed, by reason (evicted: the oldest idle one, for a new connection at the cap; refused: at the cap with every connection busy; header_timeout: no request head in time)."
     );
 }
 

@@ -764,11 +764,11 @@ mod tests {
     }
 
     #[test]
-    fn readme_counter_examples_parse_and_scope_as_described() {
-        let readme = include_str!("../../../README.md");
+    fn guide_counter_examples_parse_and_scope_as_described() {
+        let readme = include_str!("../../../docs/concepts.md");
         let at = readme
             .find("**What one counter is.**")
-            .expect("README section");
+            .expect("docs/concepts.md section");
         let start = at + readme[at..].find("```toml\n").unwrap() + "```toml\n".len();
         let end = start + readme[start..].find("```\n").unwrap();
         let rs = set(&readme[start..end]);
