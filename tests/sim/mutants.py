@@ -98,8 +98,11 @@ def main():
             sys.exit(r.stdout)
     else:
         run(["git", "checkout", "--detach", run(["git", "rev-parse", "HEAD"], repo).stdout.strip()], tree)
+    # Incremental release builds: only the mutated crate's changed parts are rebuilt
+    # (dependencies are never incremental, so a target directory copied from a release
+    # build of the same lock file is reused as it is).
     env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(args.scratch, "target"),
-               RINGLIMIT_SIM_SEEDS=str(args.seeds))
+               CARGO_INCREMENTAL="1", RINGLIMIT_SIM_SEEDS=str(args.seeds))
     only = set(filter(None, args.only.split(",")))
     for name, path, find, replace, what in MUTANTS:
         if only and name not in only:
