@@ -60,6 +60,79 @@ pub fn policy(limit: u64, window_ms: u64) -> String {
     format!("{limit};w={}", ceil_secs(window_ms))
 }
 
+/// The IETF RateLimit header fields as the latest published draft writes them
+/// (draft-ietf-httpapi-ratelimit-headers-11: both fields are Structured Field Lists of
+/// Items named by a String policy identifier): `RateLimit-Policy: "default";q=100;w=60`
+/// (the quota and its window in seconds, rounded up so a client never paces faster than
+/// allowed; no `w` when the window is unknown) and `RateLimit: "default";r=50;t=30`
+/// (units available, and seconds until the quota is back, rounded up).
+pub fn ietf_fields(
+    policy: &str,
+    quota: &Quota,
+    window_ms: u64,
+    now_ms: u64,
+) -> [(&'static str, String); 2] {
+    let name = sf_string(policy);
+    let window = if window_ms > 0 {
+        format!(";w={}", ceil_secs(window_ms).max(1))
+    } else {
+        String::new()
+    };
+    let reset_in = ceil_secs(quota.reset_at_ms.saturating_sub(now_ms));
+    [
+        (
+            "RateLimit-Policy",
+            format!("{name};q={}{window}", quota.limit),
+        ),
+        (
+            "RateLimit",
+            format!("{name};r={};t={reset_in}", quota.remaining),
+        ),
+    ]
+}
+
+/// `text` as a Structured Field String (RFC 8941 3.3.3): quoted, `"` and `\` escaped,
+/// and every byte outside printable ASCII (which a String cannot hold) written as `_`.
+pub fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The draft's problem type for a denial (its section "Quota Exceeded").
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The body of a 429 in the draft's `quota-exceeded` problem type: the RFC 9457
+/// members, the draft's `violated-policies`, and the numbers of [`problem_body`]
+/// (`limit`, `window`, `retry_after` in seconds rounded up).
+pub fn quota_exceeded_body(policy: &str, quota: &Quota, window_ms: u64) -> String {
+    let mut body = serde_json::Map::new();
+    body.insert("type".into(), QUOTA_EXCEEDED.into());
+    body.insert(
+        "title".into(),
+        "Request cannot be satisfied as assigned quota has been exceeded".into(),
+    );
+    body.insert("status".into(), 429.into());
+    body.insert("violated-policies".into(), vec![policy.to_string()].into());
+    body.insert("limit".into(), quota.limit.into());
+    if window_ms > 0 {
+        body.insert("window".into(), window_text(window_ms).into());
+    }
+    body.insert("retry_after".into(), ceil_secs(quota.retry_after_ms).into());
+    serde_json::Value::Object(body).to_string()
+}
+
 /// A window as a short human string: `60s`, or `1500ms` when not whole seconds.
 pub fn window_text(window_ms: u64) -> String {
     if window_ms.is_multiple_of(1000) {
@@ -165,6 +238,43 @@ mod tests {
         assert_eq!(got, want);
         assert!(!problem_body(&reference_denial(), 0, "about:blank").contains("window"));
         assert_eq!(window_text(1_500), "1500ms");
+    }
+
+    #[test]
+    fn ietf_fields_are_the_latest_drafts_lists_of_named_items() {
+        let [policy, current] =
+            ietf_fields("per_ip", &reference_denial(), 60_000, 1_738_368_054_000);
+        assert_eq!(
+            policy,
+            ("RateLimit-Policy", "\"per_ip\";q=100;w=60".to_string())
+        );
+        assert_eq!(current, ("RateLimit", "\"per_ip\";r=0;t=6".to_string()));
+        let [policy, _] = ietf_fields("x", &reference_denial(), 1_500, 0);
+        assert_eq!(
+            policy.1, "\"x\";q=100;w=2",
+            "a window rounds up to whole seconds"
+        );
+        let [policy, _] = ietf_fields("x", &reference_denial(), 0, 0);
+        assert_eq!(policy.1, "\"x\";q=100", "no window when it is unknown");
+    }
+
+    #[test]
+    fn policy_names_become_valid_structured_field_strings() {
+        assert_eq!(sf_string("plain"), "\"plain\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("tab\there é"), "\"tab_here _\"");
+    }
+
+    #[test]
+    fn the_quota_exceeded_body_names_the_violated_policy_and_the_wait() {
+        let body: serde_json::Value =
+            serde_json::from_str(&quota_exceeded_body("per_ip", &reference_denial(), 60_000))
+                .unwrap();
+        assert_eq!(body["type"], QUOTA_EXCEEDED);
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["violated-policies"][0], "per_ip");
+        assert_eq!(body["retry_after"], 6);
+        assert_eq!(body["window"], "60s");
     }
 
     #[test]
