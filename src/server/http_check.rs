@@ -205,8 +205,9 @@ async fn read_body(state: &HttpCheckState, request: Request<Body>) -> Result<Byt
     }
 }
 
-/// `X-Original-URI` (nginx) or `X-Forwarded-Uri` (Caddy, Traefik).
-const URI_HEADERS: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];
+/// `X-Original-URI` (nginx), `X-Forwarded-Uri` (Caddy, Traefik) or `X-Original-URL`
+/// (ingress-nginx, absolute-form).
+const URI_HEADERS: [&str; 3] = ["x-original-uri", "x-forwarded-uri", "x-original-url"];
 /// `X-Original-Method` (nginx) or `X-Forwarded-Method` (Caddy, Traefik).
 const METHOD_HEADERS: [&str; 2] = ["x-original-method", "x-forwarded-method"];
 
