@@ -2,11 +2,13 @@
 //! should see for them.
 //!
 //! The design reference's rules: `Retry-After` in whole seconds, rounded **up**
-//! (rounding down guarantees the first retry is also rejected); the IETF `RateLimit-*`
-//! family whose `Reset` is seconds remaining; the older `X-RateLimit-*` family whose
-//! `Reset` is a Unix timestamp. Both families are sent, on allowed answers too, so a
-//! client can pace itself before it is blocked. A denial's body is
-//! `application/problem+json` (RFC 9457) naming the limit, the window and the wait.
+//! (rounding down guarantees the first retry is also rejected); the IETF fields, in the
+//! latest published draft's syntax (`RateLimit-Policy: "api";q=100;w=60`,
+//! `RateLimit: "api";r=0;t=6`: [`ietf_fields`]) whose `t` is seconds remaining; the
+//! older `X-RateLimit-*` family whose `Reset` is a Unix timestamp. Both are sent, on
+//! allowed answers too, so a client can pace itself before it is blocked. A denial's
+//! body is `application/problem+json` (RFC 9457) naming the limit, the window and the
+//! wait.
 
 /// What a caller needs for the 429 contract, from any answer that carries the numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,36 +30,28 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// The response headers for `quota` at `now_ms` (Unix ms). `Retry-After` only on a
-/// denial; `RateLimit-Policy` when the window is known (`window_ms > 0`).
-pub fn headers(quota: &Quota, window_ms: u64, now_ms: u64) -> Vec<(&'static str, String)> {
+/// The response headers for `quota` under the rule `policy` (the policy's name in the
+/// IETF fields; empty: `default`) at `now_ms` (Unix ms). `Retry-After` only on a denial;
+/// the policy's `w` when the window is known (`window_ms > 0`).
+pub fn headers(
+    quota: &Quota,
+    policy: &str,
+    window_ms: u64,
+    now_ms: u64,
+) -> Vec<(&'static str, String)> {
     let reset_at = quota.reset_at_ms;
-    let reset_in = ceil_secs(reset_at.saturating_sub(now_ms));
-    let mut out = Vec::with_capacity(8);
+    let mut out = Vec::with_capacity(6);
     if !quota.allowed {
         out.push(("Retry-After", ceil_secs(quota.retry_after_ms).to_string()));
     }
-    out.extend([
-        ("RateLimit-Limit", quota.limit.to_string()),
-        ("RateLimit-Remaining", quota.remaining.to_string()),
-        ("RateLimit-Reset", reset_in.to_string()),
-    ]);
-    if window_ms > 0 {
-        out.push(("RateLimit-Policy", policy(quota.limit, window_ms)));
-    }
+    let policy = if policy.is_empty() { "default" } else { policy };
+    out.extend(ietf_fields(policy, quota, window_ms, now_ms));
     out.extend([
         ("X-RateLimit-Limit", quota.limit.to_string()),
         ("X-RateLimit-Remaining", quota.remaining.to_string()),
         ("X-RateLimit-Reset", reset_at.div_ceil(1000).to_string()),
     ]);
     out
-}
-
-/// The IETF `RateLimit-Policy` field in the draft form that goes with the
-/// `RateLimit-Limit/Remaining/Reset` fields: `100;w=60` (limit; window in seconds,
-/// rounded up so a client never paces faster than allowed).
-pub fn policy(limit: u64, window_ms: u64) -> String {
-    format!("{limit};w={}", ceil_secs(window_ms))
 }
 
 /// The IETF RateLimit header fields as the latest published draft writes them
@@ -202,16 +196,20 @@ mod tests {
 
     #[test]
     fn a_denial_renders_the_design_reference_example() {
-        let headers = headers(&reference_denial(), 60_000, 1_738_368_054_000);
+        let headers = headers(&reference_denial(), "api", 60_000, 1_738_368_054_000);
         assert_eq!(get(&headers, "Retry-After"), Some("6"));
-        assert_eq!(get(&headers, "RateLimit-Limit"), Some("100"));
-        assert_eq!(get(&headers, "RateLimit-Remaining"), Some("0"));
         assert_eq!(
-            get(&headers, "RateLimit-Reset"),
-            Some("6"),
-            "seconds remaining"
+            get(&headers, "RateLimit"),
+            Some("\"api\";r=0;t=6"),
+            "t: seconds remaining"
         );
-        assert_eq!(get(&headers, "RateLimit-Policy"), Some("100;w=60"));
+        assert_eq!(
+            get(&headers, "RateLimit-Policy"),
+            Some("\"api\";q=100;w=60")
+        );
+        for old in ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"] {
+            assert_eq!(get(&headers, old), None, "{old}: an older draft's field");
+        }
         assert_eq!(get(&headers, "X-RateLimit-Limit"), Some("100"));
         assert_eq!(get(&headers, "X-RateLimit-Remaining"), Some("0"));
         assert_eq!(
@@ -286,11 +284,14 @@ mod tests {
             retry_after_ms: 0,
             reset_at_ms: 1_738_368_060_000,
         };
-        let headers = headers(&allowed, 0, 1_738_368_000_001);
+        let headers = headers(&allowed, "", 0, 1_738_368_000_001);
         assert_eq!(get(&headers, "Retry-After"), None);
-        assert_eq!(get(&headers, "RateLimit-Remaining"), Some("41"));
-        assert_eq!(get(&headers, "RateLimit-Reset"), Some("60"));
-        assert_eq!(get(&headers, "RateLimit-Policy"), None, "window unknown");
+        assert_eq!(get(&headers, "RateLimit"), Some("\"default\";r=41;t=60"));
+        assert_eq!(
+            get(&headers, "RateLimit-Policy"),
+            Some("\"default\";q=100"),
+            "no window when it is unknown"
+        );
         assert_eq!(get(&headers, "X-RateLimit-Reset"), Some("1738368060"));
     }
 }

@@ -400,8 +400,9 @@ fn now_ms() -> u64 {
 }
 
 /// The verdict as JSON: `ringlimit.v1`'s `CheckResponse` fields under their proto
-/// names (64-bit numbers as JSON numbers: a decider's generation exceeds 2^53, so a
-/// client that reads numbers as doubles should compare it as text).
+/// names, written as `ringlimit check --json` writes them: the identifiers that exceed
+/// 2^53 (a decider's generation, a sequence number, a window id) as strings, so a
+/// client that reads JSON numbers as doubles keeps them exact; the counts as numbers.
 fn verdict_json(v: &Verdict) -> serde_json::Value {
     let descriptors: Vec<serde_json::Value> = v
         .descriptors
@@ -418,9 +419,9 @@ fn verdict_json(v: &Verdict) -> serde_json::Value {
                 "reset_at": decision.reset_at_ms,
                 "rule": &*a.rule,
                 "algorithm": a.algorithm.as_str(),
-                "window_id": decision.window_id,
-                "sequence": a.sequence,
-                "decider": {"node_id": &*a.decider.node_id, "generation": a.decider.generation},
+                "window_id": decision.window_id.map(|w| w.to_string()),
+                "sequence": a.sequence.to_string(),
+                "decider": {"node_id": &*a.decider.node_id, "generation": a.decider.generation.to_string()},
                 "degraded": a.degraded,
                 "delay_ms": decision.delay_ms,
                 "refunded": d.refunded,
@@ -437,9 +438,9 @@ fn verdict_json(v: &Verdict) -> serde_json::Value {
         "retry_after_ms": v.retry_after_ms,
         "reset_at": v.reset_at_ms,
         "rule": &*v.rule,
-        "decider": {"node_id": &*v.decider.node_id, "generation": v.decider.generation},
-        "window_id": v.window_id,
-        "sequence": v.sequence,
+        "decider": {"node_id": &*v.decider.node_id, "generation": v.decider.generation.to_string()},
+        "window_id": v.window_id.map(|w| w.to_string()),
+        "sequence": v.sequence.to_string(),
         "degraded": v.degraded,
         "delay_ms": v.delay_ms,
         "shadow_denied": v.shadow_denied,
