@@ -275,6 +275,7 @@ mod tests {
             configured_name: None,
             replaces: vec![],
             shadow: false,
+            quota: false,
         };
         let open = DomainStatus {
             ok: true,
