@@ -762,3 +762,36 @@ async fn a_graceful_leave_hands_envoy_counters_to_their_new_owner() {
         );
     }
 }
+
+/// envoyproxy/ratelimit's `quota_mode`: two quota buckets (a model's two backends,
+/// say) of 2 per minute each. Each request is counted against both; once one is over
+/// it says OVER_LIMIT in its own status while the request stays OK, and only when both
+/// are over is the request OVER_LIMIT. A plain limit beside them still denies alone.
+#[tokio::test]
+async fn quota_mode_is_over_limit_only_when_every_quota_descriptor_is_over() {
+    let mut n = node_with(&["domain: ai\ndescriptors:\n  - key: backend\n    value: a\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: backend\n    value: b\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"]).await;
+    let r = request(
+        "ai",
+        &[&[("backend", "a")], &[("backend", "b")], &[("user", "u1")]],
+    );
+    let codes =
+        |resp: &RateLimitResponse| -> Vec<i32> { resp.statuses.iter().map(|s| s.code).collect() };
+    for _ in 0..2 {
+        let resp = n.ask(r.clone()).await;
+        assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OK, OK, OK]));
+    }
+    // a is over, b still has one: OK, a's own status says so.
+    let resp = n.ask(r.clone()).await;
+    assert_eq!((resp.overall_code, codes(&resp)), (OK, vec![OVER, OK, OK]));
+    // Both over: the request is.
+    let resp = n.ask(r.clone()).await;
+    assert_eq!(
+        (resp.overall_code, codes(&resp)),
+        (OVER, vec![OVER, OVER, OK])
+    );
+    // The plain limit alone: 10 per minute for u2, whatever the quota buckets say.
+    let alone = request("ai", &[&[("user", "u2")]]);
+    assert_eq!(n.oks(&alone, 12).await, 10);
+    drop(n.clock);
+    n.node.shutdown().await;
+}

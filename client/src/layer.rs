@@ -165,7 +165,7 @@ fn unix_ms() -> u64 {
 
 /// The contract's headers and the answer's source on `headers`.
 fn decorate(headers_out: &mut http::HeaderMap, answer: &Answer) {
-    for (name, value) in headers(&answer.quota, answer.window_ms, unix_ms()) {
+    for (name, value) in headers(&answer.quota, &answer.rule, answer.window_ms, unix_ms()) {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers_out.insert(HeaderName::from_static(lower(name)), value);
         }
@@ -186,9 +186,7 @@ fn decorate(headers_out: &mut http::HeaderMap, answer: &Answer) {
 fn lower(name: &'static str) -> &'static str {
     match name {
         "Retry-After" => "retry-after",
-        "RateLimit-Limit" => "ratelimit-limit",
-        "RateLimit-Remaining" => "ratelimit-remaining",
-        "RateLimit-Reset" => "ratelimit-reset",
+        "RateLimit" => "ratelimit",
         "RateLimit-Policy" => "ratelimit-policy",
         "X-RateLimit-Limit" => "x-ratelimit-limit",
         "X-RateLimit-Remaining" => "x-ratelimit-remaining",

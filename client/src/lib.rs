@@ -17,7 +17,7 @@
 //! let answer = client.check(&Check::new("cust_42", "POST /v1/charges")).await?;
 //! if !answer.allowed() {
 //!     let now_ms = 1_738_368_054_000;
-//!     for (name, value) in ringlimit_client::contract::headers(&answer.quota, answer.window_ms, now_ms) {
+//!     for (name, value) in ringlimit_client::contract::headers(&answer.quota, &answer.rule, answer.window_ms, now_ms) {
 //!         println!("{name}: {value}");
 //!     }
 //! }

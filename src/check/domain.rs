@@ -218,15 +218,28 @@ pub fn plan_domain(
         items: Vec::new(),
     };
     let mut refused_any = false;
+    let (mut in_quota_mode, mut quota_refused) = (0, 0);
     for ((m, hits), d) in matched.into_iter().zip(&input.descriptors) {
         let planned = match counted_limit(input.domain, m, d, config, &replaced) {
             Ok((limit, counter)) => plan_counted(limit, counter, hits, d, &mut plan.items),
             Err(planned) => planned,
         };
-        // A shadow limit that could never admit denies nothing: the others still count.
-        refused_any |= matches!(&planned, Planned::Refused(limit) if !limit.shadow);
+        let quota = |l: &EnvoyLimit| l.quota && !l.shadow;
+        match &planned {
+            Planned::Counted { limit, .. } if quota(limit) => in_quota_mode += 1,
+            Planned::Refused(limit) if quota(limit) => {
+                in_quota_mode += 1;
+                quota_refused += 1;
+            }
+            // A shadow limit that could never admit denies nothing: the others still
+            // count.
+            Planned::Refused(limit) if !limit.shadow => refused_any = true,
+            _ => {}
+        }
         plan.descriptors.push(planned);
     }
+    // Quota mode: one that can never admit denies the request only when all do.
+    refused_any |= in_quota_mode > 0 && quota_refused == in_quota_mode;
     mark_probes(&mut plan, refused_any);
     Ok(plan)
 }
@@ -318,6 +331,7 @@ fn counted_limit(
                 configured_name: None,
                 replaces: Vec::new(),
                 shadow: false,
+                quota: false,
             };
             (limit, EnvoyConfig::counter_key(domain, &d.entries))
         }
@@ -458,6 +472,14 @@ pub fn domain_verdict(plan: DomainPlan, outcomes: &[DescriptorOutcome]) -> Domai
             Planned::Counted { limit, item, probe } => {
                 let o = &outcomes[item];
                 let d = &o.answer.decision;
+                // A quota-mode limit's rule is shadowed for the cluster; here it is
+                // over when its decision is (unless it is a shadow limit as well).
+                let quota = limit.quota && !limit.shadow;
+                let (ok, shadow_denied) = if quota {
+                    (d.allowed, false)
+                } else {
+                    (o.enforced_allowed(), o.shadow_denied())
+                };
                 // A probe's own unit was given back: it is still there.
                 let remaining = if probe && d.allowed {
                     d.remaining.saturating_add(1).min(d.limit)
@@ -465,12 +487,12 @@ pub fn domain_verdict(plan: DomainPlan, outcomes: &[DescriptorOutcome]) -> Domai
                     d.remaining
                 };
                 DomainStatus {
-                    ok: o.enforced_allowed(),
+                    ok,
                     limit: Some(limit),
                     remaining,
                     reset_after_ms: d.reset_at_ms.saturating_sub(o.answer.at),
                     retry_after_ms: if d.allowed { 0 } else { d.retry_after_ms },
-                    shadow_denied: o.shadow_denied(),
+                    shadow_denied,
                     unlimited: false,
                     degraded: o.answer.degraded,
                 }
@@ -478,9 +500,26 @@ pub fn domain_verdict(plan: DomainPlan, outcomes: &[DescriptorOutcome]) -> Domai
         })
         .collect();
     DomainVerdict {
-        ok: statuses.iter().all(|s| s.ok),
+        ok: overall_ok(&statuses),
         statuses,
     }
+}
+
+/// envoyproxy/ratelimit's overall code with quota mode: OVER_LIMIT when a descriptor
+/// that is not in quota mode is over, or when every quota-mode descriptor is; a
+/// quota-mode descriptor over its limit while another still has room is reported
+/// OVER_LIMIT on its own status only.
+///
+/// The cluster never saw a quota-mode denial as one (its rule is shadowed), so when the
+/// request is denied because every quota-mode descriptor is over, the other descriptors
+/// stay charged for it, as envoyproxy/ratelimit charges them; a denial by a descriptor
+/// not in quota mode refunds the others as always.
+fn overall_ok(statuses: &[DomainStatus]) -> bool {
+    let in_quota_mode = |s: &DomainStatus| s.limit.as_ref().is_some_and(|l| l.quota && !l.shadow);
+    let enforced_over = statuses.iter().any(|s| !s.ok && !in_quota_mode(s));
+    let mut quota = statuses.iter().filter(|s| in_quota_mode(s)).peekable();
+    let all_quota_over = quota.peek().is_some() && quota.all(|s| !s.ok);
+    !(enforced_over || all_quota_over)
 }
 
 #[cfg(test)]
@@ -623,6 +662,94 @@ mod tests {
         let p = plan_domain(&request(vec![one(&[("s", "x")])]), &c).unwrap();
         let v = domain_verdict(p, &[]);
         assert!(v.ok && v.statuses[0].shadow_denied);
+    }
+
+    /// envoyproxy/ratelimit's quota mode: a quota-mode descriptor over its limit says so
+    /// in its own status; the request is OVER_LIMIT only when every quota-mode
+    /// descriptor is over, or when a descriptor not in quota mode is.
+    #[test]
+    fn quota_mode_denies_only_when_every_quota_descriptor_is_over() {
+        let c = EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: b\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: n\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+            AlgorithmKind::FixedWindow,
+        )
+        .unwrap();
+        let input = request(vec![
+            one(&[("a", "x")]),
+            one(&[("b", "x")]),
+            one(&[("n", "x")]),
+        ]);
+        let plan = || plan_domain(&input, &c).unwrap();
+        let p = plan();
+        assert!(
+            p.items[0].rule.shadow && p.items[1].rule.shadow && !p.items[2].rule.shadow,
+            "the cluster never denies for quota mode"
+        );
+        let outcome = |allowed: [bool; 3]| -> Vec<DescriptorOutcome> {
+            let p = plan();
+            p.items
+                .iter()
+                .zip(allowed)
+                .map(|(item, allowed)| DescriptorOutcome {
+                    item: item.clone(),
+                    answer: crate::cluster::Answer {
+                        decision: crate::algorithms::Decision {
+                            allowed,
+                            limit: 5,
+                            remaining: if allowed { 2 } else { 0 },
+                            retry_after_ms: if allowed { 0 } else { 700 },
+                            reset_at_ms: 1_000,
+                            window_id: Some(0),
+                            delay_ms: 0,
+                        },
+                        sequence: 1,
+                        at: 300,
+                        decider: crate::cluster::Decider {
+                            node_id: Arc::from("n"),
+                            generation: 1,
+                        },
+                        degraded: false,
+                        hops: 0,
+                        rule: item.rule.name.clone(),
+                        algorithm: AlgorithmKind::FixedWindow,
+                        charged: crate::cluster::Charged::Nothing,
+                    },
+                    refunded: false,
+                })
+                .collect()
+        };
+        let one_over = domain_verdict(plan(), &outcome([false, true, true]));
+        assert!(one_over.ok, "another quota descriptor still has room");
+        assert!(!one_over.statuses[0].ok && !one_over.statuses[0].shadow_denied);
+        assert!(one_over.statuses[1].ok && one_over.statuses[2].ok);
+        let all_over = domain_verdict(plan(), &outcome([false, false, true]));
+        assert!(!all_over.ok, "every quota-mode descriptor is over");
+        let enforced = domain_verdict(plan(), &outcome([true, true, false]));
+        assert!(!enforced.ok, "a descriptor not in quota mode is over");
+        // One that can never admit (requests_per_unit 0) denies only with the others.
+        let zero = EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: b\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+            AlgorithmKind::FixedWindow,
+        )
+        .unwrap();
+        let p = plan_domain(
+            &request(vec![one(&[("a", "x")]), one(&[("b", "x")])]),
+            &zero,
+        )
+        .unwrap();
+        assert!(!p.items[0].probe, "b still counts");
+        let p = plan_domain(&request(vec![one(&[("a", "x")])]), &zero).unwrap();
+        assert!(
+            !domain_verdict(p, &[]).ok,
+            "the only quota descriptor is over"
+        );
+        assert!(EnvoyConfig::from_yaml_str(
+            "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n",
+            AlgorithmKind::FixedWindow
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("quota_mode: needs a rate_limit"));
     }
 
     #[test]

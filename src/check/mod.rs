@@ -191,8 +191,19 @@ impl Checker {
             return Ok(domain::domain_verdict(plan, &[]));
         }
         let items = plan.items.iter().cloned().collect();
-        let mut verdicts = self.decide(smallvec::smallvec![items]).await?;
-        let verdict = verdicts.pop().expect("one verdict per check");
+        let mut decided = self.router.decide(smallvec::smallvec![items]).await?;
+        let verdict = Verdict::combine(decided.pop().expect("one answer per check"));
+        // Shadow denials, counted here rather than by `verdict`: a quota-mode limit's
+        // rule is shadowed for the cluster, and its denials are not shadow denials.
+        for p in &plan.descriptors {
+            if let domain::Planned::Counted { limit, item, .. } = p {
+                let d = &verdict.descriptors[*item];
+                if limit.shadow && d.shadow_denied() {
+                    metrics::counter!("ringlimit_shadow_denials_total", "rule" => d.item.rule.base_name().to_string())
+                        .increment(1);
+                }
+            }
+        }
         if let Some(error) = self.unavailable(&verdict, |i| plan.request_index(i)) {
             return Err(error);
         }

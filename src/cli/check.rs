@@ -165,7 +165,9 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", answer_line(&answer));
         if args.headers {
-            for (name, value) in contract::headers(&quota(&answer), answer.window_ms, now_ms) {
+            for (name, value) in
+                contract::headers(&quota(&answer), &answer.rule, answer.window_ms, now_ms)
+            {
                 println!("  {name}: {value}");
             }
         }
@@ -246,10 +248,11 @@ fn answer_json(a: &CheckResponse, now_ms: u64, with_headers: bool) -> serde_json
         "descriptors": descriptors,
     });
     if with_headers {
-        let headers: serde_json::Map<_, _> = contract::headers(&quota(a), a.window_ms, now_ms)
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
-            .collect();
+        let headers: serde_json::Map<_, _> =
+            contract::headers(&quota(a), &a.rule, a.window_ms, now_ms)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::String(v)))
+                .collect();
         value["headers"] = serde_json::Value::Object(headers);
     }
     value

@@ -2,6 +2,7 @@
 //! dispatches), and what they share: the async runtime, logging, the stop signal.
 
 pub mod check;
+pub mod check_http;
 pub mod counters;
 pub mod dev_cluster;
 mod http;

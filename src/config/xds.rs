@@ -254,6 +254,7 @@ mod tests {
                 shadow_mode: false,
                 detailed_metric: false,
                 share_threshold: false,
+                quota_mode: false,
                 descriptors: vec![],
             }],
         }

@@ -121,6 +121,9 @@ pub struct NodeConfig {
     /// ring. A deliberately broken cluster (each node enforces the full limit alone,
     /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
     pub broken_decide_locally: bool,
+    /// The HTTP check face (`--check-http-listen`): JSON checks and gateways'
+    /// forward-auth subrequests on a listener of its own. `None` (the default): off.
+    pub check_http: Option<CheckHttpConfig>,
 }
 
 impl Default for NodeConfig {
@@ -163,6 +166,7 @@ impl Default for NodeConfig {
             peer_tls: None,
             public_tls: None,
             insecure_cluster: false,
+            check_http: None,
         }
     }
 }
@@ -406,6 +410,9 @@ impl NodeConfig {
         if self.rules_poll.is_zero() {
             return Err("rules poll interval must be positive".into());
         }
+        if let Some(check_http) = &self.check_http {
+            check_http.validate()?;
+        }
         if let Some(tls) = &self.public_tls {
             // A certificate, key or CA that cannot be used stops the node here, not
             // at the first handshake.
@@ -548,6 +555,69 @@ impl GrpcLimits {
         }
         if self.max_header_list_size < 1024 {
             return Err("max header list size must be at least 1024".into());
+        }
+        Ok(())
+    }
+}
+
+/// The HTTP check face's listener and bounds (`server::http_check`). Never the ops
+/// port: the ops face carries the admin token and the rules API, and gateways reach
+/// this one.
+#[derive(Debug, Clone)]
+pub struct CheckHttpConfig {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// How forward-auth subrequests name the client key (a header or the client
+    /// address behind trusted proxies).
+    pub forward_auth: crate::server::forward_auth::ForwardAuthConfig,
+    /// Connections open at once; at the cap a new one closes the one that has waited
+    /// longest for a request head (never one being served).
+    pub max_connections: usize,
+    /// Time a connection has to send a complete request head, from opening or from its
+    /// previous answer (this also closes idle keep-alive connections).
+    pub header_timeout: Duration,
+    /// Longest life of one connection.
+    pub max_connection_age: Duration,
+    /// Bytes of one request head (request line and headers) at most.
+    pub max_head_bytes: usize,
+    /// Bytes of one request body at most (`POST /v1/check`).
+    pub max_body_bytes: usize,
+    /// Time a body has to arrive once its head has.
+    pub body_timeout: Duration,
+}
+
+impl CheckHttpConfig {
+    /// The face on `listen` with the default bounds, keying forward-auth by the TCP
+    /// peer (no trusted proxies).
+    pub fn on(listen: SocketAddr) -> Self {
+        CheckHttpConfig {
+            listen,
+            forward_auth: Default::default(),
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(3600),
+            max_head_bytes: super::ops_listener::MAX_HEAD_BYTES,
+            max_body_bytes: crate::server::http_check::DEFAULT_MAX_BODY_BYTES,
+            body_timeout: crate::server::http_check::DEFAULT_BODY_TIMEOUT,
+        }
+    }
+
+    /// Refuse bounds that would switch a bound off.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("check HTTP face: max connections must be at least 1".into());
+        }
+        if self.max_head_bytes < 1024 || self.max_body_bytes < 1024 {
+            return Err("check HTTP face: head and body limits must be at least 1024 bytes".into());
+        }
+        for (name, d) in [
+            ("header timeout", self.header_timeout),
+            ("max connection age", self.max_connection_age),
+            ("body timeout", self.body_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("check HTTP face: {name} must be positive"));
+            }
         }
         Ok(())
     }

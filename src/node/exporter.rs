@@ -54,6 +54,7 @@ fn describe_metrics() {
     describe_security();
     describe_connections();
     describe_rules();
+    describe_http_check();
 }
 
 /// Successor replicas (docs/ownership.md, "Successor replicas").
@@ -357,5 +358,22 @@ fn describe_rules() {
     describe_counter!(
         "ringlimit_rules_persist_failures_total",
         "Rule sets copied from a peer that could not be written to --data-dir."
+    );
+}
+
+/// The HTTP check face (`--check-http-listen`, docs/http-gateways.md).
+fn describe_http_check() {
+    use metrics::{describe_counter, describe_histogram};
+    describe_histogram!(
+        "ringlimit_http_check_duration_seconds",
+        "Time to decide one POST /v1/check on the HTTP check face."
+    );
+    describe_histogram!(
+        "ringlimit_forward_auth_duration_seconds",
+        "Time to decide one gateway forward-auth subrequest on the HTTP check face."
+    );
+    describe_counter!(
+        "ringlimit_http_check_connections_closed_total",
+        "Connections the HTTP check face closed, by reason (evicted at the connection cap, header_timeout, head_too_large, refused)."
     );
 }

@@ -266,3 +266,47 @@ pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: Cancellat
         tracing::error!(%error, "ops HTTP server failed");
     }
 }
+
+/// The HTTP check face (`server::http_check`): JSON checks and gateways' forward-auth
+/// on a listener of its own, with no authentication (like the public gRPC face) and
+/// the ops listener's bounds at this face's values: a connection cap that closes the
+/// connection waiting longest for a request first, a head size cap, a header timeout
+/// and a maximum age; the body bound and timeout are the adapter's.
+pub async fn serve_check_http(
+    listener: TcpListener,
+    config: super::config::CheckHttpConfig,
+    checker: Checker,
+    cancel: CancellationToken,
+) {
+    let state = crate::server::http_check::HttpCheckState::new(checker, config.forward_auth)
+        .with_body_bounds(config.max_body_bytes, config.body_timeout);
+    let app = crate::server::http_check::routes(state)
+        .into_make_service_with_connect_info::<crate::server::http_check::PeerAddr>();
+    let bounds = OpsBounds {
+        max_connections: config.max_connections,
+        max_age: config.max_connection_age,
+        header_timeout: config.header_timeout,
+        max_head_bytes: config.max_head_bytes,
+        closed_metric: "ringlimit_http_check_connections_closed_total",
+    };
+    let server = axum::serve(
+        super::ops_listener::BoundedListener::new(listener, bounds),
+        app,
+    )
+    .with_graceful_shutdown(cancel.cancelled_owned());
+    if let Err(error) = server.await {
+        tracing::error!(%error, "check HTTP server failed");
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, super::ops_listener::BoundedListener>,
+    > for crate::server::http_check::PeerAddr
+{
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, super::ops_listener::BoundedListener>,
+    ) -> Self {
+        crate::server::http_check::PeerAddr(*stream.remote_addr())
+    }
+}

@@ -97,6 +97,8 @@ pub struct RunningNode {
     pub metrics_addr: Option<SocketAddr>,
     /// The bound gossip address (give it to other nodes as a seed).
     pub gossip_addr: SocketAddr,
+    /// The bound HTTP check face (`--check-http-listen`), if served.
+    pub check_http_addr: Option<SocketAddr>,
     /// Who this node says decided.
     pub decider: Decider,
     /// The node's shard actors (tests inspect key counts through it).
@@ -267,6 +269,11 @@ async fn start_in_span(
         rule_file,
     } = rules::load(&config)?;
     let listeners = Listeners::bind(&config).await?;
+    let check_http = match &config.check_http {
+        Some(face) => Some((bind(face.listen).await?, face.clone())),
+        None => None,
+    };
+    let check_http_addr = check_http.as_ref().and_then(|(l, _)| l.local_addr().ok());
     let tracker = TaskTracker::new();
     let decider = Decider {
         node_id: Arc::from(config.node_id.as_str()),
@@ -312,6 +319,12 @@ async fn start_in_span(
     let checker = Checker::new(router.clone(), rules.clone())
         .with_envoy(envoy.clone())
         .with_inline(inline_rules.clone());
+    // The HTTP check face: the same checks over HTTP/1.1 (JSON, and gateways'
+    // forward-auth), on a listener of its own, never the ops port.
+    if let Some((listener, face)) = check_http {
+        let served = faces::serve_check_http(listener, face, checker.clone(), cancel.clone());
+        spawn_in_span(&tracker, served);
+    }
     let services = faces::public_services(&config, checker);
     let public = faces::serve_public(listeners.grpc, services, &config.grpc, cancel.clone());
     spawn_in_span(&tracker, public.await?);
@@ -337,6 +350,7 @@ async fn start_in_span(
         peer_addr: listeners.peer_addr,
         http_addr: listeners.http_addr,
         metrics_addr: listeners.http_addr,
+        check_http_addr,
         gossip_addr: membership.gossip_addr(),
         decider,
         shards,

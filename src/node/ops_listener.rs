@@ -44,7 +44,11 @@ pub const MAX_OPS_CONNECTION_AGE: Duration = Duration::from_secs(30);
 /// keep-alive connections.
 pub const OPS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The bounds of the ops listener.
+/// Largest request head (request line and headers) a bounded connection reads: past
+/// it the connection is closed before the head is parsed.
+pub const MAX_HEAD_BYTES: usize = 16 << 10;
+
+/// The bounds of the ops listener (and of the HTTP check face, which shares it).
 #[derive(Debug, Clone, Copy)]
 pub struct OpsBounds {
     /// Connections open at once.
@@ -53,6 +57,10 @@ pub struct OpsBounds {
     pub max_age: Duration,
     /// Time to complete a request head.
     pub header_timeout: Duration,
+    /// Bytes of one request head at most.
+    pub max_head_bytes: usize,
+    /// The counter of connections closed by these bounds, by `reason`.
+    pub closed_metric: &'static str,
 }
 
 impl Default for OpsBounds {
@@ -61,6 +69,8 @@ impl Default for OpsBounds {
             max_connections: MAX_OPS_CONNECTIONS,
             max_age: MAX_OPS_CONNECTION_AGE,
             header_timeout: OPS_HEADER_TIMEOUT,
+            max_head_bytes: MAX_HEAD_BYTES,
+            closed_metric: "ringlimit_ops_connections_closed_total",
         }
     }
 }
@@ -231,12 +241,12 @@ impl axum::serve::Listener for BoundedListener {
                     if let Some(closer) = closer {
                         closer.cancel();
                     }
-                    metrics::counter!("ringlimit_ops_connections_closed_total", "reason" => "evicted")
+                    metrics::counter!(self.bounds.closed_metric, "reason" => "evicted")
                         .increment(1);
                     id
                 }
                 Admit::Refuse => {
-                    metrics::counter!("ringlimit_ops_connections_closed_total", "reason" => "refused")
+                    metrics::counter!(self.bounds.closed_metric, "reason" => "refused")
                         .increment(1);
                     drop(stream);
                     continue;
@@ -255,6 +265,9 @@ impl axum::serve::Listener for BoundedListener {
                 age: Box::pin(tokio::time::sleep(self.bounds.max_age)),
                 head_deadline: Box::pin(tokio::time::sleep(self.bounds.header_timeout)),
                 header_timeout: self.bounds.header_timeout,
+                max_head_bytes: self.bounds.max_head_bytes,
+                head_bytes: 0,
+                closed_metric: self.bounds.closed_metric,
                 evicted: Box::pin(close.cancelled_owned()),
                 waiting: true,
                 head: HeadEnd::default(),
@@ -279,6 +292,10 @@ pub struct BoundedStream {
     age: Pin<Box<Sleep>>,
     head_deadline: Pin<Box<Sleep>>,
     header_timeout: Duration,
+    /// Bytes a request head may have, and those read of the current one.
+    max_head_bytes: usize,
+    head_bytes: usize,
+    closed_metric: &'static str,
     evicted: Pin<Box<WaitForCancellationFutureOwned>>,
     /// Waiting for a request head (since opening or since the last answer).
     waiting: bool,
@@ -301,8 +318,7 @@ impl BoundedStream {
             ));
         }
         if self.waiting && self.head_deadline.as_mut().poll(cx).is_ready() {
-            metrics::counter!("ringlimit_ops_connections_closed_total", "reason" => "header_timeout")
-                .increment(1);
+            metrics::counter!(self.closed_metric, "reason" => "header_timeout").increment(1);
             return Some(closed("ops connection sent no request head in time"));
         }
         None
@@ -332,9 +348,20 @@ impl AsyncRead for BoundedStream {
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             let this = &mut *self;
-            if this.waiting && this.head.feed(&buf.filled()[before..]) {
-                this.waiting = false;
-                lock(&this.table).head_complete(this.id);
+            if this.waiting {
+                let read = &buf.filled()[before..];
+                if this.head.feed(read) {
+                    this.waiting = false;
+                    this.head_bytes = 0;
+                    lock(&this.table).head_complete(this.id);
+                } else {
+                    this.head_bytes += read.len();
+                    if this.head_bytes > this.max_head_bytes {
+                        metrics::counter!(this.closed_metric, "reason" => "head_too_large")
+                            .increment(1);
+                        return Poll::Ready(Err(closed("request head too large")));
+                    }
+                }
             }
         }
         polled
@@ -360,6 +387,7 @@ impl AsyncWrite for BoundedStream {
                 let now = Instant::now();
                 this.waiting = true;
                 this.head = HeadEnd::default();
+                this.head_bytes = 0;
                 this.head_deadline.as_mut().reset(now + this.header_timeout);
                 lock(&this.table).answered(this.id, now);
             }
@@ -483,6 +511,7 @@ mod tests {
             max_connections: 2,
             max_age: Duration::from_secs(3600),
             header_timeout: Duration::from_secs(3600),
+            ..OpsBounds::default()
         };
         let addr = serve(bounds, ok_app()).await;
         let mut oldest = TcpStream::connect(addr).await.unwrap();
@@ -505,6 +534,7 @@ mod tests {
             max_connections: 8,
             max_age: Duration::from_secs(3600),
             header_timeout: timeout,
+            ..OpsBounds::default()
         };
         let addr = serve(bounds, ok_app()).await;
         let started = std::time::Instant::now();
@@ -529,6 +559,7 @@ mod tests {
             max_connections: 1,
             max_age: Duration::from_millis(200),
             header_timeout: Duration::from_secs(3600),
+            ..OpsBounds::default()
         };
         let app = axum::Router::new().route(
             "/",

@@ -11,7 +11,8 @@
 //!   reported as `u32::MAX`;
 //! - with [`EnvoyRlsService::with_headers`] (`serve --envoy-headers`), the response asks
 //!   Envoy to add `Retry-After` (on OVER_LIMIT, seconds rounded up) and the IETF
-//!   `RateLimit-Policy` / `RateLimit` fields, which Envoy cannot render itself.
+//!   `RateLimit-Policy` / `RateLimit` fields in the latest draft's syntax
+//!   (draft-ietf-httpapi-ratelimit-headers-11), which Envoy cannot render itself.
 
 use tonic::{Request, Response, Status};
 
@@ -145,12 +146,14 @@ fn headers(verdict: &DomainVerdict) -> Vec<HeaderValue> {
         value,
         raw_value: Vec::new(),
     };
-    let name = limit.name.replace(['"', '\\'], "_");
+    // The latest draft's syntax, as every face renders it
+    // (`ringlimit_client::contract::ietf_fields`): the policy is a Structured Field String.
+    let name = ringlimit_client::contract::sf_string(&limit.name);
     let mut out = vec![
         header(
             "ratelimit-policy",
             format!(
-                "\"{name}\";q={};w={}",
+                "{name};q={};w={}",
                 limit.requests_per_unit,
                 limit.unit.window().as_secs()
             ),
@@ -158,7 +161,7 @@ fn headers(verdict: &DomainVerdict) -> Vec<HeaderValue> {
         header(
             "ratelimit",
             format!(
-                "\"{name}\";r={};t={}",
+                "{name};r={};t={}",
                 top.remaining,
                 seconds_up(top.reset_after_ms)
             ),
@@ -272,6 +275,7 @@ mod tests {
             configured_name: None,
             replaces: vec![],
             shadow: false,
+            quota: false,
         };
         let open = DomainStatus {
             ok: true,

@@ -12,6 +12,9 @@
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
 //! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
 //!   owners and the rules API (admin token for writes).
+//! - [`http_check`]: the HTTP check face (`--check-http-listen`): JSON checks and the
+//!   forward-auth endpoint of nginx, Caddy, Traefik and ingress-nginx, whose
+//!   subrequests [`forward_auth`] reads (client key, trusted proxies, route).
 //! - [`front`]: what every public front end does around its mapping (timing, the
 //!   answer budget).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
@@ -25,8 +28,10 @@ pub mod codec;
 #[cfg(test)]
 mod decode_fuzz;
 pub mod envoy_rls;
+pub mod forward_auth;
 pub mod front;
 pub mod gubernator;
+pub mod http_check;
 pub mod ops;
 pub mod peer;
 pub mod peer_auth;

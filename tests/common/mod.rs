@@ -252,3 +252,48 @@ pub async fn http(
         body: body.to_string(),
     }
 }
+
+/// One raw HTTP/1.1 request (`head_and_body` as sent: it should say
+/// `Connection: close`) to `addr` from the loopback address `from` (any 127.0.0.x:
+/// tests that stand for different clients or proxies bind their own), and its answer.
+pub async fn http_raw_from(
+    from: std::net::IpAddr,
+    addr: std::net::SocketAddr,
+    head_and_body: &str,
+) -> HttpAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(std::net::SocketAddr::new(from, 0))
+        .expect("bind a loopback address");
+    let mut stream = socket.connect(addr).await.expect("connects");
+    stream.write_all(head_and_body.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    parse_http_answer(&raw)
+}
+
+/// An HTTP/1.1 answer read to the end of its connection.
+pub fn parse_http_answer(raw: &str) -> HttpAnswer {
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {raw:?}"));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    HttpAnswer {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}

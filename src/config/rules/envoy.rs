@@ -121,6 +121,11 @@ pub struct EnvoyLimit {
     pub replaces: Vec<Arc<str>>,
     /// `shadow_mode: true`: reported, never enforced (also when nothing is counted).
     pub shadow: bool,
+    /// `quota_mode: true`: over its limit it is reported OVER_LIMIT, and the request is
+    /// denied for it only when every quota-mode descriptor of the request is over
+    /// (`check::domain::domain_verdict`). Its rule is shadowed, so the cluster neither
+    /// denies the check for it nor refunds the others.
+    pub quota: bool,
 }
 
 /// What a request descriptor matched.
@@ -600,9 +605,18 @@ impl Builder<'_> {
                 if raw.shadow_mode {
                     return Err(format!("{at}.shadow_mode: needs a rate_limit to shadow"));
                 }
+                if raw.quota_mode {
+                    return Err(format!("{at}.quota_mode: needs a rate_limit"));
+                }
                 NodeLimit::None
             }
-            Some(rl) => self.limit(rl, &path, &format!("{at}.rate_limit"), raw.shadow_mode)?,
+            Some(rl) => self.limit(
+                rl,
+                &path,
+                &format!("{at}.rate_limit"),
+                raw.shadow_mode,
+                raw.quota_mode,
+            )?,
         };
         let children = self.nodes(
             &raw.descriptors,
@@ -625,6 +639,7 @@ impl Builder<'_> {
         path: &str,
         at: &str,
         shadow: bool,
+        quota: bool,
     ) -> Result<NodeLimit, String> {
         if raw.unlimited {
             if raw.unit.is_some() || raw.requests_per_unit.is_some() || raw.algorithm.is_some() {
@@ -670,7 +685,9 @@ impl Builder<'_> {
                 let rule = envoy_rule(
                     path,
                     envoy_spec(kind, n, unit.window()),
-                    shadow,
+                    // The cluster's view of a quota-mode limit: its denial alone denies
+                    // nothing and refunds nothing (the domain verdict decides).
+                    shadow || quota,
                     on_unavailable,
                 )
                 .map_err(|e| format!("{at}: {e}"))?;
@@ -699,6 +716,7 @@ impl Builder<'_> {
             configured_name,
             replaces,
             shadow,
+            quota,
         }))
     }
 }

@@ -30,6 +30,12 @@ pub struct DescriptorDoc {
     /// `shadow_mode`.
     #[serde(default)]
     pub shadow_mode: bool,
+    /// `quota_mode`: over its limit this descriptor reports OVER_LIMIT but denies the
+    /// request only when every quota-mode descriptor of it is over (envoyproxy/ratelimit's
+    /// semantics). Left out of the canonical form when false, so existing domains keep
+    /// their digests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quota_mode: bool,
     /// `detailed_metric`: accepted, ringlimit's metrics are per rule whatever this says
     /// (it only counts in the digest).
     #[serde(default)]

@@ -100,11 +100,6 @@ fn descriptors(list: Vec<RateLimitDescriptor>, at: &str) -> Result<Vec<Descripto
 }
 
 fn descriptor(d: RateLimitDescriptor, at: &str) -> Result<DescriptorDoc, String> {
-    if d.quota_mode {
-        return Err(format!(
-            "{at}.quota_mode: not supported by ringlimit (every limit is enforced as it is counted)"
-        ));
-    }
     Ok(DescriptorDoc {
         key: d.key,
         // proto3 has no absent string: "" is a value-less key, as for envoyproxy/ratelimit.
@@ -114,6 +109,7 @@ fn descriptor(d: RateLimitDescriptor, at: &str) -> Result<DescriptorDoc, String>
             .map(|p| policy(p, &format!("{at}.rate_limit")))
             .transpose()?,
         shadow_mode: d.shadow_mode,
+        quota_mode: d.quota_mode,
         detailed_metric: d.detailed_metric,
         share_threshold: false,
         descriptors: descriptors(d.descriptors, &format!("{at}.descriptors"))?,
@@ -287,13 +283,13 @@ descriptors:
     }
 
     #[test]
-    fn fields_ringlimit_cannot_honour_are_refused_with_their_path() {
+    fn quota_mode_is_carried_and_fields_ringlimit_cannot_honour_are_refused_with_their_path() {
         let mut quota = resource();
         quota.descriptors[0].descriptors[0].quota_mode = true;
-        let e = domain(quota).unwrap_err();
+        let doc = domain(quota).unwrap();
         assert!(
-            e.starts_with("descriptors[0].descriptors[0].quota_mode"),
-            "{e}"
+            doc.descriptors[0].descriptors[0].quota_mode,
+            "quota_mode is carried to the domain"
         );
         let mut unit = resource();
         unit.descriptors[1].rate_limit.as_mut().unwrap().unit = 42;
