@@ -181,6 +181,18 @@ pub fn joining(view: &ClusterView, joiner: &str, generation: u64) -> NewOwner {
     Arc::new(move |p| (ring.owner_of_hash(p) == Some(&*joiner.id)).then(|| joiner.clone()))
 }
 
+/// The replicas to hand a joiner that asks to restore while `view` does not hold it:
+/// those of keys `view` gives to `me` (their owner is gone, and no check has promoted
+/// them into live keys yet) that the joiner owns once it is in. The handoff exports live
+/// keys only, and the replicas would otherwise follow only when this node's view takes
+/// the joiner in ([`unpromoted`]): after its restore let it answer as owner from empty.
+pub fn joining_replicas(me: &str, view: &ClusterView, joiner: &str) -> Pick {
+    let (me, now, with): (Arc<str>, _, _) =
+        (Arc::from(me), view.ring.clone(), ring_with(view, joiner));
+    let joiner: Arc<str> = Arc::from(joiner);
+    Arc::new(move |p| now.owner_of_hash(p) == Some(&*me) && with.owner_of_hash(p) == Some(&*joiner))
+}
+
 /// The owner of each key on the ring of `view` with `joiner` (as incarnation
 /// `generation`) in it, `None` where that is `me`.
 pub fn owner_with(view: &ClusterView, joiner: &str, generation: u64, me: &str) -> NewOwner {
@@ -942,10 +954,23 @@ impl Replicator {
             // its replicas, every state adds.
             states.extend(exported.merged.into_iter().map(|(_, state)| state));
         }
+        let pick = joining_replicas(&self.me, view, &joiner.node_id);
+        let replicas = self.shards.select_replicas(pick).await.unwrap_or_default();
+        let unpromoted = replicas.len() as u64;
+        states.extend(replicas);
         if states.is_empty() {
             return (0, 0);
         }
-        self.push_handed(joiner, &states, "to joiner").await
+        let (sent, installed) = self.push_handed(joiner, &states, "to joiner").await;
+        if unpromoted > 0 && sent == states.len() as u64 {
+            // Its replicas are its count now: the view change that takes it in must not
+            // hand them over again as unpromoted (see [`not_restored_here`]).
+            self.restores_served
+                .lock()
+                .expect("restores lock")
+                .insert(joiner.node_id.clone(), joiner.generation);
+        }
+        (sent, installed)
     }
 
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
@@ -989,6 +1014,22 @@ mod tests {
         (0..20_000u64)
             .map(|i| Ring::key_hash(format!("k{i}").as_bytes()))
             .filter(move |&p| ring.owner_of_hash(p) == Some(owner))
+    }
+
+    #[test]
+    fn a_joiner_is_handed_the_replicas_of_keys_it_takes_from_this_node_only() {
+        use crate::cluster::policy::testkit::view;
+        let view = view(&["a", "b"]);
+        let with = ring(&["a", "b", "c"]);
+        let pick = joining_replicas("a", &view, "c");
+        let mut picked = 0;
+        for p in (0..2_000u64).map(|i| Ring::key_hash(format!("k{i}").as_bytes())) {
+            let expected =
+                view.ring.owner_of_hash(p) == Some("a") && with.owner_of_hash(p) == Some("c");
+            assert_eq!(pick(p), expected, "placement {p}");
+            picked += usize::from(expected);
+        }
+        assert!(picked > 0, "c takes some of a's keys");
     }
 
     #[tokio::test]

@@ -246,6 +246,29 @@ fn partitioned_successors_hand_promoted_keys_back_to_be_joined() {
     assert!(back > 0, "no promoted key was handed back");
 }
 
+/// A node killed and restarted just after the cluster dropped it asks members whose
+/// views do not hold it yet to restore it: they hold its keys' replicas unpromoted (no
+/// check reached them since its predecessor went), and must hand those over before
+/// they answer, or the restarted owner answers from empty and its key admits past L
+/// once the replica follows on the view change (these seeds: 11 of 10).
+#[test]
+fn a_joiner_gets_unpromoted_replicas_before_its_restore_answers() {
+    for o in run_seeds(
+        &[9_056_106_069_069, 13_979_380_013_985],
+        false,
+        replicate_ms(),
+    ) {
+        assert_eq!(
+            o.violations(),
+            0,
+            "seed {}: {}\n{}",
+            o.seed,
+            o.report.details(5),
+            o.errors.join("\n")
+        );
+    }
+}
+
 /// One seed decides everything: two runs give byte-identical histories.
 #[test]
 fn a_seed_replays_to_the_same_digest() {

@@ -387,6 +387,18 @@ impl Node {
                         .map(|(_, s)| s),
                 );
             }
+            let pick = replication::joining_replicas(&self.id, &view, &request.from_node);
+            let mut unpromoted = 0;
+            for shard in &mut self.shards {
+                let replicas = shard.core.select_replicas(&pick);
+                unpromoted += replicas.len();
+                states.extend(replicas);
+            }
+            if unpromoted > 0 {
+                // The answer carries the installs: they are in if it arrives.
+                self.restores_served
+                    .insert(request.from_node.clone(), request.generation);
+            }
             states.sort_by_key(|s| (s.id.placement, s.id.disc));
             self.stats.handed_over += states.len() as u64;
             let n = states.len() as u64;
