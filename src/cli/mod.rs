@@ -7,6 +7,7 @@ pub mod dev_cluster;
 mod http;
 pub mod owner;
 pub mod peer_tls;
+pub mod resp;
 pub mod rules;
 pub mod serve;
 pub mod status;

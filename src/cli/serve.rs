@@ -212,6 +212,8 @@ pub struct ServeArgs {
     broken_decide_locally: bool,
     #[command(flatten)]
     public_tls: PublicTlsArgs,
+    #[command(flatten)]
+    resp: super::resp::RespArgs,
 }
 
 /// TLS on the public listener (docs/security.md, "TLS on the public face"): every
@@ -265,7 +267,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// learn the bound addresses from it.
 fn print_ready(node: &ringlimit::node::RunningNode) {
     println!(
-        "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={}",
+        "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={} resp={}",
         node.decider.node_id,
         node.decider.generation,
         node.grpc_addr,
@@ -273,6 +275,7 @@ fn print_ready(node: &ringlimit::node::RunningNode) {
         node.http_addr.map_or("-".to_string(), |a| a.to_string()),
         node.peer_addr,
         node.http_addr.map_or("-".to_string(), |a| a.to_string()),
+        node.resp_addr.map_or("-".to_string(), |a| a.to_string()),
     );
 }
 
@@ -359,6 +362,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
         .transpose()?;
     config.peer_tls = args.peer_tls.load()?;
     config.public_tls = args.public_tls.load()?;
+    config.resp = args.resp.config()?;
     Ok(config)
 }
 

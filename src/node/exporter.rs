@@ -54,6 +54,7 @@ fn describe_metrics() {
     describe_security();
     describe_connections();
     describe_rules();
+    super::resp_listener::describe();
 }
 
 /// Successor replicas (docs/ownership.md, "Successor replicas").

@@ -27,6 +27,7 @@ mod exporter;
 mod faces;
 pub mod grpc;
 mod ops_listener;
+pub mod resp_listener;
 mod rules;
 mod xds;
 
@@ -99,6 +100,8 @@ pub struct RunningNode {
     pub gossip_addr: SocketAddr,
     /// Who this node says decided.
     pub decider: Decider,
+    /// The bound RESP address (`--resp-listen`), if the face is served.
+    pub resp_addr: Option<SocketAddr>,
     /// The node's shard actors (tests inspect key counts through it).
     pub shards: Shards,
     /// The live rule set.
@@ -312,6 +315,18 @@ async fn start_in_span(
     let checker = Checker::new(router.clone(), rules.clone())
         .with_envoy(envoy.clone())
         .with_inline(inline_rules.clone());
+    // The RESP face, when asked for: Redis clients' CL.THROTTLE on the same seam.
+    if let (Some(listener), Some(resp)) = (listeners.resp, &config.resp) {
+        let face = crate::server::resp::RespFace {
+            checker: checker.clone(),
+            token: resp.token.clone(),
+            limits: resp.limits.clone(),
+        };
+        spawn_in_span(
+            &tracker,
+            resp_listener::serve_resp(listener, face, cancel.clone()),
+        );
+    }
     let services = faces::public_services(&config, checker);
     let public = faces::serve_public(listeners.grpc, services, &config.grpc, cancel.clone());
     spawn_in_span(&tracker, public.await?);
@@ -338,6 +353,7 @@ async fn start_in_span(
         http_addr: listeners.http_addr,
         metrics_addr: listeners.http_addr,
         gossip_addr: membership.gossip_addr(),
+        resp_addr: listeners.resp_addr,
         decider,
         shards,
         rules,
@@ -367,6 +383,9 @@ struct Listeners {
     /// The ops face, unless disabled.
     http: Option<TcpListener>,
     http_addr: Option<SocketAddr>,
+    /// The RESP face, when asked for.
+    resp: Option<TcpListener>,
+    resp_addr: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -401,6 +420,11 @@ impl Listeners {
             None => None,
         };
         let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
+        let resp = match &config.resp {
+            Some(resp) => Some(bind(resp.listen).await?),
+            None => None,
+        };
+        let resp_addr = resp.as_ref().and_then(|l| l.local_addr().ok());
         Ok(Listeners {
             grpc,
             grpc_addr,
@@ -410,6 +434,8 @@ impl Listeners {
             peer_advertise,
             http,
             http_addr,
+            resp,
+            resp_addr,
         })
     }
 }

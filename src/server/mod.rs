@@ -12,6 +12,8 @@
 //!   state handoff, status), over the cluster wing ([`crate::cluster`]).
 //! - [`ops`]: the ops face, HTTP: metrics, health, readiness, cluster status, key
 //!   owners and the rules API (admin token for writes).
+//! - [`resp`]: the RESP face for Redis clients (redis-cell's `CL.THROTTLE`), on a
+//!   listener of its own (`serve --resp-listen`), over the same checker.
 //! - [`front`]: what every public front end does around its mapping (timing, the
 //!   answer budget).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
@@ -30,6 +32,7 @@ pub mod gubernator;
 pub mod ops;
 pub mod peer;
 pub mod peer_auth;
+pub mod resp;
 pub mod ringlimit_v1;
 pub mod ringlimit_v1_wire;
 
