@@ -24,7 +24,8 @@
 //! [`MAX_LIMIT`], [`MAX_WINDOW`] and registry of at most
 //! [`MAX_INLINE_RULES`](crate::cluster::MAX_INLINE_RULES) distinct sets of numbers per
 //! node), and the owner validates forwarded numbers again
-//! ([`gubernator::inline_rule`], which builds every inline rule).
+//! ([`inline_rule`](crate::check::gubernator::inline_rule), which builds every inline
+//! rule).
 //!
 //! # Counters of their own
 //!
@@ -105,7 +106,7 @@ fn invalid(field: &str, reason: impl Into<String>) -> CheckError {
 }
 
 /// The rule of `CL.THROTTLE` numbers: a GCRA meter at `limit` per `window_ms` with a
-/// burst of `burst`. Called through [`gubernator::inline_rule`] for a forwarded or
+/// burst of `burst`. Called through [`crate::check::gubernator::inline_rule`] for a forwarded or
 /// handed-over counter, so it validates as for any input.
 pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
     let limit = NonZeroU64::new(inline.limit)

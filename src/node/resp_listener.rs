@@ -1,10 +1,9 @@
 //! The RESP face's listener (`--resp-listen`): accepts Redis clients up to the
 //! connection cap and serves each on a task of its own
-//! ([`serve_connection`](crate::server::resp::serve_connection)). A connection beyond
+//! ([`crate::server::resp::serve_connection`]). A connection beyond
 //! the cap is told `-ERR max number of clients reached` (what Redis says) and closed.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +38,7 @@ impl RespConfig {
     }
 
     /// This face with the token in the first line of `path`.
-    pub fn with_token_file(mut self, path: &PathBuf) -> Result<Self, String> {
+    pub fn with_token_file(mut self, path: &std::path::Path) -> Result<Self, String> {
         self.token = Some(RespToken::from_file(path)?);
         Ok(self)
     }
@@ -49,7 +48,7 @@ impl RespConfig {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Accept and serve Redis clients until `cancel` fires, then wait (at most
-/// [`SHUTDOWN_GRACE`]) for the connections to end.
+/// 5 s) for the connections to end.
 pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: CancellationToken) {
     let face = Arc::new(face);
     let slots = Arc::new(Semaphore::new(face.limits.max_connections));
