@@ -9,7 +9,8 @@
 //! token, drain.
 //!
 //! - `config`: the node's settings; `grpc`: what one client can make a gRPC listener
-//!   hold; `faces`: the three servers; `rules`: rules at start and their watchers;
+//!   hold; `faces`: the three servers; `resp_listener`: the RESP face for Redis
+//!   clients (`--resp-listen`, off by default); `rules`: rules at start and their watchers;
 //!   `exporter`: the Prometheus recorder and metric descriptions.
 
 use std::net::SocketAddr;
