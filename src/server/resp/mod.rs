@@ -355,3 +355,61 @@ fn error_reply(error: &CheckError) -> String {
         other => format!("TRYAGAIN {other}; nothing was charged"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_that_would_leave_the_face_unbounded_or_unusable_are_refused() {
+        assert!(RespLimits::default().validate().is_ok());
+        for bad in [
+            RespLimits {
+                max_connections: 0,
+                ..RespLimits::default()
+            },
+            RespLimits {
+                max_pipeline: 0,
+                ..RespLimits::default()
+            },
+            RespLimits {
+                max_pipeline: crate::check::throttle::MAX_CALLS + 1,
+                ..RespLimits::default()
+            },
+            RespLimits {
+                idle_timeout: Duration::ZERO,
+                ..RespLimits::default()
+            },
+            RespLimits {
+                request_timeout: Duration::ZERO,
+                ..RespLimits::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_token_is_long_visible_ascii_and_matches_only_itself() {
+        assert!(RespToken::new(b"too-short").is_err());
+        assert!(RespToken::new(b"has a space in it, 16+").is_err());
+        let t = RespToken::new(b"0123456789abcdef").unwrap();
+        assert!(t.matches(b"0123456789abcdef"));
+        assert!(!t.matches(b"0123456789abcdeF"));
+        assert_eq!(format!("{t:?}"), "RespToken(..)", "never printed");
+    }
+
+    #[test]
+    fn errors_say_whether_to_fix_the_call_or_retry_it() {
+        assert_eq!(
+            error_reply(&CheckError::invalid("count", "must be 1..=1000000000")),
+            "ERR count: must be 1..=1000000000"
+        );
+        let unavailable = CheckError::Unavailable {
+            descriptor: 0,
+            rule: "redis~cl.throttle".into(),
+        };
+        assert!(error_reply(&unavailable).starts_with("TRYAGAIN"));
+        assert!(error_reply(&CheckError::Exhausted("full".into())).starts_with("TRYAGAIN"));
+    }
+}
