@@ -13,7 +13,8 @@
 //! node           composition root: binds listeners, wires every subsystem, node config
 //!   │
 //! server         wire adapters: ringlimit.v1 (+ its wire codec), Envoy RLS, Gubernator V1
-//!   │            (public), peer (cluster), ops (HTTP); Status at the edge
+//!   │            (public), RESP (redis-cell's CL.THROTTLE), peer (cluster), ops (HTTP);
+//!   │            Status at the edge
 //!   │      prost types stop here and in cluster::link's adapter files (wire, calls, shell)
 //! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict;
 //!   │            forwarded items are planned here by the same code as public ones
@@ -49,8 +50,10 @@
 //! cluster::Decided            one check's DescriptorOutcomes
 //! check::Verdict              the check's verdict: the overall numbers + every
 //!                             DescriptorOutcome (one name, not two, for that)
-//! check::domain::DomainVerdict, check::gubernator::RateLimitStatus
-//!                             the same Verdict in Envoy's and Gubernator's terms
+//! check::domain::DomainVerdict, check::gubernator::RateLimitStatus,
+//! check::throttle::ThrottleReply
+//!                             the same Verdict in Envoy's, Gubernator's and
+//!                             redis-cell's terms
 //! server::ringlimit_v1::CheckAnswer, proto messages
 //!                             the wire message a front end sends
 //! ```
@@ -69,7 +72,8 @@
 //! - [`server`]: the gRPC front ends, one mapping file each, and their protobuf codec;
 //!   the ops HTTP face.
 //! - [`node`]: starts and stops a node as named steps, and wires its three faces
-//!   (public gRPC, peer, ops HTTP) with their authentication; `node::grpc` bounds what
+//!   (public gRPC, peer, ops HTTP) with their authentication, and the RESP face for
+//!   Redis clients when asked for (`node::resp_listener`); `node::grpc` bounds what
 //!   one client can make the gRPC listener hold; `node::xds` follows an xDS control
 //!   plane's Envoy domains (`--envoy-xds`).
 //! - [`proto`]: generated wire types, used only by `server`, `cluster::link`'s and

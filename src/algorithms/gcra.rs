@@ -171,6 +171,12 @@ impl Gcra {
         u128::from(self.capacity) * u128::from(self.period_ms)
     }
 
+    /// When the schedule of `state` is idle again (its TAT, rounded up to whole ms): a
+    /// peek's reset, which takes nothing.
+    pub fn idle_at(&self, state: &GcraState) -> Millis {
+        clamp_millis(self.ceil_ms(state.tat))
+    }
+
     /// A scaled instant rounded up to whole ms.
     fn ceil_ms(&self, scaled: u128) -> u128 {
         scaled.div_ceil(u128::from(self.limit))

@@ -380,8 +380,9 @@ impl Limiter {
     ///
     /// Decided on a copy with a cost of 1; an admitted copy's unit is added back to
     /// `remaining`, and for the token bucket the reset is the state's own "full again"
-    /// instant rather than the copy's (which would include the unit). Exact for the
-    /// fixed window and the token bucket; for the others the reset includes that unit.
+    /// instant rather than the copy's (which would include the unit), and for GCRA the
+    /// end of the state's own schedule. Exact for the fixed window, the token bucket and
+    /// GCRA; for the sliding windows the reset includes that unit.
     ///
     /// ```
     /// use std::num::NonZeroU64;
@@ -402,8 +403,15 @@ impl Limiter {
         let mut decision = self.check(&mut copy, now, NonZeroU64::MIN);
         if decision.allowed {
             decision.remaining = decision.remaining.saturating_add(1).min(decision.limit);
-            if let (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) = (self, state) {
-                decision.reset_at_ms = a.expires_at(s).max(now);
+            match (self, state) {
+                (Limiter::TokenBucket(a), KeyState::TokenBucket(s)) => {
+                    decision.reset_at_ms = a.expires_at(s).max(now);
+                }
+                // The schedule's own end (redis-cell's reset for a quantity of 0).
+                (Limiter::LeakyBucket(a), KeyState::LeakyBucket(s)) => {
+                    decision.reset_at_ms = a.idle_at(s).max(now);
+                }
+                _ => {}
             }
         }
         decision

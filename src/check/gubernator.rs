@@ -178,8 +178,12 @@ fn gregorian(unit: i64) -> Result<u64, CheckError> {
 
 /// Validate an inline rule's numbers and build its rule: what the sender does when it
 /// plans an item, and what the owner does again with the numbers a peer forwarded
-/// (bounded like any input: a peer is not trusted to have checked them).
+/// (bounded like any input: a peer is not trusted to have checked them). A leaky
+/// bucket (GCRA) is `CL.THROTTLE`'s ([`throttle::inline_rule`](super::throttle::inline_rule)).
 pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
+    if inline.kind == AlgorithmKind::LeakyBucket {
+        return super::throttle::inline_rule(inline);
+    }
     let limit = NonZeroU64::new(inline.limit)
         .filter(|l| l.get() <= MAX_LIMIT)
         .ok_or_else(|| format!("limit must be 1..={MAX_LIMIT}"))?;
@@ -210,8 +214,8 @@ pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
         }
         other => {
             return Err(format!(
-                "an inline rule is a fixed_window (burst 0) or a token_bucket, not {} with \
-                 burst {}",
+                "an inline rule is a fixed_window (burst 0), a token_bucket or a \
+                 leaky_bucket, not {} with burst {}",
                 other.as_str(),
                 inline.burst
             ))
@@ -234,10 +238,17 @@ fn counter_key(name: &str, unique_key: &str) -> String {
     ))
 }
 
-/// The item for a Gubernator counter under an inline rule: what the sender plans and
-/// what the owner rebuilds from a forwarded item (`key` is the counter key).
+/// The item for a counter under an inline rule (Gubernator's, or `CL.THROTTLE`'s GCRA,
+/// whose route part is [`THROTTLE_ROUTE`](super::throttle::THROTTLE_ROUTE)): what the
+/// sender plans and what the owner rebuilds from a forwarded item (`key` is the counter
+/// key).
 pub fn inline_item(rule: Arc<Rule>, key: &str, cost: NonZeroU64, inline: InlineRule) -> CheckItem {
-    let route = Route::parse(GUBERNATOR_ROUTE).expect("a route");
+    let route = if inline.kind == AlgorithmKind::LeakyBucket {
+        super::throttle::THROTTLE_ROUTE
+    } else {
+        GUBERNATOR_ROUTE
+    };
+    let route = Route::parse(route).expect("a route");
     let named = NamedRule {
         name: rule.name.clone(),
         override_limit: None,

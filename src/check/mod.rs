@@ -13,6 +13,7 @@
 //!   the same code.
 //! - [`reserve`]: `Reserve` and `Commit` (units charged now for work priced after it
 //!   is done), planned like a one-descriptor check and sent to the key's owner.
+//! - [`throttle`]: redis-cell's `CL.THROTTLE` (a GCRA limit each call carries).
 //! - [`Checker`]: plans a batch (refusing all of it, with nothing charged, if any part
 //!   is invalid) and has the cluster decide it.
 //!
@@ -26,6 +27,7 @@ pub mod forwarded;
 pub mod gubernator;
 pub mod plan;
 pub mod reserve;
+pub mod throttle;
 pub mod verdict;
 
 use std::sync::Arc;
@@ -252,6 +254,43 @@ impl Checker {
                     return Err(error);
                 }
                 Ok(gubernator::status(&p, &verdict.descriptors[0]))
+            })
+            .collect())
+    }
+
+    /// Decide `CL.THROTTLE` calls (redis-cell's): see [`throttle`]. Each call is a check
+    /// of its own, as a Gubernator item is, and each invalid or undecidable call is an
+    /// error of its own: the others are still decided. At most [`throttle::MAX_CALLS`]
+    /// calls, else the whole batch is refused.
+    pub async fn check_throttle(
+        &self,
+        inputs: &[throttle::ThrottleInput<'_>],
+    ) -> Result<Vec<Result<throttle::ThrottleReply, CheckError>>, CheckError> {
+        forwarded::at_most("calls", inputs.len(), throttle::MAX_CALLS)?;
+        let planned: Vec<Result<throttle::PlannedThrottle, CheckError>> = inputs
+            .iter()
+            .map(|input| throttle::plan_throttle(input, &self.inline))
+            .collect();
+        let checks: crate::cluster::Checks = planned
+            .iter()
+            .filter_map(|p| p.as_ref().ok().map(|p| smallvec::smallvec![p.item.clone()]))
+            .collect();
+        let mut verdicts = if checks.is_empty() {
+            Vec::new()
+        } else {
+            self.decide(checks).await?
+        }
+        .into_iter();
+        Ok(planned
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let p = p?;
+                let verdict = verdicts.next().expect("one verdict per valid call");
+                if let Some(error) = self.unavailable(&verdict, |_| i) {
+                    return Err(error);
+                }
+                Ok(throttle::reply(&p, &verdict.descriptors[0]))
             })
             .collect())
     }

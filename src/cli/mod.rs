@@ -9,6 +9,7 @@ mod http;
 pub mod owner;
 pub mod peer_tls;
 pub mod reference;
+pub mod resp;
 pub mod rules;
 pub mod serve;
 pub mod status;

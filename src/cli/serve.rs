@@ -214,6 +214,8 @@ pub struct ServeArgs {
     public_tls: PublicTlsArgs,
     #[command(flatten)]
     check_http: super::check_http::CheckHttpArgs,
+    #[command(flatten)]
+    resp: super::resp::RespArgs,
 }
 
 /// TLS on the public listener (docs/security.md, "TLS on the public face"): every
@@ -267,7 +269,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// learn the bound addresses from it.
 fn print_ready(node: &ringlimit::node::RunningNode) {
     println!(
-        "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={} check_http={}",
+        "ringlimit ready node_id={} generation={} grpc={} gossip={} metrics={} peer={} http={} check_http={} resp={}",
         node.decider.node_id,
         node.decider.generation,
         node.grpc_addr,
@@ -276,6 +278,7 @@ fn print_ready(node: &ringlimit::node::RunningNode) {
         node.peer_addr,
         node.http_addr.map_or("-".to_string(), |a| a.to_string()),
         node.check_http_addr.map_or("-".to_string(), |a| a.to_string()),
+        node.resp_addr.map_or("-".to_string(), |a| a.to_string()),
     );
 }
 
@@ -363,6 +366,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.peer_tls = args.peer_tls.load()?;
     config.public_tls = args.public_tls.load()?;
     config.check_http = args.check_http.load()?;
+    config.resp = args.resp.config()?;
     Ok(config)
 }
 

@@ -117,6 +117,10 @@ pub struct NodeConfig {
     /// Run a cluster without a key (logged as a warning on every start): any process
     /// that reaches the peer port can then speak for the cluster.
     pub insecure_cluster: bool,
+    /// The RESP face for Redis clients (`--resp-listen`: redis-cell's `CL.THROTTLE`);
+    /// `None`, the default, serves none. Each call carries its own limit, so serving it
+    /// is this node's opt-in to caller-chosen limits (docs/redis-clients.md).
+    pub resp: Option<super::resp_listener::RespConfig>,
     /// NEGATIVE CONTROL ONLY: decide every check on the receiving node, ignoring the
     /// ring. A deliberately broken cluster (each node enforces the full limit alone,
     /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
@@ -162,6 +166,7 @@ impl Default for NodeConfig {
             restore_timeout: Duration::from_secs(3),
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,
+            resp: None,
             cluster_key: None,
             peer_tls: None,
             public_tls: None,
@@ -385,6 +390,9 @@ impl NodeConfig {
         }
         if self.forward.timeout.is_zero() {
             return Err("forward timeout must be positive".into());
+        }
+        if let Some(resp) = &self.resp {
+            resp.limits.validate()?;
         }
         if self.rules_path.is_some() && self.rules_seed.is_some() {
             return Err("give --rules FILE (the file is the truth on every node) or --rules-seed FILE (seeds the cluster rule set), not both".into());

@@ -55,6 +55,7 @@ fn describe_metrics() {
     describe_connections();
     describe_rules();
     describe_http_check();
+    super::resp_listener::describe();
 }
 
 /// Successor replicas (docs/ownership.md, "Successor replicas").

@@ -9,7 +9,8 @@
 //! token, drain.
 //!
 //! - `config`: the node's settings; `grpc`: what one client can make a gRPC listener
-//!   hold; `faces`: the three servers; `rules`: rules at start and their watchers;
+//!   hold; `faces`: the three servers; `resp_listener`: the RESP face for Redis
+//!   clients (`--resp-listen`, off by default); `rules`: rules at start and their watchers;
 //!   `exporter`: the Prometheus recorder and metric descriptions.
 
 use std::net::SocketAddr;
@@ -27,6 +28,7 @@ mod exporter;
 mod faces;
 pub mod grpc;
 mod ops_listener;
+pub mod resp_listener;
 mod rules;
 mod xds;
 
@@ -101,6 +103,8 @@ pub struct RunningNode {
     pub check_http_addr: Option<SocketAddr>,
     /// Who this node says decided.
     pub decider: Decider,
+    /// The bound RESP address (`--resp-listen`), if the face is served.
+    pub resp_addr: Option<SocketAddr>,
     /// The node's shard actors (tests inspect key counts through it).
     pub shards: Shards,
     /// The live rule set.
@@ -325,6 +329,18 @@ async fn start_in_span(
         let served = faces::serve_check_http(listener, face, checker.clone(), cancel.clone());
         spawn_in_span(&tracker, served);
     }
+    // The RESP face, when asked for: Redis clients' CL.THROTTLE on the same seam.
+    if let (Some(listener), Some(resp)) = (listeners.resp, &config.resp) {
+        let face = crate::server::resp::RespFace {
+            checker: checker.clone(),
+            token: resp.token.clone(),
+            limits: resp.limits.clone(),
+        };
+        spawn_in_span(
+            &tracker,
+            resp_listener::serve_resp(listener, face, cancel.clone()),
+        );
+    }
     let services = faces::public_services(&config, checker);
     let public = faces::serve_public(listeners.grpc, services, &config.grpc, cancel.clone());
     spawn_in_span(&tracker, public.await?);
@@ -352,6 +368,7 @@ async fn start_in_span(
         metrics_addr: listeners.http_addr,
         check_http_addr,
         gossip_addr: membership.gossip_addr(),
+        resp_addr: listeners.resp_addr,
         decider,
         shards,
         rules,
@@ -381,6 +398,9 @@ struct Listeners {
     /// The ops face, unless disabled.
     http: Option<TcpListener>,
     http_addr: Option<SocketAddr>,
+    /// The RESP face, when asked for.
+    resp: Option<TcpListener>,
+    resp_addr: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -415,6 +435,11 @@ impl Listeners {
             None => None,
         };
         let http_addr = http.as_ref().and_then(|l| l.local_addr().ok());
+        let resp = match &config.resp {
+            Some(resp) => Some(bind(resp.listen).await?),
+            None => None,
+        };
+        let resp_addr = resp.as_ref().and_then(|l| l.local_addr().ok());
         Ok(Listeners {
             grpc,
             grpc_addr,
@@ -424,6 +449,8 @@ impl Listeners {
             peer_advertise,
             http,
             http_addr,
+            resp,
+            resp_addr,
         })
     }
 }

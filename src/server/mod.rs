@@ -15,6 +15,8 @@
 //! - [`http_check`]: the HTTP check face (`--check-http-listen`): JSON checks and the
 //!   forward-auth endpoint of nginx, Caddy, Traefik and ingress-nginx, whose
 //!   subrequests [`forward_auth`] reads (client key, trusted proxies, route).
+//! - [`resp`]: the RESP face for Redis clients (redis-cell's `CL.THROTTLE`), on a
+//!   listener of its own (`serve --resp-listen`), over the same checker.
 //! - [`front`]: what every public front end does around its mapping (timing, the
 //!   answer budget).
 //! - [`codec`]: the protobuf codec of every generated service, answering a malformed
@@ -35,6 +37,7 @@ pub mod http_check;
 pub mod ops;
 pub mod peer;
 pub mod peer_auth;
+pub mod resp;
 pub mod ringlimit_v1;
 pub mod ringlimit_v1_wire;
 
