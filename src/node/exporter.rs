@@ -55,7 +55,7 @@ fn describe_metrics() {
     describe_connections();
     describe_rules();
     describe_http_check();
-    super::resp_listener::describe();
+    describe_resp();
 }
 
 /// Successor replicas (docs/ownership.md, "Successor replicas").
@@ -359,6 +359,19 @@ fn describe_rules() {
     describe_counter!(
         "ringlimit_rules_persist_failures_total",
         "Rule sets copied from a peer that could not be written to --data-dir."
+    );
+}
+
+/// The RESP face (`--resp-listen`, docs/redis-clients.md).
+fn describe_resp() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "ringlimit_resp_connections_refused_total",
+        "RESP connections closed at once because --resp-max-connections were open."
+    );
+    describe_counter!(
+        "ringlimit_resp_protocol_errors_total",
+        "RESP connections closed for bytes that are not RESP (or beyond its bounds)."
     );
 }
 

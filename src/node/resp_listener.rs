@@ -95,16 +95,3 @@ pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: Cancellat
     connections.close();
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, connections.wait()).await;
 }
-
-/// `# HELP` lines of the face's metrics.
-pub(super) fn describe() {
-    use metrics::describe_counter;
-    describe_counter!(
-        "ringlimit_resp_connections_refused_total",
-        "RESP connections closed at once because --resp-max-connections were open."
-    );
-    describe_counter!(
-        "ringlimit_resp_protocol_errors_total",
-        "RESP connections closed for bytes that are not RESP (or beyond its bounds)."
-    );
-}
