@@ -18,9 +18,10 @@
 //!   │      prost types stop here and in cluster::link's adapter files (wire, calls, shell)
 //! check          wire-independent: input → validate/plan (field paths) → Checker → Verdict;
 //!   │            forwarded items are planned here by the same code as public ones
-//! cluster        router = pure policy + one async step; link (peer client: batcher and
-//!   │            stream session as state machines, a thin tonic shell), handoff, deny
-//!   │            cache, rules (the versioned cluster rule set); CheckItem (identity once)
+//! cluster        flight (a check's steps, no I/O) driven by the router's async shell;
+//!   │            link (peer client: batcher and stream session as state machines, a
+//!   │            thin tonic shell), handoff, deny cache, rules (the versioned cluster
+//!   │            rule set); CheckItem (identity once)
 //! shard          actor handles + tasks; the store; counter identity (KeyId)
 //!   │
 //! config  membership               rules, routes and every input bound (config::bounds);

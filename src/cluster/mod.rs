@@ -4,7 +4,10 @@
 //! - [`policy`]: routing policy as pure functions (which descriptors are decided here,
 //!   answered from the deny cache or sent to their owner; fail-open and fail-closed
 //!   answers; which admissions to refund where). Unit-tested without sockets.
-//! - [`router`]: the one async step around that policy: shards and forwards.
+//! - [`flight`]: a client check's flight (plan, owners, fail-over to the successor's
+//!   replica, fallbacks, landing with refunds) as a state machine with no I/O inside.
+//! - [`router`]: the async shell that drives a flight with this node's shards and the
+//!   peer pool (and decides forwarded batches, leases, reservations).
 //! - [`link`]: the peer client adapter (one batched HTTP/2 channel per peer): state
 //!   machines with no I/O inside and a thin tonic shell around them. With the peer
 //!   server adapter in `server::peer`, it is the only code here that sees prost types;
