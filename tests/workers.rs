@@ -194,3 +194,27 @@ async fn a_cluster_of_multi_worker_nodes_forwards_and_decides_exactly() {
         node.shutdown().await;
     }
 }
+
+/// Closes: "a second process joins a multi-worker node's port" (with `SO_REUSEPORT`
+/// the kernel would deal it part of the node's connections). A node started on the
+/// public or peer port of a running two-worker node is refused, on one worker or two.
+#[tokio::test]
+async fn a_node_on_a_multi_worker_node_s_port_is_refused() {
+    let node = start(on_workers(2)).await;
+    for workers in [1, 2] {
+        for taken in [node.grpc_addr, node.peer_addr] {
+            let mut config = on_workers(workers);
+            if taken == node.grpc_addr {
+                config.listen = taken;
+            } else {
+                config.peer_listen = taken;
+            }
+            let refused = ringlimit::node::start(config).await.unwrap_err();
+            assert!(
+                matches!(refused, ringlimit::node::NodeError::Bind { addr, .. } if addr == taken),
+                "{refused}"
+            );
+        }
+    }
+    node.shutdown().await;
+}

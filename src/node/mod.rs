@@ -789,8 +789,13 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
 
 /// `count` listeners on `addr` (port 0: one free port for all of them) and the bound
 /// address. More than one share the address with `SO_REUSEPORT`, and the kernel deals
-/// each new connection to one of them: each worker accepts its own. (Another process
-/// of the same user could join such a port; a node's ports are its own to bind.)
+/// each new connection to one of them: each worker accepts its own.
+///
+/// A port in use fails the start as with one listener: the address is first bound by a
+/// plain socket (`SO_REUSEADDR` only), which a listener on the port refuses, whatever
+/// its options, so a second node started on a multi-worker node's port does not join
+/// its group and split its traffic. (A process of the same user that sets
+/// `SO_REUSEPORT` itself could still join; it could as well read the node's memory.)
 async fn bind_each(
     addr: SocketAddr,
     count: usize,
@@ -801,13 +806,26 @@ async fn bind_each(
         let bound = listener.local_addr().map_err(failed)?;
         return Ok((vec![listener], bound));
     }
-    let first = reuse_port(addr).map_err(failed)?;
+    let free = exclusive_probe(addr).map_err(failed)?;
+    let first = reuse_port(free).map_err(failed)?;
     let bound = first.local_addr().map_err(failed)?;
     let mut listeners = vec![first];
     for _ in 1..count {
         listeners.push(reuse_port(bound).map_err(failed)?);
     }
     Ok((listeners, bound))
+}
+
+/// Binds `addr` without `SO_REUSEPORT` and lets it go: fails as a plain listener's bind
+/// would when the port is taken; the address it got (port 0: a free port) otherwise.
+fn exclusive_probe(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.local_addr()
 }
 
 /// One listener of a `SO_REUSEPORT` group.
