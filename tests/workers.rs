@@ -20,9 +20,6 @@ use ringlimit::proto::peer::StatusRequest;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-/// Upper bound for any wait on an observable state: a failure guard, never a pause.
-const GUARD: Duration = Duration::from_secs(30);
-
 /// 20 per hour: no window rolls over during a test.
 const RULES: &str = r#"
 [[rule]]
