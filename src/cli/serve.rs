@@ -80,12 +80,17 @@ pub struct ServeArgs {
     /// Number of shard actors (default: number of cores).
     #[arg(long)]
     shards: Option<usize>,
-    /// Threads that run the node (the async runtime's workers; default: the cores this
-    /// process may use). A sidecar given one core does best with `--threads 1`: no
-    /// wake-ups and task steals between threads on a core they share; one thread runs
-    /// every task on tokio's current-thread scheduler (bench/RESULTS.md).
+    /// Threads that run the node (default: the cores this process may use). Each is a
+    /// worker with a current-thread runtime of its own, its own public and peer
+    /// listeners on the same ports (SO_REUSEPORT) and a share of the shards
+    /// (thread-per-core): a connection never leaves its thread, a check whose shard
+    /// is on another thread crosses once. `--threads 1` runs every task on one thread.
     #[arg(long, env = "RINGLIMIT_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
+    /// Run the --threads on one work-stealing runtime (tokio's multi-thread scheduler)
+    /// instead of thread-per-core: for comparison (bench/compare.sh).
+    #[arg(long)]
+    work_stealing: bool,
     /// Most keys this node holds; beyond it the least-harm keys are evicted, never an
     /// exhausted one while another can go (and every eviction is counted).
     #[arg(long, default_value_t = 1_000_000)]
@@ -250,9 +255,20 @@ impl PublicTlsArgs {
 /// `ringlimit serve`: runs a node until Ctrl-C or SIGTERM, then leaves gracefully.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
-    let threads = args.threads.map(usize::from);
-    let config = node_config(args)?;
-    runtime_with(threads)?.block_on(async move {
+    let threads = args.threads.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let work_stealing = args.work_stealing;
+    let mut config = node_config(args)?;
+    // Thread-per-core: this thread is worker 0 on a current-thread runtime and the node
+    // starts the others; work-stealing: one multi-thread runtime with that many workers.
+    let runtime = if work_stealing {
+        runtime_with(Some(threads))?
+    } else {
+        config.workers = threads;
+        runtime_with(Some(1))?
+    };
+    runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signal = shutdown.clone();
         tokio::spawn(async move {

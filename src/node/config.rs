@@ -68,6 +68,10 @@ pub struct NodeConfig {
     pub gubernator: bool,
     /// Shard actors and key cap.
     pub shards: ShardConfig,
+    /// Thread-per-core workers (`node::workers`): each a thread with a current-thread
+    /// runtime, its own public and peer listeners (`SO_REUSEPORT`) and a share of the
+    /// shards. 1: everything runs on the runtime that starts the node.
+    pub workers: usize,
     /// gRPC address other nodes use to reach this one; default: the bound `listen`
     /// address (must then not be a wildcard such as 0.0.0.0).
     pub advertise: Option<SocketAddr>,
@@ -150,6 +154,7 @@ impl Default for NodeConfig {
             envoy_headers: false,
             gubernator: false,
             shards: ShardConfig::default(),
+            workers: 1,
             advertise: None,
             gossip_listen: DEFAULT_GOSSIP_LISTEN
                 .parse()
@@ -358,6 +363,9 @@ impl NodeConfig {
                 "shards must be 1..=1024 (got {})",
                 self.shards.shards
             ));
+        }
+        if self.workers == 0 || self.workers > 1024 {
+            return Err(format!("workers must be 1..=1024 (got {})", self.workers));
         }
         if self.shards.max_keys == 0 {
             return Err("max keys must be at least 1".into());

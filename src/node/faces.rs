@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::exporter::metrics_handle;
 use super::ops_listener::OpsBounds;
+use super::workers::relay::RelayWakesLayer;
 use super::{grpc, GrpcLimits, NodeConfig, NodeError, MAX_MESSAGE_BYTES};
 use crate::check::Checker;
 use crate::cluster::rules::ClusterRules;
@@ -45,7 +47,9 @@ pub fn public_services(config: &NodeConfig, checker: Checker) -> PublicServices 
     }
 }
 
-/// The check services of the public face.
+/// The check services of the public face (cloned for each worker's listener: the
+/// clones share one answer budget).
+#[derive(Clone)]
 pub struct PublicServices {
     /// `ringlimit.v1`.
     public: RateLimitService,
@@ -81,11 +85,13 @@ pub fn ops_state(
 ///
 /// Every bound on what one client can make this server hold is set here (README
 /// "Flags and metrics"); the accept loop, the connection cap and the handshake timeout
-/// are in [`grpc::incoming`].
+/// are in [`grpc::incoming`]. `slots` are the face's connection slots, shared by every
+/// worker's listener.
 pub async fn serve_public(
     listener: TcpListener,
     services: PublicServices,
     limits: &GrpcLimits,
+    slots: Arc<Semaphore>,
     cancel: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, NodeError> {
     let PublicServices {
@@ -134,6 +140,9 @@ pub async fn serve_public(
             .map_err(|e| NodeError::Config(format!("public TLS: {e}")))?;
     }
     let server = builder
+        // Outermost: a request on a multi-worker node is woken through its worker's
+        // relay (`node::workers::relay`), whatever it waits for.
+        .layer(RelayWakesLayer)
         .layer(grpc::StatusMappingLayer)
         .layer(HoldUntilSentLayer)
         .add_service(health_service.max_decoding_message_size(max))
@@ -143,7 +152,7 @@ pub async fn serve_public(
         .add_service(RateLimitServiceServer::new(envoy_rls).max_decoding_message_size(max))
         .add_optional_service(gubernator.map(|g| V1Server::new(g).max_decoding_message_size(max)))
         .serve_with_incoming_shutdown(
-            grpc::incoming(listener, limits),
+            grpc::incoming_sharing(listener, limits, slots),
             cancel.clone().cancelled_owned(),
         );
     let grace = limits.shutdown_grace;
@@ -189,25 +198,30 @@ async fn within_grace<F: std::future::Future>(
 /// with `tls` every connection for a certificate of the cluster CA before that.
 /// Messages up to `peer_message_cap` bytes are decoded
 /// ([`peer_message_cap`](super::config::peer_message_cap)): a forwarded rules write
-/// carries a whole document.
+/// carries a whole document. `slots` are the face's connection slots, shared by every
+/// worker's listener.
 pub fn serve_peer(
     listener: TcpListener,
     peer: PeerService,
     tls: Option<tonic::transport::ServerTlsConfig>,
     config: &NodeConfig,
+    slots: Arc<Semaphore>,
     cancel: CancellationToken,
 ) -> impl std::future::Future<Output = ()> + use<> {
     let auth = PeerAuthLayer::new(config.cluster_key.clone());
     let cap = crate::node::config::peer_message_cap(config.max_rules_bytes);
-    serve_peer_with(listener, peer, auth, tls, config.grpc.clone(), cap, cancel)
+    let limits = config.grpc.clone();
+    serve_peer_with(listener, peer, auth, tls, limits, slots, cap, cancel)
 }
 
+#[allow(clippy::too_many_arguments)] // the pieces serve_peer takes apart
 async fn serve_peer_with(
     listener: TcpListener,
     peer: PeerService,
     auth: PeerAuthLayer,
     tls: Option<tonic::transport::ServerTlsConfig>,
     limits: GrpcLimits,
+    slots: Arc<Semaphore>,
     peer_message_cap: usize,
     cancel: CancellationToken,
 ) {
@@ -224,10 +238,11 @@ async fn serve_peer_with(
         };
     }
     let server = builder
+        .layer(RelayWakesLayer)
         .layer(auth)
         .add_service(PeerServer::new(peer).max_decoding_message_size(peer_message_cap))
         .serve_with_incoming_shutdown(
-            grpc::incoming(listener, &limits),
+            grpc::incoming_sharing(listener, &limits, slots),
             cancel.clone().cancelled_owned(),
         );
     if let Some(Err(error)) = within_grace(server, &cancel, limits.shutdown_grace, "peer").await {

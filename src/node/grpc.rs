@@ -65,9 +65,26 @@ pub fn incoming(
     listener: TcpListener,
     limits: &GrpcLimits,
 ) -> impl Stream<Item = Result<Conn, io::Error>> + Send + 'static {
+    incoming_sharing(listener, limits, connection_slots(limits))
+}
+
+/// A face's connection slots: `limits.max_connections` of them, for
+/// [`incoming_sharing`].
+pub fn connection_slots(limits: &GrpcLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limits.max_connections))
+}
+
+/// [`incoming`] taking its connections' slots from `slots`: a face served on several
+/// listeners (one per worker thread, `node::workers`) holds at most that many
+/// connections over all of them, wherever the kernel sends each one.
+pub fn incoming_sharing(
+    listener: TcpListener,
+    limits: &GrpcLimits,
+    slots: Arc<Semaphore>,
+) -> impl Stream<Item = Result<Conn, io::Error>> + Send + 'static {
     let acceptor = Acceptor {
         listener,
-        slots: Arc::new(Semaphore::new(limits.max_connections)),
+        slots,
         max_connections: limits.max_connections,
         handshake_timeout: limits.handshake_timeout,
         backoff: None,

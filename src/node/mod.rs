@@ -30,6 +30,7 @@ pub mod grpc;
 mod ops_listener;
 pub mod resp_listener;
 mod rules;
+mod workers;
 mod xds;
 
 use crate::check::Checker;
@@ -50,6 +51,7 @@ pub use config::{GrpcLimits, NodeConfig, MAX_MESSAGE_BYTES};
 pub use exporter::metrics_handle;
 pub use ops_listener::{MAX_OPS_CONNECTIONS, MAX_OPS_CONNECTION_AGE, OPS_HEADER_TIMEOUT};
 use rules::StartRules;
+use workers::Workers;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +122,9 @@ pub struct RunningNode {
     span: tracing::Span,
     cancel: CancellationToken,
     tracker: TaskTracker,
+    /// The worker threads (thread-per-core); declared last, so they stop after
+    /// everything above is dropped.
+    workers: Workers,
 }
 
 impl std::fmt::Debug for RunningNode {
@@ -129,6 +134,7 @@ impl std::fmt::Debug for RunningNode {
             .field("grpc_addr", &self.grpc_addr)
             .field("peer_addr", &self.peer_addr)
             .field("gossip_addr", &self.gossip_addr)
+            .field("workers", &self.workers.len())
             .finish()
     }
 }
@@ -272,7 +278,8 @@ async fn start_in_span(
         envoy,
         rule_file,
     } = rules::load(&config)?;
-    let listeners = Listeners::bind(&config).await?;
+    let workers = Workers::start(config.workers, &config.node_id)?;
+    let listeners = Listeners::bind(&config, workers.len()).await?;
     let check_http = match &config.check_http {
         Some(face) => Some((bind(face.listen).await?, face.clone())),
         None => None,
@@ -284,7 +291,7 @@ async fn start_in_span(
         generation: crate::membership::generation_now(),
     };
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
-    let (shards, lease_returns) = spawn_shards(&config, &clock, &tracker, &cancel);
+    let (shards, lease_returns) = spawn_shards(&config, &clock, &workers, &tracker, &cancel);
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
     // Gubernator's inline rules: one registry per node, for the checker (what callers
     // send), the peer service (what peers forward), the peer pool (handed-over counters).
@@ -342,8 +349,36 @@ async fn start_in_span(
         );
     }
     let services = faces::public_services(&config, checker);
-    let public = faces::serve_public(listeners.grpc, services, &config.grpc, cancel.clone());
-    spawn_in_span(&tracker, public.await?);
+    // One listener per worker (thread-per-core), one connection cap over all of them.
+    let slots = grpc::connection_slots(&config.grpc);
+    let mut public = listeners.grpc.into_iter();
+    let here = public.next().expect("one listener per worker");
+    let served = faces::serve_public(
+        here,
+        services.clone(),
+        &config.grpc,
+        slots.clone(),
+        cancel.clone(),
+    );
+    spawn_in_span(&tracker, served.await?);
+    for (listener, runtime) in public.zip(&workers.handles()[1..]) {
+        let (services, limits, slots, cancel) = (
+            services.clone(),
+            config.grpc.clone(),
+            slots.clone(),
+            cancel.clone(),
+        );
+        let face = on_worker(listener, cancel.clone(), move |listener| async move {
+            match faces::serve_public(listener, services, &limits, slots, cancel.clone()).await {
+                Ok(served) => served.await,
+                Err(error) => {
+                    tracing::error!(%error, "public face on a worker failed to start");
+                    cancel.cancel();
+                }
+            }
+        });
+        tracker.spawn_on(face.in_current_span(), runtime);
+    }
     // The cluster face is the peer service alone (forwarded checks, refunds, handoff,
     // status) on a listener of its own, so it can be bound to a private network; every
     // call proves the cluster key, and with peer TLS every connection a certificate.
@@ -352,14 +387,31 @@ async fn start_in_span(
         .with_inline(inline_rules)
         .with_shutdown(cancel.clone())
         .with_replicator(replicator.map(|(replicator, _)| replicator));
+    let slots = grpc::connection_slots(&config.grpc);
+    let mut peer = listeners.peer.into_iter();
+    let here = peer.next().expect("one listener per worker");
     let peer_face = faces::serve_peer(
-        listeners.peer,
-        peer_service,
-        peer_tls,
+        here,
+        peer_service.clone(),
+        peer_tls.clone(),
         &config,
+        slots.clone(),
         cancel.clone(),
     );
     spawn_in_span(&tracker, peer_face);
+    for (listener, runtime) in peer.zip(&workers.handles()[1..]) {
+        let (peer_service, peer_tls, config, slots, cancel) = (
+            peer_service.clone(),
+            peer_tls.clone(),
+            config.clone(),
+            slots.clone(),
+            cancel.clone(),
+        );
+        let face = on_worker(listener, cancel.clone(), move |listener| {
+            faces::serve_peer(listener, peer_service, peer_tls, &config, slots, cancel)
+        });
+        tracker.spawn_on(face.in_current_span(), runtime);
+    }
 
     Ok(RunningNode {
         grpc_addr: listeners.grpc_addr,
@@ -380,19 +432,43 @@ async fn start_in_span(
         span: tracing::Span::current(),
         cancel,
         tracker,
+        workers,
     })
+}
+
+/// A face's server on another worker: the listener moves to that worker's runtime
+/// (bound here, registered with the worker's reactor there), then `serve` runs on it.
+fn on_worker<S, F>(
+    listener: TcpListener,
+    cancel: CancellationToken,
+    serve: S,
+) -> impl std::future::Future<Output = ()> + Send + 'static
+where
+    S: FnOnce(TcpListener) -> F + Send + 'static,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let moved = listener.into_std();
+    async move {
+        match moved.and_then(TcpListener::from_std) {
+            Ok(listener) => serve(listener).await,
+            Err(error) => {
+                tracing::error!(%error, "cannot move a listener to its worker");
+                cancel.cancel();
+            }
+        }
+    }
 }
 
 /// The node's three listeners, bound before anything runs (a taken port fails the
 /// start), and the addresses peers are told.
 struct Listeners {
-    /// The public face.
-    grpc: TcpListener,
+    /// The public face: one listener per worker, all on one address.
+    grpc: Vec<TcpListener>,
     grpc_addr: SocketAddr,
     /// The gRPC address peers and clients are told (`--advertise`).
     advertise: SocketAddr,
-    /// The cluster face.
-    peer: TcpListener,
+    /// The cluster face: one listener per worker, all on one address.
+    peer: Vec<TcpListener>,
     peer_addr: SocketAddr,
     peer_advertise: SocketAddr,
     /// The ops face, unless disabled.
@@ -404,24 +480,17 @@ struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the public, peer and ops listeners.
-    async fn bind(config: &NodeConfig) -> Result<Self, NodeError> {
-        let grpc = bind(config.listen).await?;
-        let grpc_addr = grpc.local_addr().map_err(|source| NodeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    /// Binds the public, peer and ops listeners; the public and peer ones once per
+    /// worker.
+    async fn bind(config: &NodeConfig, workers: usize) -> Result<Self, NodeError> {
+        let (grpc, grpc_addr) = bind_each(config.listen, workers).await?;
         let advertise = config.advertise.unwrap_or(grpc_addr);
         if advertise.ip().is_unspecified() {
             return Err(NodeError::Config(format!(
                 "listening on {grpc_addr}: set --advertise to the address peers should use"
             )));
         }
-        let peer = bind(config.peer_listen).await?;
-        let peer_addr = peer.local_addr().map_err(|source| NodeError::Bind {
-            addr: config.peer_listen,
-            source,
-        })?;
+        let (peer, peer_addr) = bind_each(config.peer_listen, workers).await?;
         let peer_advertise = match config.peer_advertise {
             Some(addr) => addr,
             // A wildcard peer listener is reached at the advertised gRPC IP.
@@ -476,10 +545,12 @@ async fn start_membership(
     .map_err(|e| NodeError::Membership(e.to_string()))
 }
 
-/// The shard actors: each owns a share of the keys this node decides.
+/// The shard actors: each owns a share of the keys this node decides; they are dealt
+/// out over the workers.
 fn spawn_shards(
     config: &NodeConfig,
     clock: &Arc<dyn Clock>,
+    workers: &Workers,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> (Shards, Option<LeaseReturns>) {
@@ -495,12 +566,13 @@ fn spawn_shards(
         lease_returns: returns_tx,
         ..config.shards.clone()
     };
-    let shards = Shards::spawn(
+    let shards = Shards::spawn_across(
         &shards,
         clock.clone(),
         Arc::new(AtomicU64::new(0)),
         tracker,
         cancel.clone(),
+        workers.handles(),
     );
     (shards, returns_rx)
 }
@@ -754,4 +826,67 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| NodeError::Bind { addr, source })
+}
+
+/// `count` listeners on `addr` (port 0: one free port for all of them) and the bound
+/// address. More than one share the address with `SO_REUSEPORT`, and the kernel deals
+/// each new connection to one of them: each worker accepts its own.
+///
+/// A port in use fails the start as with one listener: the address is first bound by a
+/// plain socket (`SO_REUSEADDR` only), which a listener on the port refuses, whatever
+/// its options, so a second node started on a multi-worker node's port does not join
+/// its group and split its traffic. (A process of the same user that sets
+/// `SO_REUSEPORT` itself could still join; it could as well read the node's memory.)
+async fn bind_each(
+    addr: SocketAddr,
+    count: usize,
+) -> Result<(Vec<TcpListener>, SocketAddr), NodeError> {
+    let failed = |source| NodeError::Bind { addr, source };
+    if count <= 1 {
+        let listener = bind(addr).await?;
+        let bound = listener.local_addr().map_err(failed)?;
+        return Ok((vec![listener], bound));
+    }
+    let free = exclusive_probe(addr).map_err(failed)?;
+    let first = reuse_port(free).map_err(failed)?;
+    let bound = first.local_addr().map_err(failed)?;
+    let mut listeners = vec![first];
+    for _ in 1..count {
+        listeners.push(reuse_port(bound).map_err(failed)?);
+    }
+    Ok((listeners, bound))
+}
+
+/// Binds `addr` without `SO_REUSEPORT` and lets it go: fails as a plain listener's bind
+/// would when the port is taken; the address it got (port 0: a free port) otherwise.
+fn exclusive_probe(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.local_addr()
+}
+
+/// One listener of a `SO_REUSEPORT` group.
+#[cfg(unix)]
+fn reuse_port(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Without `SO_REUSEPORT` a node runs on one worker.
+#[cfg(not(unix))]
+fn reuse_port(_: SocketAddr) -> std::io::Result<TcpListener> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "more than one worker needs SO_REUSEPORT (unix)",
+    ))
 }

@@ -293,6 +293,21 @@ impl Shards {
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
+        Self::spawn_across(config, clock, sequence, tracker, cancel, &[])
+    }
+
+    /// [`Shards::spawn`], shard `i` on runtime `i % runtimes.len()` (the node's worker
+    /// threads, one current-thread runtime each); none given: on the current runtime.
+    /// A shard stays one actor on one thread; callers on other workers reach it
+    /// through its inbox as before.
+    pub fn spawn_across(
+        config: &ShardConfig,
+        clock: Arc<dyn Clock>,
+        sequence: Arc<AtomicU64>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+        runtimes: &[tokio::runtime::Handle],
+    ) -> Self {
         let shards = config.shards.max(1);
         let per_shard_cap = config.max_keys.div_ceil(shards).max(1);
         let per_shard_bytes = config.state_budget().div_ceil(shards);
@@ -316,11 +331,15 @@ impl Shards {
                     budget: budget::BudgetShard::new(config, gate.clone()),
                 };
                 // In the spawning node's span, so eviction logs name the node.
-                tracker.spawn(tracing::Instrument::in_current_span(actor.run(
+                let run = tracing::Instrument::in_current_span(actor.run(
                     rx,
                     config.expiry_tick,
                     cancel.clone(),
-                )));
+                ));
+                match runtimes {
+                    [] => tracker.spawn(run),
+                    _ => tracker.spawn_on(run, &runtimes[index % runtimes.len()]),
+                };
                 tx
             })
             .collect();
