@@ -3,7 +3,7 @@
 
 Run on demand, never in CI (each mutant is a release build and N seeds):
 
-    python3 tests/sim/mutants.py [--seeds 200] [--only NAME,...] [--scratch DIR]
+    python3 tests/sim/mutants.py [--seeds 200] [--only NAME,...] [--test TEST] [--scratch DIR]
 
 Each mutant is applied in a scratch worktree of HEAD (its own target directory, so the
 checkout you work in is untouched), the simulator's seeds test runs, and one line per
@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--only", default="")
     ap.add_argument("--scratch", default="/tmp/ringlimit-mutants")
+    ap.add_argument("--test", default="seeds",
+                    help="the simulator test to run (default: seeds; e.g. a profile's own test)")
     args = ap.parse_args()
     repo = run(["git", "rev-parse", "--show-toplevel"], os.getcwd()).stdout.strip()
     tree = os.path.join(args.scratch, "tree")
@@ -119,10 +121,11 @@ def main():
         if build.returncode:
             print(f"{name}: BUILD FAILED\n{build.stdout[-2000:]}")
             continue
-        test = run(["cargo", "test", "--release", "--test", "sim", "--", "seeds", "--exact",
+        test = run(["cargo", "test", "--release", "--test", "sim", "--", args.test, "--exact",
                     "--nocapture"], tree, env)
         took = time.time() - started
-        failed = re.findall(r"sim seed=(\d+) FAILED", test.stdout)
+        failed = re.findall(r"sim seed=(\d+) FAILED|seed (\d+): ", test.stdout)
+        failed = [a or b for a, b in failed]
         props = re.findall(r"^\s*(S[0-9A-Za-z_-]+)[: ]", test.stdout, re.M)
         if failed:
             print(f"{name}: CAUGHT by {len(failed)} of {args.seeds} seeds, first seed {failed[0]}, "
