@@ -216,8 +216,7 @@ fn shard_round_trip(bencher: Bencher) {
         give_back: None,
         drain: false,
         peek: false,
-        failover: false,
-        in_doubt: false,
+        target: Default::default(),
     };
     bencher.bench_local(|| {
         runtime

@@ -1000,6 +1000,10 @@ async fn a_restore_from_outside_or_for_a_ghost_changes_no_count() {
     let (_dir, rules) = rules_file(RULES);
     let nodes = start_cluster_with(&["a", "b", "c"], Some(&rules), |config| {
         config.replicate_interval = Duration::from_millis(50);
+        // The counts below are exact only on the owner: a forward that times out on a
+        // loaded machine fails over to the successor, whose replica may lag by one
+        // interval (a documented loss, not this test's subject).
+        config.forward.timeout = Duration::from_secs(5);
     })
     .await;
     let with_ghost = ringlimit::ring::Ring::new(

@@ -22,7 +22,7 @@ use crate::cluster::{CheckItem, InlineRule, InlineRules, NamedRule};
 use crate::config::bounds::{Text, MAX_COST, MAX_FORWARD_ITEMS};
 use crate::config::rules::envoy::EnvoyConfig;
 use crate::config::rules::RuleSet;
-use crate::shard::Refund;
+use crate::shard::{Refund, Target};
 
 /// One forwarded (or refunded) item as the peer adapter hands it over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +141,7 @@ pub fn plan_batch<'a>(
             planned.give_back = NonZeroU64::new(input.give_back);
             planned.drain = input.drain;
             planned.peek = input.peek;
-            planned.failover = input.failover;
-            planned.in_doubt = input.failover && input.in_doubt;
+            planned.target = Target::from_flags(input.failover, input.in_doubt);
             Ok(planned)
         })
         .collect()

@@ -56,7 +56,7 @@ pub fn eligible(item: &CheckItem, single: bool) -> bool {
         && !item.peek
         && !item.drain
         && !item.uncached
-        && !item.failover
+        && !item.target.is_replica()
         && item.give_back.is_none()
         && !item.rule.shadow
         && item.rule.lease
@@ -135,7 +135,7 @@ mod tests {
         peek.peek = true;
         assert!(!eligible(&peek, true));
         let mut failover = item.clone();
-        failover.failover = true;
+        failover.target = crate::shard::Target::Replica(crate::shard::Doubt::Owed);
         assert!(!eligible(&failover, true));
         let mut give_back = item;
         give_back.give_back = std::num::NonZeroU64::new(3);

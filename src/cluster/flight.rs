@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::cluster::policy::{self, Fallback, Now, Origin, Positions, Routing};
 use crate::cluster::{Answer, CheckItem, Checks, DecidedChecks, Decider, Remote};
 use crate::membership::{ClusterView, Member};
-use crate::shard::{Charge, Outcome};
+use crate::shard::{Charge, Doubt, Outcome, Target};
 
 /// What a node does with a descriptor whose owner could not be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -288,8 +288,10 @@ impl Flight {
             return Rescue::Fallback;
         };
         let mut failover = item.clone();
-        failover.failover = true;
-        failover.in_doubt = failure == Failure::TimedOut;
+        failover.target = Target::Replica(match failure {
+            Failure::TimedOut => Doubt::InDoubt,
+            _ => Doubt::Owed,
+        });
         if successor == me {
             return Rescue::ReplicaHere(failover);
         }
@@ -454,11 +456,11 @@ mod tests {
         match &rescues[0].1 {
             Rescue::Replica(member, item) => {
                 assert_eq!(flight.member(*member).node_id, successor);
-                assert!(item.failover && item.in_doubt);
+                assert_eq!(item.target, Target::Replica(Doubt::InDoubt));
             }
             Rescue::ReplicaHere(item) => {
                 assert_eq!(successor, "a");
-                assert!(item.failover && item.in_doubt);
+                assert_eq!(item.target, Target::Replica(Doubt::InDoubt));
             }
             Rescue::Fallback => panic!("a replicated cluster fails over"),
         }
@@ -515,12 +517,12 @@ mod tests {
         let (i, rescue) = &rescues[0];
         match rescue {
             Rescue::Replica(successor, item) => {
-                assert!(item.failover && !item.in_doubt);
+                assert_eq!(item.target, Target::Replica(Doubt::Owed));
                 let answered = flight.replica_answered(*i, *successor, Err(timeout()));
                 assert!(!answered);
                 assert_eq!(flight.tally().failover_failed, 1);
             }
-            Rescue::ReplicaHere(item) => assert!(item.failover && !item.in_doubt),
+            Rescue::ReplicaHere(item) => assert_eq!(item.target, Target::Replica(Doubt::Owed)),
             Rescue::Fallback => panic!("a replicated cluster fails over"),
         }
         // The test rules fail open: the stand-in divides the limit by the ring size.

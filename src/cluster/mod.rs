@@ -49,7 +49,7 @@ use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::config::route::Route;
 use crate::config::rules::Rule;
 use crate::membership::Member;
-use crate::shard::{Charge, KeyId};
+use crate::shard::{Charge, KeyId, Target};
 pub use router::{Inherited, Router};
 
 /// Who decided: stamped on every answer so a checker can audit the cluster.
@@ -109,11 +109,8 @@ pub struct CheckItem {
     pub uncached: bool,
     /// Decide on the key's replica, for an owner that could not be reached: set by the
     /// entry node when it sends the check to the key's successor instead (see
-    /// [`Charge::failover`]).
-    pub failover: bool,
-    /// With `failover`: the forward to the owner timed out, so the owner may have
-    /// charged this check already (see [`Charge::in_doubt`]).
-    pub in_doubt: bool,
+    /// [`Charge::target`]).
+    pub target: Target,
 }
 
 /// The numbers of a rule a request carried itself (Gubernator's `limit`, `duration`,
@@ -270,8 +267,7 @@ impl CheckItem {
             drain: false,
             peek: false,
             uncached: false,
-            failover: false,
-            in_doubt: false,
+            target: Default::default(),
         }
     }
 
@@ -319,8 +315,7 @@ impl CheckItem {
             give_back: self.give_back,
             drain: self.drain,
             peek: self.peek,
-            failover: self.failover,
-            in_doubt: self.in_doubt,
+            target: self.target,
         }
     }
 
@@ -335,8 +330,7 @@ impl CheckItem {
             give_back: self.give_back,
             drain: self.drain,
             peek: self.peek,
-            failover: false,
-            in_doubt: false,
+            target: Default::default(),
         }
     }
 }

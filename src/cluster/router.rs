@@ -398,7 +398,10 @@ impl Router {
         items: &[CheckItem],
         wire: impl FnMut(Answer) -> T,
     ) -> Result<Vec<T>, ShardError> {
-        if flight::owner_refuses(self.restore.is_done(), items.iter().map(|i| i.failover)) {
+        if flight::owner_refuses(
+            self.restore.is_done(),
+            items.iter().map(|i| i.target.is_replica()),
+        ) {
             // Not an owner yet: the sender fails over to the successor.
             return Err(ShardError::Restoring);
         }

@@ -327,8 +327,7 @@ impl BudgetLeases {
             give_back: None,
             drain: false,
             peek: false,
-            failover: false,
-            in_doubt: false,
+            target: Default::default(),
         })
     }
 }

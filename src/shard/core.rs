@@ -86,7 +86,7 @@ impl ShardCore {
         // delta, as for a forward from a node on the old ring. With a replica of that
         // key here (the new owner's newer count), the replica decides, joined first with
         // the handed-away count (`on_replica_if_handed_away`).
-        if (item.failover && !self.store.contains(item.id))
+        if (item.target.is_replica() && !self.store.contains(item.id))
             || self
                 .replicas
                 .on_replica_if_handed_away(item, &self.store, now)
@@ -356,8 +356,7 @@ mod tests {
             give_back: None,
             drain: false,
             peek: false,
-            failover: false,
-            in_doubt: false,
+            target: Default::default(),
         }
     }
 
@@ -518,7 +517,7 @@ mod tests {
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
 
         let failover = Charge {
-            failover: true,
+            target: crate::shard::Target::Replica(crate::shard::Doubt::Owed),
             ..item.clone()
         };
         assert!(allowed(&mut core, &failover), "the third of 3");

@@ -135,13 +135,56 @@ pub struct Charge {
     /// taking nothing ([`Store::peek`](store::Store::peek)). Exact where a probe given
     /// back (Envoy's way) would report a reset one unit late.
     pub peek: bool,
-    /// Decide on the key's replica, not on a live key: this node is the key's
-    /// successor and its owner could not be reached (see [`replicas`]).
-    pub failover: bool,
-    /// With `failover`: the entry's forward to the owner timed out, so the owner may
-    /// have charged this check already. It is decided on the replica like any fail-over
-    /// check but not owed to the owner: pushing it could charge it twice there.
-    pub in_doubt: bool,
+    /// Which state decides it: the key's own, or its replica here (a fail-over).
+    pub target: Target,
+}
+
+/// Which state of a key decides a check on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Target {
+    /// The key's own state: this node decides as its owner.
+    #[default]
+    Owner,
+    /// The key's replica: this node is the key's successor and its owner could not be
+    /// reached (see [`replicas`]).
+    Replica(Doubt),
+}
+
+/// Whether the owner a fail-over stands in for may have charged the check already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doubt {
+    /// The forward never reached it (refused connection, reset): what the replica
+    /// admits is owed to the owner when it comes back.
+    Owed,
+    /// The forward timed out, so the owner may have charged it: decided on the replica
+    /// like any fail-over but not owed (pushing it could charge it twice there).
+    InDoubt,
+}
+
+impl Target {
+    /// From the peer wire's two flags (`failover`, `failover_in_doubt`); the second
+    /// means nothing without the first.
+    pub fn from_flags(failover: bool, in_doubt: bool) -> Self {
+        match (failover, in_doubt) {
+            (false, _) => Target::Owner,
+            (true, false) => Target::Replica(Doubt::Owed),
+            (true, true) => Target::Replica(Doubt::InDoubt),
+        }
+    }
+
+    /// The peer wire's two flags (`failover`, `failover_in_doubt`).
+    pub fn flags(self) -> (bool, bool) {
+        match self {
+            Target::Owner => (false, false),
+            Target::Replica(Doubt::Owed) => (true, false),
+            Target::Replica(Doubt::InDoubt) => (true, true),
+        }
+    }
+
+    /// Whether the replica decides.
+    pub fn is_replica(self) -> bool {
+        matches!(self, Target::Replica(_))
+    }
 }
 
 impl Charge {

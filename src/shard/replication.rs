@@ -201,7 +201,7 @@ impl Side {
     /// Decide a check on the key's replica (see [`Replicas::check_failover`]): a
     /// fail-over check, or one of a key handed away whose replica is here.
     pub fn decide_failover(&mut self, item: &Charge, now: Millis) -> (Decision, Churn, bool) {
-        if item.failover {
+        if item.target.is_replica() {
             self.failover.increment(1);
         }
         // A give-back (Gubernator's negative hits) is not applied to a replica: the
@@ -213,7 +213,7 @@ impl Side {
                 false,
             );
         }
-        let owed = !item.in_doubt;
+        let owed = item.target != super::Target::Replica(super::Doubt::InDoubt);
         let (decision, churn) = self
             .replicas
             .check_failover(item.counter(), now, item.cost, owed);

@@ -792,8 +792,7 @@ fn touched(op: &Op) -> Option<Charge> {
             give_back: None,
             drain: false,
             peek: false,
-            failover: false,
-            in_doubt: false,
+            target: Default::default(),
         }),
         _ => None,
     }

@@ -17,7 +17,8 @@
 //!   (the negative control: a run without replication must fail it), `=0` never.
 //! - `RINGLIMIT_CHAOS_LEASES=N` starts the nodes with `--lease-threshold N` (budget
 //!   leases, docs/leases.md; unset: the nodes' default, `DEFAULT_LEASE_THRESHOLD`,
-//!   which the short profile's keys did not reach; 0: off) and adds a whale key to the
+//!   which the short profile's keys do not reach, and 5 checks/s in the long profile,
+//!   so that leases run under every nemesis; 0: off) and adds a whale key to the
 //!   workload (N > 0); `short_profile_with_budget_leases` runs the short profile so (CI).
 
 mod checker;
@@ -379,6 +380,10 @@ fn chaos_minutes() -> u64 {
     }
 }
 
+/// The long profile's `--lease-threshold` (checks/s of one counter at one entry node)
+/// unless `RINGLIMIT_CHAOS_LEASES` says otherwise (0: leases off).
+const LONG_LEASE_THRESHOLD: u64 = 5;
+
 fn chaos_profile() -> Profile {
     if std::env::var("RINGLIMIT_CHAOS").as_deref() == Ok("long") {
         let minutes = chaos_minutes();
@@ -392,7 +397,10 @@ fn chaos_profile() -> Profile {
             clients: 16,
             broken: false,
             faults: true,
-            leases: leases_from_env(),
+            // Budget leases under every nemesis: a threshold the whale key and the hot
+            // keys cross at this profile's load (the nodes' default, 100 checks/s, is
+            // more than 16 clients send one key on this machine).
+            leases: Some(leases_from_env().unwrap_or(LONG_LEASE_THRESHOLD)),
         }
     } else {
         Profile {

@@ -64,8 +64,8 @@ pub fn forward_item(item: &CheckItem) -> ForwardItem {
         drain: item.drain,
         peek: item.peek,
         rule_hash: rule_hash(&item.rule.name),
-        failover: item.failover,
-        failover_in_doubt: item.in_doubt,
+        failover: item.target.flags().0,
+        failover_in_doubt: item.target.flags().1,
     }
 }
 

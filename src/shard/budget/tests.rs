@@ -34,8 +34,7 @@ fn charge(rule: &Arc<Rule>) -> Charge {
         give_back: None,
         drain: false,
         peek: false,
-        failover: false,
-        in_doubt: false,
+        target: Default::default(),
     }
 }
 

@@ -24,8 +24,7 @@ fn charge(rule: &Arc<Rule>, client: &str, cost: u64) -> Charge {
         give_back: None,
         drain: false,
         peek: false,
-        failover: false,
-        in_doubt: false,
+        target: Default::default(),
     }
 }
 
