@@ -156,6 +156,12 @@ impl RunningNode {
         self.router.view()
     }
 
+    /// Whether this node answers as owner yet (its restore after a start with seeds is
+    /// over; `/readyz` says the same).
+    pub fn restored(&self) -> bool {
+        self.router.restored()
+    }
+
     /// Stop at once, without telling anyone: to the cluster this looks like a crash
     /// (its keys restart from empty on their new owners).
     pub async fn shutdown(self) {
