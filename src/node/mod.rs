@@ -355,36 +355,15 @@ async fn start_in_span(
         );
     }
     let services = faces::public_services(&config, checker);
-    // One listener per worker (thread-per-core), one connection cap over all of them.
-    let slots = grpc::connection_slots(&config.grpc);
-    let mut public = listeners.grpc.into_iter();
-    let here = public.next().expect("one listener per worker");
-    let served = faces::serve_public(
-        here,
-        services.clone(),
-        &config.grpc,
-        slots.clone(),
-        cancel.clone(),
-    );
-    spawn_in_span(&tracker, served.await?);
-    for (listener, runtime) in public.zip(&workers.handles()[1..]) {
-        let (services, limits, slots, cancel) = (
-            services.clone(),
-            config.grpc.clone(),
-            slots.clone(),
-            cancel.clone(),
-        );
-        let face = on_worker(listener, cancel.clone(), move |listener| async move {
-            match faces::serve_public(listener, services, &limits, slots, cancel.clone()).await {
-                Ok(served) => served.await,
-                Err(error) => {
-                    tracing::error!(%error, "public face on a worker failed to start");
-                    cancel.cancel();
-                }
-            }
-        });
-        tracker.spawn_on(face.in_current_span(), runtime);
-    }
+    spawn_public(
+        listeners.grpc,
+        services,
+        &config,
+        &workers,
+        &tracker,
+        &cancel,
+    )
+    .await?;
     // The cluster face is the peer service alone (forwarded checks, refunds, handoff,
     // status) on a listener of its own, so it can be bound to a private network; every
     // call proves the cluster key, and with peer TLS every connection a certificate.
@@ -393,31 +372,15 @@ async fn start_in_span(
         .with_inline(inline_rules)
         .with_shutdown(cancel.clone())
         .with_replicator(replicator.map(|(replicator, _)| replicator));
-    let slots = grpc::connection_slots(&config.grpc);
-    let mut peer = listeners.peer.into_iter();
-    let here = peer.next().expect("one listener per worker");
-    let peer_face = faces::serve_peer(
-        here,
-        peer_service.clone(),
-        peer_tls.clone(),
+    let peer_face = (peer_service, peer_tls);
+    spawn_peer(
+        listeners.peer,
+        peer_face,
         &config,
-        slots.clone(),
-        cancel.clone(),
+        &workers,
+        &tracker,
+        &cancel,
     );
-    spawn_in_span(&tracker, peer_face);
-    for (listener, runtime) in peer.zip(&workers.handles()[1..]) {
-        let (peer_service, peer_tls, config, slots, cancel) = (
-            peer_service.clone(),
-            peer_tls.clone(),
-            config.clone(),
-            slots.clone(),
-            cancel.clone(),
-        );
-        let face = on_worker(listener, cancel.clone(), move |listener| {
-            faces::serve_peer(listener, peer_service, peer_tls, &config, slots, cancel)
-        });
-        tracker.spawn_on(face.in_current_span(), runtime);
-    }
 
     Ok(RunningNode {
         grpc_addr: listeners.grpc_addr,
@@ -440,6 +403,85 @@ async fn start_in_span(
         tracker,
         workers,
     })
+}
+
+/// The public face on every worker's listener (thread-per-core), one connection cap
+/// over all of them: the first here, the others moved to their workers.
+async fn spawn_public(
+    listeners: Vec<TcpListener>,
+    services: faces::PublicServices,
+    config: &NodeConfig,
+    workers: &Workers,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) -> Result<(), NodeError> {
+    let slots = grpc::connection_slots(&config.grpc);
+    let mut public = listeners.into_iter();
+    let here = public.next().expect("one listener per worker");
+    let served = faces::serve_public(
+        here,
+        services.clone(),
+        &config.grpc,
+        slots.clone(),
+        cancel.clone(),
+    );
+    spawn_in_span(tracker, served.await?);
+    for (listener, runtime) in public.zip(&workers.handles()[1..]) {
+        let (services, limits, slots, cancel) = (
+            services.clone(),
+            config.grpc.clone(),
+            slots.clone(),
+            cancel.clone(),
+        );
+        let face = on_worker(listener, cancel.clone(), move |listener| async move {
+            match faces::serve_public(listener, services, &limits, slots, cancel.clone()).await {
+                Ok(served) => served.await,
+                Err(error) => {
+                    tracing::error!(%error, "public face on a worker failed to start");
+                    cancel.cancel();
+                }
+            }
+        });
+        tracker.spawn_on(face.in_current_span(), runtime);
+    }
+    Ok(())
+}
+
+/// The cluster face (the peer service and its TLS) on every worker's peer listener,
+/// one connection cap over all of them.
+fn spawn_peer(
+    listeners: Vec<TcpListener>,
+    (peer_service, peer_tls): (PeerService, Option<tonic::transport::ServerTlsConfig>),
+    config: &NodeConfig,
+    workers: &Workers,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let slots = grpc::connection_slots(&config.grpc);
+    let mut peer = listeners.into_iter();
+    let here = peer.next().expect("one listener per worker");
+    let peer_face = faces::serve_peer(
+        here,
+        peer_service.clone(),
+        peer_tls.clone(),
+        config,
+        slots.clone(),
+        cancel.clone(),
+    );
+    spawn_in_span(tracker, peer_face);
+    for (listener, runtime) in peer.zip(&workers.handles()[1..]) {
+        let (peer_service, peer_tls, config, slots, cancel) = (
+            peer_service.clone(),
+            peer_tls.clone(),
+            config.clone(),
+            slots.clone(),
+            cancel.clone(),
+        );
+        let face = on_worker(listener, cancel.clone(), move |listener| {
+            faces::serve_peer(listener, peer_service, peer_tls, &config, slots, cancel)
+        });
+        tracker.spawn_on(face.in_current_span(), runtime);
+    }
 }
 
 /// A face's server on another worker: the listener moves to that worker's runtime
