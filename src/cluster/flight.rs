@@ -420,11 +420,21 @@ mod tests {
         smallvec::smallvec![smallvec::smallvec![item(key, "GET /", 1)]]
     }
 
-    fn now() -> Now {
-        Now {
+    /// `key`'s check as a client's batch on node "a" of `view`.
+    fn planned(view: &Arc<ClusterView>, key: &str, deny: &DenyCache, failover: FailOver) -> Flight {
+        let now = Now {
             wall: 1_000,
             mono: 1_000,
-        }
+        };
+        Flight::plan(
+            checks_for(key),
+            view.clone(),
+            "a",
+            deny,
+            now,
+            Routing::default(),
+            failover,
+        )
     }
 
     fn timeout() -> ForwardError {
@@ -436,15 +446,7 @@ mod tests {
         let view = Arc::new(view(&["a", "b", "c"]));
         let key = key_of(&view, "b");
         let deny = DenyCache::new(16);
-        let mut flight = Flight::plan(
-            checks_for(&key),
-            view.clone(),
-            "a",
-            &deny,
-            now(),
-            Routing::default(),
-            FailOver::ToSuccessor,
-        );
+        let mut flight = planned(&view, &key, &deny, FailOver::ToSuccessor);
         assert_eq!(flight.remote_len(), 1);
         let rescues = flight.settle("a", [Err(timeout())], &deny);
         assert_eq!(rescues.len(), 1);
@@ -472,26 +474,10 @@ mod tests {
         let view = Arc::new(view(&["a", "b", "c"]));
         let key = key_of(&view, "b");
         let deny = DenyCache::new(16);
-        let mut off = Flight::plan(
-            checks_for(&key),
-            view.clone(),
-            "a",
-            &deny,
-            now(),
-            Routing::default(),
-            FailOver::Off,
-        );
+        let mut off = planned(&view, &key, &deny, FailOver::Off);
         let rescues = off.settle("a", [Err(timeout())], &deny);
         assert!(matches!(rescues[0].1, Rescue::Fallback));
-        let mut on = Flight::plan(
-            checks_for(&key),
-            view.clone(),
-            "a",
-            &deny,
-            now(),
-            Routing::default(),
-            FailOver::ToSuccessor,
-        );
+        let mut on = planned(&view, &key, &deny, FailOver::ToSuccessor);
         let refused = ForwardError::Refused("b".into(), "no".into());
         assert_eq!(Failure::of(&refused), Failure::Refused);
         let rescues = on.settle("a", [Err(refused)], &deny);
@@ -503,15 +489,7 @@ mod tests {
         let view = Arc::new(view(&["a", "b", "c"]));
         let key = key_of(&view, "b");
         let deny = DenyCache::new(16);
-        let mut flight = Flight::plan(
-            checks_for(&key),
-            view.clone(),
-            "a",
-            &deny,
-            now(),
-            Routing::default(),
-            FailOver::ToSuccessor,
-        );
+        let mut flight = planned(&view, &key, &deny, FailOver::ToSuccessor);
         let unreachable = ForwardError::Unreachable("b".into(), "reset".into());
         let rescues = flight.settle("a", [Err(unreachable)], &deny);
         let (i, rescue) = &rescues[0];
