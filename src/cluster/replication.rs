@@ -98,7 +98,7 @@ pub fn needs_full_state(me: &str, old: &Ring, new: &Ring, p: u64) -> bool {
 /// same admissions twice once the push is merged. Two cases:
 /// - the old owner announced a leave;
 /// - the key moved to a member that joined (or came back) in `new`, from another
-///   member that is still here as the same incarnation (the simulator's seed 257: a
+///   member that is still here as the same incarnation (a
 ///   successor held a replica from a key's interim owner, and the key's owner came
 ///   back, got the interim owner's handoff and that replica too).
 ///
@@ -149,7 +149,7 @@ pub fn handed_over_by_live_owner(me: &str, old: &ClusterView, new: &ClusterView)
 /// owns the key under this node's view. A sender whose view is behind (it has not seen
 /// the key's new owner join yet) would leave a replica here that the new owner's restore
 /// or this node's promotion counts beside the sender's own handoff of the same state
-/// (the simulator's seed 257). A replica refused while the views converge is sent again
+/// (see [`handed_over_by_live_owner`]). A replica refused while the views converge is sent again
 /// when its key next changes (or in full, when the sender sees the ring change).
 pub fn from_owner(view: &ClusterView, placement: u64, from: &str) -> bool {
     view.ring.owner_of_hash(placement) == Some(from)
@@ -240,7 +240,7 @@ pub fn reborn(old: &ClusterView, new: &ClusterView, seen: &HashMap<String, u64>)
 /// into a live key, which the handoff pushes to the owner; one never checked meanwhile
 /// is still a replica (the handoff exports live keys only), and the restarted owner's
 /// restore gets nothing from a member that saw it dropped: without this its count is
-/// lost (the simulator's seed 468). An owner back under the same generation (it was
+/// lost. An owner back under the same generation (it was
 /// only cut off) still has its count: its replicas stay.
 pub fn unpromoted(
     me: &str,
@@ -267,7 +267,7 @@ pub fn unpromoted(
 /// noticed, asked here while the view still held its earlier incarnation, and was
 /// answered with the replicas; the cluster then dropped that earlier incarnation and
 /// took the new one in, and handing the same replicas over again as unpromoted doubled
-/// its counts (the simulator's seed 2223: a key at 5 answered 10).
+/// its counts (a key at 5 answered 10).
 pub fn not_restored_here(
     new: &ClusterView,
     reborn: Vec<String>,
@@ -364,7 +364,7 @@ impl Replicator {
     /// view went from an earlier incarnation straight to this one): its keys' replicas
     /// here are its own earlier incarnation's, to be restored. The view alone may
     /// already show only the new incarnation when its restore request arrives (gossip
-    /// got here first; the simulator's seed 149).
+    /// got here first).
     pub fn restarted_in_place(&self, node: &str, generation: u64) -> bool {
         self.restarted
             .lock()
@@ -400,10 +400,9 @@ impl Replicator {
     ///
     /// No round runs while `restore` is not over: a restarted node's keys are not its
     /// own count until their replicas are back, and a state sent to a successor
-    /// replaces the replica there, which may be the only full count of the key (the
-    /// simulator's seed 2409: a restoring owner's first round sent a key's count of 1
-    /// over its successor's replica of 10, and the successor's next fail-over check
-    /// admitted from 1). Changed keys stay marked and go in the first round after.
+    /// replaces the replica there, which may be the only full count of the key (a
+    /// restoring owner's first round sent a key's count of 1 over its successor's
+    /// replica of 10, and the successor's next fail-over check admitted from 1). Changed keys stay marked and go in the first round after.
     ///
     /// Each successor has at most one batch in flight, and no send holds back the
     /// loop: a round collects the changed keys into the [`Outbox`] and starts a batch

@@ -476,7 +476,7 @@ mod tests {
 
     #[test]
     fn a_key_handed_away_keeps_its_count_when_its_replica_arrives() {
-        // Simulator seed 603: this node handed a full key to a joiner, which started it
+        // This node handed a full key to a joiner, which started it
         // from empty before the handoff reached it and replicated that state back here
         // (this node is its successor); a forward from a node on the old view must
         // still be decided on the handed-over count, not on the replica.
@@ -499,7 +499,7 @@ mod tests {
 
     #[test]
     fn a_key_handed_away_is_decided_on_its_newer_replica_and_restored_with_it() {
-        // Simulator seed 340: this node handed a key (1 of 3 used) to its owner, which
+        // This node handed a key (1 of 3 used) to its owner, which
         // took it in, admitted 1 more and replicated that here (this node is its
         // successor). When that owner dies, fail-over checks here must see 2 used, not
         // the handed-over 1, and what they admit must be in the replica the owner gets
@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_key_handed_to_a_member_that_died_is_handed_again_with_its_replica() {
-        // Simulator seed 3844: this node handed a key (1 of 3 used) to its owner, which
+        // This node handed a key (1 of 3 used) to its owner, which
         // admitted 1 more, replicated that here and died. The cluster dropped it, this
         // node owned the key again and decided on the handed-away count, whose
         // admissions went as deltas to the dead owner. When the owner comes back under
@@ -590,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_key_handed_to_the_new_incarnation_already_is_not_handed_to_it_again() {
-        // The 10-minute chaos run at seed 20261204: a member back under a new
+        // A member back under a new
         // incarnation after the cluster dropped it. On that view change the handoff
         // watcher handed it a key (ring change) before the replicator took back the
         // keys handed to its earlier incarnation; by id alone, that key was taken back

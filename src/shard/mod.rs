@@ -291,7 +291,8 @@ pub type NewOwner = Arc<dyn Fn(u64) -> Option<Recipient> + Send + Sync>;
 /// incarnation are handed again (their count went with it) and those handed to the
 /// new one are not (it holds them). Told apart by id alone, a key the handoff had just
 /// handed to the new incarnation was handed to it a second time, and its count doubled
-/// (the 10-minute chaos run at seed 20261204: a restarted node denied at 6 of 10).
+/// (a restarted node denied at 6 of 10: `core`'s
+/// `a_key_handed_to_the_new_incarnation_already_is_not_handed_to_it_again`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recipient {
     /// The member's node id.

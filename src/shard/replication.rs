@@ -181,11 +181,12 @@ impl Side {
     /// since; the replica is the new owner's count, which took that handoff in and went
     /// on, and it is what this node restores to that owner if it restarts. Deciding on
     /// the old record forgets the new owner's admissions and leaves this node's own
-    /// out of what it restores (the simulator's seed 340: a successor that had handed a
-    /// key back to its restarted owner answered that owner's next death on the old
-    /// record, then restored the replica without those admissions). Every check of the
-    /// key goes to the replica while it is held, so this node's admissions stay on one
-    /// count; the replica's owed delta carries them to the owner.
+    /// out of what it restores (a successor that had handed a key back to its restarted
+    /// owner answered that owner's next death on the old record, then restored the
+    /// replica without those admissions: `core`'s
+    /// `a_key_handed_away_is_decided_on_its_newer_replica_and_restored_with_it`). Every
+    /// check of the key goes to the replica while it is held, so this node's admissions
+    /// stay on one count; the replica's owed delta carries them to the owner.
     pub fn on_replica_if_handed_away(&mut self, item: &Charge, live: &Store, now: Millis) -> bool {
         if self.replicas.is_empty() {
             return false;
@@ -303,8 +304,8 @@ impl Side {
     /// count, as far as it replicated it), then handed to `new_owner`'s choice, or kept
     /// as this node's own (marked changed for its successor) where that gives `None`.
     /// Without this such a key's count stays here as handed away, its admissions go as
-    /// deltas to a member that is gone, and the member back answers from empty (the
-    /// simulator's seed 3844).
+    /// deltas to a member that is gone, and the member back answers from empty (`core`'s
+    /// `a_key_handed_to_a_member_that_died_is_handed_again_with_its_replica`).
     pub fn hand_again(
         &mut self,
         live: &mut Store,

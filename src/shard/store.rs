@@ -579,8 +579,8 @@ impl Store {
                 // so adding the two would count that twice; but when the two nodes
                 // handed the key to each other at once (a ring that flapped on a heal),
                 // the sender's state does not include ours, and replacing ours with it
-                // would forget what this node admitted (the chaos suite's S1-fw at
-                // seed 20261202: a count went from 10 back to 5). The join keeps the
+                // would forget what this node admitted (a count went from 10 back to
+                // 5, which the chaos suite's S1-fw flagged). The join keeps the
                 // stricter of the two, which is the sender's in the first case. A state
                 // built on this node's replica (`install_joined`) is joined likewise.
                 self.slots[i].set(MOVED, false);

@@ -60,8 +60,7 @@ pub const RESTORE_SETTLE: Duration = Duration::from_millis(500);
 /// incarnation to anyone: a member whose view does not hold it yet hands it its keys
 /// there and then, before answering ([`Replicator::hand_over_to_joiner`]), and one
 /// whose view holds it has handed them over on the ring change already; so it does
-/// not answer as owner from empty while a key's count is on its way (the
-/// simulator's seed 2850).
+/// not answer as owner from empty while a key's count is on its way.
 pub async fn restore_from_peers(
     replicator: &Replicator,
     mut views: watch::Receiver<Arc<ClusterView>>,
