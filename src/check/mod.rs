@@ -230,13 +230,31 @@ impl Checker {
                 ),
             ));
         }
-        let planned: Vec<Result<gubernator::PlannedItem, CheckError>> = inputs
+        let planned = inputs
             .iter()
             .map(|input| gubernator::plan_item(input, &self.inline))
             .collect();
+        self.decide_each(planned, |p| &p.item, gubernator::status)
+            .await
+    }
+
+    /// Decide independent one-descriptor checks (Gubernator items, `CL.THROTTLE`
+    /// calls) in one batch: each planning error stays that item's error, the valid
+    /// items are decided together, and each answer becomes `answer(planned, outcome)`
+    /// (or that item's error when its owner could not be reached).
+    async fn decide_each<P, R>(
+        &self,
+        planned: Vec<Result<P, CheckError>>,
+        item: impl Fn(&P) -> &crate::cluster::CheckItem,
+        answer: impl Fn(&P, &crate::cluster::DescriptorOutcome) -> R,
+    ) -> Result<Vec<Result<R, CheckError>>, CheckError> {
         let checks: crate::cluster::Checks = planned
             .iter()
-            .filter_map(|p| p.as_ref().ok().map(|p| smallvec::smallvec![p.item.clone()]))
+            .filter_map(|p| {
+                p.as_ref()
+                    .ok()
+                    .map(|p| smallvec::smallvec![item(p).clone()])
+            })
             .collect();
         let mut verdicts = if checks.is_empty() {
             Vec::new()
@@ -253,7 +271,7 @@ impl Checker {
                 if let Some(error) = self.unavailable(&verdict, |_| i) {
                     return Err(error);
                 }
-                Ok(gubernator::status(&p, &verdict.descriptors[0]))
+                Ok(answer(&p, &verdict.descriptors[0]))
             })
             .collect())
     }
@@ -267,32 +285,12 @@ impl Checker {
         inputs: &[throttle::ThrottleInput<'_>],
     ) -> Result<Vec<Result<throttle::ThrottleReply, CheckError>>, CheckError> {
         forwarded::at_most("calls", inputs.len(), throttle::MAX_CALLS)?;
-        let planned: Vec<Result<throttle::PlannedThrottle, CheckError>> = inputs
+        let planned = inputs
             .iter()
             .map(|input| throttle::plan_throttle(input, &self.inline))
             .collect();
-        let checks: crate::cluster::Checks = planned
-            .iter()
-            .filter_map(|p| p.as_ref().ok().map(|p| smallvec::smallvec![p.item.clone()]))
-            .collect();
-        let mut verdicts = if checks.is_empty() {
-            Vec::new()
-        } else {
-            self.decide(checks).await?
-        }
-        .into_iter();
-        Ok(planned
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let p = p?;
-                let verdict = verdicts.next().expect("one verdict per valid call");
-                if let Some(error) = self.unavailable(&verdict, |_| i) {
-                    return Err(error);
-                }
-                Ok(throttle::reply(&p, &verdict.descriptors[0]))
-            })
-            .collect())
+        self.decide_each(planned, |p| &p.item, throttle::reply)
+            .await
     }
 
     /// The refusal of a check one of whose descriptors' owner could not be reached
