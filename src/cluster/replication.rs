@@ -35,15 +35,16 @@ use crate::clock::Clock;
 use crate::cluster::handoff::{new_owners, MAX_INSTALL_STATES};
 use crate::cluster::link::PeerPool;
 use crate::cluster::outbox::Outbox;
-use crate::config::rules::MAX_WINDOW;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
 use crate::shard::replication::{Gone, Pick};
 use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 pub use super::replica_batches::ReplicaBatches;
-pub use restore::{restore_from_peers, Restore, RESTORE_SETTLE};
+pub use memory::{per_owner, Memory, RestoreAnswer, TakeBack, ViewWork};
+pub use restore::{restore_from_peers, Kept, Restore, Restoring, Step, RESTORE_SETTLE};
 
+mod memory;
 mod restore;
 
 /// Most changed keys one shard hands the replicator per round: a ring change marks
@@ -338,21 +339,8 @@ pub struct Replicator {
     peers: PeerPool,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
-    /// Members seen to restart in place (a higher generation while on the ring), and
-    /// their new generation: see [`Replicator::restarted_in_place`].
-    restarted: std::sync::Mutex<HashMap<String, u64>>,
-    /// The last generation this node saw of every member, gone or not (see [`reborn`]).
-    seen: std::sync::Mutex<HashMap<String, u64>>,
-    /// The incarnation of every member whose earlier incarnation's keys were handed
-    /// again (see [`Replicator::claim_hand_again`]).
-    handed_again: std::sync::Mutex<HashMap<String, u64>>,
-    /// The incarnation of every member this node pushed its replicas to when it
-    /// restored (see [`Replicator::send_replicas`]).
-    restores_served: std::sync::Mutex<HashMap<String, u64>>,
-    /// When this node last saw each member of `seen` in its view: a member absent
-    /// longer than the longest window is forgotten by all four maps (see
-    /// [`Replicator::remember`]).
-    last_seen: std::sync::Mutex<HashMap<String, Millis>>,
+    /// What this node remembers of the members it has seen (see [`Memory`]).
+    memory: std::sync::Mutex<Memory>,
     /// The number of the last replication batch sent (see [`ReplicaBatches`]).
     batches: std::sync::atomic::AtomicU64,
     /// The latest batch held from each sender.
@@ -360,17 +348,20 @@ pub struct Replicator {
 }
 
 impl Replicator {
-    /// Whether `node` at `generation` restarted in place as far as this node saw (its
-    /// view went from an earlier incarnation straight to this one): its keys' replicas
-    /// here are its own earlier incarnation's, to be restored. The view alone may
-    /// already show only the new incarnation when its restore request arrives (gossip
-    /// got here first).
+    /// Whether `node` at `generation` restarted in place as far as this node saw (see
+    /// [`Memory::restarted_in_place`]).
     pub fn restarted_in_place(&self, node: &str, generation: u64) -> bool {
-        self.restarted
-            .lock()
-            .expect("restarted lock")
-            .get(node)
-            .is_some_and(|&g| g == generation)
+        self.memory().restarted_in_place(node, generation)
+    }
+
+    /// How to answer `node` at `generation` asking to restore, under `view` (see
+    /// [`Memory::restore_answer`]).
+    pub fn restore_answer(&self, view: &ClusterView, node: &str, generation: u64) -> RestoreAnswer {
+        self.memory().restore_answer(view, node, generation)
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().expect("memory lock")
     }
 
     /// The replicator of node `me`.
@@ -381,11 +372,7 @@ impl Replicator {
             peers,
             clock,
             metrics: Metrics::new(),
-            restarted: std::sync::Mutex::new(HashMap::new()),
-            seen: std::sync::Mutex::new(HashMap::new()),
-            handed_again: std::sync::Mutex::new(HashMap::new()),
-            restores_served: std::sync::Mutex::new(HashMap::new()),
-            last_seen: std::sync::Mutex::new(HashMap::new()),
+            memory: std::sync::Mutex::new(Memory::default()),
             batches: std::sync::atomic::AtomicU64::new(0),
             held_batches: ReplicaBatches::default(),
         }
@@ -416,7 +403,7 @@ impl Replicator {
         cancel: CancellationToken,
     ) {
         let mut current = views.borrow_and_update().clone();
-        self.remember(&current);
+        self.memory().first_view(&current, self.clock.now_ms());
         let mut tracking = None;
         self.track(&current, &mut tracking).await;
         let mut tick = tokio::time::interval(every);
@@ -433,23 +420,13 @@ impl Replicator {
                         return;
                     }
                     let next = views.borrow_and_update().clone();
-                    self.drop_handed_over(&current, &next).await;
-                    let mut pushes = self.take_back_from_departed(&current, &next).await;
-                    pushes.extend(self.hand_again_to_reborn(&current, &next).await);
-                    pushes.extend(self.hand_over_unpromoted(&current, &next).await);
-                    for push in pushes {
+                    let work = self.memory().view_changed(&self.me, &current, &next, self.clock.now_ms());
+                    for push in self.view_changed(work, &next, &mut tracking).await {
                         flights.push(Box::pin(async move {
                             self.push_handed(&push.to, &push.states, push.why).await;
                             Flight::Handed
                         }));
                     }
-                    self.remember(&next);
-                    // Before the resync below: it marks keys in what the shards track.
-                    self.track(&next, &mut tracking).await;
-                    if next.ring.digest() != current.ring.digest() {
-                        self.successors_changed(&current, &next).await;
-                    }
-                    self.successors_restarted(&current, &next).await;
                     self.retry(outbox.take_waiting()).await;
                     current = next;
                 }
@@ -498,136 +475,68 @@ impl Replicator {
         }
     }
 
-    /// Keys whose owner changed while the old owner is still a member hand themselves
-    /// over: drop their replicas here (see [`handed_over_by_live_owner`]).
-    async fn drop_handed_over(&self, old: &ClusterView, new: &ClusterView) {
-        let Some(pick) = handed_over_by_live_owner(&self.me, old, new) else {
-            return;
-        };
-        match self.shards.drop_replicas(pick).await {
-            Ok(0) => {}
-            Ok(dropped) => tracing::info!(
-                dropped,
-                "keys moved away from live owners: their replicas dropped (the handoff brings their states)"
-            ),
-            Err(error) => tracing::debug!(%error, "dropping handed-over replicas failed"),
-        }
-    }
-
-    /// Remember the generation of every member of `view`, and forget members gone
-    /// for longer than the longest window ([`MAX_WINDOW`]): whatever this node handed
-    /// them or holds of theirs has expired by then, so there is nothing left to hand
-    /// again or restore, and the maps of a long-lived node whose peers come and go
-    /// under new ids (a Deployment's pods) do not grow without end.
-    fn remember(&self, view: &ClusterView) {
-        let now = self.clock.now_ms();
-        let forgotten: Vec<String> = {
-            let mut last = self.last_seen.lock().expect("last-seen lock");
-            for m in &view.members {
-                last.insert(m.node_id.clone(), now);
-            }
-            let gone = MAX_WINDOW.as_millis() as Millis;
-            let forgotten: Vec<String> = last
-                .iter()
-                .filter(|(_, &t)| now.saturating_sub(t) > gone)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &forgotten {
-                last.remove(id);
-            }
-            forgotten
-        };
-        let mut seen = self.seen.lock().expect("seen lock");
-        for m in &view.members {
-            seen.insert(m.node_id.clone(), m.generation);
-        }
-        if !forgotten.is_empty() {
+    /// Perform a view change's work (see [`Memory::view_changed`]) on the shards for
+    /// the view `new`: returns the pushes of handed-over states, which run beside the
+    /// replication rounds (see [`Push`]).
+    async fn view_changed(
+        &self,
+        work: ViewWork,
+        new: &ClusterView,
+        tracking: &mut Option<bool>,
+    ) -> Vec<Push> {
+        if !work.forgotten.is_empty() {
             self.held_batches
-                .retain(|id| !forgotten.iter().any(|f| f == id));
+                .retain(|id| !work.forgotten.iter().any(|f| f == id));
         }
-        for id in &forgotten {
-            seen.remove(id);
-            self.restarted.lock().expect("restarted lock").remove(id);
-            self.handed_again
-                .lock()
-                .expect("handed-again lock")
-                .remove(id);
-            self.restores_served
-                .lock()
-                .expect("restores lock")
-                .remove(id);
+        if let Some(pick) = work.drop_replicas {
+            match self.shards.drop_replicas(pick).await {
+                Ok(0) => {}
+                Ok(dropped) => tracing::info!(
+                    dropped,
+                    "keys moved away from live owners: their replicas dropped (the handoff brings their states)"
+                ),
+                Err(error) => tracing::debug!(%error, "dropping handed-over replicas failed"),
+            }
         }
-    }
-
-    /// Members this node remembers (see [`Replicator::remember`]).
-    #[cfg(test)]
-    fn remembered(&self) -> usize {
-        self.seen.lock().expect("seen lock").len()
-    }
-
-    /// Whether the keys handed to `node` are still to be handed again for its
-    /// incarnation `generation` (it is back after the cluster dropped it); claims them
-    /// (the restore and the view change may both see it: one hands them).
-    fn claim_hand_again(&self, node: &str, generation: u64) -> bool {
-        let reborn = self
-            .seen
-            .lock()
-            .expect("seen lock")
-            .get(node)
-            .is_some_and(|&g| g < generation);
-        reborn
-            && self
-                .handed_again
-                .lock()
-                .expect("handed-again lock")
-                .insert(node.to_string(), generation)
-                != Some(generation)
-    }
-
-    /// The keys this node handed to members `new` shows back after the cluster dropped
-    /// them (see `shard::replication::Side::hand_again`), taken back to be pushed to
-    /// their owners under `new`.
-    async fn hand_again_to_reborn(&self, old: &ClusterView, new: &ClusterView) -> Vec<Push> {
-        let reborn: Vec<String> = {
-            let seen = self.seen.lock().expect("seen lock");
-            reborn(old, new, &seen)
-        };
-        let reborn: Vec<(String, u64)> = reborn
-            .into_iter()
-            .filter_map(|id| new.member(&id).map(|m| (id, m.generation)))
-            .filter(|(id, generation)| self.claim_hand_again(id, *generation))
-            .collect();
-        if reborn.is_empty() {
-            return Vec::new();
+        let mut pushes = Vec::new();
+        for TakeBack { back, why } in work.take_back {
+            let states = self
+                .take_back(back, new_owners(new, self.me.clone()), why)
+                .await;
+            pushes.extend(self.pushes(new, states, why));
         }
-        let states = self
-            .take_back(reborn, new_owners(new, self.me.clone()), "hand again")
-            .await;
-        self.pushes(new, states, "hand again")
-    }
-
-    /// The keys this node handed to members `new` no longer holds, taken back: those
-    /// `new` gives this node are live here again, the others go to their owners under
-    /// `new` (merged there with what the owner promoted from its replica).
-    ///
-    /// Without this, a key handed to a member that then died stayed "handed away"
-    /// here with that member's replica beside it, and once the ring gave the key back
-    /// to this node every check of it was decided on that replica, as for a forward
-    /// from the old view: counted, but never replicated to the key's successor, so a
-    /// crash of this node then lost the whole window (the 60-minute chaos run at
-    /// 12712f2: key z-1 at 10 of 10 on n28, which had inherited it back from a dead
-    /// n25; n28 was killed, and its successor n29, which had no replica, admitted 3
-    /// more).
-    async fn take_back_from_departed(&self, old: &ClusterView, new: &ClusterView) -> Vec<Push> {
-        let gone = departed(old, new);
-        if gone.is_empty() {
-            return Vec::new();
+        if let Some(pick) = work.unpromoted {
+            match self.shards.select_replicas(pick).await {
+                Ok(states) => {
+                    let owned = states.into_iter().filter_map(|state| {
+                        let owner = new.ring.owner_of_hash(state.id.placement)?;
+                        Some((Arc::from(owner), state))
+                    });
+                    let owned: Vec<_> = owned.collect();
+                    if !owned.is_empty() {
+                        tracing::info!(
+                            keys = owned.len(),
+                            "unpromoted replicas to hand back to a restarted owner"
+                        );
+                    }
+                    pushes.extend(self.pushes(new, owned, "unpromoted"));
+                }
+                Err(error) => tracing::debug!(%error, "copying unpromoted replicas failed"),
+            }
         }
-        let why = "taken back, its owner left";
-        let states = self
-            .take_back(gone, new_owners(new, self.me.clone()), why)
-            .await;
-        self.pushes(new, states, why)
+        // Before the resyncs: they mark keys in what the shards track.
+        self.track(new, tracking).await;
+        for (pick, why) in work.resync {
+            match self.shards.resync(pick).await {
+                Ok(marked) if marked > 0 => {
+                    self.metrics.resynced.increment(marked as u64);
+                    tracing::info!(keys = marked, why, "full states to send");
+                }
+                Ok(_) => {}
+                Err(error) => tracing::debug!(%error, "resync failed"),
+            }
+        }
+        pushes
     }
 
     /// `states` grouped into a push per owner, members of `view` (the states of an
@@ -638,22 +547,12 @@ impl Replicator {
         states: Vec<(Arc<str>, Exported)>,
         why: &'static str,
     ) -> Vec<Push> {
-        let mut to: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
-        for (owner, state) in states {
-            to.entry(owner).or_default().push(state);
-        }
-        let mut pushes = Vec::new();
-        for (owner, states) in to {
-            match view.member(&owner) {
-                Some(member) => pushes.push(Push {
-                    to: member.clone(),
-                    states,
-                    why,
-                }),
-                None => self.metrics.handoff_lost.increment(states.len() as u64),
-            }
-        }
-        pushes
+        let (found, lost) = per_owner(view, states);
+        self.metrics.handoff_lost.increment(lost.len() as u64);
+        found
+            .into_iter()
+            .map(|(to, states)| Push { to, states, why })
+            .collect()
     }
 
     /// The keys handed to incarnations of `back` members (id, generation now) earlier
@@ -704,97 +603,6 @@ impl Replicator {
         }
         self.metrics.handoff_pushed.increment(sent);
         (sent, installed)
-    }
-
-    /// The replicas of keys this node owned under `old` without promoting them, copied
-    /// to be pushed to their owner under `new` when that owner is back under a new
-    /// generation after the cluster dropped it (see [`unpromoted`]).
-    async fn hand_over_unpromoted(&self, old: &ClusterView, new: &ClusterView) -> Vec<Push> {
-        let reborn = {
-            let seen = self.seen.lock().expect("seen lock");
-            reborn(old, new, &seen)
-        };
-        let reborn = {
-            let served = self.restores_served.lock().expect("restores lock");
-            not_restored_here(new, reborn, &served)
-        };
-        let Some(pick) = unpromoted(&self.me, old, new, reborn) else {
-            return Vec::new();
-        };
-        let states = match self.shards.select_replicas(pick).await {
-            Ok(states) => states,
-            Err(error) => {
-                tracing::debug!(%error, "copying unpromoted replicas failed");
-                return Vec::new();
-            }
-        };
-        let mut to: HashMap<&str, Vec<Exported>> = HashMap::new();
-        for state in states {
-            if let Some(owner) = new.ring.owner_of_hash(state.id.placement) {
-                to.entry(owner).or_default().push(state);
-            }
-        }
-        to.into_iter()
-            .filter_map(|(owner, states)| {
-                tracing::info!(
-                    to = owner,
-                    keys = states.len(),
-                    "unpromoted replicas to hand back to a restarted owner"
-                );
-                Some(Push {
-                    to: new.member(owner)?.clone(),
-                    states,
-                    why: "unpromoted",
-                })
-            })
-            .collect()
-    }
-
-    /// A member that came back under the same id with a higher generation restarted
-    /// with empty memory: the ring is unchanged, but its replicas are gone. Mark every
-    /// key this node owns whose successor it is, so it gets their full states again.
-    async fn successors_restarted(&self, old: &ClusterView, new: &ClusterView) {
-        let restarted = restarted_in_place(old, new);
-        if restarted.is_empty() {
-            return;
-        }
-        {
-            let mut known = self.restarted.lock().expect("restarted lock");
-            for m in &restarted {
-                known.insert(m.node_id.clone(), m.generation);
-            }
-        }
-        let restarted: Vec<String> = restarted.into_iter().map(|m| m.node_id).collect();
-        let (me, ring) = (self.me.clone(), new.ring.clone());
-        let pick: Pick = Arc::new(move |p| {
-            ring.owner_of_hash(p) == Some(&*me)
-                && ring
-                    .successor_of_hash(p)
-                    .is_some_and(|s| restarted.iter().any(|r| r == s))
-        });
-        match self.shards.resync(pick).await {
-            Ok(marked) if marked > 0 => {
-                self.metrics.resynced.increment(marked as u64);
-                tracing::info!(keys = marked, "a successor restarted: full states to send");
-            }
-            Ok(_) => {}
-            Err(error) => tracing::debug!(%error, "resync failed"),
-        }
-    }
-
-    /// Mark every key this node owns under `new` whose successor differs from `old`'s:
-    /// their new successor gets their full state over the next rounds.
-    async fn successors_changed(&self, old: &ClusterView, new: &ClusterView) {
-        let (me, old_ring, new_ring) = (self.me.clone(), old.ring.clone(), new.ring.clone());
-        let pick: Pick = Arc::new(move |p| needs_full_state(&me, &old_ring, &new_ring, p));
-        match self.shards.resync(pick).await {
-            Ok(marked) if marked > 0 => {
-                self.metrics.resynced.increment(marked as u64);
-                tracing::info!(keys = marked, "successors changed: full states to send");
-            }
-            Ok(_) => {}
-            Err(error) => tracing::debug!(%error, "resync failed"),
-        }
     }
 
     /// Take the keys changed since the last call into `outbox`, each for its successor
@@ -922,7 +730,10 @@ impl Replicator {
     /// `shard::replication::Side::hand_again`) that are its own with it in.
     pub async fn hand_over_to_joiner(&self, view: &ClusterView, joiner: &Member) -> (u64, u64) {
         let mut states: Vec<Exported> = Vec::new();
-        if self.claim_hand_again(&joiner.node_id, joiner.generation) {
+        if self
+            .memory()
+            .claim_hand_again(&joiner.node_id, joiner.generation)
+        {
             let owners = owner_with(view, &joiner.node_id, joiner.generation, &self.me);
             let back = vec![(joiner.node_id.clone(), joiner.generation)];
             let again = self.take_back(back, owners, "hand again").await;
@@ -964,10 +775,8 @@ impl Replicator {
         if unpromoted > 0 && sent == states.len() as u64 {
             // Its replicas are its count now: the view change that takes it in must not
             // hand them over again as unpromoted (see [`not_restored_here`]).
-            self.restores_served
-                .lock()
-                .expect("restores lock")
-                .insert(joiner.node_id.clone(), joiner.generation);
+            self.memory()
+                .served_restore(&joiner.node_id, joiner.generation);
         }
         (sent, installed)
     }
@@ -991,10 +800,8 @@ impl Replicator {
             }
         }
         if sent == states.len() as u64 {
-            self.restores_served
-                .lock()
-                .expect("restores lock")
-                .insert(member.node_id.clone(), member.generation);
+            self.memory()
+                .served_restore(&member.node_id, member.generation);
         }
         (sent, installed)
     }
@@ -1029,47 +836,6 @@ mod tests {
             picked += usize::from(expected);
         }
         assert!(picked > 0, "c takes some of a's keys");
-    }
-
-    #[tokio::test]
-    async fn members_gone_longer_than_the_longest_window_are_forgotten() {
-        use crate::clock::ManualClock;
-        use crate::cluster::link::ForwardConfig;
-        use crate::cluster::policy::testkit::view;
-        use crate::shard::ShardConfig;
-        use tokio_util::task::TaskTracker;
-
-        let clock = ManualClock::new(1_800_000_000_000);
-        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
-        let shards = Shards::spawn(
-            &ShardConfig::default(),
-            Arc::new(clock.clone()),
-            Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            &tracker,
-            cancel.clone(),
-        );
-        let peers = PeerPool::new(
-            "a".into(),
-            ForwardConfig::default(),
-            tracker,
-            cancel.clone(),
-        );
-        let replicator = Replicator::new("a".into(), shards, peers, Arc::new(clock.clone()));
-        replicator.remember(&view(&["a", "b", "c"]));
-        assert_eq!(replicator.remembered(), 3);
-        clock.advance(MAX_WINDOW.as_millis() as u64);
-        replicator.remember(&view(&["a", "c"]));
-        assert_eq!(
-            replicator.remembered(),
-            3,
-            "b gone for the longest window only: a key handed to it may still count"
-        );
-        clock.advance(1);
-        replicator.remember(&view(&["a", "c"]));
-        assert_eq!(replicator.remembered(), 2, "b forgotten");
-        replicator.remember(&view(&["a", "b", "c"]));
-        assert_eq!(replicator.remembered(), 3, "b back: remembered again");
-        cancel.cancel();
     }
 
     #[test]

@@ -32,7 +32,7 @@ use ringlimit::algorithms::{AlgorithmKind, KeyState, Millis};
 use ringlimit::check::forwarded::{self, ForwardedInput, OwnerRules};
 use ringlimit::check::plan::{plan_check, At, FieldNames, Leaf};
 use ringlimit::check::verdict::Verdict;
-use ringlimit::check::{CheckInput, DescriptorInput};
+use ringlimit::check::{CheckError, CheckInput, DescriptorInput};
 use ringlimit::clock::{Clamped, Clock};
 use ringlimit::cluster::deny_cache::DenyCache;
 use ringlimit::cluster::flight::{self, FailOver, Flight, Rescue};
@@ -345,14 +345,8 @@ pub struct Node {
     pub stats: NodeStats,
     pub repl: ReplicationStats,
     restore: Restore,
-    /// `Replicator::restarted`: members seen to restart in place, at their generation.
-    restarted: BTreeMap<String, u64>,
-    /// `Replicator::seen`: the last generation seen of every member.
-    seen: std::collections::HashMap<String, u64>,
-    /// `Replicator::handed_again`.
-    handed_again: BTreeMap<String, u64>,
-    /// `Replicator::restores_served`.
-    restores_served: std::collections::HashMap<String, u64>,
+    /// What the replicator remembers of the members (production's).
+    memory: ringlimit::cluster::replication::Memory,
 }
 
 impl Node {
@@ -388,7 +382,7 @@ impl Node {
             gossip_addr: addrs.gossip,
             leaving: false,
         };
-        Node {
+        let mut node = Node {
             id: Arc::from(id),
             generation,
             addrs,
@@ -425,11 +419,12 @@ impl Node {
             rng,
             stats: NodeStats::default(),
             repl: ReplicationStats::default(),
-            restarted: BTreeMap::new(),
-            seen: std::collections::HashMap::new(),
-            handed_again: BTreeMap::new(),
-            restores_served: std::collections::HashMap::new(),
-        }
+            memory: ringlimit::cluster::replication::Memory::default(),
+        };
+        // `Replicator::run` starts from the node's first view.
+        let first = node.view.clone();
+        node.memory.first_view(&first, node.clock.now_ms());
+        node
     }
 
     /// The timers a fresh incarnation starts with.
@@ -839,19 +834,6 @@ impl Node {
                 self.stats.refused_late += request.items.len() as u64;
                 refuse(4, "forwarded batch arrived after its deadline".into())
             }
-            // `Router::decide_forwarded`: not an owner until restored (the sender fails
-            // over to the successor); `ShardError::Restoring` is UNAVAILABLE.
-            Some(request)
-                if flight::owner_refuses(
-                    !self.restoring(),
-                    request.items.iter().map(|it| it.failover),
-                ) =>
-            {
-                refuse(
-                    14,
-                    "this node is restoring its keys from their successors after a restart".into(),
-                )
-            }
             Some(request) => {
                 // `PeerService::forward_batch`: the owner's one planning path.
                 let planned = forwarded::plan_batch(
@@ -870,10 +852,27 @@ impl Node {
                     self.owner_rules(),
                 )
                 .map_err(|e| e.to_string());
+                // `Router::decide_forwarded`: not an owner until restored (the sender
+                // fails over to the successor; the checks are kept to count once
+                // restored, while the table has room).
+                let refused = planned.as_ref().ok().and_then(|items| {
+                    let replicas = items.iter().map(|i| i.target.is_replica());
+                    if !flight::owner_refuses(!self.restoring(), replicas) {
+                        return None;
+                    }
+                    self.restore.kept.refuse(items)
+                });
                 match planned {
                     Err(e) => refuse(3, e),
+                    Ok(_) if refused.is_some() => {
+                        let status =
+                            tonic::Status::from(CheckError::from(refused.expect("refused")));
+                        refuse(status.code() as u32, status.message().to_string())
+                    }
                     Ok(items) => {
                         let view = self.view.clone();
+                        let items =
+                            policy::on_replicas(&items, &view, &self.me.node_id).unwrap_or(items);
                         let refs: Vec<&CheckItem> = items.iter().collect();
                         let plan = policy::plan(
                             &refs,

@@ -1,21 +1,92 @@
 //! A restarted node's restore: until it has asked the members it sees for their
-//! replicas of its keys, it does not answer as owner ([`Restore`],
-//! [`restore_from_peers`]).
+//! replicas of its keys, it does not answer as owner ([`Restore`], the gate;
+//! [`Restoring`], the steps; [`restore_from_peers`], their async shell).
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::watch;
 
 use super::Replicator;
-use crate::membership::ClusterView;
+use crate::algorithms::Millis;
+use crate::cluster::CheckItem;
+use crate::membership::{ClusterView, Member};
+use crate::shard::{Charge, ShardError, Target};
 
 /// Whether this node has restored its keys' replicas since it started: until then it
 /// does not answer as owner (client checks wait; forwarded ones are refused, so their
 /// entry nodes fail over to the keys' successors, which hold the replicas).
+///
+/// A forwarded check refused meanwhile is kept ([`Kept`]) and counted here as its
+/// owner's once the replicas are in, before anything else is answered as owner: the
+/// successor decides it on its replica in the meantime and owes this node nothing.
+/// Owing it instead (a delta pushed on the successor's next round) left a window
+/// after the restore in which this node answered from a count that lacked what its
+/// successor had admitted for it while it restored.
 #[derive(Debug)]
 pub struct Restore {
     done: watch::Sender<bool>,
+    kept: Mutex<Kept>,
+}
+
+/// The charges of checks a restoring owner refused, to count once restored; closed
+/// once restored. Bounded: a full table keeps nothing more, and its refusals say so
+/// (the successor then owes what it admits, as for an unreachable owner).
+#[derive(Debug, Default)]
+pub struct Kept {
+    charges: Vec<Charge>,
+    closed: bool,
+}
+
+impl Kept {
+    /// Most charges kept during one restore: a bound on memory while refusing.
+    pub const MAX: usize = 65_536;
+
+    /// A table already closed: the node answers as owner from the start.
+    pub fn closed() -> Self {
+        Self {
+            charges: Vec::new(),
+            closed: true,
+        }
+    }
+
+    /// Refuse the owner's checks among `items` while open: `None` once closed (decide
+    /// them), else the refusal, [`ShardError::RestoringCounted`] when their charges
+    /// are kept here to count once restored, [`ShardError::Restoring`] when the table
+    /// is full. Reports and probes count nothing and are not kept.
+    pub fn refuse(&mut self, items: &[CheckItem]) -> Option<ShardError> {
+        if self.closed {
+            return None;
+        }
+        let counted = || {
+            items
+                .iter()
+                .filter(|i| i.target == Target::Owner && !i.peek && !i.probe)
+        };
+        if self.charges.len() + counted().count() > Self::MAX {
+            return Some(ShardError::Restoring);
+        }
+        self.charges.extend(counted().map(CheckItem::charge));
+        Some(ShardError::RestoringCounted)
+    }
+
+    /// The charges kept so far, to count now; closes the table when there are none
+    /// left (the caller counts what it took, then asks again, so no charge kept
+    /// between the two is left behind).
+    pub fn take_or_close(&mut self) -> Vec<Charge> {
+        let taken = std::mem::take(&mut self.charges);
+        if taken.is_empty() {
+            self.closed = true;
+        }
+        taken
+    }
+
+    /// Whether the table is closed (the restore is over).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
 }
 
 impl Restore {
@@ -23,6 +94,11 @@ impl Restore {
     pub fn new(done: bool) -> Self {
         Self {
             done: watch::Sender::new(done),
+            kept: Mutex::new(if done {
+                Kept::closed()
+            } else {
+                Kept::default()
+            }),
         }
     }
 
@@ -31,8 +107,28 @@ impl Restore {
         *self.done.borrow()
     }
 
-    /// The restore is over.
-    pub fn finish(&self) {
+    /// Refuse the owner's checks among `items` unless restored (see [`Kept::refuse`]).
+    pub fn refuse(&self, items: &[CheckItem]) -> Option<ShardError> {
+        self.kept.lock().expect("kept lock").refuse(items)
+    }
+
+    /// The restore is over: count the checks refused meanwhile on `shards`, then
+    /// answer as owner.
+    pub async fn finish(&self, shards: &crate::shard::Shards) {
+        loop {
+            let charges = self.kept.lock().expect("kept lock").take_or_close();
+            if charges.is_empty() {
+                break;
+            }
+            let n = charges.len();
+            // In slices, so no shard's inbox takes one message of 65,536 charges.
+            for chunk in charges.chunks(1024) {
+                if let Err(error) = shards.check(chunk.iter().cloned().collect()).await {
+                    tracing::warn!(%error, checks = n, "counting checks refused while restoring failed");
+                }
+            }
+            tracing::info!(checks = n, "counted the checks refused while restoring");
+        }
         self.done.send_replace(true);
     }
 
@@ -47,70 +143,251 @@ impl Restore {
 /// a restarted node first sees its seed, then the others within a gossip round or two.
 pub const RESTORE_SETTLE: Duration = Duration::from_millis(500);
 
-/// Restore this node's keys from the members it sees: wait (until `deadline`) for a
-/// view with another member, ask each member for its replicas of this node's keys (it
-/// pushes them here, merged into whatever this node decided since). If none of them
-/// knew an earlier incarnation of this node, it is a new member and owns nothing yet:
-/// done. Otherwise it restarted before the cluster noticed: ask each member that
-/// appears later too, and finish once the membership has been still for
-/// [`RESTORE_SETTLE`]. `restore` finishes at the deadline whatever happened. Returns
-/// whether every member seen answered.
+/// Where a restore stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a view with another member.
+    Waiting,
+    /// Asked members; their answers are due.
+    Asking,
+    /// Every member asked answered and one knew an earlier incarnation of this node:
+    /// waiting for the membership to stay still until `until` (or change: ask the
+    /// new members).
+    Settling { until: Millis },
+    /// Over.
+    Done,
+}
+
+/// A restarted node's restore as a state machine with no I/O inside: the views it
+/// sees, the members' answers and its timer go in; whom to ask, when to wake and when
+/// it is over come out ([`Step`]). The node's [`restore_from_peers`] and the
+/// simulator drive the same machine.
+///
+/// It waits for a view with another member and asks each member it sees for its
+/// replicas of this node's keys (each pushes them here, merged into whatever this node
+/// decided since). If none of them knew an earlier incarnation of this node, it is a
+/// new member and owns nothing yet: done. Otherwise it restarted before the cluster
+/// noticed: it asks each member that appears later too, and is done once the
+/// membership has been still for [`RESTORE_SETTLE`]. At the deadline it is done
+/// whatever happened.
 ///
 /// A member back after the cluster dropped it (or a new one) is not an earlier
 /// incarnation to anyone: a member whose view does not hold it yet hands it its keys
-/// there and then, before answering ([`Replicator::hand_over_to_joiner`]), and one
-/// whose view holds it has handed them over on the ring change already; so it does
-/// not answer as owner from empty while a key's count is on its way.
+/// there and then, before answering ([`super::RestoreAnswer::Joiner`]), and one whose
+/// view holds it has handed them over on the ring change already; so it does not
+/// answer as owner from empty while a key's count is on its way.
+#[derive(Debug)]
+pub struct Restoring {
+    phase: Phase,
+    asked: BTreeSet<String>,
+    waiting: BTreeSet<String>,
+    restarted: bool,
+    /// Every member asked has answered so far.
+    answered_all: bool,
+    deadline: Millis,
+}
+
+/// What a [`Restoring`] asks of its driver next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Ask each of `members` for its replicas, as `me` (feed each answer to
+    /// [`Restoring::answered`]), then as for [`Step::Wait`].
+    Ask {
+        /// This node, as the requests name it.
+        me: Member,
+        /// The members to ask.
+        members: Vec<Member>,
+        /// When to call [`Restoring::timer`] if nothing else happens.
+        wake: Millis,
+    },
+    /// Wait for an answer, a new view ([`Restoring::view`]) or `wake`
+    /// ([`Restoring::timer`]).
+    Wait {
+        /// When to call [`Restoring::timer`] if nothing else happens.
+        wake: Millis,
+    },
+    /// The restore is over ([`Restore::finish`]).
+    Done {
+        /// Every member asked answered before the deadline.
+        complete: bool,
+    },
+}
+
+impl Restoring {
+    /// A restore that is over at `deadline` (on the driver's monotonic clock) at the
+    /// latest.
+    pub fn new(deadline: Millis) -> Self {
+        Self {
+            phase: Phase::Waiting,
+            asked: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            restarted: false,
+            answered_all: true,
+            deadline,
+        }
+    }
+
+    /// Whether it is over.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The view `view` of this node `me`: the first one, and every change.
+    pub fn view(&mut self, me: &str, view: &ClusterView, now: Millis) -> Step {
+        if let Some(step) = self.over(now) {
+            return step;
+        }
+        if self.phase == Phase::Asking || view.members.len() <= 1 {
+            return self.wait();
+        }
+        let Some(me) = view.member(me).cloned() else {
+            return self.wait();
+        };
+        let members: Vec<Member> = view
+            .members
+            .iter()
+            .filter(|m| m.node_id != me.node_id && !self.asked.contains(&m.node_id))
+            .cloned()
+            .collect();
+        if members.is_empty() {
+            // Only after a change of view while settling: wait again.
+            return self.settle(now);
+        }
+        for m in &members {
+            self.asked.insert(m.node_id.clone());
+            self.waiting.insert(m.node_id.clone());
+        }
+        self.phase = Phase::Asking;
+        Step::Ask {
+            me,
+            members,
+            wake: self.deadline,
+        }
+    }
+
+    /// `from`'s answer: whether it knew an earlier incarnation of this node, or
+    /// `None` when it did not answer.
+    pub fn answered(&mut self, from: &str, earlier: Option<bool>, now: Millis) -> Step {
+        if let Some(step) = self.over(now) {
+            return step;
+        }
+        match earlier {
+            Some(earlier) => self.restarted |= earlier,
+            None => self.answered_all = false,
+        }
+        if self.phase != Phase::Asking || !self.waiting.remove(from) || !self.waiting.is_empty() {
+            return self.wait();
+        }
+        if !self.restarted {
+            return self.finish(true);
+        }
+        self.settle(now)
+    }
+
+    /// The timer a [`Step`] asked for.
+    pub fn timer(&mut self, now: Millis) -> Step {
+        if let Some(step) = self.over(now) {
+            return step;
+        }
+        match self.phase {
+            Phase::Settling { until } if now >= until => self.finish(true),
+            _ => self.wait(),
+        }
+    }
+
+    /// Done already, or the deadline passed.
+    fn over(&mut self, now: Millis) -> Option<Step> {
+        match self.phase {
+            Phase::Done => Some(Step::Done { complete: false }),
+            _ if now >= self.deadline => Some(self.finish(false)),
+            _ => None,
+        }
+    }
+
+    fn settle(&mut self, now: Millis) -> Step {
+        let until = now + RESTORE_SETTLE.as_millis() as Millis;
+        self.phase = Phase::Settling { until };
+        self.wait()
+    }
+
+    fn wait(&self) -> Step {
+        let wake = match self.phase {
+            Phase::Settling { until } => until.min(self.deadline),
+            _ => self.deadline,
+        };
+        Step::Wait { wake }
+    }
+
+    fn finish(&mut self, in_time: bool) -> Step {
+        self.phase = Phase::Done;
+        Step::Done {
+            complete: in_time && self.answered_all && !self.asked.is_empty(),
+        }
+    }
+}
+
+/// Restore this node's keys from the members it sees (the shell of [`Restoring`]):
+/// asks in parallel, each call bounded by `deadline`, the whole restore too. When it
+/// is over, counts the checks refused meanwhile and lets this node answer as owner
+/// ([`Restore::finish`]). Returns whether every member asked answered.
 pub async fn restore_from_peers(
     replicator: &Replicator,
     mut views: watch::Receiver<Arc<ClusterView>>,
     restore: &Restore,
     deadline: Duration,
 ) -> bool {
-    let mut asked: Vec<String> = Vec::new();
-    let mut complete = true;
-    let (mut sent, mut installed, mut restarted) = (0, 0, false);
-    let outcome = tokio::time::timeout(deadline, async {
-        loop {
-            let view = match views.wait_for(|v| v.members.len() > 1).await {
-                Ok(view) => view.clone(),
-                Err(_) => return,
-            };
-            let Some(me) = view.member(&replicator.me).cloned() else {
-                return;
-            };
-            for member in &view.members {
-                if member.node_id == me.node_id || asked.contains(&member.node_id) {
-                    continue;
+    let start = tokio::time::Instant::now();
+    let now = || start.elapsed().as_millis() as Millis;
+    let mut machine = Restoring::new(deadline.as_millis() as Millis);
+    let mut asks = FuturesUnordered::new();
+    let (mut sent, mut installed) = (0, 0);
+    let first = views.borrow_and_update().clone();
+    let mut step = machine.view(&replicator.me, &first, now());
+    let complete = loop {
+        let wake = match step {
+            Step::Done { complete } => break complete,
+            Step::Wait { wake } => wake,
+            Step::Ask { me, members, wake } => {
+                for member in members {
+                    let me = me.clone();
+                    asks.push(async move {
+                        let answer = replicator.peers.restore(&member, &me, deadline).await;
+                        (member.node_id, answer)
+                    });
                 }
-                asked.push(member.node_id.clone());
-                match replicator.peers.restore(member, &me, deadline).await {
+                wake
+            }
+        };
+        let at = start + Duration::from_millis(wake);
+        step = tokio::select! {
+            Some((from, answer)) = asks.next(), if !asks.is_empty() => {
+                let earlier = match answer {
                     Ok((s, i, earlier)) => {
                         sent += s;
                         installed += i;
-                        restarted |= earlier;
+                        Some(earlier)
                     }
                     Err(error) => {
-                        complete = false;
-                        tracing::warn!(peer = %member.node_id, %error, "restore: a member did not answer");
+                        tracing::warn!(peer = %from, %error, "restore: a member did not answer");
+                        None
                     }
+                };
+                machine.answered(&from, earlier, now())
+            }
+            changed = views.changed() => match changed {
+                Ok(()) => {
+                    let view = views.borrow_and_update().clone();
+                    machine.view(&replicator.me, &view, now())
                 }
-            }
-            if !restarted {
-                return;
-            }
-            views.borrow_and_update();
-            if tokio::time::timeout(RESTORE_SETTLE, views.changed()).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await;
-    let timed_out = outcome.is_err();
-    let complete = complete && !timed_out && !asked.is_empty();
+                // The node is stopping.
+                Err(_) => break false,
+            },
+            _ = tokio::time::sleep_until(at) => machine.timer(now()),
+        };
+    };
     tracing::info!(
-        asked = asked.len(),
-        restarted,
+        asked = machine.asked.len(),
+        restarted = machine.restarted,
         sent,
         installed,
         complete,
@@ -118,12 +395,135 @@ pub async fn restore_from_peers(
     );
     let result = if complete { "done" } else { "incomplete" };
     metrics::counter!("ringlimit_restores_total", "result" => result).increment(1);
-    if timed_out {
+    if now() >= machine.deadline {
         tracing::warn!(
             deadline_ms = deadline.as_millis() as u64,
             "restore deadline passed: answering as owner with what was restored"
         );
     }
-    restore.finish();
+    restore.finish(&replicator.shards).await;
     complete
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::policy::testkit::item;
+    use crate::shard::Doubt;
+
+    use crate::cluster::policy::testkit::view;
+
+    const SETTLE: Millis = RESTORE_SETTLE.as_millis() as Millis;
+
+    fn asked(step: Step) -> Vec<String> {
+        match step {
+            Step::Ask { members, .. } => members.into_iter().map(|m| m.node_id).collect(),
+            other => panic!("expected an ask, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_member_is_done_once_everyone_it_sees_answered() {
+        let mut r = Restoring::new(10_000);
+        assert_eq!(r.view("a", &view(&["a"]), 0), Step::Wait { wake: 10_000 });
+        assert_eq!(asked(r.view("a", &view(&["a", "b", "c"]), 5)), ["b", "c"]);
+        assert_eq!(r.answered("b", Some(false), 6), Step::Wait { wake: 10_000 });
+        assert_eq!(
+            r.answered("c", Some(false), 7),
+            Step::Done { complete: true }
+        );
+        assert!(r.is_done());
+    }
+
+    #[test]
+    fn a_restarted_member_settles_and_asks_those_who_appear_meanwhile() {
+        let mut r = Restoring::new(10_000);
+        assert_eq!(asked(r.view("a", &view(&["a", "b"]), 0)), ["b"]);
+        assert_eq!(
+            r.answered("b", Some(true), 10),
+            Step::Wait { wake: 10 + SETTLE }
+        );
+        assert_eq!(asked(r.view("a", &view(&["a", "b", "c"]), 20)), ["c"]);
+        assert_eq!(
+            r.timer(10 + SETTLE),
+            Step::Wait { wake: 10_000 },
+            "c is due"
+        );
+        assert_eq!(
+            r.answered("c", Some(false), 30),
+            Step::Wait { wake: 30 + SETTLE }
+        );
+        // A change with nobody new: the settle starts again.
+        assert_eq!(
+            r.view("a", &view(&["a", "b", "c"]), 40),
+            Step::Wait { wake: 40 + SETTLE }
+        );
+        assert_eq!(r.timer(40 + SETTLE - 1), Step::Wait { wake: 40 + SETTLE });
+        assert_eq!(r.timer(40 + SETTLE), Step::Done { complete: true });
+    }
+
+    #[test]
+    fn the_deadline_ends_a_restore_incomplete_and_a_silent_member_makes_it_so() {
+        let mut r = Restoring::new(1_000);
+        asked(r.view("a", &view(&["a", "b"]), 0));
+        assert_eq!(r.timer(1_000), Step::Done { complete: false });
+        assert_eq!(
+            r.answered("b", Some(true), 1_001),
+            Step::Done { complete: false }
+        );
+
+        let mut r = Restoring::new(1_000);
+        asked(r.view("a", &view(&["a", "b", "c"]), 0));
+        r.answered("b", None, 1);
+        assert_eq!(
+            r.answered("c", Some(false), 2),
+            Step::Done { complete: false }
+        );
+
+        let mut alone = Restoring::new(1_000);
+        alone.view("a", &view(&["a"]), 0);
+        assert_eq!(
+            alone.timer(1_000),
+            Step::Done { complete: false },
+            "nobody asked"
+        );
+    }
+
+    #[test]
+    fn a_restoring_owner_keeps_what_it_refuses_and_counts_it_before_it_closes() {
+        let mut kept = Kept::default();
+        let check = item("k", "GET /", 3);
+        let mut peek = item("k", "GET /", 1);
+        peek.peek = true;
+        let mut failover = item("k", "GET /", 1);
+        failover.target = Target::Replica(Doubt::Owed);
+        assert_eq!(
+            kept.refuse(&[check.clone(), peek, failover]),
+            Some(ShardError::RestoringCounted)
+        );
+        let taken = kept.take_or_close();
+        assert_eq!(taken.len(), 1, "only the owner's charge counts");
+        assert_eq!(taken[0].cost.get(), 3);
+        assert!(!kept.is_closed(), "open until a take finds nothing");
+        assert_eq!(
+            kept.refuse(std::slice::from_ref(&check)),
+            Some(ShardError::RestoringCounted),
+            "refused between the count and the close: kept, counted next"
+        );
+        assert_eq!(kept.take_or_close().len(), 1);
+        assert!(kept.take_or_close().is_empty());
+        assert!(kept.is_closed());
+        assert_eq!(kept.refuse(&[check]), None, "restored: decide it");
+    }
+
+    #[test]
+    fn a_full_table_refuses_without_keeping_so_the_successor_owes_its_admissions() {
+        let mut kept = Kept::default();
+        let batch = vec![item("k", "GET /", 1); 1024];
+        for _ in 0..Kept::MAX / 1024 {
+            assert_eq!(kept.refuse(&batch), Some(ShardError::RestoringCounted));
+        }
+        assert_eq!(kept.refuse(&batch[..1]), Some(ShardError::Restoring));
+        assert_eq!(kept.take_or_close().len(), Kept::MAX);
+    }
 }

@@ -9,7 +9,7 @@ use crate::algorithms::Implausible;
 use crate::check::CheckError;
 use crate::cluster::handoff::{self, Vetted};
 use crate::cluster::link::calls;
-use crate::cluster::replication;
+use crate::cluster::replication::{self, RestoreAnswer};
 use crate::proto::peer::{
     InstallRequest, InstallResponse, KeyState as WireState, RestoreRequest, RestoreResponse,
 };
@@ -100,47 +100,40 @@ impl PeerService {
             return Ok(RestoreResponse::default());
         };
         let view = self.router.view();
-        let mut to = view.member(&request.from_node).cloned();
-        let earlier = to
-            .as_ref()
-            .is_some_and(|m| m.generation < request.generation)
-            || replicator.restarted_in_place(&request.from_node, request.generation);
-        // The sender may have restarted on new ports before this node's view noticed:
-        // push where it says it is now.
-        if let (Some(member), Ok(addr)) = (&mut to, request.peer_addr.parse()) {
-            member.peer_addr = addr;
-            member.generation = request.generation;
-        }
-        let Some(to) = to.filter(|_| earlier) else {
-            // Not an earlier incarnation this node still counts on: a new member, or one
-            // that came back after the cluster dropped it. Its keys come back by the
-            // ring's handoff (whoever held them pushes their state); replicas pushed too
-            // would be merged on top of that and counted twice. If this node's view does
-            // not hold it yet, that handoff would come only once the view catches up,
-            // after the restore has let it answer as owner from empty: hand its keys
-            // over now, before answering.
-            if view.member(&request.from_node).is_some() {
-                return Ok(RestoreResponse::default());
-            }
-            let Some(joiner) = calls::restoring_member(&request) else {
-                return Err(Status::invalid_argument("restore: bad peer address"));
-            };
-            let (sent, installed) = replicator.hand_over_to_joiner(&view, &joiner).await;
-            if sent > 0 {
-                tracing::info!(
-                    node_id = %self.router.me().node_id,
-                    to = %request.from_node,
+        let answer = replicator.restore_answer(&view, &request.from_node, request.generation);
+        let mut to = match answer {
+            RestoreAnswer::Nothing => return Ok(RestoreResponse::default()),
+            RestoreAnswer::Joiner => {
+                let Some(joiner) = calls::restoring_member(&request) else {
+                    return Err(Status::invalid_argument("restore: bad peer address"));
+                };
+                let (sent, installed) = replicator.hand_over_to_joiner(&view, &joiner).await;
+                if sent > 0 {
+                    tracing::info!(
+                        node_id = %self.router.me().node_id,
+                        to = %request.from_node,
+                        sent,
+                        installed,
+                        "keys handed over to a restoring member this node's view does not hold yet"
+                    );
+                }
+                return Ok(RestoreResponse {
                     sent,
                     installed,
-                    "keys handed over to a restoring member this node's view does not hold yet"
-                );
+                    earlier: false,
+                });
             }
-            return Ok(RestoreResponse {
-                sent,
-                installed,
-                earlier: false,
-            });
+            RestoreAnswer::Replicas => view
+                .member(&request.from_node)
+                .cloned()
+                .expect("a member the view holds"),
         };
+        // The sender may have restarted on new ports before this node's view noticed:
+        // push where it says it is now.
+        if let Ok(addr) = request.peer_addr.parse() {
+            to.peer_addr = addr;
+        }
+        to.generation = request.generation;
         let (sent, installed) = replicator.send_replicas(&view, &to).await;
         tracing::info!(
             node_id = %self.router.me().node_id,
@@ -152,7 +145,7 @@ impl PeerService {
         Ok(RestoreResponse {
             sent,
             installed,
-            earlier,
+            earlier: true,
         })
     }
 }

@@ -10,43 +10,33 @@
 //! `push_failover`, `Router::fail_over` / `decide_on_successor`,
 //! `PeerService::send_replicas` and `restore_from_peers`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ringlimit::clock::Clock;
 use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
 use ringlimit::cluster::link::calls;
-use ringlimit::cluster::replication::{self, MAX_PER_ROUND, RESTORE_SETTLE};
+use ringlimit::cluster::replication::{
+    self, Kept, RestoreAnswer, Restoring, Step, TakeBack, MAX_PER_ROUND,
+};
 use ringlimit::membership::ClusterView;
 use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
-use ringlimit::shard::replication::Pick;
 use ringlimit::shard::{Exported, Recipient};
 
 use super::{Msg, Node, Out, Timer};
-
-/// Where a restarted node's restore stands (`restore_from_peers`' loop as states).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// Waiting for a view with another member.
-    Waiting,
-    /// Asked the members in `waiting`; their answers are due.
-    Asking,
-    /// Every member asked answered and one knew an earlier incarnation: waiting for
-    /// the membership to stay still for `RESTORE_SETTLE` (or change: ask the new ones).
-    Settling { until: u64 },
-}
 
 /// A node's restore: until it is done, client checks wait and forwarded checks that
 /// are not fail-overs are refused (their senders fail over to the successor).
 pub struct Restore {
     pub done: bool,
-    phase: Phase,
-    asked: BTreeSet<String>,
-    waiting: BTreeSet<String>,
-    restarted: bool,
-    deadline: u64,
+    /// Production's restore steps.
+    machine: Restoring,
+    /// The wake time of the last restore timer set.
+    wake: Option<u64>,
     /// Client checks that arrived meanwhile: (client, op, key, route, cost).
     pub queued: Vec<(u32, u64, String, String, u64)>,
+    /// The charges of forwarded checks refused meanwhile (production's table).
+    pub kept: Kept,
 }
 
 impl Restore {
@@ -55,12 +45,14 @@ impl Restore {
     pub fn new(needed: bool, deadline: u64) -> Restore {
         Restore {
             done: !needed,
-            phase: Phase::Waiting,
-            asked: BTreeSet::new(),
-            waiting: BTreeSet::new(),
-            restarted: false,
-            deadline,
+            machine: Restoring::new(deadline),
+            wake: None,
             queued: Vec::new(),
+            kept: if needed {
+                Kept::default()
+            } else {
+                Kept::closed()
+            },
         }
     }
 }
@@ -179,69 +171,48 @@ impl Node {
         out
     }
 
-    /// `Replicator::run`'s step for a new view: `drop_handed_over`, then
-    /// `successors_changed` (mark every key this node owns under `new` whose successor
-    /// or owner differs from `old`'s).
+    /// `Replicator::run`'s step for a new view: the work production's
+    /// [`Memory::view_changed`](replication::Memory::view_changed) asks for, performed
+    /// on the simulated shards as `Replicator::view_changed` performs it.
     pub(super) fn successors_changed(&mut self, old: &ClusterView, new: &ClusterView) -> Vec<Out> {
         if !self.replicating() {
             return Vec::new();
         }
-        self.successors_restarted(old, new);
-        let reborn = replication::reborn(old, new, &self.seen);
-        let again: Vec<String> = reborn
-            .iter()
-            .filter(|id| {
-                new.member(id)
-                    .is_some_and(|m| self.claim_hand_again(id, m.generation))
-            })
-            .cloned()
-            .collect();
-        for m in &new.members {
-            self.seen.insert(m.node_id.clone(), m.generation);
+        let now = self.clock.now_ms();
+        let work = self.memory.view_changed(&self.id, old, new, now);
+        if !work.forgotten.is_empty() {
+            self.held_batches
+                .retain(|id| !work.forgotten.iter().any(|f| f == id));
         }
-        // `Replicator::take_back_from_departed`.
-        let mut out = Vec::new();
-        let departed = replication::departed(old, new);
-        if !departed.is_empty() {
-            let new_owner = ringlimit::cluster::handoff::new_owners(new, self.id.clone());
-            let states = self.take_back(&departed, |p| new_owner(p));
-            out.extend(self.push(new, states));
-        }
-        if old.ring.digest() == new.ring.digest() {
-            return out;
-        }
-        if let Some(pick) = replication::handed_over_by_live_owner(&self.id, old, new) {
+        if let Some(pick) = &work.drop_replicas {
             for shard in &mut self.shards {
-                shard.core.drop_replicas(&pick);
+                shard.core.drop_replicas(pick);
             }
         }
-        // `Replicator::hand_again_to_reborn`.
-        if !again.is_empty() {
-            let again: Vec<(String, u64)> = again
-                .into_iter()
-                .filter_map(|id| new.member(&id).map(|m| (id, m.generation)))
-                .collect();
+        let mut out = Vec::new();
+        for TakeBack { back, .. } in work.take_back {
             let new_owner = ringlimit::cluster::handoff::new_owners(new, self.id.clone());
-            let states = self.take_back(&again, |p| new_owner(p));
+            let states = self.take_back(&back, |p| new_owner(p));
             out.extend(self.push(new, states));
         }
-        let reborn = replication::not_restored_here(new, reborn, &self.restores_served);
-        out.extend(self.hand_over_unpromoted(old, new, reborn));
-
-        let (me, old_ring, new_ring) = (self.id.clone(), old.ring.clone(), new.ring.clone());
-        let pick: Pick =
-            Arc::new(move |p| replication::needs_full_state(&me, &old_ring, &new_ring, p));
-        for shard in &mut self.shards {
-            let now = shard.clock.now_ms();
-            shard.core.resync(&pick, now);
+        if let Some(pick) = &work.unpromoted {
+            let mut owned = Vec::new();
+            for shard in &mut self.shards {
+                for state in shard.core.select_replicas(pick) {
+                    if let Some(owner) = new.ring.owner_of_hash(state.id.placement) {
+                        owned.push((Arc::from(owner), state));
+                    }
+                }
+            }
+            out.extend(self.push(new, owned));
+        }
+        for (pick, _) in &work.resync {
+            for shard in &mut self.shards {
+                let now = shard.clock.now_ms();
+                shard.core.resync(pick, now);
+            }
         }
         out
-    }
-
-    /// `Replicator::claim_hand_again`.
-    fn claim_hand_again(&mut self, node: &str, generation: u64) -> bool {
-        self.seen.get(node).is_some_and(|&g| g < generation)
-            && self.handed_again.insert(node.to_string(), generation) != Some(generation)
     }
 
     /// `Replicator::take_back`: the keys handed to incarnations of `back` (id,
@@ -259,64 +230,6 @@ impl Node {
             out.extend(shard.core.hand_again(now, &gone, &mut new_owner));
         }
         out
-    }
-
-    /// `Replicator::hand_over_unpromoted` (and `remember`).
-    fn hand_over_unpromoted(
-        &mut self,
-        old: &ClusterView,
-        new: &ClusterView,
-        reborn: Vec<String>,
-    ) -> Vec<Out> {
-        let Some(pick) = replication::unpromoted(&self.id, old, new, reborn) else {
-            return Vec::new();
-        };
-        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
-        for shard in &mut self.shards {
-            for state in shard.core.select_replicas(&pick) {
-                if let Some(owner) = new.ring.owner_of_hash(state.id.placement) {
-                    to.entry(owner.to_string()).or_default().push(state);
-                }
-            }
-        }
-        let mut out = Vec::new();
-        for (owner, mut states) in to {
-            states.sort_by_key(|s| (s.id.placement, s.id.disc));
-            if new.member(&owner).is_none() {
-                continue;
-            }
-            for chunk in states.chunks(MAX_INSTALL_STATES) {
-                out.push(Out::Send {
-                    to: owner.clone(),
-                    msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
-                });
-            }
-        }
-        out
-    }
-
-    /// `Replicator::successors_restarted`: remember members that restarted in place,
-    /// and send every key this node owns whose successor one of them is in full.
-    fn successors_restarted(&mut self, old: &ClusterView, new: &ClusterView) {
-        let restarted = replication::restarted_in_place(old, new);
-        if restarted.is_empty() {
-            return;
-        }
-        for m in &restarted {
-            self.restarted.insert(m.node_id.clone(), m.generation);
-        }
-        let ids: Vec<String> = restarted.into_iter().map(|m| m.node_id).collect();
-        let (me, ring) = (self.id.clone(), new.ring.clone());
-        let pick: Pick = Arc::new(move |p| {
-            ring.owner_of_hash(p) == Some(&*me)
-                && ring
-                    .successor_of_hash(p)
-                    .is_some_and(|s| ids.iter().any(|r| r == s))
-        });
-        for shard in &mut self.shards {
-            let now = shard.clock.now_ms();
-            shard.core.resync(&pick, now);
-        }
     }
 
     /// `PeerService::hold_replicas`: vet like an install, keep as replicas.
@@ -345,23 +258,29 @@ impl Node {
     /// (`replication::restorable`), and say whether this node knew an earlier
     /// incarnation.
     pub(super) fn on_restore(&mut self, from: &str, request: RestoreRequest) -> Vec<Out> {
-        let answer = |installs, response| {
+        let answer_with = |installs, response| {
             vec![Out::Send {
                 to: from.to_string(),
                 msg: Msg::Restored(Ok((installs, response))),
             }]
         };
         if !self.replicating() {
-            return answer(Vec::new(), RestoreResponse::default());
+            return answer_with(Vec::new(), RestoreResponse::default());
         }
         let view = self.view.clone();
-        let Some(to) = view.member(&request.from_node) else {
+        let serve = self
+            .memory
+            .restore_answer(&view, &request.from_node, request.generation);
+        if serve == RestoreAnswer::Joiner {
             // `Replicator::hand_over_to_joiner`: a requester this view does not hold
             // yet gets its keys handed over before the answer (first again those
             // handed to an earlier incarnation of it).
             let mut states: Vec<Exported> = Vec::new();
             let mut out = Vec::new();
-            if self.claim_hand_again(&request.from_node, request.generation) {
+            if self
+                .memory
+                .claim_hand_again(&request.from_node, request.generation)
+            {
                 let owners = replication::owner_with(
                     &view,
                     &request.from_node,
@@ -396,8 +315,8 @@ impl Node {
             }
             if unpromoted > 0 {
                 // The answer carries the installs: they are in if it arrives.
-                self.restores_served
-                    .insert(request.from_node.clone(), request.generation);
+                self.memory
+                    .served_restore(&request.from_node, request.generation);
             }
             states.sort_by_key(|s| (s.id.placement, s.id.disc));
             self.stats.handed_over += states.len() as u64;
@@ -406,7 +325,7 @@ impl Node {
                 .chunks(MAX_INSTALL_STATES)
                 .map(|chunk| calls::install_request(&self.id, chunk, &self.inline))
                 .collect();
-            out.extend(answer(
+            out.extend(answer_with(
                 installs,
                 RestoreResponse {
                     sent: n,
@@ -416,12 +335,10 @@ impl Node {
             ));
             return out;
         };
-        let earlier = to.generation < request.generation
-            || self.restarted.get(&request.from_node) == Some(&request.generation);
-        if !earlier {
+        if serve == RestoreAnswer::Nothing {
             // As the real service: a new member, or one back after the cluster dropped
             // it, gets its keys by handoff, not replicas (both would be merged).
-            return answer(Vec::new(), RestoreResponse::default());
+            return answer_with(Vec::new(), RestoreResponse::default());
         }
         let pick = replication::restorable(&self.id, &view, &request.from_node);
         let mut states: Vec<Exported> = Vec::new();
@@ -432,19 +349,19 @@ impl Node {
         self.repl.restored += states.len() as u64;
         // `Replicator::send_replicas` remembers the incarnation once its installs are
         // in; here the answer carries them, so they are in if it arrives.
-        self.restores_served
-            .insert(request.from_node.clone(), request.generation);
+        self.memory
+            .served_restore(&request.from_node, request.generation);
         let installs = states
             .chunks(MAX_INSTALL_STATES)
             .map(|chunk| calls::install_request(&self.id, chunk, &self.inline))
             .collect();
         let n = states.len() as u64;
-        answer(
+        answer_with(
             installs,
             RestoreResponse {
                 sent: n,
                 installed: n,
-                earlier,
+                earlier: true,
             },
         )
     }
@@ -463,88 +380,76 @@ impl Node {
         from: &str,
         answer: Result<(Vec<InstallRequest>, RestoreResponse), String>,
     ) -> Vec<Out> {
-        let ok = match answer {
+        let earlier = match answer {
             Ok((installs, response)) => {
                 for install in installs {
                     self.repl.restore_installed += self.install(install);
                 }
-                self.restore.restarted |= response.earlier;
-                true
+                Some(response.earlier)
             }
-            Err(_) => false,
+            Err(_) => None,
         };
-        if self.restore.phase != Phase::Asking || !self.restore.waiting.remove(from) {
+        if self.restore.done {
             return Vec::new();
         }
-        let _ = ok;
-        if !self.restore.waiting.is_empty() {
-            return Vec::new();
-        }
-        if !self.restore.restarted {
-            return self.finish_restore();
-        }
-        self.settle_restore()
+        let now = self.clock.monotonic_ms();
+        let step = self.restore.machine.answered(from, earlier, now);
+        self.restore_perform(step)
     }
 
-    fn settle_restore(&mut self) -> Vec<Out> {
-        let until = self.clock.monotonic_ms() + RESTORE_SETTLE.as_millis() as u64;
-        self.restore.phase = Phase::Settling { until };
-        vec![Out::Timer {
-            at: until,
-            timer: Timer::Restore,
-        }]
-    }
-
-    /// One step of the restore: at start, on every new view, and on its timer.
+    /// One step of the restore: on every new view (`view_changed`) and on its timer.
     pub(super) fn restore_step(&mut self, view_changed: bool) -> Vec<Out> {
         if self.restore.done {
             return Vec::new();
         }
         let now = self.clock.monotonic_ms();
-        if now >= self.restore.deadline {
-            return self.finish_restore();
-        }
-        match self.restore.phase {
-            Phase::Asking => return Vec::new(),
-            Phase::Settling { until } if !view_changed => {
-                return if now >= until {
-                    self.finish_restore()
-                } else {
-                    Vec::new()
-                };
-            }
-            _ => {}
-        }
-        let view = self.view.clone();
-        if view.members.len() <= 1 || view.member(&self.id).is_none() {
-            return Vec::new();
-        }
-        let me = view.member(&self.id).expect("present").clone();
-        let new: Vec<String> = view
-            .members
-            .iter()
-            .map(|m| m.node_id.clone())
-            .filter(|id| **id != *self.id && !self.restore.asked.contains(id))
-            .collect();
-        if new.is_empty() {
-            // Only after a change of view while settling: wait again.
-            return self.settle_restore();
-        }
+        let step = if view_changed {
+            let view = self.view.clone();
+            self.restore.machine.view(&self.id, &view, now)
+        } else {
+            self.restore.machine.timer(now)
+        };
+        self.restore_perform(step)
+    }
+
+    /// What `restore_from_peers` does with a step: ask, set the timer, or finish.
+    fn restore_perform(&mut self, step: Step) -> Vec<Out> {
         let mut out = Vec::new();
-        for id in new {
-            self.restore.asked.insert(id.clone());
-            self.restore.waiting.insert(id.clone());
-            out.push(Out::Send {
-                to: id,
-                msg: Msg::Restore(calls::restore_request(&me)),
+        let wake = match step {
+            Step::Done { .. } => return self.finish_restore(),
+            Step::Wait { wake } => wake,
+            Step::Ask { me, members, wake } => {
+                for m in members {
+                    out.push(Out::Send {
+                        to: m.node_id,
+                        msg: Msg::Restore(calls::restore_request(&me)),
+                    });
+                }
+                wake
+            }
+        };
+        if self.restore.wake != Some(wake) {
+            self.restore.wake = Some(wake);
+            out.push(Out::Timer {
+                at: wake,
+                timer: Timer::Restore,
             });
         }
-        self.restore.phase = Phase::Asking;
         out
     }
 
     /// The restore is over: answer as owner, and take the client checks that waited.
     fn finish_restore(&mut self) -> Vec<Out> {
+        // `Restore::finish`: the checks refused meanwhile are counted first.
+        loop {
+            let charges = self.restore.kept.take_or_close();
+            if charges.is_empty() {
+                break;
+            }
+            for charge in &charges {
+                self.shard_check(charge);
+            }
+        }
         self.restore.done = true;
         let mut out = Vec::new();
         for (client, op, key, route, cost) in std::mem::take(&mut self.restore.queued) {
