@@ -210,7 +210,10 @@ async fn https_checks_and_forward_auth_are_answered_and_plaintext_is_refused_wit
         .await
         .unwrap();
     assert_eq!(allowed.status, 200, "{allowed:?}");
-    assert_eq!(allowed.header("ratelimit-policy"), Some("\"api\";q=5;w=3600"));
+    assert_eq!(
+        allowed.header("ratelimit-policy"),
+        Some("\"api\";q=5;w=3600")
+    );
     assert!(allowed.header("ratelimit").is_some(), "{allowed:?}");
 
     // Plaintext HTTP to the TLS port: the bytes are not a ClientHello, so no HTTP
@@ -218,7 +221,10 @@ async fn https_checks_and_forward_auth_are_answered_and_plaintext_is_refused_wit
     let mut plain = TcpStream::connect(check_addr(&node)).await.unwrap();
     let got = exchange(&mut plain, post_check("alice").as_bytes()).await;
     if let Ok(bytes) = &got {
-        assert!(!bytes.starts_with(b"HTTP/"), "answered in the clear: {got:?}");
+        assert!(
+            !bytes.starts_with(b"HTTP/"),
+            "answered in the clear: {got:?}"
+        );
     }
     // A client that does not trust the node's CA refuses the node.
     let stranger = Ca::new();
@@ -237,8 +243,8 @@ async fn https_checks_and_forward_auth_are_answered_and_plaintext_is_refused_wit
 /// Closes: spending any client's budget through the check face without a certificate
 /// of the client CA, while the gRPC face demands one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_a_client_ca_the_check_face_serves_only_signed_clients_and_the_others_charge_nothing(
-) {
+async fn with_a_client_ca_the_check_face_serves_only_signed_clients_and_the_others_charge_nothing()
+{
     let server_ca = Ca::new();
     let client_ca = Ca::new();
     let (node, _dir) = tls_node(server_ca.public(Some(&client_ca)), |_, _| {}).await;
@@ -263,7 +269,10 @@ async fn with_a_client_ca_the_check_face_serves_only_signed_clients_and_the_othe
     let mut plain = TcpStream::connect(check_addr(&node)).await.unwrap();
     let got = exchange(&mut plain, post_check("bob").as_bytes()).await;
     if let Ok(bytes) = &got {
-        assert!(!bytes.starts_with(b"HTTP/"), "answered in the clear: {got:?}");
+        assert!(
+            !bytes.starts_with(b"HTTP/"),
+            "answered in the clear: {got:?}"
+        );
     }
 
     // Nothing of the refused requests was charged.

@@ -347,7 +347,13 @@ async fn start_in_span(
     // Both speak the public face's TLS when it has one (`public_tls`): one certificate
     // per node, and no face in the clear beside a mutual-TLS one.
     if let Some((listener, face)) = check_http {
-        let served = faces::serve_check_http(listener, face, check_http_tls, checker.clone(), cancel.clone());
+        let served = faces::serve_check_http(
+            listener,
+            face,
+            check_http_tls,
+            checker.clone(),
+            cancel.clone(),
+        );
         spawn_in_span(&tracker, served);
     }
     // The RESP face, when asked for: Redis clients' CL.THROTTLE on the same seam.

@@ -75,18 +75,19 @@ impl PublicAcceptor {
                         .add(cert)
                         .map_err(|e| format!("public TLS: the --tls-client-ca file: {e}"))?;
                 }
-                let verifier =
-                    rustls::server::WebPkiClientVerifier::builder_with_provider(
-                        roots.into(),
-                        provider,
-                    )
-                    .build()
-                    .map_err(|e| format!("public TLS: the --tls-client-ca file: {e}"))?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("public TLS: the --tls-client-ca file: {e}"))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
         let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-            format!("public TLS: the --tls-key file is not usable with the --tls-cert certificate: {e}")
+            format!(
+                "public TLS: the --tls-key file is not usable with the --tls-cert certificate: {e}"
+            )
         })?;
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(PublicAcceptor {
