@@ -1,7 +1,7 @@
 //! The RESP face's listener (`--resp-listen`): accepts Redis clients up to the
 //! connection cap and serves each on a task of its own
 //! ([`crate::server::resp::serve_connection`]), over the public face's TLS when the
-//! node has one (`--tls-cert`, [`super::public_tls`]). A connection beyond the cap is
+//! node has one (`--tls-cert`, `node::public_tls`). A connection beyond the cap is
 //! told `-ERR max number of clients reached` (what Redis says) and closed; under TLS
 //! it is closed without a word.
 
