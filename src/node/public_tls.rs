@@ -201,3 +201,67 @@ impl AsyncWrite for ServerStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate for `localhost` and its key, PEM.
+    fn self_signed() -> (Vec<u8>, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem().into_bytes(), key.serialize_pem().into_bytes())
+    }
+
+    #[test]
+    fn the_acceptor_is_built_from_the_public_material_with_or_without_a_client_ca() {
+        let (cert_pem, key_pem) = self_signed();
+        let (ca_pem, _) = self_signed();
+        for client_ca_pem in [None, Some(ca_pem)] {
+            let tls = PublicTls {
+                cert_pem: cert_pem.clone(),
+                key_pem: key_pem.clone(),
+                client_ca_pem,
+            };
+            for alpn in [&[ALPN_HTTP1][..], &[]] {
+                let acceptor = PublicAcceptor::new(&tls, alpn).unwrap();
+                assert_eq!(format!("{acceptor:?}"), "PublicAcceptor { .. }");
+            }
+        }
+    }
+
+    #[test]
+    fn unusable_material_is_refused_naming_the_flag() {
+        let (cert_pem, key_pem) = self_signed();
+        let (_, other_key) = self_signed();
+        let refused = |tls: PublicTls| PublicAcceptor::new(&tls, &[]).unwrap_err();
+        let error = refused(PublicTls {
+            cert_pem: cert_pem.clone(),
+            key_pem: other_key,
+            client_ca_pem: None,
+        });
+        assert!(error.contains("--tls-key"), "{error}");
+        let error = refused(PublicTls {
+            cert_pem: key_pem.clone(),
+            key_pem: key_pem.clone(),
+            client_ca_pem: None,
+        });
+        assert!(error.contains("--tls-cert"), "{error}");
+        let error = refused(PublicTls {
+            cert_pem: cert_pem.clone(),
+            key_pem: cert_pem.clone(),
+            client_ca_pem: None,
+        });
+        assert!(error.contains("--tls-key"), "{error}");
+        // A client CA file without a certificate in it would trust nobody.
+        let error = refused(PublicTls {
+            cert_pem,
+            key_pem: key_pem.clone(),
+            client_ca_pem: Some(key_pem),
+        });
+        assert!(error.contains("--tls-client-ca"), "{error}");
+    }
+}
