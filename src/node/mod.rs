@@ -343,8 +343,8 @@ async fn start_in_span(
         .with_envoy(envoy.clone())
         .with_inline(inline_rules.clone());
     // The HTTP check face: the same checks over HTTP/1.1 (JSON, and gateways'
-    // forward-auth), on a listener of its own, never the ops port.
-    // Both speak the public face's TLS when it has one (`public_tls`): one certificate
+    // forward-auth), on a listener of its own, never the ops port. It and the RESP face
+    // speak the public face's TLS when the node has one (`public_tls`): one certificate
     // per node, and no face in the clear beside a mutual-TLS one.
     if let Some((listener, face)) = check_http {
         let served = faces::serve_check_http(
@@ -875,7 +875,6 @@ fn spawn_watchers(
     }
 }
 
-/// Spawns `task` on `tracker` in the current span (the node's: see [`start_with_clock`]).
 /// The public face's TLS (`--tls-cert`) for a listener speaking `alpn`; `None` when the
 /// node has none.
 fn public_acceptor(
@@ -890,6 +889,7 @@ fn public_acceptor(
         .map_err(NodeError::Config)
 }
 
+/// Spawns `task` on `tracker` in the current span (the node's: see [`start_with_clock`]).
 fn spawn_in_span<F>(tracker: &TaskTracker, task: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
