@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The RESP face with a client ringlimit did not write: redis-py, pinned by
 # tests/redis_py/requirements.txt in a virtualenv under target/, against 3
-# `ringlimit serve --resp-listen` processes (AUTH with a token file, pipelines, RESP3).
+# `ringlimit serve --resp-listen` processes (AUTH with a token file, pipelines, RESP3),
+# and a fourth over mutual TLS (rediss://, certificates made with openssl).
 # Usage: .ci/redis-py.sh   (builds the debug binary if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,6 +10,11 @@
 //! the requests carry an X-Forwarded-For the client wrote itself: the gateways append
 //! the address they saw, ringlimit reads right to left past its trusted proxy (the
 //! gateways' 127.0.0.1), so the key stays the client's address.
+//!
+//! The same again through a check face speaking TLS with client certificates
+//! (`--tls-cert`, `--tls-client-ca`): nginx with deploy/nginx/ringlimit-tls.conf
+//! (`proxy_ssl_*`), Caddy with deploy/caddy/ringlimit-tls.caddy (`transport http { tls
+//! ... }`), each presenting a gateway certificate of the nodes' client CA.
 
 mod common;
 
@@ -18,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::tls::Ca;
 use common::{http_raw_from, rules_file, start_cluster_with, HttpAnswer};
 use ringlimit::node::config::CheckHttpConfig;
 use ringlimit::server::forward_auth::{ForwardAuthConfig, IpNet, KeySource};
@@ -35,6 +41,9 @@ window = "1h"
 /// The gateways' own loopback addresses (no other test binds them), and the client's.
 const NGINX_IP: [u8; 4] = [127, 0, 0, 21];
 const CADDY_IP: [u8; 4] = [127, 0, 0, 22];
+/// The same for the test through a TLS check face, which runs beside the other.
+const NGINX_TLS_IP: [u8; 4] = [127, 0, 0, 23];
+const CADDY_TLS_IP: [u8; 4] = [127, 0, 0, 24];
 const CLIENT_IP: [u8; 4] = [127, 0, 0, 5];
 
 /// A gateway process, killed and reaped when dropped (also when a test fails).
@@ -96,19 +105,43 @@ fn substitute(text: &str, from: &str, to: &str) -> String {
     text.replace(from, to)
 }
 
-/// nginx with deploy/nginx/ringlimit.conf, its auth upstream `check`, its app `app`.
+/// nginx with deploy/nginx/ringlimit.conf, its auth upstream `check`, its app `app`;
+/// with `tls`, asking the check face over mutual TLS with
+/// deploy/nginx/ringlimit-tls.conf.
 fn start_nginx(
     bin: &Path,
     dir: &Path,
     listen: SocketAddr,
     check: SocketAddr,
     app: SocketAddr,
+    tls: Option<&GatewayTls>,
 ) -> Gateway {
-    let server = substitute(
+    let mut server = substitute(
         &deploy_file("deploy/nginx/ringlimit.conf"),
         "listen 8080;",
         &format!("listen {listen};"),
     );
+    if let Some(tls) = tls {
+        let snippet = tls.paths(
+            &deploy_file("deploy/nginx/ringlimit-tls.conf"),
+            "/etc/nginx/ringlimit",
+        );
+        let snippet = substitute(
+            &snippet,
+            "proxy_ssl_name ringlimit.internal;",
+            "proxy_ssl_name localhost;",
+        );
+        let included = dir.join("ringlimit-tls.conf");
+        std::fs::write(&included, snippet).unwrap();
+        server = substitute(
+            &server,
+            "proxy_pass http://ringlimit_check/v1/forward-auth?deny_status=403;",
+            &format!(
+                "proxy_pass https://ringlimit_check/v1/forward-auth?deny_status=403;\n        include {};",
+                included.display()
+            ),
+        );
+    }
     std::fs::write(dir.join("ringlimit.conf"), server).unwrap();
     let d = dir.display();
     // One process in the foreground, every path in the temp dir.
@@ -141,15 +174,38 @@ fn start_nginx(
     }
 }
 
-/// Caddy with deploy/caddy/Caddyfile, asking `check`, proxying to `app`.
+/// Caddy with deploy/caddy/Caddyfile, asking `check`, proxying to `app`; with `tls`,
+/// asking the check face over mutual TLS with deploy/caddy/ringlimit-tls.caddy.
 fn start_caddy(
     bin: &Path,
     dir: &Path,
     listen: SocketAddr,
     check: SocketAddr,
     app: SocketAddr,
+    tls: Option<&GatewayTls>,
 ) -> Gateway {
     let mut file = deploy_file("deploy/caddy/Caddyfile");
+    if let Some(tls) = tls {
+        let snippet = tls.paths(
+            &deploy_file("deploy/caddy/ringlimit-tls.caddy"),
+            "/etc/caddy/ringlimit",
+        );
+        let snippet = substitute(
+            &snippet,
+            "tls_server_name ringlimit.internal",
+            "tls_server_name localhost",
+        );
+        let imported = dir.join("ringlimit-tls.caddy");
+        std::fs::write(&imported, snippet).unwrap();
+        file = substitute(
+            &file,
+            "copy_headers RateLimit RateLimit-Policy",
+            &format!(
+                "copy_headers RateLimit RateLimit-Policy\n\t\timport {}",
+                imported.display()
+            ),
+        );
+    }
     file = substitute(
         &file,
         ":8081 {",
@@ -185,6 +241,32 @@ fn start_caddy(
         name: "caddy",
         child,
         log,
+    }
+}
+
+/// The files a gateway needs to ask a mutual-TLS check face: the CA of the node's
+/// certificate, and the gateway's own certificate of the node's client CA.
+struct GatewayTls {
+    dir: tempfile::TempDir,
+}
+
+impl GatewayTls {
+    fn new(server_ca: &Ca, client_ca: &Ca) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = client_ca.leaf(&["gateway-1"]);
+        for (name, text) in [
+            ("public-ca.pem", server_ca.pem.as_str()),
+            ("gateway-1.pem", cert.as_str()),
+            ("gateway-1.key", key.as_str()),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        GatewayTls { dir }
+    }
+
+    /// `text` with the deploy file's certificate directory `from` replaced by ours.
+    fn paths(&self, text: &str, from: &str) -> String {
+        substitute(text, from, &self.dir.path().display().to_string())
     }
 }
 
@@ -269,18 +351,29 @@ async fn nginx_and_caddy_enforce_one_exact_limit_across_a_cluster() {
     let caddy_addr = SocketAddr::from((CADDY_IP, free_port(CADDY_IP)));
     // Two gateways, two entry nodes: the key's owner decides for both.
     let check = |i: usize| nodes[i].check_http_addr.unwrap();
-    let nginx = start_nginx(&nginx, &nginx_dir, nginx_addr, check(0), app);
-    let caddy = start_caddy(&caddy, &caddy_dir, caddy_addr, check(1), app);
+    let nginx = start_nginx(&nginx, &nginx_dir, nginx_addr, check(0), app, None);
+    let caddy = start_caddy(&caddy, &caddy_dir, caddy_addr, check(1), app, None);
     wait_listening(&nginx, nginx_addr).await;
     wait_listening(&caddy, caddy_addr).await;
+    hundred_requests_admit_sixty((nginx_addr, &nginx), (caddy_addr, &caddy)).await;
+}
 
+/// 100 requests from the client, alternating between the two gateways: exactly 60
+/// reach the application, the others are 429s with Retry-After, the RateLimit fields
+/// and the problem body, from both gateways.
+async fn hundred_requests_admit_sixty(
+    nginx: (SocketAddr, &Gateway),
+    caddy: (SocketAddr, &Gateway),
+) {
+    let (nginx_addr, nginx) = nginx;
+    let (caddy_addr, caddy) = caddy;
     let mut admitted = [0usize; 2];
     let mut denied = [0usize; 2];
     for i in 0..100 {
         let (gateway, which, g) = if i % 2 == 0 {
-            (nginx_addr, &nginx, 0)
+            (nginx_addr, nginx, 0)
         } else {
-            (caddy_addr, &caddy, 1)
+            (caddy_addr, caddy, 1)
         };
         // Path and query vary, and every fifth request claims another address.
         let path = format!("/v1/items/{i}?page={}", i % 7);
@@ -348,4 +441,43 @@ async fn nginx_and_caddy_enforce_one_exact_limit_across_a_cluster() {
         denied[0] > 0 && denied[1] > 0,
         "both gateways answered denials"
     );
+}
+
+/// The same through a check face that speaks TLS and demands client certificates:
+/// nginx with `proxy_ssl_*` and Caddy with `transport http { tls ... }`, each
+/// presenting a gateway certificate of the nodes' client CA.
+#[tokio::test]
+async fn nginx_and_caddy_enforce_the_limit_through_a_mutual_tls_check_face() {
+    let (Some(nginx), Some(caddy)) = (binary("nginx"), binary("caddy")) else {
+        println!("SKIPPED: nginx and caddy are both needed (.ci/deps installs them)");
+        return;
+    };
+    let (server_ca, client_ca) = (Ca::new(), Ca::new());
+    let public = server_ca.public(Some(&client_ca));
+    let (_rules_dir, rules) = rules_file(RULES);
+    let face = |config: &mut ringlimit::node::NodeConfig| {
+        let mut face = CheckHttpConfig::on("127.0.0.1:0".parse().unwrap());
+        face.forward_auth = ForwardAuthConfig {
+            key: KeySource::ClientAddress,
+            trusted_proxies: vec![IpNet::parse("127.0.0.1").unwrap()],
+        };
+        config.check_http = Some(face);
+        config.public_tls = Some(public.clone());
+        config.forward.timeout = std::time::Duration::from_secs(5);
+    };
+    let nodes = start_cluster_with(&["a", "b", "c"], Some(&rules), face).await;
+    let app = tiny_app().await;
+    let tls = GatewayTls::new(&server_ca, &client_ca);
+    let dir = tempfile::tempdir().unwrap();
+    let (nginx_dir, caddy_dir) = (dir.path().join("nginx"), dir.path().join("caddy"));
+    std::fs::create_dir_all(&nginx_dir).unwrap();
+    std::fs::create_dir_all(&caddy_dir).unwrap();
+    let nginx_addr = SocketAddr::from((NGINX_TLS_IP, free_port(NGINX_TLS_IP)));
+    let caddy_addr = SocketAddr::from((CADDY_TLS_IP, free_port(CADDY_TLS_IP)));
+    let check = |i: usize| nodes[i].check_http_addr.unwrap();
+    let nginx = start_nginx(&nginx, &nginx_dir, nginx_addr, check(0), app, Some(&tls));
+    let caddy = start_caddy(&caddy, &caddy_dir, caddy_addr, check(1), app, Some(&tls));
+    wait_listening(&nginx, nginx_addr).await;
+    wait_listening(&caddy, caddy_addr).await;
+    hundred_requests_admit_sixty((nginx_addr, &nginx), (caddy_addr, &caddy)).await;
 }

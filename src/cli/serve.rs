@@ -223,12 +223,14 @@ pub struct ServeArgs {
     resp: super::resp::RespArgs,
 }
 
-/// TLS on the public listener (docs/security.md, "TLS on the public face"): every
-/// public service (ringlimit.v1, Envoy RLS, Gubernator, health, reflection) then speaks
-/// TLS only. Certificates are read once at start: replacing them needs a restart.
+/// TLS on the public face (docs/security.md, "TLS on the public face"): every service
+/// callers reach (ringlimit.v1, Envoy RLS, Gubernator, health, reflection, and the HTTP
+/// check and RESP faces when served) then speaks TLS only, with one certificate.
+/// Certificates are read once at start: replacing them needs a restart.
 #[derive(clap::Args)]
 struct PublicTlsArgs {
-    /// Certificate chain (PEM, leaf first) the public listener presents to gateways.
+    /// Certificate chain (PEM, leaf first) the public faces present to their callers:
+    /// the gRPC listener, and the HTTP check and RESP listeners when served.
     #[arg(long, env = "RINGLIMIT_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// Private key (PEM) of --tls-cert.

@@ -283,13 +283,15 @@ pub async fn serve_ops(listener: TcpListener, state: OpsState, cancel: Cancellat
 }
 
 /// The HTTP check face (`server::http_check`): JSON checks and gateways' forward-auth
-/// on a listener of its own, with no authentication (like the public gRPC face) and
-/// the ops listener's bounds at this face's values: a connection cap that closes the
-/// connection waiting longest for a request first, a head size cap, a header timeout
+/// on a listener of its own, with no authentication unless mutual TLS (like the public
+/// gRPC face, and with its TLS: `tls`) and the ops listener's bounds at this face's
+/// values: a connection cap that closes the connection waiting longest for a request
+/// first, a head size cap, a header timeout (which a TLS handshake is held to as well)
 /// and a maximum age; the body bound and timeout are the adapter's.
 pub async fn serve_check_http(
     listener: TcpListener,
     config: super::config::CheckHttpConfig,
+    tls: Option<super::public_tls::PublicAcceptor>,
     checker: Checker,
     cancel: CancellationToken,
 ) {
@@ -305,7 +307,7 @@ pub async fn serve_check_http(
         closed_metric: "ringlimit_http_check_connections_closed_total",
     };
     let server = axum::serve(
-        super::ops_listener::BoundedListener::new(listener, bounds),
+        super::ops_listener::BoundedListener::new(listener, bounds).with_tls(tls),
         app,
     )
     .with_graceful_shutdown(cancel.cancelled_owned());

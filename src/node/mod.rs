@@ -10,7 +10,8 @@
 //!
 //! - `config`: the node's settings; `grpc`: what one client can make a gRPC listener
 //!   hold; `faces`: the three servers; `resp_listener`: the RESP face for Redis
-//!   clients (`--resp-listen`, off by default); `rules`: rules at start and their watchers;
+//!   clients (`--resp-listen`, off by default); `public_tls`: the public face's TLS on
+//!   the HTTP check and RESP listeners; `rules`: rules at start and their watchers;
 //!   `exporter`: the Prometheus recorder and metric descriptions.
 
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ mod exporter;
 mod faces;
 pub mod grpc;
 mod ops_listener;
+mod public_tls;
 pub mod resp_listener;
 mod rules;
 mod workers;
@@ -284,6 +286,10 @@ async fn start_in_span(
         envoy,
         rule_file,
     } = rules::load(&config)?;
+    // The public face's TLS on the listeners tonic does not serve, built before anything
+    // starts (HTTP/1.1 by ALPN; Redis clients offer none).
+    let check_http_tls = public_acceptor(&config, &[public_tls::ALPN_HTTP1])?;
+    let resp_tls = public_acceptor(&config, &[])?;
     let workers = Workers::start(config.workers, &config.node_id)?;
     let listeners = Listeners::bind(&config, workers.len()).await?;
     let check_http = match &config.check_http {
@@ -337,9 +343,17 @@ async fn start_in_span(
         .with_envoy(envoy.clone())
         .with_inline(inline_rules.clone());
     // The HTTP check face: the same checks over HTTP/1.1 (JSON, and gateways'
-    // forward-auth), on a listener of its own, never the ops port.
+    // forward-auth), on a listener of its own, never the ops port. It and the RESP face
+    // speak the public face's TLS when the node has one (`public_tls`): one certificate
+    // per node, and no face in the clear beside a mutual-TLS one.
     if let Some((listener, face)) = check_http {
-        let served = faces::serve_check_http(listener, face, checker.clone(), cancel.clone());
+        let served = faces::serve_check_http(
+            listener,
+            face,
+            check_http_tls,
+            checker.clone(),
+            cancel.clone(),
+        );
         spawn_in_span(&tracker, served);
     }
     // The RESP face, when asked for: Redis clients' CL.THROTTLE on the same seam.
@@ -351,7 +365,7 @@ async fn start_in_span(
         };
         spawn_in_span(
             &tracker,
-            resp_listener::serve_resp(listener, face, cancel.clone()),
+            resp_listener::serve_resp(listener, face, resp_tls, cancel.clone()),
         );
     }
     let services = faces::public_services(&config, checker);
@@ -859,6 +873,20 @@ fn spawn_watchers(
             ),
         );
     }
+}
+
+/// The public face's TLS (`--tls-cert`) for a listener speaking `alpn`; `None` when the
+/// node has none.
+fn public_acceptor(
+    config: &NodeConfig,
+    alpn: &[&[u8]],
+) -> Result<Option<public_tls::PublicAcceptor>, NodeError> {
+    config
+        .public_tls
+        .as_ref()
+        .map(|tls| public_tls::PublicAcceptor::new(tls, alpn))
+        .transpose()
+        .map_err(NodeError::Config)
 }
 
 /// Spawns `task` on `tracker` in the current span (the node's: see [`start_with_clock`]).

@@ -16,6 +16,10 @@
 //!
 //! Whether a request head is complete is read from the bytes themselves (the blank line
 //! that ends an HTTP/1.1 head), so the policy holds whatever the server does inside.
+//! On a TLS listener (the HTTP check face with `--tls-cert`) those are the bytes TLS
+//! decrypted, and the handshake is part of the wait for the first head: a handshake
+//! that stalls meets the header timeout and can be evicted at the cap like any
+//! connection that has not sent a head.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,9 +30,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use super::public_tls::{PublicAcceptor, ServerStream};
 
 /// Most connections the ops port holds at once. Prometheus, probes and operators need a
 /// handful; past it the connection that has waited longest for a request is closed.
@@ -206,6 +212,8 @@ pub struct BoundedListener {
     /// The close signal of every connection still in the table.
     closers: Arc<Mutex<HashMap<u64, CancellationToken>>>,
     bounds: OpsBounds,
+    /// TLS on every connection (the check face with `--tls-cert`); `None`: plaintext.
+    tls: Option<PublicAcceptor>,
 }
 
 impl BoundedListener {
@@ -216,7 +224,16 @@ impl BoundedListener {
             table: Arc::new(Mutex::new(OpsConnections::new(bounds.max_connections))),
             closers: Arc::new(Mutex::new(HashMap::new())),
             bounds,
+            tls: None,
         }
+    }
+
+    /// This listener speaking TLS only. The handshake runs inside the connection's
+    /// bounds: it counts as waiting for a request head (the header timeout, eviction
+    /// at the cap), and the accept loop never waits on it.
+    pub fn with_tls(mut self, tls: Option<PublicAcceptor>) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
@@ -258,7 +275,10 @@ impl axum::serve::Listener for BoundedListener {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, close.clone());
             let stream = BoundedStream {
-                stream,
+                stream: match &self.tls {
+                    Some(tls) => tls.stream(stream),
+                    None => ServerStream::Plain(stream),
+                },
                 id,
                 table: self.table.clone(),
                 closers: self.closers.clone(),
@@ -285,7 +305,8 @@ impl axum::serve::Listener for BoundedListener {
 /// has waited longer than the header timeout for a request head, or once the listener
 /// evicted it, which makes the server drop it; leaves the table when dropped.
 pub struct BoundedStream {
-    stream: TcpStream,
+    /// Plaintext, or TLS: the head is looked for in what TLS decrypted.
+    stream: ServerStream,
     id: u64,
     table: Table,
     closers: Arc<Mutex<HashMap<u64, CancellationToken>>>,
@@ -407,6 +428,7 @@ impl AsyncWrite for BoundedStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
     #[test]
     fn a_request_head_ends_at_the_first_empty_line_in_any_split() {

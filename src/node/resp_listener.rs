@@ -1,7 +1,9 @@
 //! The RESP face's listener (`--resp-listen`): accepts Redis clients up to the
 //! connection cap and serves each on a task of its own
-//! ([`crate::server::resp::serve_connection`]). A connection beyond
-//! the cap is told `-ERR max number of clients reached` (what Redis says) and closed.
+//! ([`crate::server::resp::serve_connection`]), over the public face's TLS when the
+//! node has one (`--tls-cert`, `node::public_tls`). A connection beyond the cap is
+//! told `-ERR max number of clients reached` (what Redis says) and closed; under TLS
+//! it is closed without a word.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::server::resp::{serve_connection, RespFace, RespLimits, RespToken};
+use super::public_tls::PublicAcceptor;
+use crate::server::resp::{serve_connection, ConnectionEnd, RespFace, RespLimits, RespToken};
 
 /// The RESP face's settings (`serve --resp-listen` and its companions).
 #[derive(Debug, Clone)]
@@ -48,8 +51,15 @@ impl RespConfig {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Accept and serve Redis clients until `cancel` fires, then wait (at most
-/// 5 s) for the connections to end.
-pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: CancellationToken) {
+/// 5 s) for the connections to end. With `tls` (the public face's, `--tls-cert`)
+/// every connection must finish its TLS handshake within the request timeout, on the
+/// slot it took from the cap, before a byte of RESP is read.
+pub async fn serve_resp(
+    listener: TcpListener,
+    face: RespFace,
+    tls: Option<PublicAcceptor>,
+    cancel: CancellationToken,
+) {
     let face = Arc::new(face);
     let slots = Arc::new(Semaphore::new(face.limits.max_connections));
     let connections = TaskTracker::new();
@@ -70,6 +80,10 @@ pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: Cancellat
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             refused.increment(1);
+            if tls.is_some() {
+                // No plaintext words on a TLS port: the client sees the close.
+                continue;
+            }
             connections.spawn(async move {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(1),
@@ -82,9 +96,18 @@ pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: Cancellat
         let _ = stream.set_nodelay(true);
         let face = face.clone();
         let cancel = cancel.clone();
+        let tls = tls.clone();
         connections.spawn(
             async move {
-                if let Err(end) = serve_connection(stream, &face, &cancel).await {
+                let served = match tls {
+                    None => serve_connection(stream, &face, &cancel).await,
+                    Some(tls) => match handshake(&tls, stream, &face, &cancel).await {
+                        Ok(Some(stream)) => serve_connection(stream, &face, &cancel).await,
+                        Ok(None) => Ok(()),
+                        Err(end) => Err(end),
+                    },
+                };
+                if let Err(end) = served {
                     tracing::debug!(%peer, %end, "RESP connection closed");
                 }
                 drop(slot);
@@ -94,4 +117,26 @@ pub async fn serve_resp(listener: TcpListener, face: RespFace, cancel: Cancellat
     }
     connections.close();
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, connections.wait()).await;
+}
+
+/// The TLS handshake of a RESP connection, within the face's request timeout: a client
+/// that stalls it (a slowloris of the handshake) holds its slot no longer than one that
+/// stalls a command. A refused handshake (no client certificate of the client CA,
+/// plaintext on the TLS port) ends the connection before any command is read.
+/// `None`: the node is stopping.
+async fn handshake(
+    tls: &PublicAcceptor,
+    stream: tokio::net::TcpStream,
+    face: &RespFace,
+    cancel: &CancellationToken,
+) -> Result<Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>, ConnectionEnd> {
+    let handshake = tokio::time::timeout(face.limits.request_timeout, tls.handshake(stream));
+    tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(stream)) => Ok(Some(stream)),
+            Ok(Err(error)) => Err(ConnectionEnd::Io(error)),
+            Err(_) => Err(ConnectionEnd::TimedOut("in the TLS handshake")),
+        },
+        () = cancel.cancelled() => Ok(None),
+    }
 }

@@ -1,6 +1,6 @@
 //! Certificates for the TLS tests (peer face and public face), made with rcgen.
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use ringlimit::node::config::{PeerTls, PublicTls};
 
 /// A CA and what it signs.
@@ -16,6 +16,11 @@ impl Ca {
     pub fn new() -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // A name of its own: rcgen's default is every certificate's, and OpenSSL
+        // (redis-cli, nginx) takes a leaf named like its issuer for self-signed.
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ringlimit test CA");
         let key = KeyPair::generate().unwrap();
         let pem = params.self_signed(&key).unwrap().pem();
         Ca {
@@ -26,9 +31,12 @@ impl Ca {
 
     /// A leaf certificate for `names`, as (cert PEM, key PEM).
     pub fn leaf(&self, names: &[&str]) -> (String, String) {
-        let params =
+        let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         (cert.pem(), key.serialize_pem())

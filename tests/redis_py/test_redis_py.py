@@ -5,6 +5,11 @@ token file. redis-py connects with a password (AUTH), with RESP3 (HELLO 3 AUTH),
 pipelines; every CL.THROTTLE answer is redis-cell's five integers, decided by the key's
 owner whichever node the client entered by.
 
+A fourth node speaks the public face's TLS with client certificates (--tls-cert,
+--tls-key, --tls-client-ca; certificates made with the openssl commands of
+docs/security.md): redis-py connects with a rediss:// URL and a client certificate, and
+without one, or in plaintext, gets no answer and charges nothing.
+
 Run by .ci/redis-py.sh: python test_redis_py.py PATH_TO_RINGLIMIT_BINARY
 Limits use a period of a week per unit (count 1, period 604800 s), so nothing refills
 within a run.
@@ -31,14 +36,14 @@ WEEK = 604800
 class Node:
     """One `ringlimit serve --resp-listen` process on loopback port 0."""
 
-    def __init__(self, node_id, workdir, secret, token, seeds):
+    def __init__(self, node_id, workdir, secret, token, seeds, extra=()):
         self.id = node_id
         self.log = open(os.path.join(workdir, node_id + ".log"), "w")
         args = [BINARY, "serve", "--node-id", node_id,
                 "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
                 "--gossip-listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0",
                 "--resp-listen", "127.0.0.1:0", "--resp-token-file", token,
-                "--cluster-secret-file", secret]
+                "--cluster-secret-file", secret] + list(extra)
         for seed in seeds:
             args += ["--seed", seed]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log,
@@ -173,6 +178,93 @@ class Cluster(unittest.TestCase):
         self.assertIn("unknown command", str(e.exception))
         # Nothing charged by the refusals.
         self.assertEqual(throttle(c, "py-resp3", 4, 1, WEEK, 0)[2], 3)
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-days", "2", "-subj", "/CN=" + name, "-keyout", name + ".key", "-out",
+            name + ".pem", cwd=d)
+
+
+def make_leaf(d, ca, name, san):
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-subj", "/CN=" + name, "-keyout", name + ".key", "-out", name + ".csr", cwd=d)
+    ext = os.path.join(d, name + ".ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=" + san + "\n")
+    openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+            "-days", "2", "-extfile", ext, "-out", name + ".pem", cwd=d)
+
+
+# What redis-py raises when the server refuses the handshake or closes the connection
+# (ConnectionError), or answers plaintext with a TLS alert, which is not RESP
+# (InvalidResponse): never a reply.
+REFUSED = (redis.ConnectionError, redis.exceptions.InvalidResponse)
+
+
+class MutualTls(unittest.TestCase):
+    """One node whose public faces demand a client certificate of the apps' CA."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        d = cls.dir.name
+        make_ca(d, "public-ca")
+        make_leaf(d, "public-ca", "node", "DNS:localhost,IP:127.0.0.1")
+        make_ca(d, "apps-ca")
+        make_leaf(d, "apps-ca", "app-1", "DNS:app-1")
+        make_ca(d, "stranger-ca")
+        make_leaf(d, "stranger-ca", "stranger", "DNS:app-1")
+        cls.workdir = d
+        secret = os.path.join(d, "cluster.secret")
+        with open(secret, "w") as f:
+            f.write(SECRET + "\n")
+        token = os.path.join(d, "resp.token")
+        with open(token, "w") as f:
+            f.write(TOKEN + "\n")
+        cls.node = Node("tls", d, secret, token, [], extra=[
+            "--tls-cert", os.path.join(d, "node.pem"), "--tls-key", os.path.join(d, "node.key"),
+            "--tls-client-ca", os.path.join(d, "apps-ca.pem")])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.stop()
+        cls.dir.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.workdir, name)
+
+    def url(self):
+        return "rediss://%s:%d" % (self.node.host, self.node.port)
+
+    def client(self, cert="app-1"):
+        kw = {}
+        if cert:
+            kw = dict(ssl_certfile=self.path(cert + ".pem"), ssl_keyfile=self.path(cert + ".key"))
+        return redis.Redis.from_url(self.url(), password=TOKEN, socket_timeout=10,
+                                    ssl_ca_certs=self.path("public-ca.pem"), **kw)
+
+    def test_rediss_with_a_client_certificate(self):
+        c = self.client()
+        self.assertTrue(c.ping())
+        self.assertEqual(throttle(c, "py-tls", 15, 30, 60), [0, 16, 15, -1, 2])
+        pipe = c.pipeline(transaction=False)
+        for _ in range(20):
+            pipe.execute_command("CL.THROTTLE", "py-tls-pipe", 9, 1, WEEK)
+        self.assertEqual([a[0] for a in pipe.execute()], [0] * 10 + [1] * 10)
+
+    def test_no_certificate_another_ca_or_plaintext_get_no_reply_and_charge_nothing(self):
+        for refused in [self.client(cert=None), self.client(cert="stranger"),
+                        redis.Redis(host=self.node.host, port=self.node.port, password=TOKEN,
+                                    socket_timeout=10)]:
+            with self.assertRaises(REFUSED):
+                throttle(refused, "py-tls-refused")
+        self.assertEqual(throttle(self.client(), "py-tls-refused", quantity=0),
+                         [0, 60, 60, -1, 0])
 
 
 if __name__ == "__main__":
