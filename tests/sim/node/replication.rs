@@ -385,7 +385,7 @@ impl Node {
                 for install in installs {
                     self.repl.restore_installed += self.install(install);
                 }
-                Some(response.earlier)
+                Some(response.earlier || response.sent > 0)
             }
             Err(_) => None,
         };
