@@ -197,6 +197,38 @@ fn seeds() {
     );
 }
 
+/// Fresh seeds that each found an ordering the fixed range never met, kept as
+/// regressions (each name says what it pinned):
+/// - a restoring owner's refused check, decided on the successor's replica, counted by
+///   the owner only once the successor's delta arrived, after it answered;
+/// - a successor promoting its replica into a live key for a forward from a node that
+///   saw the owner die, while its own view still held the owner, which then restarted
+///   and restored without that count;
+/// - a restarted owner answering before the deltas of the member that had owned its
+///   keys meanwhile (and handed them back) arrived.
+#[test]
+fn regression_seeds_hold_every_property() {
+    let cases = [
+        ("restore-keeps-refused-checks", 19_299_970_855),
+        ("stray-forward-on-the-replica", 19_299_967_954),
+        ("rejoin-settles-for-deltas", 19_299_975_478),
+    ];
+    let seeds: Vec<u64> = cases.iter().map(|(_, seed)| *seed).collect();
+    let failed: Vec<String> = run_seeds(&seeds, false, replicate_ms())
+        .into_iter()
+        .filter(|o| o.violations() > 0)
+        .map(|o| {
+            let name = cases.iter().find(|(_, s)| *s == o.seed).map_or("", |c| c.0);
+            format!(
+                "{name} (RINGLIMIT_SIM_SEED={}): {}",
+                o.seed,
+                o.report.details(3)
+            )
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 /// `--replicate-interval-ms 0` must still give what ringlimit gave before replicas:
 /// these 100 seeds run the nodes without them and check every property but
 /// S3-replicated, which only replication promises.

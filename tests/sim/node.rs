@@ -15,6 +15,8 @@
 //!
 //! A client's check is the production [`Flight`] (plan, fail-over to the
 //! successor, fallbacks, combining, refunds): this file only performs what it asks for.
+//! A forwarded batch is refused, kept and retargeted as production's
+//! (`flight::owner_refuses`, `replication::Kept`, `policy::on_replicas`).
 //!
 //! What is a model: the async shells around them (this file mirrors
 //! `decide_forwarded`'s shard calls, the shard actor's `Check`, and the handoff watcher

@@ -1,14 +1,18 @@
-//! The simulated node's successor replicas (issue 23): the replicator's round, the
+//! The simulated node's successor replicas: the replicator's round, the
 //! successor's side of `Peer/Replicate` and `Peer/Restore`, the fail-over of a check
 //! whose owner cannot be reached, and a restarted node's restore.
 //!
 //! Real (called): the shard's [`ShardCore`](ringlimit::shard::ShardCore) does every
 //! decision, hold, drain, resync, promotion and selection; the ring's
 //! `successor_of_hash` places replicas; `link::calls` builds the requests (so their
-//! sizes are the protocol's); `policy` answers. Modelled, step by step, as noted on
-//! each function: the async shells `Replicator::round` / `successors_changed` /
-//! `push_failover`, `Router::fail_over` / `decide_on_successor`,
-//! `PeerService::send_replicas` and `restore_from_peers`.
+//! sizes are the protocol's); `policy` answers. A view change's work is production's
+//! `replication::Memory::view_changed`, a restore request's answer its
+//! `Memory::restore_answer`, and the restore's steps its `replication::Restoring`:
+//! this file performs them on the simulated shards and network. Still modelled, step
+//! by step, as noted on each function: the replication round and the fail-over push
+//! (`Replicator::run`'s tick: `collect`, `send`, `push_failover`), and the service
+//! side of `Peer/Replicate` and `Peer/Restore` (`hold_replicas`, `send_replicas`,
+//! `hand_over_to_joiner`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
