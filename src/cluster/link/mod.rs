@@ -20,6 +20,9 @@
 //!   forwarded check as it travels, its strings slices rather than copies;
 //!   [`key_state`]: a counter's state as it travels, likewise.
 //! - [`signing`]: the call proof every peer call carries.
+//! - [`frames`]: the lean transport's format: a stream's calls and answers as
+//!   length-prefixed frames on a plain connection of their own, opened with the same
+//!   proof, instead of HTTP/2 messages (used where the link has no TLS).
 //! - `pool` and `stream` (private): the shell. [`PeerPool`] is what the router, handoff
 //!   and rules sync hold; the stream shell runs one batcher task per peer and one driver
 //!   task per stream, and nothing per batch.
@@ -51,6 +54,7 @@
 pub mod batcher;
 pub mod budget;
 pub mod calls;
+pub mod frames;
 pub mod item;
 pub mod key_state;
 mod pool;
@@ -93,6 +97,9 @@ pub struct ForwardConfig {
     /// Forward on one `ForwardStream` per peer; `false`: a unary `Forward` call per batch
     /// (`--forward-unary`).
     pub stream: bool,
+    /// Carry that stream as a framed connection ([`frames`]) where the link has no TLS
+    /// and the peer speaks frames; `false`: an HTTP/2 stream (`--forward-http2`).
+    pub frames: bool,
     /// Source IP for outbound peer connections (so partition rules that match a
     /// node's address also match its outbound traffic); `None` lets the OS choose.
     pub local_ip: Option<IpAddr>,
@@ -122,6 +129,7 @@ impl Default for ForwardConfig {
             queue: 16_384,
             stream_max_age: Duration::from_secs(15),
             stream: true,
+            frames: true,
             local_ip: None,
             keyring: None,
             tls: None,
