@@ -25,7 +25,7 @@ use crate::proto::v1_server::rate_limiter_server::RateLimiterServer;
 use crate::server::answer_budget::{AnswerBudget, HoldUntilSentLayer};
 use crate::server::ops::OpsState;
 use crate::cluster::link::frames;
-use crate::server::peer::frames::{serve_frames, FramesFace, FRAMES_IDLE};
+use crate::server::peer::frames::{serve_frames, FramesFace};
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
 
@@ -252,7 +252,7 @@ async fn serve_peer_with(
             auth: auth.clone(),
             max_frame: peer_message_cap,
             handshake: limits.handshake_timeout,
-            idle: FRAMES_IDLE,
+            idle: limits.keepalive_interval + limits.keepalive_timeout,
         };
         Box::pin(sort_peer_connections(accepted, face, cancel.clone()))
     };

@@ -9,8 +9,9 @@
 //!
 //! What bounds a connection: a length prefix beyond the node's peer message cap ends
 //! it before any of the frame is buffered; a frame that is not a `ForwardCall` ends it
-//! (nothing of it decided); a sender that completes no frame for [`FRAMES_IDLE`], or
-//! does not take an answer for as long, is cut off; at most [`STREAM_IN_FLIGHT`] calls
+//! (nothing of it decided); a sender that completes no frame for the face's idle bound
+//! (the HTTP/2 keepalive's interval plus its timeout: what a silent HTTP/2 peer gets),
+//! or does not take an answer for as long, is cut off; at most [`STREAM_IN_FLIGHT`] calls
 //! are decided at once, and a sender that reads no answers stops being read once the
 //! socket's buffers fill. The connection holds one of the peer face's connection slots
 //! from its accept to its end.
@@ -30,11 +31,6 @@ use crate::cluster::link::frames::{
 };
 use crate::proto::peer::{ForwardAnswer, ForwardCall};
 use crate::server::peer_auth::PeerAuthLayer;
-
-/// How long a framed connection may go without a whole frame in, or an answer taken
-/// out. Longer than a sender keeps sending on one connection (it opens a new one every
-/// 15 s), so only a connection no member would still use is cut.
-pub const FRAMES_IDLE: Duration = Duration::from_secs(60);
 
 /// Answers written in one go at most (bytes): the answers ready together leave in one
 /// write up to this size.
@@ -72,7 +68,9 @@ pub struct FramesFace {
     pub max_frame: usize,
     /// How long the magic and the hello may take to arrive.
     pub handshake: Duration,
-    /// [`FRAMES_IDLE`] (shorter in tests).
+    /// How long a connection may go without a whole frame in, or an answer taken out.
+    /// Longer than a sender keeps sending on one connection (it opens a new one every
+    /// 15 s), so only a connection no member would still send on is cut.
     pub idle: Duration,
 }
 
