@@ -777,7 +777,16 @@ mod tests {
         testkit::member("owner", port)
     }
 
+    /// A pool forwarding on HTTP/2 streams (these fakes serve no frames).
     fn pool(config: ForwardConfig) -> PeerPool {
+        framed_pool(ForwardConfig {
+            frames: false,
+            ..config
+        })
+    }
+
+    /// A pool forwarding as `config` says, frames included.
+    fn framed_pool(config: ForwardConfig) -> PeerPool {
         PeerPool::new(
             "entry".into(),
             ForwardConfig {
@@ -796,6 +805,7 @@ mod tests {
             "entry".into(),
             ForwardConfig {
                 timeout: Duration::from_millis(100),
+                frames: false,
                 ..ForwardConfig::default()
             },
             TaskTracker::new(),
@@ -905,5 +915,91 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(ended() + 1, opened, "replaced streams were closed");
+    }
+
+    /// Serve frames on a loopback port the way an owner does, answering every item
+    /// admitted: the member to forward to it, the hellos it got, the calls it answered.
+    async fn serve_frames_fake() -> (Member, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hellos = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (seen, answered) = (hellos.clone(), calls.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (seen, answered) = (seen.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::new();
+                    while buf.len() < frames::MAGIC.len() {
+                        if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                    assert_eq!(frames::take_magic(&mut buf), Some(true));
+                    let reader = FrameReader::new(1 << 20);
+                    let mut welcomed = false;
+                    loop {
+                        while let Some(frame) = reader.next(&mut buf).unwrap() {
+                            let mut out = BytesMut::new();
+                            if !welcomed {
+                                welcomed = true;
+                                seen.lock().unwrap().push(String::from_utf8(frame.to_vec()).unwrap());
+                                frames::put_frame(&ForwardAnswer::default(), &mut out);
+                            } else {
+                                let call: ForwardCall = frames::decode(frame).unwrap();
+                                answered.fetch_add(1, Ordering::SeqCst);
+                                let response = call.request.as_ref().map(answer);
+                                let reply = ForwardAnswer { call: call.call, response, code: 0, message: String::new() };
+                                frames::put_frame(&reply, &mut out);
+                            }
+                            if socket.write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                        if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (testkit::member("owner", port), hellos, calls)
+    }
+
+    #[tokio::test]
+    async fn batches_travel_as_frames_to_a_peer_that_speaks_them() {
+        let (owner, hellos, calls) = serve_frames_fake().await;
+        let pool = framed_pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await.expect("a framed answer");
+            assert!(answer.decision.allowed);
+            assert_eq!(answer.decider.node_id.as_ref(), "owner");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // One connection, opened with a hello (empty: this pool has no cluster key).
+        assert_eq!(*hellos.lock().unwrap(), vec![String::new()]);
+    }
+
+    #[tokio::test]
+    async fn an_older_peer_without_frames_gets_http2_streams_after_one_failed_batch() {
+        let peer = FakePeer {
+            streams: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = framed_pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(
+            matches!(first, Err(ForwardError::Unreachable(..))),
+            "the batch that finds out falls back: {first:?}"
+        );
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await.expect("an HTTP/2 stream answer");
+            assert!(answer.decision.allowed);
+        }
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 0);
     }
 }
