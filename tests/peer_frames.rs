@@ -177,7 +177,10 @@ async fn a_framed_connection_without_the_cluster_key_is_refused_and_charges_noth
             "{why}: {refusal:?}"
         );
         assert!(!refusal.message.is_empty(), "{why}: says why");
-        assert!(answer(&mut stream, &mut buf).await.is_none(), "{why}: closed");
+        assert!(
+            answer(&mut stream, &mut buf).await.is_none(),
+            "{why}: closed"
+        );
     }
     let (limit, remaining) = spend_one(&node, "victim", 2).await;
     assert_eq!(remaining, limit - 1, "nothing was charged");

@@ -1,6 +1,7 @@
 //! The peer link: this node's side of every call to a peer. Checks bound for their owner
-//! travel batched on one persistent HTTP/2 channel per peer; refunds, handed-over state
-//! and rules calls go the same way.
+//! travel batched on one framed connection per peer ([`frames`]; an HTTP/2 stream with
+//! peer TLS or to an older build); refunds, handed-over state and rules calls go as
+//! calls on one persistent HTTP/2 channel per peer.
 //!
 //! The link is built like quinn-proto's `Connection` or raft-rs's `Ready`: its protocol
 //! lives in plain structs with no task, channel, socket or clock inside, fed events and

@@ -381,7 +381,8 @@ impl PeerPool {
             signer: signed.clone(),
             max_frame: self.config.max_message_bytes,
         };
-        let client = PeerClient::new(signed).max_decoding_message_size(self.config.max_message_bytes);
+        let client =
+            PeerClient::new(signed).max_decoding_message_size(self.config.max_message_bytes);
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
         let link = Arc::new(Link {
             generation: owner.generation,

@@ -533,7 +533,9 @@ mod tests {
         let mut s = session().with_frames(true);
         assert!(s.is_framed());
         let first = s.send(t, vec!["a"], ms(t, 250));
-        let failed = s.not_framed(0, "closed at the magic").expect("the batch fails");
+        let failed = s
+            .not_framed(0, "closed at the magic")
+            .expect("the batch fails");
         assert_eq!(failed.batches, vec![vec!["a"]]);
         assert!(!s.is_framed() && !s.is_unary());
         let second = s.send(ms(t, 1), vec!["b"], ms(t, 251));

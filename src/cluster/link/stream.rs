@@ -943,13 +943,20 @@ mod tests {
                             let mut out = BytesMut::new();
                             if !welcomed {
                                 welcomed = true;
-                                seen.lock().unwrap().push(String::from_utf8(frame.to_vec()).unwrap());
+                                seen.lock()
+                                    .unwrap()
+                                    .push(String::from_utf8(frame.to_vec()).unwrap());
                                 frames::put_frame(&ForwardAnswer::default(), &mut out);
                             } else {
                                 let call: ForwardCall = frames::decode(frame).unwrap();
                                 answered.fetch_add(1, Ordering::SeqCst);
                                 let response = call.request.as_ref().map(answer);
-                                let reply = ForwardAnswer { call: call.call, response, code: 0, message: String::new() };
+                                let reply = ForwardAnswer {
+                                    call: call.call,
+                                    response,
+                                    code: 0,
+                                    message: String::new(),
+                                };
                                 frames::put_frame(&reply, &mut out);
                             }
                             if socket.write_all(&out).await.is_err() {
@@ -996,7 +1003,10 @@ mod tests {
             "the batch that finds out falls back: {first:?}"
         );
         for _ in 0..3 {
-            let answer = pool.forward(&owner, &item).await.expect("an HTTP/2 stream answer");
+            let answer = pool
+                .forward(&owner, &item)
+                .await
+                .expect("an HTTP/2 stream answer");
             assert!(answer.decision.allowed);
         }
         assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);

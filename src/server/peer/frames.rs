@@ -179,24 +179,21 @@ where
     // (the answers to calls already taken are still written).
     let reader = FrameReader::new(face.max_frame);
     let idle = face.idle;
-    let calls = futures_util::stream::unfold(
-        Some((rd, buf, reader)),
-        move |state| async move {
-            let (mut rd, mut buf, reader) = state?;
-            let next = match next_frame(&mut rd, &mut buf, &reader, idle).await {
-                Ok(Some(frame)) => frames::decode::<ForwardCall>(frame).map_err(FramesEnded::from),
-                Ok(None) => return None,
-                Err(ended) => Err(ended),
-            };
-            match next {
-                Ok(call) => Some((Ok(call), Some((rd, buf, reader)))),
-                Err(ended) => {
-                    tracing::debug!(%ended, "framed peer connection: reading ends");
-                    Some((Err(ended), None))
-                }
+    let calls = futures_util::stream::unfold(Some((rd, buf, reader)), move |state| async move {
+        let (mut rd, mut buf, reader) = state?;
+        let next = match next_frame(&mut rd, &mut buf, &reader, idle).await {
+            Ok(Some(frame)) => frames::decode::<ForwardCall>(frame).map_err(FramesEnded::from),
+            Ok(None) => return None,
+            Err(ended) => Err(ended),
+        };
+        match next {
+            Ok(call) => Some((Ok(call), Some((rd, buf, reader)))),
+            Err(ended) => {
+                tracing::debug!(%ended, "framed peer connection: reading ends");
+                Some((Err(ended), None))
             }
-        },
-    );
+        }
+    });
     let mut answers = ForwardAnswers::new(face.service.clone(), Box::pin(calls));
     while let Some(answer) = answers.next().await {
         out.clear();
