@@ -294,6 +294,7 @@ fn sort_peer_connections(
                 let first = tokio::time::timeout(face.handshake, conn.peek_first()).await;
                 match first {
                     Ok(Ok(Some(byte))) if byte == frames::MAGIC[0] => {
+                        let conn = conn.without_preface_deadline();
                         let ended = relayed(serve_frames(conn, face)).await;
                         tracing::debug!(%ended, "framed peer connection ended");
                     }

@@ -202,6 +202,14 @@ impl Conn {
         let n = self.stream.peek(&mut first).await?;
         Ok((n == 1).then_some(first[0]))
     }
+
+    /// This connection without the HTTP/2 preface's deadline: one served as frames,
+    /// whose handshake (shorter than the preface without a cluster key) has a deadline
+    /// of its own.
+    pub fn without_preface_deadline(mut self) -> Self {
+        self.handshake = None;
+        self
+    }
 }
 
 impl Drop for Conn {

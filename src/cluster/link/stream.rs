@@ -468,7 +468,12 @@ async fn drive_framed(streams: Arc<Streams>, id: u64, mut body: mpsc::Receiver<F
         tokio::select! {
             why = &mut read => why,
             written = write => match written {
-                Ok(()) => read.await,
+                // Replaced: the owner answers what it holds and closes. An owner that
+                // does neither (paused) is given up once no caller can still be
+                // waiting, so the connection never outlives its last deadline.
+                Ok(()) => tokio::time::timeout(streams.patience, read)
+                    .await
+                    .unwrap_or_else(|_| "replaced, and unanswered past the deadline".into()),
                 Err(error) => error.to_string(),
             },
         }
