@@ -298,3 +298,21 @@ async fn a_node_with_peer_tls_serves_no_frames_so_mutual_tls_cannot_be_bypassed(
     );
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn without_a_cluster_key_an_unsigned_framed_connection_outlives_the_preface_deadline() {
+    let mut config = NodeConfig::for_test();
+    config.cluster_key = None;
+    config.grpc.handshake_timeout = Duration::from_millis(200);
+    let node = start(config).await;
+    // An empty hello: fewer bytes than an HTTP/2 preface, which must not matter.
+    let (mut stream, mut buf) = open(&node, &hello("")).await;
+    let welcome = answer(&mut stream, &mut buf).await.expect("a welcome");
+    assert_eq!(welcome.code, 0, "{welcome:?}");
+    // Quiet for longer than the handshake allows, then a call: still served.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stream.write_all(&call(1, "quiet", 1)).await.unwrap();
+    let answered = answer(&mut stream, &mut buf).await.expect("an answer");
+    assert_eq!((answered.call, answered.code), (1, 0), "{answered:?}");
+    node.shutdown().await;
+}
