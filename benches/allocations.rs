@@ -9,7 +9,9 @@
 //! - local: a unary `Check` whose key this node owns;
 //! - batch: `CheckBatch` of 32 local checks, per check;
 //! - forwarded: a unary `Check` sent to a node that does not own the key, so it goes one
-//!   hop over real HTTP/2 to its owner in the same process: entry and owner together.
+//!   hop over the real peer link (a framed connection; an HTTP/2 stream with
+//!   `RINGLIMIT_BENCH_FORWARD_HTTP2=1`) to its owner in the same process: entry and
+//!   owner together.
 //!
 //! Over real HTTP/2 on loopback (issue 14's yardstick: a local check may cost at most 6
 //! allocations more than tonic's own health check on the same server): the bench's lean
@@ -129,17 +131,25 @@ fn main() {
         let rules = dir.path().join("rules.toml");
         std::fs::write(&rules, RULES).expect("write rules");
         let replicate = replicate_interval();
-        let config = |id: &str, seeds: Vec<String>| NodeConfig {
-            node_id: id.into(),
-            seeds,
-            rules_path: Some(rules.clone()),
-            http_listen: None,
-            replicate_interval: replicate,
-            ..NodeConfig::for_test()
+        // `RINGLIMIT_BENCH_FORWARD_HTTP2=1`: forwards on an HTTP/2 stream instead of
+        // the framed connection (`--forward-http2`), to compare the two.
+        let http2 = std::env::var("RINGLIMIT_BENCH_FORWARD_HTTP2").is_ok_and(|v| v == "1");
+        let config = |id: &str, seeds: Vec<String>| {
+            let mut config = NodeConfig {
+                node_id: id.into(),
+                seeds,
+                rules_path: Some(rules.clone()),
+                http_listen: None,
+                replicate_interval: replicate,
+                ..NodeConfig::for_test()
+            };
+            config.forward.frames = !http2;
+            config
         };
         println!(
-            "nodes replicate every {} ms (0: off; RINGLIMIT_BENCH_REPLICATE_MS)",
-            replicate.as_millis()
+            "nodes replicate every {} ms (0: off; RINGLIMIT_BENCH_REPLICATE_MS); forwards on {}",
+            replicate.as_millis(),
+            if http2 { "an HTTP/2 stream" } else { "a framed connection" }
         );
         let a = node::start(config("a", Vec::new())).await.expect("a starts");
         let b = node::start(config("b", vec![a.gossip_addr.to_string()]))
@@ -277,7 +287,7 @@ fn main() {
         println!("allocations per check, in-process service calls (server side only):");
         println!("  local unary      {local:>7.1} allocs  {local_bytes:>8.0} bytes");
         println!("  local batch 32   {batch:>7.1} allocs  {batch_bytes:>8.0} bytes");
-        println!("  forwarded unary  {forwarded:>7.1} allocs  {forwarded_bytes:>8.0} bytes  (entry + owner, peer HTTP/2 included)");
+        println!("  forwarded unary  {forwarded:>7.1} allocs  {forwarded_bytes:>8.0} bytes  (entry + owner, the peer link included)");
         println!("allocations per call over HTTP/2 on loopback (lean client + whole server):");
         println!("  health check     {health:>7.1} allocs  {health_bytes:>8.0} bytes  (tonic's floor)");
         println!("  local unary      {h2_local:>7.1} allocs  {h2_local_bytes:>8.0} bytes");

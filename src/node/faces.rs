@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::exporter::metrics_handle;
 use super::ops_listener::OpsBounds;
-use super::workers::relay::RelayWakesLayer;
+use super::workers::relay::{relayed, RelayWakesLayer};
 use super::{grpc, GrpcLimits, NodeConfig, NodeError, MAX_MESSAGE_BYTES};
 use crate::check::Checker;
+use crate::cluster::link::frames;
 use crate::cluster::rules::ClusterRules;
 use crate::cluster::Router;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -24,6 +25,7 @@ use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1_server::rate_limiter_server::RateLimiterServer;
 use crate::server::answer_budget::{AnswerBudget, HoldUntilSentLayer};
 use crate::server::ops::OpsState;
+use crate::server::peer::frames::{serve_frames, FramesFace};
 use crate::server::peer_auth::PeerAuthLayer;
 use crate::server::{EnvoyRlsService, GubernatorService, PeerService, RateLimitService};
 
@@ -226,6 +228,7 @@ async fn serve_peer_with(
     cancel: CancellationToken,
 ) {
     let mut builder = grpc::limited(&limits);
+    let tls_on = tls.is_some();
     if let Some(tls) = tls {
         builder = match builder.tls_config(grpc::with_handshake_timeout(tls, &limits)) {
             Ok(builder) => builder,
@@ -237,18 +240,74 @@ async fn serve_peer_with(
             }
         };
     }
+    let accepted = grpc::incoming_sharing(listener, &limits, slots);
+    // Without peer TLS the face also serves framed connections (the lean transport of
+    // forwarded batches, `server::peer::frames`), told apart by their first byte; with
+    // it, every connection is TLS and HTTP/2, so mutual TLS is never bypassed.
+    let incoming: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> = if tls_on {
+        Box::pin(accepted)
+    } else {
+        let face = FramesFace {
+            service: Arc::new(peer.clone()),
+            auth: auth.clone(),
+            max_frame: peer_message_cap,
+            handshake: limits.handshake_timeout,
+            idle: limits.keepalive_interval + limits.keepalive_timeout,
+        };
+        Box::pin(sort_peer_connections(accepted, face, cancel.clone()))
+    };
     let server = builder
         .layer(RelayWakesLayer)
         .layer(auth)
         .add_service(PeerServer::new(peer).max_decoding_message_size(peer_message_cap))
-        .serve_with_incoming_shutdown(
-            grpc::incoming_sharing(listener, &limits, slots),
-            cancel.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming, cancel.clone().cancelled_owned());
     if let Some(Err(error)) = within_grace(server, &cancel, limits.shutdown_grace, "peer").await {
         tracing::error!(%error, "peer gRPC server failed");
         cancel.cancel();
     }
+}
+
+/// The peer face's accepted connections for tonic, with the framed ones taken out and
+/// served by a task each: a connection whose first byte is the frames magic's goes to
+/// [`serve_frames`]; any other to tonic; one that sends nothing within the handshake
+/// timeout is closed. Sorting runs per connection, so a silent one holds up no other.
+fn sort_peer_connections(
+    accepted: impl futures_util::Stream<Item = Result<grpc::Conn, std::io::Error>> + Send + 'static,
+    face: FramesFace,
+    cancel: CancellationToken,
+) -> impl futures_util::Stream<Item = Result<grpc::Conn, std::io::Error>> + Send + 'static {
+    use futures_util::StreamExt;
+    let (to_tonic, for_tonic) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut accepted = std::pin::pin!(accepted);
+        loop {
+            let conn = tokio::select! {
+                _ = cancel.cancelled() => return,
+                conn = accepted.next() => match conn {
+                    Some(Ok(conn)) => conn,
+                    Some(Err(_)) => continue,
+                    None => return,
+                },
+            };
+            let (to_tonic, face) = (to_tonic.clone(), face.clone());
+            tokio::spawn(async move {
+                let first = tokio::time::timeout(face.handshake, conn.peek_first()).await;
+                match first {
+                    Ok(Ok(Some(byte))) if byte == frames::MAGIC[0] => {
+                        let conn = conn.without_preface_deadline();
+                        let ended = relayed(serve_frames(conn, face)).await;
+                        tracing::debug!(%ended, "framed peer connection ended");
+                    }
+                    Ok(Ok(Some(_))) => {
+                        let _ = to_tonic.send(Ok(conn)).await;
+                    }
+                    // Closed, failed or silent: dropping it closes it and frees its slot.
+                    _ => {}
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(for_tonic)
 }
 
 /// The ops face: `/metrics`, health, the cluster and owner views and the rules API over

@@ -193,6 +193,25 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The first byte the client sent, left in place for whoever serves the connection
+    /// (`None`: it closed before sending any). The peer face tells a framed connection
+    /// from an HTTP/2 one by it.
+    pub async fn peek_first(&self) -> io::Result<Option<u8>> {
+        let mut first = [0u8; 1];
+        let n = self.stream.peek(&mut first).await?;
+        Ok((n == 1).then_some(first[0]))
+    }
+
+    /// This connection without the HTTP/2 preface's deadline: one served as frames,
+    /// whose handshake (shorter than the preface without a cluster key) has a deadline
+    /// of its own.
+    pub fn without_preface_deadline(mut self) -> Self {
+        self.handshake = None;
+        self
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         metrics::gauge!("ringlimit_grpc_connections").decrement(1.0);

@@ -295,6 +295,16 @@ pub mod relay {
         }
     }
 
+    /// `inner` woken through its worker's relay, like a request of a gRPC face (a framed
+    /// peer connection's task, which no tower layer wraps).
+    pub fn relayed<F: Future>(inner: F) -> RelayedFuture<F> {
+        RelayedFuture {
+            inner,
+            waker: None,
+            looked: false,
+        }
+    }
+
     impl<F: Future> Future for RelayedFuture<F> {
         type Output = F::Output;
 

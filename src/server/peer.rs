@@ -4,7 +4,8 @@
 //! check layer validate them and the cluster wing decide them, and encodes the answers.
 //! With `cluster::link` (the client side), the only code that sees peer prost types.
 //! Serving a `ForwardStream` (how much of it is taken on, and its answers as a response
-//! body) is in `peer/stream.rs` ([`ForwardAnswers`], [`Intake`]).
+//! body) is in `peer/stream.rs` ([`ForwardAnswers`], [`Intake`]); the same batches on a
+//! framed connection (the lean transport) in [`frames`].
 
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ use crate::shard::{Exported, KeyId, Refund};
 use crate::text::Text;
 
 mod budget;
+pub mod frames;
 mod replicas;
 mod reserve;
 mod stream;

@@ -48,6 +48,18 @@ impl PeerAuthLayer {
     }
 }
 
+impl PeerAuthLayer {
+    /// Whether a connection or call to `path` proving itself with `proof` is admitted:
+    /// the check every `Peer` call's header goes through, with the same replay guard
+    /// and counters, for a framed connection's hello (`server::peer::frames`).
+    pub fn admit(&self, path: &str, proof: Option<&str>) -> Result<(), CallRefused> {
+        match &self.check {
+            Some(check) => check.admit(path, proof),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Whether a call to `path` carrying proof `header` is admitted at `now_ms` (wall clock):
 /// its proof verifies under `keyring` within the allowance and was not seen before
 /// (`guard` remembers it). A pure function of its inputs: the layer passes the clock.

@@ -1,6 +1,7 @@
 //! The peer link: this node's side of every call to a peer. Checks bound for their owner
-//! travel batched on one persistent HTTP/2 channel per peer; refunds, handed-over state
-//! and rules calls go the same way.
+//! travel batched on one framed connection per peer ([`frames`]; an HTTP/2 stream with
+//! peer TLS or to an older build); refunds, handed-over state and rules calls go as
+//! calls on one persistent HTTP/2 channel per peer.
 //!
 //! The link is built like quinn-proto's `Connection` or raft-rs's `Ready`: its protocol
 //! lives in plain structs with no task, channel, socket or clock inside, fed events and
@@ -20,6 +21,9 @@
 //!   forwarded check as it travels, its strings slices rather than copies;
 //!   [`key_state`]: a counter's state as it travels, likewise.
 //! - [`signing`]: the call proof every peer call carries.
+//! - [`frames`]: the lean transport's format: a stream's calls and answers as
+//!   length-prefixed frames on a plain connection of their own, opened with the same
+//!   proof, instead of HTTP/2 messages (used where the link has no TLS).
 //! - `pool` and `stream` (private): the shell. [`PeerPool`] is what the router, handoff
 //!   and rules sync hold; the stream shell runs one batcher task per peer and one driver
 //!   task per stream, and nothing per batch.
@@ -51,6 +55,7 @@
 pub mod batcher;
 pub mod budget;
 pub mod calls;
+pub mod frames;
 pub mod item;
 pub mod key_state;
 mod pool;
@@ -93,6 +98,9 @@ pub struct ForwardConfig {
     /// Forward on one `ForwardStream` per peer; `false`: a unary `Forward` call per batch
     /// (`--forward-unary`).
     pub stream: bool,
+    /// Carry that stream as a framed connection ([`frames`]) where the link has no TLS
+    /// and the peer speaks frames; `false`: an HTTP/2 stream (`--forward-http2`).
+    pub frames: bool,
     /// Source IP for outbound peer connections (so partition rules that match a
     /// node's address also match its outbound traffic); `None` lets the OS choose.
     pub local_ip: Option<IpAddr>,
@@ -122,6 +130,7 @@ impl Default for ForwardConfig {
             queue: 16_384,
             stream_max_age: Duration::from_secs(15),
             stream: true,
+            frames: true,
             local_ip: None,
             keyring: None,
             tls: None,

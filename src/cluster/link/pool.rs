@@ -23,7 +23,7 @@ use crate::proto::peer::peer_client::PeerClient;
 use crate::shard::counters::{ClientCounters, ClientQuery};
 use crate::shard::Exported;
 
-use super::stream::{batcher, Pending, Streams};
+use super::stream::{batcher, Dial, Pending, Streams};
 use super::{calls, wire};
 use super::{
     CountersError, ForwardConfig, ForwardError, PulledRules, RemoteWriteError, Signed, WriteOutcome,
@@ -370,12 +370,19 @@ impl PeerPool {
                 return link.clone();
             }
         }
-        let client = PeerClient::new(Signed::new(
+        let signed = Signed::new(
             self.endpoint(owner.peer_addr).connect_lazy(),
             self.config.keyring.clone(),
             self.me.clone(),
-        ))
-        .max_decoding_message_size(self.config.max_message_bytes);
+        );
+        let dial = Dial {
+            addr: owner.peer_addr,
+            local_ip: self.config.local_ip,
+            signer: signed.clone(),
+            max_frame: self.config.max_message_bytes,
+        };
+        let client =
+            PeerClient::new(signed).max_decoding_message_size(self.config.max_message_bytes);
         let (queue, rx) = mpsc::channel(self.config.queue.max(1));
         let link = Arc::new(Link {
             generation: owner.generation,
@@ -390,7 +397,7 @@ impl PeerPool {
         self.links.insert(owner.node_id.clone(), link.clone());
         let peer: Arc<str> = Arc::from(owner.node_id.as_str());
         let streams = Arc::new(Streams::new(
-            client,
+            (client, Some(dial)),
             peer,
             &self.config,
             self.cancel.clone(),

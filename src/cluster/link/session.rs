@@ -95,6 +95,9 @@ pub struct Session<R> {
     max_age: Duration,
     /// The peer does not know the stream: every batch is a unary call.
     unary: bool,
+    /// Streams are carried as framed connections (`link::frames`) rather than HTTP/2
+    /// streams, until the peer turns out not to speak them.
+    framed: bool,
     current: Option<Open>,
     next_stream: u64,
     next_call: u64,
@@ -109,6 +112,7 @@ impl<R> Session<R> {
             peer,
             max_age,
             unary,
+            framed: false,
             current: None,
             next_stream: 0,
             next_call: 0,
@@ -124,6 +128,18 @@ impl<R> Session<R> {
     /// Whether batches go as unary calls.
     pub fn is_unary(&self) -> bool {
         self.unary
+    }
+
+    /// This session carrying its streams as framed connections (`link::frames`) while
+    /// the peer speaks them; `false` keeps HTTP/2 streams.
+    pub fn with_frames(mut self, framed: bool) -> Self {
+        self.framed = framed;
+        self
+    }
+
+    /// Whether the stream to open next is a framed connection (else an HTTP/2 stream).
+    pub fn is_framed(&self) -> bool {
+        self.framed
     }
 
     /// Batches sent and not answered, failed or due yet: the slots they hold.
@@ -233,6 +249,14 @@ impl<R> Session<R> {
     /// back), as on any closed stream.
     pub fn not_streamed(&mut self, stream: u64, why: &str) -> Option<Failed<R>> {
         self.unary = true;
+        self.close(stream, why)
+    }
+
+    /// The peer closed framed connection `stream` before welcoming it (an older build
+    /// that does not know frames): streams are HTTP/2 streams from now on; the batches
+    /// on it fail (their checks fall back), as on any closed stream.
+    pub fn not_framed(&mut self, stream: u64, why: &str) -> Option<Failed<R>> {
+        self.framed = false;
         self.close(stream, why)
     }
 
@@ -501,6 +525,29 @@ mod tests {
             s.answer(1, Ok(Outcomes(1))),
             Some(Delivery::Answer { .. })
         ));
+    }
+
+    #[test]
+    fn a_peer_without_frames_gets_http2_streams_after_the_batch_that_found_out() {
+        let t = Instant::now();
+        let mut s = session().with_frames(true);
+        assert!(s.is_framed());
+        let first = s.send(t, vec!["a"], ms(t, 250));
+        let failed = s
+            .not_framed(0, "closed at the magic")
+            .expect("the batch fails");
+        assert_eq!(failed.batches, vec![vec!["a"]]);
+        assert!(!s.is_framed() && !s.is_unary());
+        let second = s.send(ms(t, 1), vec!["b"], ms(t, 251));
+        assert_eq!(
+            second,
+            Route::Stream {
+                stream: 1,
+                call: call_of(first) + 1,
+                open: true
+            },
+            "a new stream, now an HTTP/2 one"
+        );
     }
 
     #[test]

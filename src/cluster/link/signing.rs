@@ -62,6 +62,19 @@ impl Signed {
     }
 }
 
+impl Signed {
+    /// A fresh proof for `path` (a framed connection's hello), `None` without a
+    /// cluster key.
+    pub fn proof(&self, path: &str) -> Option<String> {
+        let signer = self.signer.as_ref()?;
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        let nonce = signer
+            .nonce
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(signer.keyring.sign_call(path, &signer.me, now, nonce))
+    }
+}
+
 impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Signed {
     type Response =
         <Channel as tonic::codegen::Service<http::Request<tonic::body::Body>>>::Response;

@@ -1,11 +1,15 @@
 //! The shell around one peer's [`Batcher`] and [`Session`]: a batcher task per peer fed
-//! by a bounded channel, a driver task per `ForwardStream` reading its answers, a task
-//! per unary call. They only move events between channels, sockets and timers and the
+//! by a bounded channel, a driver task per stream (a framed connection, or an HTTP/2
+//! `ForwardStream`) writing its calls and reading its answers, a task per unary call. They only move events between channels, sockets and timers and the
 //! two state machines, and hand answers to callers' reply channels: a batch on a stream
 //! costs no task and no channel of its own.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
@@ -14,9 +18,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::cluster::Remote;
 use crate::proto::peer::peer_client::PeerClient;
-use crate::proto::peer::{ForwardCall, ForwardItem, ForwardRequest, ForwardResponse};
+use crate::proto::peer::{
+    ForwardAnswer, ForwardCall, ForwardItem, ForwardRequest, ForwardResponse,
+};
 
 use super::batcher::{Batcher, Next, Queued};
+use super::frames::{self, FrameReader};
 use super::session::{Delivery, Failed, Route, Session};
 use super::{wire, ForwardConfig, ForwardError, Signed};
 
@@ -58,9 +65,23 @@ struct Wired {
     frames: Option<(u64, mpsc::Sender<ForwardCall>)>,
 }
 
+/// Where and how a link dials its framed connections.
+pub(super) struct Dial {
+    /// The peer's peer address.
+    pub(super) addr: SocketAddr,
+    /// This node's source address for it, if pinned.
+    pub(super) local_ip: Option<std::net::IpAddr>,
+    /// Signs each connection's hello.
+    pub(super) signer: Signed,
+    /// Largest answer frame read.
+    pub(super) max_frame: usize,
+}
+
 /// The shared side of one link: its session behind a lock, and what its tasks need.
 pub(super) struct Streams {
     client: PeerClient<Signed>,
+    /// How to dial framed connections (`None`: the link has TLS, so streams are HTTP/2).
+    dial: Option<Dial>,
     peer: Arc<str>,
     state: Mutex<Wired>,
     /// A slot came free (an answer, a failure, a deadline): wakes a waiting batcher.
@@ -81,15 +102,18 @@ pub(super) struct Streams {
 impl Streams {
     /// The shared side of a link to `peer` over `client`.
     pub(super) fn new(
-        client: PeerClient<Signed>,
+        (client, dial): (PeerClient<Signed>, Option<Dial>),
         peer: Arc<str>,
         config: &ForwardConfig,
         cancel: CancellationToken,
         tracker: TaskTracker,
     ) -> Self {
-        let session = Session::new(peer.clone(), config.stream_max_age, !config.stream);
+        let dial = dial.filter(|_| config.frames && config.tls.is_none());
+        let session = Session::new(peer.clone(), config.stream_max_age, !config.stream)
+            .with_frames(dial.is_some());
         Self {
             client,
+            dial,
             peer,
             state: Mutex::new(Wired {
                 session,
@@ -186,11 +210,13 @@ impl Streams {
         let (frames, body) = mpsc::channel(STREAM_FRAMES);
         wired.frames = Some((id, frames));
         self.opened.increment(1);
+        let framed = wired.session.is_framed();
         self.tracker
             .spawn(tracing::Instrument::in_current_span(drive(
                 self.clone(),
                 id,
                 body,
+                framed,
             )));
     }
 
@@ -259,10 +285,13 @@ fn deliver(delivery: Delivery<Reply, ForwardResponse>, peer: &Arc<str>) {
     }
 }
 
-/// Open one `ForwardStream` with `body` as its request stream and hand each answer to
-/// its batch until the stream ends, the link goes or the node stops; then fail what is
-/// still waiting on it.
-async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>) {
+/// Open stream `id` (a framed connection when `framed`, else a `ForwardStream`) with
+/// `body` as its calls and hand each answer to its batch until the stream ends, the
+/// link goes or the node stops; then fail what is still waiting on it.
+async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>, framed: bool) {
+    if framed {
+        return drive_framed(streams, id, body).await;
+    }
     let read = async {
         let mut client = streams.client.clone();
         // An owner that accepted the connection but never answers the stream's headers
@@ -296,6 +325,12 @@ async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>
             }
         }
     };
+    finish(&streams, id, read).await;
+}
+
+/// Run a stream's driver `read` until it ends (why), the node stops (every batch
+/// fails) or the link was replaced and its patience ran out; then close the stream.
+async fn finish(streams: &Streams, id: u64, read: impl std::future::Future<Output = String>) {
     let retired = async {
         streams.retired.cancelled().await;
         tokio::time::sleep(streams.patience).await;
@@ -309,6 +344,141 @@ async fn drive(streams: Arc<Streams>, id: u64, body: mpsc::Receiver<ForwardCall>
         _ = retired => "link replaced".to_string(),
     };
     streams.closed(id, &why);
+}
+
+/// How a framed connection's opening went.
+enum Opened {
+    /// Welcomed: calls may go.
+    Welcomed(tokio::net::TcpStream, BytesMut),
+    /// It did not open (why): the stream closes like any broken one.
+    Failed(String),
+    /// The peer closed it at the magic without a welcome: it does not speak frames.
+    NotFramed(String),
+}
+
+/// Dial `dial`, send the magic and the hello, and read the welcome, all within
+/// `patience`.
+async fn open_framed(dial: &Dial, patience: Duration) -> Opened {
+    let connect = async {
+        let socket = match dial.addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }?;
+        if let Some(ip) = dial.local_ip {
+            socket.bind(SocketAddr::new(ip, 0))?;
+        }
+        let stream = socket.connect(dial.addr).await?;
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    };
+    let handshake = async {
+        let mut stream = match connect.await {
+            Ok(stream) => stream,
+            Err(error) => return Opened::Failed(format!("framed connection: {error}")),
+        };
+        let mut out = BytesMut::with_capacity(256);
+        out.extend_from_slice(frames::MAGIC);
+        let proof = dial.signer.proof(frames::FRAMES_PATH).unwrap_or_default();
+        frames::put_raw_frame(proof.as_bytes(), &mut out);
+        if let Err(error) = stream.write_all(&out).await {
+            return Opened::Failed(format!("framed connection: {error}"));
+        }
+        let reader = FrameReader::new(dial.max_frame);
+        let mut buf = BytesMut::with_capacity(8192);
+        let welcome = loop {
+            match reader.next(&mut buf) {
+                Ok(Some(frame)) => break frames::decode::<ForwardAnswer>(frame).ok(),
+                Ok(None) => {}
+                Err(_) => break None,
+            }
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => break None,
+                Ok(_) => {}
+            }
+        };
+        match welcome {
+            Some(w) if w.code == 0 => Opened::Welcomed(stream, buf),
+            Some(w) => Opened::Failed(format!(
+                "framed connection refused ({:?}): {}",
+                tonic::Code::from(w.code as i32),
+                w.message
+            )),
+            // An older build's HTTP/2 server closes a connection whose preface is not
+            // HTTP/2's, with no welcome.
+            None => Opened::NotFramed("the peer closed the framed connection unwelcomed".into()),
+        }
+    };
+    tokio::time::timeout(patience, handshake)
+        .await
+        .unwrap_or_else(|_| Opened::Failed("the framed connection did not open in time".into()))
+}
+
+/// Drive a framed connection: open it, then write each call of `body` as a frame (the
+/// calls ready together in one write) and hand each answer frame to its batch, until
+/// the body ends (the stream was replaced) and every answer is in, or the connection
+/// breaks.
+async fn drive_framed(streams: Arc<Streams>, id: u64, mut body: mpsc::Receiver<ForwardCall>) {
+    let run = async {
+        let dial = streams.dial.as_ref().expect("framed streams have a dial");
+        let (stream, mut buf) = match open_framed(dial, streams.patience).await {
+            Opened::Welcomed(stream, buf) => (stream, buf),
+            Opened::Failed(why) => return why,
+            Opened::NotFramed(why) => {
+                tracing::info!(peer = %streams.peer, "peer does not speak framed forwards (an older build): using HTTP/2 streams");
+                streams.failing(|w| w.session.not_framed(id, &why));
+                return why;
+            }
+        };
+        let (mut rd, mut wr) = stream.into_split();
+        let write = async {
+            let mut out = BytesMut::with_capacity(8192);
+            while let Some(call) = body.recv().await {
+                out.clear();
+                frames::put_frame(&call, &mut out);
+                while let Ok(call) = body.try_recv() {
+                    frames::put_frame(&call, &mut out);
+                }
+                wr.write_all(&out).await?;
+            }
+            // The stream was replaced: the owner answers what it holds, then ends.
+            wr.shutdown().await
+        };
+        let reader = FrameReader::new(dial.max_frame);
+        let read = async {
+            loop {
+                let frame = match reader.next(&mut buf) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => match rd.read_buf(&mut buf).await {
+                        Ok(0) => return "forward connection ended".to_string(),
+                        Ok(_) => continue,
+                        Err(error) => return error.to_string(),
+                    },
+                    Err(error) => return error.to_string(),
+                };
+                match frames::decode::<ForwardAnswer>(frame) {
+                    Ok(answer) => {
+                        let (call, result) = wire::stream_answer(answer, &streams.peer);
+                        streams.answered(call, result);
+                    }
+                    Err(error) => return error.to_string(),
+                }
+            }
+        };
+        tokio::pin!(read);
+        tokio::select! {
+            why = &mut read => why,
+            written = write => match written {
+                // Replaced: the owner answers what it holds and closes. An owner that
+                // does neither (paused) is given up once no caller can still be
+                // waiting, so the connection never outlives its last deadline.
+                Ok(()) => tokio::time::timeout(streams.patience, read)
+                    .await
+                    .unwrap_or_else(|_| "replaced, and unanswered past the deadline".into()),
+                Err(error) => error.to_string(),
+            },
+        }
+    };
+    finish(&streams, id, run).await;
 }
 
 /// A batch as one unary `Forward` call (a peer without the stream, `--forward-unary`).
@@ -612,7 +782,16 @@ mod tests {
         testkit::member("owner", port)
     }
 
+    /// A pool forwarding on HTTP/2 streams (these fakes serve no frames).
     fn pool(config: ForwardConfig) -> PeerPool {
+        framed_pool(ForwardConfig {
+            frames: false,
+            ..config
+        })
+    }
+
+    /// A pool forwarding as `config` says, frames included.
+    fn framed_pool(config: ForwardConfig) -> PeerPool {
         PeerPool::new(
             "entry".into(),
             ForwardConfig {
@@ -631,6 +810,7 @@ mod tests {
             "entry".into(),
             ForwardConfig {
                 timeout: Duration::from_millis(100),
+                frames: false,
                 ..ForwardConfig::default()
             },
             TaskTracker::new(),
@@ -740,5 +920,101 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(ended() + 1, opened, "replaced streams were closed");
+    }
+
+    /// Serve frames on a loopback port the way an owner does, answering every item
+    /// admitted: the member to forward to it, the hellos it got, the calls it answered.
+    async fn serve_frames_fake() -> (Member, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hellos = Arc::new(Mutex::new(Vec::new()));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (seen, answered) = (hellos.clone(), calls.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (seen, answered) = (seen.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::new();
+                    while buf.len() < frames::MAGIC.len() {
+                        if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                    assert_eq!(frames::take_magic(&mut buf), Some(true));
+                    let reader = FrameReader::new(1 << 20);
+                    let mut welcomed = false;
+                    loop {
+                        while let Some(frame) = reader.next(&mut buf).unwrap() {
+                            let mut out = BytesMut::new();
+                            if !welcomed {
+                                welcomed = true;
+                                seen.lock()
+                                    .unwrap()
+                                    .push(String::from_utf8(frame.to_vec()).unwrap());
+                                frames::put_frame(&ForwardAnswer::default(), &mut out);
+                            } else {
+                                let call: ForwardCall = frames::decode(frame).unwrap();
+                                answered.fetch_add(1, Ordering::SeqCst);
+                                let response = call.request.as_ref().map(answer);
+                                let reply = ForwardAnswer {
+                                    call: call.call,
+                                    response,
+                                    code: 0,
+                                    message: String::new(),
+                                };
+                                frames::put_frame(&reply, &mut out);
+                            }
+                            if socket.write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                        if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (testkit::member("owner", port), hellos, calls)
+    }
+
+    #[tokio::test]
+    async fn batches_travel_as_frames_to_a_peer_that_speaks_them() {
+        let (owner, hellos, calls) = serve_frames_fake().await;
+        let pool = framed_pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        for _ in 0..3 {
+            let answer = pool.forward(&owner, &item).await.expect("a framed answer");
+            assert!(answer.decision.allowed);
+            assert_eq!(answer.decider.node_id.as_ref(), "owner");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // One connection, opened with a hello (empty: this pool has no cluster key).
+        assert_eq!(*hellos.lock().unwrap(), vec![String::new()]);
+    }
+
+    #[tokio::test]
+    async fn an_older_peer_without_frames_gets_http2_streams_after_one_failed_batch() {
+        let peer = FakePeer {
+            streams: true,
+            ..FakePeer::default()
+        };
+        let owner = serve(peer.clone()).await;
+        let pool = framed_pool(ForwardConfig::default());
+        let item = testkit::item("k", "GET /x", 1);
+        let first = pool.forward(&owner, &item).await;
+        assert!(
+            matches!(first, Err(ForwardError::Unreachable(..))),
+            "the batch that finds out falls back: {first:?}"
+        );
+        for _ in 0..3 {
+            let answer = pool
+                .forward(&owner, &item)
+                .await
+                .expect("an HTTP/2 stream answer");
+            assert!(answer.decision.allowed);
+        }
+        assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 0);
     }
 }

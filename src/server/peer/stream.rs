@@ -82,17 +82,21 @@ impl Intake {
 /// calls, decides them (as [`Intake`] allows) and yields each answer as soon as it is
 /// ready. The body is polled by the server's own task for the stream, so a batch costs
 /// no task or channel of ours.
-pub struct ForwardAnswers {
+///
+/// `C` is where the calls come from: the HTTP/2 stream's messages, or a framed
+/// connection's frames (`peer::frames`); an error from it ends the reading, like a
+/// broken stream.
+pub struct ForwardAnswers<C = tonic::Streaming<ForwardCall>> {
     service: Arc<PeerService>,
-    calls: tonic::Streaming<ForwardCall>,
+    calls: C,
     pending: FuturesUnordered<Pin<Box<dyn Future<Output = ForwardAnswer> + Send>>>,
     intake: Intake,
     shutdown: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
 }
 
-impl ForwardAnswers {
+impl<C> ForwardAnswers<C> {
     /// The body answering `calls` with `service`, ending early on the service's shutdown.
-    pub(super) fn new(service: Arc<PeerService>, calls: tonic::Streaming<ForwardCall>) -> Self {
+    pub(super) fn new(service: Arc<PeerService>, calls: C) -> Self {
         let shutdown = Box::pin(service.shutdown.clone().cancelled_owned());
         Self {
             service,
@@ -104,7 +108,10 @@ impl ForwardAnswers {
     }
 }
 
-impl futures_util::Stream for ForwardAnswers {
+impl<C, E> futures_util::Stream for ForwardAnswers<C>
+where
+    C: futures_util::Stream<Item = Result<ForwardCall, E>> + Unpin,
+{
     type Item = Result<ForwardAnswer, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
