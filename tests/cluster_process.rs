@@ -31,6 +31,13 @@ route = "GET /t"
 algorithm = "fixed_window"
 limit = 20
 window = "1h"
+
+[[rule]]
+name = "rolling"
+route = "GET /rolling"
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
 "#;
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Client-side deadline of one check: far above anything a healthy answer needs.
@@ -46,13 +53,27 @@ struct Cluster {
     dir: Option<tempfile::TempDir>,
     rules: PathBuf,
     extra_args: Vec<String>,
+    /// Each node keeps `--data-dir <dir>/<id>.data` (counter snapshots) across
+    /// restarts.
+    data_dirs: bool,
     nodes: Vec<Process>,
+    /// Restarts so far (each restarted process logs to a file of its own).
+    restarts: usize,
 }
 
 impl Cluster {
     /// Start `ids.len()` nodes (the first is every other node's seed) and wait until
     /// every node sees all of them with equal rings.
     async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
+        Self::start_with(ids, extra_args, false).await
+    }
+
+    /// [`Cluster::start`], each node with a data dir of its own that outlives it.
+    async fn start_persistent(ids: &[&str], extra_args: &[&str]) -> Cluster {
+        Self::start_with(ids, extra_args, true).await
+    }
+
+    async fn start_with(ids: &[&str], extra_args: &[&str], data_dirs: bool) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("ringlimit-cluster-")
             .tempdir()
@@ -63,7 +84,9 @@ impl Cluster {
             dir: Some(dir),
             rules,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            data_dirs,
             nodes: Vec::new(),
+            restarts: 0,
         };
         for id in ids {
             let seeds: Vec<SocketAddr> = cluster
@@ -72,12 +95,13 @@ impl Cluster {
                 .map(|n| n.ready.gossip)
                 .into_iter()
                 .collect();
+            let args = cluster.args_of(id);
             let node = Process::spawn(&Serve {
                 id,
                 ip: Ipv4Addr::LOCALHOST.into(),
                 rules: &cluster.rules,
                 seeds: &seeds,
-                extra_args: &cluster.extra_args,
+                extra_args: &args,
                 dir: cluster.dir(),
                 log_name: id,
                 env: &[],
@@ -102,6 +126,21 @@ impl Cluster {
 
     fn dir(&self) -> &Path {
         self.dir.as_ref().expect("dir kept until drop").path()
+    }
+
+    /// Node `id`'s data dir (when the cluster keeps them).
+    fn data_dir(&self, id: &str) -> PathBuf {
+        self.dir().join(format!("{id}.data"))
+    }
+
+    /// The arguments node `id` starts with: the cluster's, and its data dir.
+    fn args_of(&self, id: &str) -> Vec<String> {
+        let mut args = self.extra_args.clone();
+        if self.data_dirs {
+            args.push("--data-dir".into());
+            args.push(self.data_dir(id).display().to_string());
+        }
+        args
     }
 
     fn node(&self, id: &str) -> &Process {
@@ -138,14 +177,17 @@ impl Cluster {
             .map(|n| n.ready.gossip)
             .into_iter()
             .collect();
+        let args = self.args_of(id);
+        let restarts = self.restarts;
+        self.restarts += 1;
         let node = Process::spawn(&Serve {
             id,
             ip: Ipv4Addr::LOCALHOST.into(),
             rules: &self.rules,
             seeds: &seeds,
-            extra_args: &self.extra_args,
+            extra_args: &args,
             dir: self.dir(),
-            log_name: &format!("{id}.restarted"),
+            log_name: &format!("{id}.restarted{restarts}"),
             env: &[],
         })
         .unwrap_or_else(|message| panic!("{message}"));
@@ -999,4 +1041,172 @@ async fn owner_restarted_at_once_restores_its_keys_before_answering() {
         by_new_c > 0,
         "the restarted node-c never answered as owner within 4 s"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Counter snapshots and restarts of every node
+// ---------------------------------------------------------------------------------
+
+const IDS: [&str; 3] = ["node-a", "node-b", "node-c"];
+/// Snapshots every second: the bound below is what was admitted since the last one.
+const SNAPSHOT_ARGS: [&str; 6] = [
+    "--deny-cache",
+    "0",
+    "--replicate-interval-ms",
+    "50",
+    "--snapshot-interval-ms",
+    "1000",
+];
+
+/// `count` client keys that `owner` owns in the ring of node-a, node-b, node-c.
+fn keys_of(prefix: &str, owner: &str, count: usize) -> Vec<String> {
+    let full = Ring::new(IDS, Ring::DEFAULT_VNODES);
+    (0..100_000)
+        .map(|i| format!("{prefix}-{owner}-{i}"))
+        .filter(|k| full.owner(k.as_bytes()) == Some(owner))
+        .take(count)
+        .collect()
+}
+
+/// Admit `n` units of `key` through `client`: each check must be admitted by `owner`.
+async fn admit(client: &mut RateLimiterClient<Channel>, key: &str, owner: &str, n: u64) {
+    for i in 0..n {
+        let a = check(client, key)
+            .await
+            .unwrap_or_else(|e| panic!("admitting {key}: check {i}: {e}"));
+        assert!(
+            a.allowed && !a.degraded && decider(&a) == owner,
+            "{key}: check {i} should be admitted by {owner}: {}",
+            brief(&a)
+        );
+    }
+}
+
+/// Snapshots every listed node has written.
+async fn snapshots_written(cluster: &Cluster, ids: &[&str]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for id in ids {
+        let scraped = process::scrape(cluster.node(id).ready.metrics, Duration::from_secs(4))
+            .await
+            .unwrap_or_else(|| panic!("{id}: /metrics"));
+        out.push(scraped.sum("ringlimit_snapshot_writes_total", Some("written")));
+    }
+    out
+}
+
+/// Wait until every node of `ids` has written two more snapshots than now: the second
+/// began after this call, so it holds every admission made before it.
+async fn wait_snapshots(cluster: &Cluster, ids: &[&str]) {
+    let start = snapshots_written(cluster, ids).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = snapshots_written(cluster, ids).await;
+        if now.iter().zip(&start).all(|(n, s)| *n >= s + 2.0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshots written {start:?} → {now:?} in 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How many of `tries` checks of `key` through `client` are admitted after a restart.
+async fn admitted_now(client: &mut RateLimiterClient<Channel>, key: &str, tries: u64) -> u64 {
+    let mut admitted = 0;
+    for i in 0..tries {
+        match check(client, key).await {
+            Ok(a) if a.allowed => {
+                eprintln!("[snapshot] {key}: check {i} ADMITTED {}", brief(&a));
+                admitted += 1;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{key}: check {i} after the restart: {e}"),
+        }
+    }
+    admitted
+}
+
+/// kill -9 of every node of a cluster whose keys sit at their limits; `lost` (if any)
+/// loses its data dir. Half of each key's limit is admitted and snapshotted, the other
+/// half just before the kill (within the last snapshot interval); after every node is
+/// back, a key admits at most that second half again.
+async fn whole_cluster_crash(lost: Option<&str>) {
+    let mut cluster = Cluster::start_persistent(&IDS, &SNAPSHOT_ARGS).await;
+    let keys: Vec<(String, &str)> = IDS
+        .iter()
+        .flat_map(|owner| {
+            keys_of("whole", owner, 2)
+                .into_iter()
+                .map(move |k| (k, *owner))
+        })
+        .collect();
+    let half = LIMIT / 2;
+    let mut via_a = cluster.client("node-a").await;
+    for (key, owner) in &keys {
+        admit(&mut via_a, key, owner, half).await;
+    }
+    wait_snapshots(&cluster, &IDS).await;
+    // The last interval: admitted after the snapshots that hold the first half.
+    for (key, owner) in &keys {
+        admit(&mut via_a, key, owner, LIMIT - half).await;
+    }
+    for id in IDS {
+        cluster.crash(id);
+    }
+    if let Some(lost) = lost {
+        std::fs::remove_dir_all(cluster.data_dir(lost)).expect("remove the data dir");
+        eprintln!("[snapshot] {lost}'s data dir deleted");
+    }
+    // A supervisor brings every node back; the first has no live seed. A node that
+    // lost its data dir comes back last, when the others can hand it its keys.
+    let order: Vec<&str> = IDS
+        .iter()
+        .copied()
+        .filter(|id| Some(*id) != lost)
+        .chain(lost)
+        .collect();
+    for id in &order {
+        cluster.restart(id);
+    }
+    cluster.wait_converged(&IDS).await;
+    let ops: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.ready.metrics).collect();
+    process::wait_ready(&ops, CONVERGE_TIMEOUT)
+        .await
+        .unwrap_or_else(|message| panic!("{message}"));
+    let mut via_b = cluster.client("node-b").await;
+    let mut total = 0;
+    for (key, owner) in &keys {
+        let more = admitted_now(&mut via_b, key, LIMIT).await;
+        eprintln!("[snapshot] {key} (owner {owner}): {more} admitted after the restart");
+        assert!(
+            more <= LIMIT - half,
+            "{key} (owner {owner}): {more} admitted after every node was killed and \
+             restarted; at most {} (what was admitted since the last snapshot)",
+            LIMIT - half
+        );
+        total += more;
+    }
+    eprintln!(
+        "[snapshot] {} keys at their limit of {LIMIT}: {total} admitted after the restart \
+         (bound {} a key; {lost:?} lost its data dir)",
+        keys.len(),
+        LIMIT - half
+    );
+}
+
+/// The whole cluster killed with kill -9 and started again: every key comes back from
+/// its owner's snapshot, so at most what was admitted in the last snapshot interval is
+/// admitted again (without snapshots: the whole limit).
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_cluster_killed_admits_at_most_the_last_snapshot_interval_again() {
+    whole_cluster_crash(None).await;
+}
+
+/// The same with one node's data dir lost: its keys come back from the replicas in its
+/// successors' snapshots.
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_cluster_killed_with_a_data_dir_lost_recovers_it_from_peers_snapshots() {
+    whole_cluster_crash(Some("node-b")).await;
 }

@@ -559,6 +559,27 @@ impl Replicator {
         }
     }
 
+    /// Remember `members` (node id, generation) as seen, as of a snapshot this node
+    /// wrote before it stopped: after a crash of the whole cluster, a member back
+    /// under a new generation is then known as restarted (see [`reborn`]) and gets
+    /// the replicas of its keys kept here, though this node never saw it this time.
+    pub fn remember_members(&self, members: &[(String, u64)]) {
+        let now = self.clock.now_ms();
+        let members: Vec<&(String, u64)> =
+            members.iter().filter(|(id, _)| **id != *self.me).collect();
+        {
+            let mut last = self.last_seen.lock().expect("last-seen lock");
+            for (id, _) in &members {
+                last.entry(id.clone()).or_insert(now);
+            }
+        }
+        let mut seen = self.seen.lock().expect("seen lock");
+        for (id, generation) in members {
+            let g = seen.entry(id.clone()).or_insert(*generation);
+            *g = (*g).max(*generation);
+        }
+    }
+
     /// Members this node remembers (see [`Replicator::remember`]).
     #[cfg(test)]
     fn remembered(&self) -> usize {

@@ -35,9 +35,17 @@ pub struct NodeConfig {
     /// Cluster mode: the rules of a node that has no stored copy (a first start), at
     /// version 1. `None`: the built-in default at version 0.
     pub rules_seed: Option<PathBuf>,
-    /// Where the cluster rule set is persisted (`<dir>/rules.json`); `None`: in memory
-    /// only, a restart starts over from the seed and catches up from peers.
+    /// Where the cluster rule set (`<dir>/rules.json`) and the counter snapshot
+    /// (`<dir>/counters.snap`) are persisted; `None`: in memory only, a restart starts
+    /// over from the seed and catches up from peers, and a key's count from what its
+    /// successor holds.
     pub data_dir: Option<PathBuf>,
+    /// How often the counters are written to `data_dir` (`--snapshot-interval-ms`,
+    /// default 5 s: see docs/ownership.md); zero: never written, never loaded.
+    pub snapshot_interval: Duration,
+    /// Counters of windows shorter than this are not written
+    /// (`--snapshot-min-window-ms`, default 60 s: see docs/ownership.md).
+    pub snapshot_min_window: Duration,
     /// The token rules writes must present; `None` refuses every write.
     pub admin_token: Option<crate::server::ops::AdminToken>,
     /// How often the rule file is re-read to pick up changes.
@@ -143,6 +151,8 @@ impl Default for NodeConfig {
             rules_path: None,
             rules_seed: None,
             data_dir: None,
+            snapshot_interval: crate::node::snapshot::DEFAULT_INTERVAL,
+            snapshot_min_window: crate::node::snapshot::DEFAULT_MIN_WINDOW,
             admin_token: None,
             rules_poll: Duration::from_secs(1),
             max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,

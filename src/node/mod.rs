@@ -30,6 +30,7 @@ pub mod grpc;
 mod ops_listener;
 pub mod resp_listener;
 mod rules;
+pub mod snapshot;
 mod workers;
 mod xds;
 
@@ -298,6 +299,12 @@ async fn start_in_span(
     };
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
     let (shards, lease_returns) = spawn_shards(&config, &clock, &workers, &tracker, &cancel);
+    // Before any face serves: the node answers as owner from its snapshot, not empty.
+    let snapshots = snapshots(&config, &shards, &rules, &envoy, &membership, &clock);
+    let seen = match &snapshots {
+        Some(snapshots) => snapshots.load().await.members(),
+        None => Vec::new(),
+    };
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
     // Gubernator's inline rules: one registry per node, for the checker (what callers
     // send), the peer service (what peers forward), the peer pool (handed-over counters).
@@ -312,6 +319,13 @@ async fn start_in_span(
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
     let (router, handoff, replicator) =
         start_routing(&config, &decider, &shards, &membership, peers, clock);
+    if let Some((replicator, _)) = &replicator {
+        replicator.remember_members(&seen);
+    }
+    if let Some(snapshots) = snapshots {
+        let every = config.snapshot_interval;
+        spawn_in_span(&tracker, snapshots.run(every, cancel.clone()));
+    }
     spawn_lease_returns(lease_returns, &router, &tracker, &cancel);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
     spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
@@ -623,6 +637,39 @@ fn spawn_shards(
         workers.handles(),
     );
     (shards, returns_rx)
+}
+
+/// Counter snapshots in `--data-dir` (`node::snapshot`), unless there is no data dir
+/// or `--snapshot-interval-ms` is 0.
+fn snapshots(
+    config: &NodeConfig,
+    shards: &Shards,
+    rules: &SharedRules,
+    envoy: &SharedEnvoy,
+    membership: &Membership,
+    clock: &Arc<dyn Clock>,
+) -> Option<snapshot::Snapshots> {
+    let dir = config.data_dir.as_ref()?;
+    if config.snapshot_interval.is_zero() {
+        return None;
+    }
+    // A file far beyond what the key cap and the byte budget can hold is not read.
+    let max_bytes = (config.shards.max_keys as u64)
+        .saturating_mul(64)
+        .saturating_add((config.shards.state_budget() as u64).saturating_mul(2))
+        .saturating_add(1 << 20);
+    Some(snapshot::Snapshots::new(
+        dir.clone(),
+        config.cluster_id.clone(),
+        config.node_id.clone(),
+        shards.clone(),
+        rules.clone(),
+        envoy.clone(),
+        membership.view(),
+        clock.clone(),
+        config.snapshot_min_window,
+        max_bytes,
+    ))
 }
 
 /// Budget leases: the unused units of leases this node held go back to their owners.

@@ -25,11 +25,30 @@ pub struct Exports {
     pub joined: Vec<(Arc<str>, Exported)>,
 }
 
+/// A shard's keys copied in one step ([`ShardCore::freeze`]).
+#[derive(Debug, Default)]
+pub struct FrozenShard {
+    /// The keys this shard decides for.
+    pub live: super::store::Frozen,
+    /// The replicas it keeps for other owners.
+    pub replicas: super::store::Frozen,
+}
+
 /// One shard's state: live keys and replicas, and how both change.
 pub struct ShardCore {
     store: Store,
     /// This shard's replicas of other owners' keys, and its own changed keys.
     replicas: replication::Side,
+    /// Keys loaded from this node's snapshot, until a peer hands over a state of them
+    /// or the marks lapse ([`ShardCore::install_snapshot`]).
+    from_snapshot: Option<SnapshotMarks>,
+}
+
+/// Keys loaded from a snapshot whose first handed-over state is joined, not added,
+/// and when the marks lapse.
+struct SnapshotMarks {
+    keys: std::collections::HashSet<KeyId, foldhash::fast::RandomState>,
+    until: Millis,
 }
 
 impl ShardCore {
@@ -40,12 +59,53 @@ impl ShardCore {
         Self {
             store: Store::new(keys, index as u64 + 1).with_byte_budget(bytes),
             replicas: replication::Side::new(replicate, keys, bytes, index),
+            from_snapshot: None,
         }
+    }
+
+    /// Install states loaded from this node's own snapshot at start: live keys `live`
+    /// (into a store that holds none of them yet) and replicas `replicas`. Returns
+    /// (installed, replicas held, what holding them evicted).
+    ///
+    /// A snapshot and what peers hold of the same key are two moments of one history:
+    /// the key's successor kept a replica of the same count, newer by up to a snapshot
+    /// interval, and a node that decided for it meanwhile started from that replica. So
+    /// until `until` (the time a restarted cluster takes to converge) the first state
+    /// a peer hands over for a loaded key is joined with it ([`Store::install_joined`],
+    /// the stricter of the two), not added: adding would count the snapshot's
+    /// admissions twice. States after that first one add as usual (a handoff's late
+    /// deltas are new admissions).
+    pub fn install_snapshot(
+        &mut self,
+        live: Vec<(Exported, Arc<Rule>)>,
+        replicas: Vec<(Exported, Arc<Rule>)>,
+        until: Millis,
+        now: Millis,
+    ) -> (usize, usize, Churn) {
+        let ids: Vec<KeyId> = live.iter().map(|(item, _)| item.id).collect();
+        let installed = self.install(live, false, now);
+        let marks = self.from_snapshot.get_or_insert_with(|| SnapshotMarks {
+            keys: Default::default(),
+            until,
+        });
+        marks.until = marks.until.max(until);
+        marks.keys.extend(ids);
+        let (held, churn) = self.replicas.hold(&self.store, replicas, now);
+        (installed, held, churn)
     }
 
     /// The live keys (for lengths, caps and gauges).
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Copies of the live keys and of the replicas as of now, for a snapshot on disk
+    /// (see [`Store::freeze`]).
+    pub fn freeze(&self) -> FrozenShard {
+        FrozenShard {
+            live: self.store.freeze(),
+            replicas: self.replicas.freeze(),
+        }
     }
 
     /// Decide one message's charges, in order, at `now`. `decided` is told of each
@@ -175,6 +235,7 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
+            let joined = joined || self.loaded_from_snapshot(id, now);
             let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
             let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
             let incoming = trace.then(|| item.state.clone());
@@ -283,9 +344,22 @@ impl ShardCore {
             .collect()
     }
 
+    /// Whether `id` was loaded from the snapshot and no peer has handed over a state
+    /// of it since (the mark is taken: see [`ShardCore::install_snapshot`]).
+    fn loaded_from_snapshot(&mut self, id: KeyId, now: Millis) -> bool {
+        match &mut self.from_snapshot {
+            Some(marks) if now < marks.until => marks.keys.remove(&id),
+            _ => false,
+        }
+    }
+
     /// The expiry tick: drop expired live keys and replicas, examining a sixteenth of
-    /// the keys (at least 1024). Returns how many expired.
+    /// the keys (at least 1024), and the snapshot's marks once they lapse. Returns how
+    /// many keys expired.
     pub fn expire(&mut self, now: Millis) -> u64 {
+        if self.from_snapshot.as_ref().is_some_and(|m| now >= m.until) {
+            self.from_snapshot = None;
+        }
         // A full pass every ~16 ticks, while one tick stays a sub-millisecond pause.
         let budget = (self.store.len() / 16).max(1024);
         let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
