@@ -72,8 +72,7 @@ impl Policy {
     pub fn new<'a>(rules: impl Iterator<Item = &'a Arc<Rule>>, min_window: Duration) -> Self {
         let mut keep: HashMap<u64, bool> = HashMap::new();
         for rule in rules {
-            let wanted =
-                rule.snapshot && !rule.is_node_local() && memory(&rule.spec) >= min_window;
+            let wanted = rule.snapshot && !rule.is_node_local() && memory(&rule.spec) >= min_window;
             *keep.entry(rule.fingerprint).or_insert(true) &= wanted;
         }
         Self { keep }
@@ -94,7 +93,9 @@ pub fn memory(spec: &AlgorithmSpec) -> Duration {
             capacity,
             refill,
             period,
-        } => period.saturating_mul(u32::try_from(capacity.get().div_ceil(refill.get())).unwrap_or(u32::MAX)),
+        } => period.saturating_mul(
+            u32::try_from(capacity.get().div_ceil(refill.get())).unwrap_or(u32::MAX),
+        ),
         _ => spec.window(),
     }
 }
@@ -317,13 +318,7 @@ impl Snapshots {
                 age_ms,
                 ..
             } => {
-                tracing::info!(
-                    live,
-                    replicas,
-                    dropped,
-                    age_ms,
-                    "counter snapshot loaded"
-                );
+                tracing::info!(live, replicas, dropped, age_ms, "counter snapshot loaded");
                 "loaded"
             }
         };

@@ -271,7 +271,7 @@ impl ShardCore {
         now: Millis,
         new_owner: impl Fn(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
-        self.export_back(now, &new_owner, &|_| None).merged
+        self.split_export(now, &new_owner, &|_| None, false).merged
     }
 
     /// [`ShardCore::export`], setting apart the keys handed back to the incarnation
@@ -280,19 +280,40 @@ impl ShardCore {
     /// the incarnation that owned them before this node did. Their states include
     /// that owner's own admissions up to its last replica, so it joins them
     /// ([`Store::install_joined`]); the others it adds to what it holds.
+    ///
+    /// Keys loaded from this node's snapshot that no peer has handed over since go
+    /// to be joined too: such a state is an earlier moment of the count the new owner
+    /// holds (a snapshot written before the key moved away, loaded after a restart),
+    /// and adding it counted that moment twice (the rolling restart's false denials).
     pub fn export_back(
         &mut self,
         now: Millis,
         new_owner: &dyn Fn(u64) -> Option<Recipient>,
         earlier: &dyn Fn(u64) -> Option<Recipient>,
     ) -> Exports {
+        self.split_export(now, new_owner, earlier, true)
+    }
+
+    fn split_export(
+        &mut self,
+        now: Millis,
+        new_owner: &dyn Fn(u64) -> Option<Recipient>,
+        earlier: &dyn Fn(u64) -> Option<Recipient>,
+        loaded_joins: bool,
+    ) -> Exports {
         let mut merged = self.store.export(now, new_owner);
         let mut joined = Vec::new();
         let side = &mut self.replicas;
+        let marks = &mut self.from_snapshot;
         merged.retain(|(to, state)| {
             let p = state.id.placement;
-            let back = side.hand_away_promoted(state.id)
+            let promoted = side.hand_away_promoted(state.id)
                 && earlier(p).is_some_and(|e| new_owner(p).is_some_and(|n| n == e));
+            let loaded = loaded_joins
+                && marks
+                    .as_mut()
+                    .is_some_and(|m| now < m.until && m.keys.remove(&state.id));
+            let back = promoted || loaded;
             if back {
                 joined.push((to.clone(), state.clone()));
             }

@@ -552,10 +552,14 @@ impl Shards {
     ) -> Result<(usize, usize), ShardError> {
         let mut groups: Vec<(Vec<_>, Vec<_>)> = vec![(Vec::new(), Vec::new()); self.len()];
         for item in live {
-            groups[self.shard_of_placement(item.0.id.placement)].0.push(item);
+            groups[self.shard_of_placement(item.0.id.placement)]
+                .0
+                .push(item);
         }
         for item in replicas {
-            groups[self.shard_of_placement(item.0.id.placement)].1.push(item);
+            groups[self.shard_of_placement(item.0.id.placement)]
+                .1
+                .push(item);
         }
         let (mut installed, mut held) = (0, 0);
         for (shard, (live, replicas)) in groups.into_iter().enumerate() {

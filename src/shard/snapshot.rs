@@ -334,8 +334,8 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         for _ in 0..count {
             words.push(r.varint()?);
         }
-        let state = KeyState::from_words(kind, &words)
-            .ok_or(SnapshotError::Malformed("state words"))?;
+        let state =
+            KeyState::from_words(kind, &words).ok_or(SnapshotError::Malformed("state words"))?;
         into.push(Exported {
             id,
             fingerprint,
@@ -411,7 +411,9 @@ impl Reader<'_> {
     }
 
     fn u64(&mut self) -> Result<u64, SnapshotError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 
     fn string(&mut self) -> Result<String, SnapshotError> {
@@ -550,11 +552,15 @@ mod tests {
         let decoded = decode(&bytes).expect("valid");
         assert_eq!(decoded.belongs_to("ringlimit", "node-a"), Ok(()));
         assert_eq!(
-            decoded.belongs_to("ringlimit", "node-b").map_err(|e| e.reason()),
+            decoded
+                .belongs_to("ringlimit", "node-b")
+                .map_err(|e| e.reason()),
             Err("foreign")
         );
         assert_eq!(
-            decoded.belongs_to("other", "node-a").map_err(|e| e.reason()),
+            decoded
+                .belongs_to("other", "node-a")
+                .map_err(|e| e.reason()),
             Err("foreign")
         );
     }
