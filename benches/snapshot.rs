@@ -92,16 +92,17 @@ fn snapshots(dir: &std::path::Path, shards: &Shards, rules: &RuleSet) -> Snapsho
     )
 }
 
-/// Process CPU seconds (user + system).
+/// Process CPU seconds (user + system), from `/proc/self/stat` (clock ticks of
+/// 1/100 s, the kernel's USER_HZ).
 fn cpu_seconds() -> f64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given.
-    let usage = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-        usage.assume_init()
-    };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(usage.ru_utime) + t(usage.ru_stime)
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which ends with the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // utime and stime are the 14th and 15th fields; the state (3rd) is fields[0].
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn rss_mb() -> f64 {
@@ -113,8 +114,9 @@ fn rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Checks at `RATE` for `PHASE` from `CALLERS` tasks, each timed from when it was due.
-async fn latencies(shards: &Shards, rule: &Arc<Rule>) -> Vec<Duration> {
+/// Checks at `RATE` for `phase` from `CALLERS` tasks (open loop: a caller that falls
+/// behind does not slow the rate down), each timed from its call to its answer.
+async fn latencies(shards: &Shards, rule: &Arc<Rule>, phase: Duration) -> Vec<Duration> {
     let mut tasks = Vec::new();
     for caller in 0..CALLERS {
         let (shards, rule) = (shards.clone(), rule.clone());
@@ -123,15 +125,15 @@ async fn latencies(shards: &Shards, rule: &Arc<Rule>) -> Vec<Duration> {
             let start = tokio::time::Instant::now();
             let mut out = Vec::new();
             let mut n: u64 = 0;
-            while start.elapsed() < PHASE {
-                let due = start + every * n as u32;
-                tokio::time::sleep_until(due).await;
+            while start.elapsed() < phase {
+                tokio::time::sleep_until(start + every * n as u32).await;
                 let key = (n * CALLERS + caller).wrapping_mul(0x9e37_79b9) % KEYS;
+                let called = Instant::now();
                 shards
                     .check(smallvec::smallvec![charge(&rule, key)])
                     .await
                     .expect("check");
-                out.push(due.elapsed());
+                out.push(called.elapsed());
                 n += 1;
             }
             out
@@ -207,7 +209,32 @@ fn main() {
             rss_mb()
         );
 
-        summary("no snapshot", &latencies(&shards, &rule).await);
+        // How long a shard is held by its copy: what a check can wait behind.
+        let mut holds = Vec::new();
+        for _ in 0..5 {
+            for shard in 0..shards.len() {
+                let t = Instant::now();
+                let frozen = shards.freeze(shard).await.expect("freeze");
+                holds.push(t.elapsed());
+                drop(frozen);
+            }
+        }
+        holds.sort();
+        println!(
+            "a shard's copy ({} keys a shard): median {:.1?}, worst {:.1?} (round trip included)",
+            KEYS / shards.len() as u64,
+            holds[holds.len() / 2],
+            holds[holds.len() - 1]
+        );
+
+        summary("no snapshot", &latencies(&shards, &rule, PHASE).await);
+        let every = tokio::spawn(snaps.clone().run(
+            ringlimit::node::snapshot::DEFAULT_INTERVAL,
+            cancel.child_token(),
+        ));
+        let default = latencies(&shards, &rule, Duration::from_secs(11)).await;
+        every.abort();
+        summary("default interval (5 s)", &default);
         let writer = {
             let snaps = snaps.clone();
             tokio::spawn(async move {
@@ -220,7 +247,7 @@ fn main() {
                 (n, started.elapsed())
             })
         };
-        let during = latencies(&shards, &rule).await;
+        let during = latencies(&shards, &rule, PHASE).await;
         let (n, took) = writer.await.unwrap();
         summary("snapshots back to back", &during);
         println!(

@@ -142,6 +142,11 @@ pub struct NodeConfig {
     pub check_http: Option<CheckHttpConfig>,
 }
 
+/// The shortest `--snapshot-interval-ms` (0 aside): a snapshot of a million keys takes
+/// a sizeable fraction of a second of one core, and writing them back to back would
+/// take that core for good.
+pub const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_millis(100);
+
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
@@ -379,6 +384,13 @@ impl NodeConfig {
         }
         if self.shards.max_keys == 0 {
             return Err("max keys must be at least 1".into());
+        }
+        if !self.snapshot_interval.is_zero() && self.snapshot_interval < MIN_SNAPSHOT_INTERVAL {
+            return Err(format!(
+                "snapshot interval must be 0 (off) or at least {} ms (got {} ms)",
+                MIN_SNAPSHOT_INTERVAL.as_millis(),
+                self.snapshot_interval.as_millis()
+            ));
         }
         if self.shards.inbox == 0 {
             return Err("shard inbox must hold at least 1 command".into());

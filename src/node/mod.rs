@@ -8,10 +8,11 @@
 //! [`run`] is what `ringlimit serve` calls: start, wait for the caller's shutdown
 //! token, drain.
 //!
-//! - `config`: the node's settings; `grpc`: what one client can make a gRPC listener
-//!   hold; `faces`: the three servers; `resp_listener`: the RESP face for Redis
-//!   clients (`--resp-listen`, off by default); `rules`: rules at start and their watchers;
-//!   `exporter`: the Prometheus recorder and metric descriptions.
+//! - `config`: the node's settings; `snapshot`: counter snapshots in `--data-dir`;
+//!   `grpc`: what one client can make a gRPC listener hold; `faces`: the three
+//!   servers; `resp_listener`: the RESP face for Redis clients (`--resp-listen`, off
+//!   by default); `rules`: rules at start and their watchers; `exporter`: the
+//!   Prometheus recorder and metric descriptions.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -119,6 +120,8 @@ pub struct RunningNode {
     membership: Membership,
     handoff: Handoff,
     leave_settle: Duration,
+    /// Counter snapshots in `--data-dir`, when written: a leave writes one last.
+    snapshots: Option<snapshot::Snapshots>,
     /// The node's span: its background tasks run in it, and so does its leave.
     span: tracing::Span,
     cancel: CancellationToken,
@@ -182,6 +185,14 @@ impl RunningNode {
 
     async fn leave_in_span(self) {
         tracing::info!(node_id = %self.decider.node_id, "leaving: announcing and handing state over");
+        // The newest counts on disk first: if every node is stopped at once (a
+        // StatefulSet deleted), nobody is left to hand them to. What the handoff moves
+        // meanwhile is joined with this copy after a restart, never added to it.
+        if let Some(snapshots) = &self.snapshots {
+            if let Err(error) = snapshots.write().await {
+                tracing::warn!(%error, "last snapshot before leaving not written");
+            }
+        }
         self.membership.announce_leaving().await;
         // The handoff watcher pushes as soon as our own ring drops us; checks that
         // peers forward to us before they converge are still decided here, so push
@@ -322,9 +333,9 @@ async fn start_in_span(
     if let Some((replicator, _)) = &replicator {
         replicator.remember_members(&seen);
     }
-    if let Some(snapshots) = snapshots {
+    if let Some(snapshots) = &snapshots {
         let every = config.snapshot_interval;
-        spawn_in_span(&tracker, snapshots.run(every, cancel.clone()));
+        spawn_in_span(&tracker, snapshots.clone().run(every, cancel.clone()));
     }
     spawn_lease_returns(lease_returns, &router, &tracker, &cancel);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
@@ -412,6 +423,7 @@ async fn start_in_span(
         membership,
         handoff,
         leave_settle: config.leave_settle,
+        snapshots,
         span: tracing::Span::current(),
         cancel,
         tracker,
