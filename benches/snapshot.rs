@@ -52,7 +52,10 @@ fn charge(rule: &Arc<Rule>, key: u64) -> Charge {
     }
 }
 
-fn shards(tracker: &tokio_util::task::TaskTracker, cancel: &tokio_util::sync::CancellationToken) -> Shards {
+fn shards(
+    tracker: &tokio_util::task::TaskTracker,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Shards {
     Shards::spawn(
         &ShardConfig {
             shards: 2,
@@ -101,7 +104,12 @@ fn cpu_seconds() -> f64 {
         .rsplit_once(')')
         .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
     // utime and stime are the 14th and 15th fields; the state (3rd) is fields[0].
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -167,7 +175,12 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rules = RuleSet::from_toml_str(RULES).unwrap();
-    let rule = rules.rules().iter().find(|r| &*r.name == "hourly").unwrap().clone();
+    let rule = rules
+        .rules()
+        .iter()
+        .find(|r| &*r.name == "hourly")
+        .unwrap()
+        .clone();
     runtime.block_on(async {
         let (tracker, cancel) = (
             tokio_util::task::TaskTracker::new(),
