@@ -517,4 +517,147 @@ burst = 86400
         assert!(!dir.path().join(format!("{FILE}.tmp")).exists());
         assert_eq!(read(&dir.path().join("none"), 1 << 20), Ok(None));
     }
+
+    /// Shards of one node on `clock`, and its snapshots in `dir` under `rules`.
+    fn node(
+        dir: &Path,
+        rules: &RuleSet,
+        clock: &crate::clock::ManualClock,
+        tracker: &tokio_util::task::TaskTracker,
+        cancel: &CancellationToken,
+    ) -> (Shards, Snapshots) {
+        let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let shards = Shards::spawn(
+            &crate::shard::ShardConfig {
+                shards: 2,
+                ..Default::default()
+            },
+            clock.clone(),
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            tracker,
+            cancel.clone(),
+        );
+        let (tx, view) = watch::channel(Arc::new(crate::cluster::policy::testkit::view(&[
+            "node-a", "node-b",
+        ])));
+        std::mem::forget(tx);
+        let snapshots = Snapshots::new(
+            dir.to_owned(),
+            "ringlimit".into(),
+            "node-a".into(),
+            shards.clone(),
+            Arc::new(arc_swap::ArcSwap::from_pointee(rules.clone())),
+            Arc::new(arc_swap::ArcSwap::from_pointee(
+                crate::config::rules::envoy::EnvoyConfig::default(),
+            )),
+            view,
+            clock,
+            DEFAULT_MIN_WINDOW,
+            1 << 20,
+        );
+        (shards, snapshots)
+    }
+
+    #[tokio::test]
+    async fn a_restarted_node_loads_its_counts_drops_ended_windows_and_refuses_a_bad_file() {
+        let set = rules(
+            "[[rule]]\nname = \"hourly\"\nroute = \"GET /h\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\n",
+        );
+        let rule = set
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "hourly")
+            .unwrap()
+            .clone();
+        let dir = tempfile::tempdir().unwrap();
+        let (tracker, cancel) = (
+            tokio_util::task::TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        // Early in an hour, so the window is still open a minute later.
+        let clock =
+            crate::clock::ManualClock::new(1_800_000_000_000 / 3_600_000 * 3_600_000 + 1_000);
+        let charge = |key: &str| crate::shard::Charge {
+            id: crate::shard::KeyId::of("hourly", key.as_bytes(), ""),
+            rule: rule.clone(),
+            cost: std::num::NonZeroU64::MIN,
+            give_back: None,
+            drain: false,
+            peek: false,
+            target: Default::default(),
+        };
+        let (before, snapshots) = node(dir.path(), &set, &clock, &tracker, &cancel);
+        for _ in 0..7 {
+            before
+                .check(smallvec::smallvec![charge("k")])
+                .await
+                .unwrap();
+        }
+        let written = snapshots.write().await.unwrap();
+        assert_eq!((written.live, written.replicas), (1, 0));
+
+        // A minute later: the count is back, before any check.
+        clock.advance(60_000);
+        let (after, snapshots) = node(dir.path(), &set, &clock, &tracker, &cancel);
+        let loaded = snapshots.load().await;
+        assert!(
+            matches!(loaded, Loaded::Installed { live: 1, dropped: 0, ref members, .. } if members.len() == 2),
+            "{loaded:?}"
+        );
+        let peek = crate::shard::Charge {
+            peek: true,
+            ..charge("k")
+        };
+        let answer = after
+            .check(smallvec::smallvec![peek.clone()])
+            .await
+            .unwrap();
+        assert_eq!(answer[0].decision.remaining, 3, "7 of 10 used");
+
+        // The next hour: the window has ended, nothing is installed.
+        clock.advance(3_600_000);
+        let (later, snapshots) = node(dir.path(), &set, &clock, &tracker, &cancel);
+        assert!(matches!(
+            snapshots.load().await,
+            Loaded::Installed {
+                live: 0,
+                dropped: 1,
+                ..
+            }
+        ),);
+        assert_eq!(later.keys().await.unwrap(), 0);
+
+        // One flipped byte: refused whole, nothing installed.
+        let path = dir.path().join(FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        clock.advance(1);
+        let (damaged, snapshots) = node(dir.path(), &set, &clock, &tracker, &cancel);
+        assert_eq!(
+            snapshots.load().await,
+            Loaded::Refused(SnapshotError::Checksum)
+        );
+        assert_eq!(damaged.keys().await.unwrap(), 0);
+
+        // Another node's file is not this node's to load.
+        let foreign = format::encode(&format::Snapshot {
+            header: Header {
+                cluster_id: "ringlimit".into(),
+                node_id: "node-b".into(),
+                taken_at: 0,
+                members: vec![],
+            },
+            live: vec![],
+            replicas: vec![],
+        });
+        write_atomic(dir.path(), &foreign).unwrap();
+        let (_, snapshots) = node(dir.path(), &set, &clock, &tracker, &cancel);
+        assert!(matches!(
+            snapshots.load().await,
+            Loaded::Refused(SnapshotError::Foreign { .. })
+        ));
+        cancel.cancel();
+    }
 }

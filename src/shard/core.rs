@@ -728,4 +728,126 @@ mod tests {
         assert_eq!(successor.replicas(), 0);
         assert!(successor.holds(item.id));
     }
+
+    /// A limit-10 fixed window (one hour) and a state of it that admitted `count` now.
+    fn hourly() -> Arc<Rule> {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"h\"\nroute = \"GET /h\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\n",
+        )
+        .unwrap();
+        rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "h")
+            .unwrap()
+            .clone()
+    }
+
+    fn counted(rule: &Arc<Rule>, key: &[u8], count: u64) -> (Exported, Arc<Rule>) {
+        let mut state = rule.limiter.new_state();
+        for _ in 0..count {
+            rule.limiter.check(&mut state, NOW, NonZeroU64::MIN);
+        }
+        let id = KeyId::of(&rule.name, key, "");
+        (
+            Exported {
+                id,
+                fingerprint: rule.fingerprint,
+                state,
+            },
+            rule.clone(),
+        )
+    }
+
+    /// What a check of `key` would leave: the units left after it (peeked, not taken).
+    fn remaining(core: &mut ShardCore, rule: &Arc<Rule>, key: &[u8]) -> u64 {
+        let item = Charge {
+            peek: true,
+            ..charge(rule, key)
+        };
+        let (outcomes, _) = core.check(std::slice::from_ref(&item), NOW, |_, _| 0);
+        outcomes[0].decision.remaining
+    }
+
+    #[test]
+    fn a_loaded_key_is_joined_with_the_first_state_a_peer_hands_over_then_added_to() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        let until = NOW + 60_000;
+        let (live, held, _) =
+            core.install_snapshot(vec![counted(&rule, b"k", 5)], vec![], until, NOW);
+        assert_eq!((live, held), (1, 0));
+        assert_eq!(remaining(&mut core, &rule, b"k"), 5);
+        // The successor's replica: the same history, newer (7 admitted in all).
+        assert_eq!(core.install(vec![counted(&rule, b"k", 7)], false, NOW), 1);
+        assert_eq!(remaining(&mut core, &rule, b"k"), 3, "7, not 5 + 7");
+        // A later delta is new admissions: added.
+        assert_eq!(core.install(vec![counted(&rule, b"k", 2)], false, NOW), 1);
+        assert_eq!(remaining(&mut core, &rule, b"k"), 1);
+    }
+
+    #[test]
+    fn the_snapshot_marks_lapse() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        core.install_snapshot(vec![counted(&rule, b"k", 5)], vec![], NOW + 1, NOW);
+        core.expire(NOW + 1);
+        assert_eq!(
+            core.install(vec![counted(&rule, b"k", 2)], false, NOW + 1),
+            1
+        );
+        assert_eq!(
+            remaining(&mut core, &rule, b"k"),
+            3,
+            "added once the marks lapsed"
+        );
+    }
+
+    #[test]
+    fn a_loaded_key_handed_away_goes_to_be_joined_and_a_decided_one_to_be_added() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        core.install_snapshot(
+            vec![counted(&rule, b"loaded", 5)],
+            vec![],
+            NOW + 60_000,
+            NOW,
+        );
+        assert!(allowed(&mut core, &charge(&rule, b"decided")));
+        let elsewhere = |_: u64| Some(Recipient::new("b", 1));
+        let exports = core.export_back(NOW, &elsewhere, &|_| None);
+        let ids = |v: &[(Arc<str>, Exported)]| v.iter().map(|(_, e)| e.id).collect::<Vec<_>>();
+        assert_eq!(ids(&exports.joined), vec![KeyId::of("h", b"loaded", "")]);
+        assert_eq!(ids(&exports.merged), vec![KeyId::of("h", b"decided", "")]);
+    }
+
+    #[test]
+    fn a_freeze_copies_the_keys_decided_here_and_the_replicas() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        let replica = counted(&rule, b"replica", 4);
+        core.install_snapshot(
+            vec![counted(&rule, b"a", 2), counted(&rule, b"b", 3)],
+            vec![replica.clone()],
+            NOW + 60_000,
+            NOW,
+        );
+        let frozen = core.freeze();
+        let mut live: Vec<Exported> = frozen.live.states().collect();
+        live.sort_by_key(|e| e.state.to_words()[1]);
+        assert_eq!(
+            live,
+            vec![counted(&rule, b"a", 2).0, counted(&rule, b"b", 3).0]
+        );
+        assert_eq!(
+            frozen.replicas.states().collect::<Vec<_>>(),
+            vec![replica.0]
+        );
+        // A key handed away is the new owner's to write.
+        let to_b =
+            |p: u64| (p == KeyId::of("h", b"a", "").placement).then(|| Recipient::new("b", 1));
+        core.export(NOW, to_b);
+        let ids: Vec<KeyId> = core.freeze().live.states().map(|e| e.id).collect();
+        assert_eq!(ids, vec![KeyId::of("h", b"b", "")]);
+    }
 }
