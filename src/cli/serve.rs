@@ -72,9 +72,9 @@ pub struct ServeArgs {
     /// keys' counts from their successors.
     #[arg(long, env = "RINGLIMIT_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// How often the counters are written to --data-dir, in ms: a crash of the whole
-    /// cluster loses at most what was admitted in the last interval (docs/ownership.md).
-    /// 0: never written, never loaded.
+    /// With --data-dir: how often the counters are written there, in ms (at least 100):
+    /// a crash of the whole cluster loses at most what was admitted in the last interval
+    /// (docs/ownership.md). 0: never written, never loaded.
     #[arg(long, default_value_t = 5_000)]
     snapshot_interval_ms: u64,
     /// Counters of windows shorter than this (a token bucket: its time to refill) are

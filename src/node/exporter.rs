@@ -133,7 +133,7 @@ fn describe_snapshots() {
     );
     describe_counter!(
         "ringlimit_snapshot_refused_total",
-        "Snapshots refused whole at start, nothing of them loaded (reason=magic, version, truncated, checksum, malformed, foreign: another node's or cluster's)."
+        "Snapshots refused whole at start, nothing of them loaded (reason=magic, version, truncated, checksum, malformed, foreign: another node's or cluster's, unreadable: not a regular file or too large)."
     );
 }
 

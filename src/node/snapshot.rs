@@ -121,6 +121,9 @@ pub enum Loaded {
     Absent,
     /// The file was refused whole.
     Refused(SnapshotError),
+    /// The file could not be read (not a regular file, larger than the key cap allows,
+    /// an I/O error): nothing of it loaded.
+    Unreadable(String),
     /// Installed.
     Installed {
         /// Live keys installed.
@@ -301,6 +304,17 @@ impl Snapshots {
                 tracing::info!(dir = %self.dir.display(), "no counter snapshot: keys start from what peers hold");
                 "absent"
             }
+            Loaded::Unreadable(error) => {
+                metrics::counter!("ringlimit_snapshot_refused_total", "reason" => "unreadable")
+                    .increment(1);
+                tracing::error!(
+                    path = %self.dir.join(FILE).display(),
+                    reason = "unreadable",
+                    %error,
+                    "counter snapshot refused, nothing of it loaded: keys start from what peers hold"
+                );
+                "refused"
+            }
             Loaded::Refused(error) => {
                 metrics::counter!("ringlimit_snapshot_refused_total", "reason" => error.reason())
                     .increment(1);
@@ -336,10 +350,7 @@ impl Snapshots {
         let bytes = match read {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Loaded::Absent,
-            Err(error) => {
-                tracing::error!(%error, "counter snapshot unreadable");
-                return Loaded::Refused(SnapshotError::Malformed("unreadable file"));
-            }
+            Err(error) => return Loaded::Unreadable(error),
         };
         let snapshot = match format::decode(&bytes)
             .and_then(|s| s.belongs_to(&self.cluster_id, &self.node_id).map(|()| s))

@@ -284,7 +284,8 @@ impl ShardCore {
     /// Keys loaded from this node's snapshot that no peer has handed over since go
     /// to be joined too: such a state is an earlier moment of the count the new owner
     /// holds (a snapshot written before the key moved away, loaded after a restart),
-    /// and adding it counted that moment twice (the rolling restart's false denials).
+    /// and adding it would count that moment twice
+    /// (`rolling_restart_with_snapshots_admits_each_key_exactly_its_limit`).
     pub fn export_back(
         &mut self,
         now: Millis,

@@ -124,16 +124,6 @@ impl SnapshotError {
             SnapshotError::Foreign { .. } => "foreign",
         }
     }
-
-    /// Every [`SnapshotError::reason`], for describing the metric.
-    pub const REASONS: [&'static str; 6] = [
-        "magic",
-        "version",
-        "truncated",
-        "checksum",
-        "malformed",
-        "foreign",
-    ];
 }
 
 /// Which part of a snapshot a state belongs to.
