@@ -31,6 +31,13 @@ route = "GET /t"
 algorithm = "fixed_window"
 limit = 20
 window = "1h"
+
+[[rule]]
+name = "rolling"
+route = "GET /rolling"
+algorithm = "fixed_window"
+limit = 100
+window = "1h"
 "#;
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Client-side deadline of one check: far above anything a healthy answer needs.
@@ -46,13 +53,24 @@ struct Cluster {
     dir: Option<tempfile::TempDir>,
     rules: PathBuf,
     extra_args: Vec<String>,
+    /// Each node keeps `--data-dir <dir>/<id>.data` (counter snapshots) across
+    /// restarts.
+    data_dirs: bool,
     nodes: Vec<Process>,
+    /// Restarts so far (each restarted process logs to a file of its own).
+    restarts: usize,
 }
 
 impl Cluster {
     /// Start `ids.len()` nodes (the first is every other node's seed) and wait until
     /// every node sees all of them with equal rings.
     async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
+        Self::start_with(ids, extra_args, false).await
+    }
+
+    /// [`Cluster::start`]; with `data_dirs`, each node with a data dir of its own that
+    /// outlives it.
+    async fn start_with(ids: &[&str], extra_args: &[&str], data_dirs: bool) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("ringlimit-cluster-")
             .tempdir()
@@ -63,7 +81,9 @@ impl Cluster {
             dir: Some(dir),
             rules,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            data_dirs,
             nodes: Vec::new(),
+            restarts: 0,
         };
         for id in ids {
             let seeds: Vec<SocketAddr> = cluster
@@ -72,12 +92,13 @@ impl Cluster {
                 .map(|n| n.ready.gossip)
                 .into_iter()
                 .collect();
+            let args = cluster.args_of(id);
             let node = Process::spawn(&Serve {
                 id,
                 ip: Ipv4Addr::LOCALHOST.into(),
                 rules: &cluster.rules,
                 seeds: &seeds,
-                extra_args: &cluster.extra_args,
+                extra_args: &args,
                 dir: cluster.dir(),
                 log_name: id,
                 env: &[],
@@ -102,6 +123,21 @@ impl Cluster {
 
     fn dir(&self) -> &Path {
         self.dir.as_ref().expect("dir kept until drop").path()
+    }
+
+    /// Node `id`'s data dir (when the cluster keeps them).
+    fn data_dir(&self, id: &str) -> PathBuf {
+        self.dir().join(format!("{id}.data"))
+    }
+
+    /// The arguments node `id` starts with: the cluster's, and its data dir.
+    fn args_of(&self, id: &str) -> Vec<String> {
+        let mut args = self.extra_args.clone();
+        if self.data_dirs {
+            args.push("--data-dir".into());
+            args.push(self.data_dir(id).display().to_string());
+        }
+        args
     }
 
     fn node(&self, id: &str) -> &Process {
@@ -138,14 +174,17 @@ impl Cluster {
             .map(|n| n.ready.gossip)
             .into_iter()
             .collect();
+        let args = self.args_of(id);
+        let restarts = self.restarts;
+        self.restarts += 1;
         let node = Process::spawn(&Serve {
             id,
             ip: Ipv4Addr::LOCALHOST.into(),
             rules: &self.rules,
             seeds: &seeds,
-            extra_args: &self.extra_args,
+            extra_args: &args,
             dir: self.dir(),
-            log_name: &format!("{id}.restarted"),
+            log_name: &format!("{id}.restarted{restarts}"),
             env: &[],
         })
         .unwrap_or_else(|message| panic!("{message}"));
@@ -999,4 +1038,386 @@ async fn owner_restarted_at_once_restores_its_keys_before_answering() {
         by_new_c > 0,
         "the restarted node-c never answered as owner within 4 s"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Counter snapshots and restarts of every node
+// ---------------------------------------------------------------------------------
+
+const IDS: [&str; 3] = ["node-a", "node-b", "node-c"];
+/// Snapshots every second: the bound below is what was admitted since the last one.
+const SNAPSHOT_ARGS: [&str; 6] = [
+    "--deny-cache",
+    "0",
+    "--replicate-interval-ms",
+    "50",
+    "--snapshot-interval-ms",
+    "1000",
+];
+
+/// `count` client keys that `owner` owns in the ring of node-a, node-b, node-c.
+fn keys_of(prefix: &str, owner: &str, count: usize) -> Vec<String> {
+    let full = Ring::new(IDS, Ring::DEFAULT_VNODES);
+    (0..100_000)
+        .map(|i| format!("{prefix}-{owner}-{i}"))
+        .filter(|k| full.owner(k.as_bytes()) == Some(owner))
+        .take(count)
+        .collect()
+}
+
+/// Admit `n` units of `key` through `client`: each check must be admitted by `owner`.
+async fn admit(client: &mut RateLimiterClient<Channel>, key: &str, owner: &str, n: u64) {
+    for i in 0..n {
+        let a = check(client, key)
+            .await
+            .unwrap_or_else(|e| panic!("admitting {key}: check {i}: {e}"));
+        assert!(
+            a.allowed && !a.degraded && decider(&a) == owner,
+            "{key}: check {i} should be admitted by {owner}: {}",
+            brief(&a)
+        );
+    }
+}
+
+/// Snapshots every listed node has written.
+async fn snapshots_written(cluster: &Cluster, ids: &[&str]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for id in ids {
+        let scraped = process::scrape(cluster.node(id).ready.metrics, Duration::from_secs(4))
+            .await
+            .unwrap_or_else(|| panic!("{id}: /metrics"));
+        out.push(scraped.sum("ringlimit_snapshot_writes_total", Some("written")));
+    }
+    out
+}
+
+/// Wait until every node of `ids` has written two more snapshots than now: the second
+/// began after this call, so it holds every admission made before it.
+async fn wait_snapshots(cluster: &Cluster, ids: &[&str]) {
+    let start = snapshots_written(cluster, ids).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = snapshots_written(cluster, ids).await;
+        if now.iter().zip(&start).all(|(n, s)| *n >= s + 2.0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "snapshots written {start:?} → {now:?} in 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How many of `tries` checks of `key` through `client` are admitted after a restart.
+async fn admitted_now(client: &mut RateLimiterClient<Channel>, key: &str, tries: u64) -> u64 {
+    let mut admitted = 0;
+    for i in 0..tries {
+        match check(client, key).await {
+            Ok(a) if a.allowed => {
+                eprintln!("[snapshot] {key}: check {i} ADMITTED {}", brief(&a));
+                admitted += 1;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{key}: check {i} after the restart: {e}"),
+        }
+    }
+    admitted
+}
+
+/// What the nodes of [`whole_cluster_crash`] keep on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Disks {
+    /// Every node keeps its data dir.
+    Kept,
+    /// This node's data dir is deleted while the cluster is down.
+    Lost(&'static str),
+    /// No node has a data dir.
+    None,
+}
+
+/// kill -9 of every node of a cluster. Each key admits `SNAPSHOTTED` units, which
+/// every node's next snapshot holds, then `LAST` just before the kill (within the last
+/// snapshot interval). After every node is back, a key admits again at most those
+/// `LAST` (what the last interval admitted), and at least what no snapshot can hold
+/// (none counted twice: the owner's snapshot and its successor's copy of the same
+/// count are joined, not added); without data dirs, its whole limit.
+async fn whole_cluster_crash(disks: Disks) {
+    let mut cluster = Cluster::start_with(&IDS, &SNAPSHOT_ARGS, disks != Disks::None).await;
+    let keys: Vec<(String, &str)> = IDS
+        .iter()
+        .flat_map(|owner| {
+            keys_of("whole", owner, 2)
+                .into_iter()
+                .map(move |k| (k, *owner))
+        })
+        .collect();
+    const SNAPSHOTTED: u64 = 6;
+    const LAST: u64 = 4;
+    let mut via_a = cluster.client("node-a").await;
+    for (key, owner) in &keys {
+        admit(&mut via_a, key, owner, SNAPSHOTTED).await;
+    }
+    if disks != Disks::None {
+        wait_snapshots(&cluster, &IDS).await;
+    }
+    // The last interval: admitted after the snapshots that hold the first ones.
+    for (key, owner) in &keys {
+        admit(&mut via_a, key, owner, LAST).await;
+    }
+    for id in IDS {
+        cluster.crash(id);
+    }
+    let lost = match disks {
+        Disks::Lost(id) => {
+            std::fs::remove_dir_all(cluster.data_dir(id)).expect("remove the data dir");
+            eprintln!("[snapshot] {id}'s data dir deleted");
+            Some(id)
+        }
+        _ => None,
+    };
+    // A supervisor brings every node back; the first has no live seed. A node that
+    // lost its data dir comes back last, when the others can hand it its keys.
+    let order: Vec<&str> = IDS
+        .iter()
+        .copied()
+        .filter(|id| Some(*id) != lost)
+        .chain(lost)
+        .collect();
+    for id in &order {
+        cluster.restart(id);
+    }
+    cluster.wait_converged(&IDS).await;
+    let ops: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.ready.metrics).collect();
+    process::wait_ready(&ops, CONVERGE_TIMEOUT)
+        .await
+        .unwrap_or_else(|message| panic!("{message}"));
+    // What a key may admit again: from what no snapshot held to what only the last
+    // interval's snapshots could have missed.
+    let (least, most) = match disks {
+        Disks::None => (LIMIT, LIMIT),
+        _ => (LIMIT - SNAPSHOTTED - LAST, LIMIT - SNAPSHOTTED),
+    };
+    let mut via_b = cluster.client("node-b").await;
+    let mut total = 0;
+    for (key, owner) in &keys {
+        let more = admitted_now(&mut via_b, key, LIMIT + 1).await;
+        eprintln!("[snapshot] {key} (owner {owner}): {more} admitted after the restart");
+        assert!(
+            more <= most,
+            "{key} (owner {owner}): {more} admitted after every node was killed and \
+             restarted ({disks:?}); at most {most} (the {LAST} admitted since the last \
+             snapshot, on top of what was left)"
+        );
+        assert!(
+            more >= least,
+            "{key} (owner {owner}): only {more} admitted after the restart ({disks:?}); \
+             at least {least}: a count was added twice"
+        );
+        total += more;
+    }
+    eprintln!(
+        "[snapshot] {} keys with {} of {LIMIT} used at the kill: {total} admitted after \
+         the restart ({least}..={most} a key; disks {disks:?})",
+        keys.len(),
+        SNAPSHOTTED + LAST,
+    );
+}
+
+/// The whole cluster killed with kill -9 and started again: every key comes back from
+/// its owner's snapshot, so at most what was admitted in the last snapshot interval is
+/// admitted again.
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_cluster_killed_admits_at_most_the_last_snapshot_interval_again() {
+    whole_cluster_crash(Disks::Kept).await;
+}
+
+/// The same with one node's data dir lost: its keys come back from the replicas in its
+/// successors' snapshots.
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_cluster_killed_with_a_data_dir_lost_recovers_it_from_peers_snapshots() {
+    whole_cluster_crash(Disks::Lost("node-b")).await;
+}
+
+/// Without data dirs a crash of every node loses every count: each key admits its whole
+/// limit again (the row the snapshots improve on).
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_cluster_killed_without_data_dirs_admits_every_limit_again() {
+    whole_cluster_crash(Disks::None).await;
+}
+
+/// The `rolling` rule's limit (RULES).
+const ROLLING_LIMIT: u64 = 100;
+
+/// One answer of the rolling-restart workload.
+struct Answered {
+    key: usize,
+    /// The counter's window (its id, or its reset time).
+    window: i64,
+    allowed: bool,
+    degraded: bool,
+}
+
+/// Check `keys` round robin through whichever nodes `targets` holds, one check every
+/// `every`, until `stop`; returns every answer (errors: outcome unknown, not counted).
+async fn rolling_workload(
+    keys: Vec<String>,
+    targets: std::sync::Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    every: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<Answered>, u64) {
+    let mut clients: std::collections::HashMap<SocketAddr, RateLimiterClient<Channel>> =
+        Default::default();
+    let (mut answers, mut errors) = (Vec::new(), 0);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        tick.tick().await;
+        let live = targets.lock().expect("targets").clone();
+        if live.is_empty() {
+            continue;
+        }
+        let addr = live[n % live.len()];
+        let key = n % keys.len();
+        n += 1;
+        let client = clients
+            .entry(addr)
+            .or_insert_with(|| RateLimiterClient::new(lazy_channel(addr)));
+        let request = CheckRequest {
+            route: "GET /rolling".into(),
+            ..request(&keys[key])
+        };
+        match tokio::time::timeout(Duration::from_secs(1), client.check(request)).await {
+            Ok(Ok(a)) => {
+                let a = a.into_inner();
+                answers.push(Answered {
+                    key,
+                    window: a.window_id.map_or(a.reset_at, |w| w as i64),
+                    allowed: a.allowed,
+                    degraded: a.degraded,
+                });
+            }
+            _ => errors += 1,
+        }
+    }
+    (answers, errors)
+}
+
+/// A rolling restart under load, as an orchestrator does it: each node in turn gets
+/// SIGTERM (it leaves gracefully, handing its keys over), is started again (with its
+/// data dir when `persistent`), and the next waits until it is ready. Checks flow all
+/// along; no (key, window) is admitted above its limit, and every key asked for more
+/// than its limit gets it (no count added twice either).
+async fn rolling_restart(persistent: bool) {
+    let mut cluster = Cluster::start_with(
+        &IDS,
+        &[
+            "--replicate-interval-ms",
+            "50",
+            "--snapshot-interval-ms",
+            "1000",
+        ],
+        persistent,
+    )
+    .await;
+    // 8 keys at ~150 checks/s: each reaches its limit of 100 about halfway through
+    // the restarts, so a count lost early shows as admissions above it later.
+    let keys: Vec<String> = (0..8).map(|i| format!("rolling-{i}")).collect();
+    let targets = std::sync::Arc::new(std::sync::Mutex::new(
+        cluster
+            .nodes
+            .iter()
+            .map(|n| n.ready.grpc)
+            .collect::<Vec<_>>(),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workload = tokio::spawn(rolling_workload(
+        keys.clone(),
+        targets.clone(),
+        Duration::from_micros(6_500),
+        stop.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    for id in IDS {
+        let old = cluster.node(id).ready.grpc;
+        targets.lock().expect("targets").retain(|a| *a != old);
+        cluster.signal(id, Signal::Term).await;
+        let status = cluster.wait_exit(id, Duration::from_secs(15)).await;
+        assert!(
+            status.success(),
+            "{id}'s graceful leave exited with {status}"
+        );
+        cluster.restart(id);
+        process::wait_ready(&[cluster.node(id).ready.metrics], CONVERGE_TIMEOUT)
+            .await
+            .unwrap_or_else(|message| panic!("{message}"));
+        cluster.wait_converged(&IDS).await;
+        targets
+            .lock()
+            .expect("targets")
+            .push(cluster.node(id).ready.grpc);
+        eprintln!(
+            "[rolling] {id} restarted and ready at {:?}",
+            started.elapsed()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (answers, errors) = workload.await.expect("workload");
+
+    let mut admitted: std::collections::BTreeMap<(usize, i64), u64> = Default::default();
+    let mut asked: std::collections::BTreeMap<(usize, i64), u64> = Default::default();
+    for a in &answers {
+        *asked.entry((a.key, a.window)).or_default() += 1;
+        *admitted.entry((a.key, a.window)).or_default() += u64::from(a.allowed);
+    }
+    let degraded = answers.iter().filter(|a| a.degraded).count();
+    let degraded_admitted = answers.iter().filter(|a| a.degraded && a.allowed).count();
+    let over: Vec<_> = admitted
+        .iter()
+        .filter(|(_, &n)| n > ROLLING_LIMIT)
+        .collect();
+    let at_limit = admitted.values().filter(|&&n| n == ROLLING_LIMIT).count();
+    eprintln!(
+        "[rolling] {} answers ({errors} errors), {} admitted over {} (key, window)s, {at_limit} \
+         at the limit of {ROLLING_LIMIT}, {degraded} degraded ({degraded_admitted} admitted); \
+         restarts took {:?}",
+        answers.len(),
+        admitted.values().sum::<u64>(),
+        admitted.len(),
+        started.elapsed()
+    );
+    eprintln!("[rolling] admitted per (key, window): {admitted:?}");
+    assert!(
+        over.is_empty(),
+        "(key, window)s admitted above {ROLLING_LIMIT} across a rolling restart: {over:?}"
+    );
+    assert!(
+        at_limit > 0,
+        "no key reached its limit: the workload did not test the bound"
+    );
+    // A check that timed out may have been admitted: it is not in `admitted`.
+    let short: Vec<_> = admitted
+        .iter()
+        .filter(|(kw, &n)| asked[kw] > ROLLING_LIMIT * 13 / 10 && n + errors < ROLLING_LIMIT)
+        .collect();
+    assert!(
+        short.is_empty(),
+        "(key, window)s asked for more than {ROLLING_LIMIT} yet denied below it (a count \
+         added twice): {short:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rolling_restart_under_load_admits_no_key_above_its_limit() {
+    rolling_restart(false).await;
+}
+
+/// The same with counter snapshots: a restarted node loads a snapshot written before
+/// its keys moved away, and the keys it hands back from it are joined, not added.
+#[tokio::test(flavor = "multi_thread")]
+async fn rolling_restart_with_snapshots_admits_each_key_exactly_its_limit() {
+    rolling_restart(true).await;
 }

@@ -66,10 +66,22 @@ pub struct ServeArgs {
     /// Cluster mode: the rules of an empty cluster (used when --data-dir holds no copy).
     #[arg(long, env = "RINGLIMIT_RULES_SEED")]
     rules_seed: Option<PathBuf>,
-    /// Where the cluster rule set is persisted (rules.json, written atomically); a
-    /// restarted node starts from it. Without it the rules live in memory only.
+    /// Where the cluster rule set (rules.json) and the counter snapshot
+    /// (counters.snap) are persisted, each written atomically; a restarted node starts
+    /// from them. Without it the rules live in memory only and a restart takes its
+    /// keys' counts from their successors.
     #[arg(long, env = "RINGLIMIT_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// With --data-dir: how often the counters are written there, in ms (at least 100):
+    /// a crash of the whole cluster loses at most what was admitted in the last interval
+    /// (docs/ownership.md). 0: never written, never loaded.
+    #[arg(long, default_value_t = 5_000)]
+    snapshot_interval_ms: u64,
+    /// Counters of windows shorter than this (a token bucket: its time to refill) are
+    /// not written to the snapshot, in ms: by the time a crashed node is back they
+    /// have ended.
+    #[arg(long, default_value_t = 60_000)]
+    snapshot_min_window_ms: u64,
     /// File holding the admin token the rules API's writes must present
     /// (Authorization: Bearer); without it every write is refused.
     #[arg(long, env = "RINGLIMIT_ADMIN_TOKEN_FILE")]
@@ -367,6 +379,8 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.replicate_interval = std::time::Duration::from_millis(args.replicate_interval_ms);
     config.deny_cache = args.deny_cache;
     config.restore_timeout = std::time::Duration::from_millis(args.restore_timeout_ms);
+    config.snapshot_interval = std::time::Duration::from_millis(args.snapshot_interval_ms);
+    config.snapshot_min_window = std::time::Duration::from_millis(args.snapshot_min_window_ms);
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;

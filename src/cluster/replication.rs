@@ -354,6 +354,13 @@ impl Replicator {
         self.memory().restarted_in_place(node, generation)
     }
 
+    /// Remember `members` (node id, generation) as seen, as of a snapshot this node
+    /// wrote before it stopped (see [`Memory::remember_members`]).
+    pub fn remember_members(&self, members: &[(String, u64)]) {
+        let now = self.clock.now_ms();
+        self.memory().remember_members(&self.me, members, now);
+    }
+
     /// How to answer `node` at `generation` asking to restore, under `view` (see
     /// [`Memory::restore_answer`]).
     pub fn restore_answer(&self, view: &ClusterView, node: &str, generation: u64) -> RestoreAnswer {

@@ -35,9 +35,17 @@ pub struct NodeConfig {
     /// Cluster mode: the rules of a node that has no stored copy (a first start), at
     /// version 1. `None`: the built-in default at version 0.
     pub rules_seed: Option<PathBuf>,
-    /// Where the cluster rule set is persisted (`<dir>/rules.json`); `None`: in memory
-    /// only, a restart starts over from the seed and catches up from peers.
+    /// Where the cluster rule set (`<dir>/rules.json`) and the counter snapshot
+    /// (`<dir>/counters.snap`) are persisted; `None`: in memory only, a restart starts
+    /// over from the seed and catches up from peers, and a key's count from what its
+    /// successor holds.
     pub data_dir: Option<PathBuf>,
+    /// How often the counters are written to `data_dir` (`--snapshot-interval-ms`,
+    /// default 5 s: see docs/ownership.md); zero: never written, never loaded.
+    pub snapshot_interval: Duration,
+    /// Counters of windows shorter than this are not written
+    /// (`--snapshot-min-window-ms`, default 60 s: see docs/ownership.md).
+    pub snapshot_min_window: Duration,
     /// The token rules writes must present; `None` refuses every write.
     pub admin_token: Option<crate::server::ops::AdminToken>,
     /// How often the rule file is re-read to pick up changes.
@@ -134,6 +142,11 @@ pub struct NodeConfig {
     pub check_http: Option<CheckHttpConfig>,
 }
 
+/// The shortest `--snapshot-interval-ms` (0 aside): a snapshot of a million keys takes
+/// a sizeable fraction of a second of one core, and writing them back to back would
+/// take that core for good.
+pub const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_millis(100);
+
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
@@ -143,6 +156,8 @@ impl Default for NodeConfig {
             rules_path: None,
             rules_seed: None,
             data_dir: None,
+            snapshot_interval: crate::node::snapshot::DEFAULT_INTERVAL,
+            snapshot_min_window: crate::node::snapshot::DEFAULT_MIN_WINDOW,
             admin_token: None,
             rules_poll: Duration::from_secs(1),
             max_rules_bytes: crate::config::rules::MAX_RULES_FILE_BYTES,
@@ -369,6 +384,13 @@ impl NodeConfig {
         }
         if self.shards.max_keys == 0 {
             return Err("max keys must be at least 1".into());
+        }
+        if !self.snapshot_interval.is_zero() && self.snapshot_interval < MIN_SNAPSHOT_INTERVAL {
+            return Err(format!(
+                "snapshot interval must be 0 (off) or at least {} ms (got {} ms)",
+                MIN_SNAPSHOT_INTERVAL.as_millis(),
+                self.snapshot_interval.as_millis()
+            ));
         }
         if self.shards.inbox == 0 {
             return Err("shard inbox must hold at least 1 command".into());

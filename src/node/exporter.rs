@@ -105,6 +105,36 @@ fn describe_replication() {
         "ringlimit_restores_total",
         "Restores of this node's keys from their successors at start (result=done or incomplete)."
     );
+    describe_snapshots();
+}
+
+/// Counter snapshots in --data-dir (docs/ownership.md, "Counter snapshots").
+fn describe_snapshots() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "ringlimit_snapshot_writes_total",
+        "Counter snapshots written to --data-dir (result=written or failed: a failed one leaves the last snapshot in place)."
+    );
+    describe_gauge!(
+        "ringlimit_snapshot_states",
+        "States in the last snapshot written (section=live: keys this node decides for; replica: replicas kept for other owners)."
+    );
+    describe_gauge!(
+        "ringlimit_snapshot_bytes",
+        "Size of the last snapshot written, in bytes."
+    );
+    describe_histogram!(
+        "ringlimit_snapshot_write_seconds",
+        "Time to take and write one snapshot (copy each shard, encode, write, fsync, rename)."
+    );
+    describe_counter!(
+        "ringlimit_snapshot_loads_total",
+        "Snapshot loads at start (result=loaded, absent: no file, refused: see ringlimit_snapshot_refused_total)."
+    );
+    describe_counter!(
+        "ringlimit_snapshot_refused_total",
+        "Snapshots refused whole at start, nothing of them loaded (reason=magic, version, truncated, checksum, malformed, foreign: another node's or cluster's, unreadable: not a regular file or too large)."
+    );
 }
 
 /// Reservations and concurrency leases (docs/reservations.md).

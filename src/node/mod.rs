@@ -8,11 +8,12 @@
 //! [`run`] is what `ringlimit serve` calls: start, wait for the caller's shutdown
 //! token, drain.
 //!
-//! - `config`: the node's settings; `grpc`: what one client can make a gRPC listener
-//!   hold; `faces`: the three servers; `resp_listener`: the RESP face for Redis
-//!   clients (`--resp-listen`, off by default); `public_tls`: the public face's TLS on
-//!   the HTTP check and RESP listeners; `rules`: rules at start and their watchers;
-//!   `exporter`: the Prometheus recorder and metric descriptions.
+//! - `config`: the node's settings; `snapshot`: counter snapshots in `--data-dir`;
+//!   `grpc`: what one client can make a gRPC listener hold; `faces`: the three
+//!   servers; `resp_listener`: the RESP face for Redis clients (`--resp-listen`, off
+//!   by default); `public_tls`: the public face's TLS on the HTTP check and RESP
+//!   listeners; `rules`: rules at start and their watchers; `exporter`: the
+//!   Prometheus recorder and metric descriptions.
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -32,6 +33,7 @@ mod ops_listener;
 mod public_tls;
 pub mod resp_listener;
 mod rules;
+pub mod snapshot;
 mod workers;
 mod xds;
 
@@ -120,6 +122,8 @@ pub struct RunningNode {
     membership: Membership,
     handoff: Handoff,
     leave_settle: Duration,
+    /// Counter snapshots in `--data-dir`, when written: a leave writes one last.
+    snapshots: Option<snapshot::Snapshots>,
     /// The node's span: its background tasks run in it, and so does its leave.
     span: tracing::Span,
     cancel: CancellationToken,
@@ -183,6 +187,14 @@ impl RunningNode {
 
     async fn leave_in_span(self) {
         tracing::info!(node_id = %self.decider.node_id, "leaving: announcing and handing state over");
+        // The newest counts on disk first: if every node is stopped at once (a
+        // StatefulSet deleted), nobody is left to hand them to. What the handoff moves
+        // meanwhile is joined with this copy after a restart, never added to it.
+        if let Some(snapshots) = &self.snapshots {
+            if let Err(error) = snapshots.write().await {
+                tracing::warn!(%error, "last snapshot before leaving not written");
+            }
+        }
         self.membership.announce_leaving().await;
         // The handoff watcher pushes as soon as our own ring drops us; checks that
         // peers forward to us before they converge are still decided here, so push
@@ -304,6 +316,12 @@ async fn start_in_span(
     };
     let membership = start_membership(&config, &decider, &listeners, &cancel).await?;
     let (shards, lease_returns) = spawn_shards(&config, &clock, &workers, &tracker, &cancel);
+    // Before any face serves: the node answers as owner from its snapshot, not empty.
+    let snapshots = snapshots(&config, &shards, &rules, &envoy, &membership, &clock);
+    let seen = match &snapshots {
+        Some(snapshots) => snapshots.load().await.members(),
+        None => Vec::new(),
+    };
     let (forward, peer_tls) = peer_link_settings(&config, listeners.peer_addr)?;
     // Gubernator's inline rules: one registry per node, for the checker (what callers
     // send), the peer service (what peers forward), the peer pool (handed-over counters).
@@ -318,6 +336,13 @@ async fn start_in_span(
     spawn_rules_sync(&cluster_rules, &membership, &peers, &tracker, &cancel);
     let (router, handoff, replicator) =
         start_routing(&config, &decider, &shards, &membership, peers, clock);
+    if let Some((replicator, _)) = &replicator {
+        replicator.remember_members(&seen);
+    }
+    if let Some(snapshots) = &snapshots {
+        let every = config.snapshot_interval;
+        spawn_in_span(&tracker, snapshots.clone().run(every, cancel.clone()));
+    }
     spawn_lease_returns(lease_returns, &router, &tracker, &cancel);
     spawn_handoff(&handoff, &membership, &tracker, &cancel);
     spawn_replication(&config, &replicator, &membership, &tracker, &cancel);
@@ -412,6 +437,7 @@ async fn start_in_span(
         membership,
         handoff,
         leave_settle: config.leave_settle,
+        snapshots,
         span: tracing::Span::current(),
         cancel,
         tracker,
@@ -637,6 +663,39 @@ fn spawn_shards(
         workers.handles(),
     );
     (shards, returns_rx)
+}
+
+/// Counter snapshots in `--data-dir` (`node::snapshot`), unless there is no data dir
+/// or `--snapshot-interval-ms` is 0.
+fn snapshots(
+    config: &NodeConfig,
+    shards: &Shards,
+    rules: &SharedRules,
+    envoy: &SharedEnvoy,
+    membership: &Membership,
+    clock: &Arc<dyn Clock>,
+) -> Option<snapshot::Snapshots> {
+    let dir = config.data_dir.as_ref()?;
+    if config.snapshot_interval.is_zero() {
+        return None;
+    }
+    // A file far beyond what the key cap and the byte budget can hold is not read.
+    let max_bytes = (config.shards.max_keys as u64)
+        .saturating_mul(64)
+        .saturating_add((config.shards.state_budget() as u64).saturating_mul(2))
+        .saturating_add(1 << 20);
+    Some(snapshot::Snapshots::new(
+        dir.clone(),
+        config.cluster_id.clone(),
+        config.node_id.clone(),
+        shards.clone(),
+        rules.clone(),
+        envoy.clone(),
+        membership.view(),
+        clock.clone(),
+        config.snapshot_min_window,
+        max_bytes,
+    ))
 }
 
 /// Budget leases: the unused units of leases this node held go back to their owners.

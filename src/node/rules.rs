@@ -51,7 +51,7 @@ pub fn load(config: &NodeConfig) -> Result<StartRules, NodeError> {
         RulesSource::Cluster => config.data_dir.clone(),
         RulesSource::File => {
             if let Some(dir) = &config.data_dir {
-                tracing::info!(data_dir = %dir.display(), "file mode (--rules): the rule file is the truth, --data-dir is not used");
+                tracing::info!(data_dir = %dir.display(), "file mode (--rules): the rule file is the truth, --data-dir holds only the counter snapshot");
             }
             None
         }

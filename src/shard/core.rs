@@ -25,11 +25,30 @@ pub struct Exports {
     pub joined: Vec<(Arc<str>, Exported)>,
 }
 
+/// A shard's keys copied in one step ([`ShardCore::freeze`]).
+#[derive(Debug, Default)]
+pub struct FrozenShard {
+    /// The keys this shard decides for.
+    pub live: super::store::Frozen,
+    /// The replicas it keeps for other owners.
+    pub replicas: super::store::Frozen,
+}
+
 /// One shard's state: live keys and replicas, and how both change.
 pub struct ShardCore {
     store: Store,
     /// This shard's replicas of other owners' keys, and its own changed keys.
     replicas: replication::Side,
+    /// Keys loaded from this node's snapshot, until a peer hands over a state of them
+    /// or the marks lapse ([`ShardCore::install_snapshot`]).
+    from_snapshot: Option<SnapshotMarks>,
+}
+
+/// Keys loaded from a snapshot whose first handed-over state is joined, not added,
+/// and when the marks lapse.
+struct SnapshotMarks {
+    keys: std::collections::HashSet<KeyId, foldhash::fast::RandomState>,
+    until: Millis,
 }
 
 impl ShardCore {
@@ -40,12 +59,53 @@ impl ShardCore {
         Self {
             store: Store::new(keys, index as u64 + 1).with_byte_budget(bytes),
             replicas: replication::Side::new(replicate, keys, bytes, index),
+            from_snapshot: None,
         }
+    }
+
+    /// Install states loaded from this node's own snapshot at start: live keys `live`
+    /// (into a store that holds none of them yet) and replicas `replicas`. Returns
+    /// (installed, replicas held, what holding them evicted).
+    ///
+    /// A snapshot and what peers hold of the same key are two moments of one history:
+    /// the key's successor kept a replica of the same count, newer by up to a snapshot
+    /// interval, and a node that decided for it meanwhile started from that replica. So
+    /// until `until` (the time a restarted cluster takes to converge) the first state
+    /// a peer hands over for a loaded key is joined with it ([`Store::install_joined`],
+    /// the stricter of the two), not added: adding would count the snapshot's
+    /// admissions twice. States after that first one add as usual (a handoff's late
+    /// deltas are new admissions).
+    pub fn install_snapshot(
+        &mut self,
+        live: Vec<(Exported, Arc<Rule>)>,
+        replicas: Vec<(Exported, Arc<Rule>)>,
+        until: Millis,
+        now: Millis,
+    ) -> (usize, usize, Churn) {
+        let ids: Vec<KeyId> = live.iter().map(|(item, _)| item.id).collect();
+        let installed = self.install(live, false, now);
+        let marks = self.from_snapshot.get_or_insert_with(|| SnapshotMarks {
+            keys: Default::default(),
+            until,
+        });
+        marks.until = marks.until.max(until);
+        marks.keys.extend(ids);
+        let (held, churn) = self.replicas.hold(&self.store, replicas, now);
+        (installed, held, churn)
     }
 
     /// The live keys (for lengths, caps and gauges).
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Copies of the live keys and of the replicas as of now, for a snapshot on disk
+    /// (see [`Store::freeze`]).
+    pub fn freeze(&self) -> FrozenShard {
+        FrozenShard {
+            live: self.store.freeze(),
+            replicas: self.replicas.freeze(),
+        }
     }
 
     /// Decide one message's charges, in order, at `now`. `decided` is told of each
@@ -175,6 +235,7 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
+            let joined = joined || self.loaded_from_snapshot(id, now);
             let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
             let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
             let incoming = trace.then(|| item.state.clone());
@@ -210,7 +271,7 @@ impl ShardCore {
         now: Millis,
         new_owner: impl Fn(u64) -> Option<Recipient>,
     ) -> Vec<(Arc<str>, Exported)> {
-        self.export_back(now, &new_owner, &|_| None).merged
+        self.split_export(now, &new_owner, &|_| None, false).merged
     }
 
     /// [`ShardCore::export`], setting apart the keys handed back to the incarnation
@@ -219,19 +280,41 @@ impl ShardCore {
     /// the incarnation that owned them before this node did. Their states include
     /// that owner's own admissions up to its last replica, so it joins them
     /// ([`Store::install_joined`]); the others it adds to what it holds.
+    ///
+    /// Keys loaded from this node's snapshot that no peer has handed over since go
+    /// to be joined too: such a state is an earlier moment of the count the new owner
+    /// holds (a snapshot written before the key moved away, loaded after a restart),
+    /// and adding it would count that moment twice
+    /// (`rolling_restart_with_snapshots_admits_each_key_exactly_its_limit`).
     pub fn export_back(
         &mut self,
         now: Millis,
         new_owner: &dyn Fn(u64) -> Option<Recipient>,
         earlier: &dyn Fn(u64) -> Option<Recipient>,
     ) -> Exports {
+        self.split_export(now, new_owner, earlier, true)
+    }
+
+    fn split_export(
+        &mut self,
+        now: Millis,
+        new_owner: &dyn Fn(u64) -> Option<Recipient>,
+        earlier: &dyn Fn(u64) -> Option<Recipient>,
+        loaded_joins: bool,
+    ) -> Exports {
         let mut merged = self.store.export(now, new_owner);
         let mut joined = Vec::new();
         let side = &mut self.replicas;
+        let marks = &mut self.from_snapshot;
         merged.retain(|(to, state)| {
             let p = state.id.placement;
-            let back = side.hand_away_promoted(state.id)
+            let promoted = side.hand_away_promoted(state.id)
                 && earlier(p).is_some_and(|e| new_owner(p).is_some_and(|n| n == e));
+            let loaded = loaded_joins
+                && marks
+                    .as_mut()
+                    .is_some_and(|m| now < m.until && m.keys.remove(&state.id));
+            let back = promoted || loaded;
             if back {
                 joined.push((to.clone(), state.clone()));
             }
@@ -283,9 +366,22 @@ impl ShardCore {
             .collect()
     }
 
+    /// Whether `id` was loaded from the snapshot and no peer has handed over a state
+    /// of it since (the mark is taken: see [`ShardCore::install_snapshot`]).
+    fn loaded_from_snapshot(&mut self, id: KeyId, now: Millis) -> bool {
+        match &mut self.from_snapshot {
+            Some(marks) if now < marks.until => marks.keys.remove(&id),
+            _ => false,
+        }
+    }
+
     /// The expiry tick: drop expired live keys and replicas, examining a sixteenth of
-    /// the keys (at least 1024). Returns how many expired.
+    /// the keys (at least 1024), and the snapshot's marks once they lapse. Returns how
+    /// many keys expired.
     pub fn expire(&mut self, now: Millis) -> u64 {
+        if self.from_snapshot.as_ref().is_some_and(|m| now >= m.until) {
+            self.from_snapshot = None;
+        }
         // A full pass every ~16 ticks, while one tick stays a sub-millisecond pause.
         let budget = (self.store.len() / 16).max(1024);
         let expired = self.store.expire(now, budget) + self.replicas.expire(now, budget);
@@ -632,5 +728,127 @@ mod tests {
         assert!(!allowed(&mut successor, &item));
         assert_eq!(successor.replicas(), 0);
         assert!(successor.holds(item.id));
+    }
+
+    /// A limit-10 fixed window (one hour) and a state of it that admitted `count` now.
+    fn hourly() -> Arc<Rule> {
+        let rules = RuleSet::from_toml_str(
+            "[[rule]]\nname = \"h\"\nroute = \"GET /h\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1h\"\n",
+        )
+        .unwrap();
+        rules
+            .rules()
+            .iter()
+            .find(|r| &*r.name == "h")
+            .unwrap()
+            .clone()
+    }
+
+    fn counted(rule: &Arc<Rule>, key: &[u8], count: u64) -> (Exported, Arc<Rule>) {
+        let mut state = rule.limiter.new_state();
+        for _ in 0..count {
+            rule.limiter.check(&mut state, NOW, NonZeroU64::MIN);
+        }
+        let id = KeyId::of(&rule.name, key, "");
+        (
+            Exported {
+                id,
+                fingerprint: rule.fingerprint,
+                state,
+            },
+            rule.clone(),
+        )
+    }
+
+    /// What a check of `key` would leave: the units left after it (peeked, not taken).
+    fn remaining(core: &mut ShardCore, rule: &Arc<Rule>, key: &[u8]) -> u64 {
+        let item = Charge {
+            peek: true,
+            ..charge(rule, key)
+        };
+        let (outcomes, _) = core.check(std::slice::from_ref(&item), NOW, |_, _| 0);
+        outcomes[0].decision.remaining
+    }
+
+    #[test]
+    fn a_loaded_key_is_joined_with_the_first_state_a_peer_hands_over_then_added_to() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        let until = NOW + 60_000;
+        let (live, held, _) =
+            core.install_snapshot(vec![counted(&rule, b"k", 5)], vec![], until, NOW);
+        assert_eq!((live, held), (1, 0));
+        assert_eq!(remaining(&mut core, &rule, b"k"), 5);
+        // The successor's replica: the same history, newer (7 admitted in all).
+        assert_eq!(core.install(vec![counted(&rule, b"k", 7)], false, NOW), 1);
+        assert_eq!(remaining(&mut core, &rule, b"k"), 3, "7, not 5 + 7");
+        // A later delta is new admissions: added.
+        assert_eq!(core.install(vec![counted(&rule, b"k", 2)], false, NOW), 1);
+        assert_eq!(remaining(&mut core, &rule, b"k"), 1);
+    }
+
+    #[test]
+    fn the_snapshot_marks_lapse() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        core.install_snapshot(vec![counted(&rule, b"k", 5)], vec![], NOW + 1, NOW);
+        core.expire(NOW + 1);
+        assert_eq!(
+            core.install(vec![counted(&rule, b"k", 2)], false, NOW + 1),
+            1
+        );
+        assert_eq!(
+            remaining(&mut core, &rule, b"k"),
+            3,
+            "added once the marks lapsed"
+        );
+    }
+
+    #[test]
+    fn a_loaded_key_handed_away_goes_to_be_joined_and_a_decided_one_to_be_added() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        core.install_snapshot(
+            vec![counted(&rule, b"loaded", 5)],
+            vec![],
+            NOW + 60_000,
+            NOW,
+        );
+        assert!(allowed(&mut core, &charge(&rule, b"decided")));
+        let elsewhere = |_: u64| Some(Recipient::new("b", 1));
+        let exports = core.export_back(NOW, &elsewhere, &|_| None);
+        let ids = |v: &[(Arc<str>, Exported)]| v.iter().map(|(_, e)| e.id).collect::<Vec<_>>();
+        assert_eq!(ids(&exports.joined), vec![KeyId::of("h", b"loaded", "")]);
+        assert_eq!(ids(&exports.merged), vec![KeyId::of("h", b"decided", "")]);
+    }
+
+    #[test]
+    fn a_freeze_copies_the_keys_decided_here_and_the_replicas() {
+        let rule = hourly();
+        let mut core = ShardCore::new(true, 100, 1 << 20, 0);
+        let replica = counted(&rule, b"replica", 4);
+        core.install_snapshot(
+            vec![counted(&rule, b"a", 2), counted(&rule, b"b", 3)],
+            vec![replica.clone()],
+            NOW + 60_000,
+            NOW,
+        );
+        let frozen = core.freeze();
+        let mut live: Vec<Exported> = frozen.live.states().collect();
+        live.sort_by_key(|e| e.state.to_words()[1]);
+        assert_eq!(
+            live,
+            vec![counted(&rule, b"a", 2).0, counted(&rule, b"b", 3).0]
+        );
+        assert_eq!(
+            frozen.replicas.states().collect::<Vec<_>>(),
+            vec![replica.0]
+        );
+        // A key handed away is the new owner's to write.
+        let to_b =
+            |p: u64| (p == KeyId::of("h", b"a", "").placement).then(|| Recipient::new("b", 1));
+        core.export(NOW, to_b);
+        let ids: Vec<KeyId> = core.freeze().live.states().map(|e| e.id).collect();
+        assert_eq!(ids, vec![KeyId::of("h", b"b", "")]);
     }
 }

@@ -21,6 +21,7 @@ pub mod leases;
 pub mod replicas;
 pub mod replication;
 pub mod reservations;
+pub mod snapshot;
 pub mod store;
 
 use std::num::NonZeroU64;
@@ -33,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use self::core::{Exports, ShardCore};
+pub use self::core::{Exports, FrozenShard, ShardCore};
 
 /// The tracing target of a debug line per state installed, replica held or promoted,
 /// and per state pushed to a peer with why (`RUST_LOG=ringlimit::install_trace=debug`):
@@ -270,6 +271,10 @@ enum Command {
     DrainDeltas {
         reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
     },
+    Freeze {
+        reply: oneshot::Sender<FrozenShard>,
+    },
+    InstallSnapshot(Box<SnapshotItems>),
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
@@ -286,6 +291,14 @@ enum Command {
         reply: oneshot::Sender<reservations::Reply>,
     },
     Budget(budget::Command),
+}
+
+/// A shard's part of a snapshot loaded at start (see [`ShardCore::install_snapshot`]).
+struct SnapshotItems {
+    live: Vec<(Exported, Arc<Rule>)>,
+    replicas: Vec<(Exported, Arc<Rule>)>,
+    until: Millis,
+    reply: oneshot::Sender<(usize, usize)>,
 }
 
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
@@ -520,6 +533,59 @@ impl Shards {
             out.joined.extend(exports.joined);
         }
         Ok(out)
+    }
+
+    /// A copy of shard `shard`'s live keys and replicas as of one step of it (see
+    /// [`Store::freeze`]): a snapshot asks the shards one at a time, so no two are
+    /// held at once. Waits for room in the inbox: not on the hot path.
+    pub async fn freeze(&self, shard: usize) -> Result<FrozenShard, ShardError> {
+        let inbox = self.inboxes.get(shard).ok_or(ShardError::Stopped(shard))?;
+        let (reply, rx) = oneshot::channel();
+        inbox
+            .send(Command::Freeze { reply })
+            .await
+            .map_err(|_| ShardError::Stopped(shard))?;
+        rx.await.map_err(|_| ShardError::Stopped(shard))
+    }
+
+    /// Install what this node's snapshot held, each state with the local rule it
+    /// belongs to: `live` as keys it decides for, `replicas` as replicas; until `until`
+    /// the first state a peer hands over for a loaded key is joined with it, not added
+    /// (see [`ShardCore::install_snapshot`]). Returns (installed, replicas held).
+    pub async fn install_snapshot(
+        &self,
+        live: Vec<(Exported, Arc<Rule>)>,
+        replicas: Vec<(Exported, Arc<Rule>)>,
+        until: Millis,
+    ) -> Result<(usize, usize), ShardError> {
+        let mut groups: Vec<(Vec<_>, Vec<_>)> = vec![(Vec::new(), Vec::new()); self.len()];
+        for item in live {
+            groups[self.shard_of_placement(item.0.id.placement)]
+                .0
+                .push(item);
+        }
+        for item in replicas {
+            groups[self.shard_of_placement(item.0.id.placement)]
+                .1
+                .push(item);
+        }
+        let (mut installed, mut held) = (0, 0);
+        for (shard, (live, replicas)) in groups.into_iter().enumerate() {
+            let (reply, rx) = oneshot::channel();
+            self.inboxes[shard]
+                .send(Command::InstallSnapshot(Box::new(SnapshotItems {
+                    live,
+                    replicas,
+                    until,
+                    reply,
+                })))
+                .await
+                .map_err(|_| ShardError::Stopped(shard))?;
+            let (i, h) = rx.await.map_err(|_| ShardError::Stopped(shard))?;
+            installed += i;
+            held += h;
+        }
+        Ok((installed, held))
     }
 
     /// Admissions made on handed-over keys since the last call, per destination.
@@ -788,6 +854,21 @@ impl Actor {
             }
             Command::DrainDeltas { reply } => {
                 let _ = reply.send(self.core.drain_deltas());
+            }
+            Command::Freeze { reply } => {
+                let _ = reply.send(self.core.freeze());
+            }
+            Command::InstallSnapshot(items) => {
+                let SnapshotItems {
+                    live,
+                    replicas,
+                    until,
+                    reply,
+                } = *items;
+                let (installed, held, churn) =
+                    self.core.install_snapshot(live, replicas, until, now);
+                self.record_churn(churn);
+                let _ = reply.send((installed, held));
             }
             Command::Install {
                 items,

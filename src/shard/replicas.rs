@@ -71,6 +71,11 @@ impl Replicas {
         self.store.is_empty()
     }
 
+    /// A copy of every replica held, for a snapshot on disk (see [`Store::freeze`]).
+    pub fn freeze(&self) -> crate::shard::store::Frozen {
+        self.store.freeze()
+    }
+
     /// Bytes of side state the replicas hold.
     pub fn side_bytes(&self) -> usize {
         self.store.side_bytes()

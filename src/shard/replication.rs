@@ -398,6 +398,11 @@ impl Side {
         self.replicas.drain_failover()
     }
 
+    /// A copy of every replica held, for a snapshot on disk.
+    pub fn freeze(&self) -> crate::shard::store::Frozen {
+        self.replicas.freeze()
+    }
+
     /// Replicas held.
     pub fn len(&self) -> usize {
         self.replicas.len()

@@ -78,9 +78,12 @@ use std::hash::BuildHasher;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
+mod frozen;
 mod positions;
 mod replica;
 mod slot;
+
+pub use frozen::Frozen;
 
 use positions::Positions;
 use slot::{

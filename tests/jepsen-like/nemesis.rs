@@ -31,6 +31,9 @@ pub enum Kind {
     /// owner: the documented loss, L × D), then restart both with their ids or replace
     /// both with new ones.
     KillBoth,
+    /// Every running node in turn: SIGTERM (graceful leave), start again with its id,
+    /// wait until the cluster converged, next. Long profile only.
+    RollingRestart,
 }
 
 impl Kind {
@@ -44,6 +47,19 @@ impl Kind {
         Kind::ClockOffset,
         Kind::KillBoth,
     ];
+    /// What the long profile draws from: every kind of the short one, and a rolling
+    /// restart of the whole cluster (long: it restarts every node).
+    pub const LONG: [Kind; 9] = [
+        Kind::KillRestart,
+        Kind::KillReplace,
+        Kind::Pause,
+        Kind::Add,
+        Kind::Leave,
+        Kind::Partition,
+        Kind::ClockOffset,
+        Kind::KillBoth,
+        Kind::RollingRestart,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Kind::KillRestart => "kill-restart",
@@ -54,6 +70,7 @@ impl Kind {
             Kind::Partition => "partition",
             Kind::ClockOffset => "clock-offset",
             Kind::KillBoth => "kill-both",
+            Kind::RollingRestart => "rolling-restart",
         }
     }
 }
@@ -99,7 +116,7 @@ fn hold_for(kind: Kind, rng: &mut Rng, long: bool) -> u64 {
         Kind::Pause => rng.range(1500, 3500 * scale),
         Kind::Partition => rng.range(2500, 4000 * scale),
         Kind::ClockOffset => rng.range(2000, 4000 * scale),
-        Kind::Add | Kind::Leave => 0,
+        Kind::Add | Kind::Leave | Kind::RollingRestart => 0,
     }
 }
 
@@ -133,7 +150,7 @@ pub fn schedule(seed: u64, long: bool, initial: usize, events: usize) -> Vec<Ste
         let (min_live, max_live) = (initial - 1, initial + 1);
         let mut live = initial;
         while steps.len() < events {
-            let kind = *rng.pick(&Kind::ALL);
+            let kind = *rng.pick(&Kind::LONG);
             match kind {
                 Kind::Add if live >= max_live => continue,
                 Kind::Leave if live <= min_live => continue,
@@ -230,6 +247,48 @@ async fn kill_both(h: &Arc<Harness>, n: u32, step: &Step) -> Result<String, Stri
         }
     }
     record(h, n, step.kind, &label, "end", back.join(", "));
+    Ok(label)
+}
+
+/// Restart every node of `order` in turn as an orchestrator's rolling update does:
+/// SIGTERM (the node hands its keys over), start it again with its id on its address,
+/// wait until every node sees the full ring, next.
+async fn rolling_restart(
+    h: &Arc<Harness>,
+    n: u32,
+    step: &Step,
+    order: Vec<String>,
+) -> Result<String, String> {
+    scrape_all(h).await;
+    // Every node is a victim in turn: named "a+b+…" as kill-both names its two, so the
+    // availability checker expects no key to be untouched by the step.
+    let label = order.join("+");
+    record(
+        h,
+        n,
+        step.kind,
+        &label,
+        "start",
+        format!("SIGTERM, start, converge, in turn: {}", order.join(",")),
+    );
+    for node in &order {
+        let ip = h.last_ip(node).ok_or("no address")?;
+        let took = h.leave(node, Duration::from_secs(20)).await?;
+        h.start_node(node, ip).await?;
+        h.wait_converged(Duration::from_secs(15)).await?;
+        let gen = h.with_node(node, |n| n.process.ready.generation);
+        eprintln!(
+            "[nemesis] #{n} rolling-restart: {node} left in {took:?}, back as generation {gen:?}"
+        );
+    }
+    record(
+        h,
+        n,
+        step.kind,
+        &label,
+        "end",
+        "every node restarted".into(),
+    );
     Ok(label)
 }
 
@@ -383,6 +442,7 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
             }
         }
         Kind::KillBoth => victim = kill_both(h, n, step).await?,
+        Kind::RollingRestart => victim = rolling_restart(h, n, step, candidates).await?,
         Kind::ClockOffset => {
             if h.faketime.is_none() {
                 eprintln!("[nemesis] libfaketime unavailable: the clock-offset nemesis is SKIPPED");

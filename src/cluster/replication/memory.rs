@@ -182,6 +182,18 @@ impl Memory {
         forgotten
     }
 
+    /// Remember `members` (node id, generation) as seen at `now`, as of a snapshot this
+    /// node (`me`) wrote before it stopped: after a crash of the whole cluster, a member
+    /// back under a new generation is then known as restarted (see [`reborn`]) and gets
+    /// the replicas of its keys kept here, though this node never saw it this time.
+    pub fn remember_members(&mut self, me: &str, members: &[(String, u64)], now: Millis) {
+        for (id, generation) in members.iter().filter(|(id, _)| id != me) {
+            self.last_seen.entry(id.clone()).or_insert(now);
+            let g = self.seen.entry(id.clone()).or_insert(*generation);
+            *g = (*g).max(*generation);
+        }
+    }
+
     /// Members this node remembers.
     pub fn remembered(&self) -> usize {
         self.seen.len()

@@ -116,6 +116,11 @@ pub struct DocRule {
     /// docs/leases.md); unset: it may, when a node's `--lease-threshold` is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<bool>,
+    /// `false`: this rule's counters are left out of the node's snapshot in
+    /// `--data-dir` (a restart starts them from what peers hold); unset: they are
+    /// written when the rule's window is at least `--snapshot-min-window-ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<bool>,
 }
 
 /// The body of `PUT /v1/limits/{tier}`: one tier rule in the design reference's shape
@@ -258,6 +263,7 @@ impl RulesDoc {
             per: limit.per,
             concurrency: None,
             lease: None,
+            snapshot: None,
         };
         match existing {
             Some(i) => self.rule[i] = rule,
@@ -451,6 +457,7 @@ mod tests {
                     per,
                     concurrency: None,
                     lease: None,
+                    snapshot: None,
                 },
             )
     }

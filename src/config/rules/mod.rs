@@ -105,6 +105,10 @@ pub struct Rule {
     /// (`lease = false` in the rule file says no; docs/leases.md). Not part of the
     /// fingerprint: leases already granted run out by their TTL.
     pub lease: bool,
+    /// Whether the owner writes this rule's counters to its snapshot in `--data-dir`
+    /// (`snapshot = false` in the rule file says no; docs/ownership.md). Not part of
+    /// the fingerprint: the next snapshot follows a change.
+    pub snapshot: bool,
 }
 
 impl Rule {
@@ -203,7 +207,14 @@ impl Rule {
             shadow: false,
             concurrency: None,
             lease: true,
+            snapshot: true,
         }
+    }
+
+    /// This rule's counters in the node's snapshot or not: see [`Rule::snapshot`].
+    pub fn snapshotting(mut self, snapshot: bool) -> Self {
+        self.snapshot = snapshot;
+        self
     }
 
     /// This rule lending its budget as leases or not: see [`Rule::lease`].

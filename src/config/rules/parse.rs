@@ -594,7 +594,8 @@ impl RuleSet {
                     Rule::new(name, selector, b.spec, b.on_unavailable, b.per)
                         .shadowed(b.shadow)
                         .with_concurrency(concurrency.flatten().map(|n| n as u32))
-                        .leasing(r.lease.unwrap_or(true)),
+                        .leasing(r.lease.unwrap_or(true))
+                        .snapshotting(r.snapshot.unwrap_or(true)),
                 );
             }
         }
