@@ -53,17 +53,11 @@ pub enum Failure {
     Unreachable,
     /// The call timed out: the owner may have charged it all the same.
     TimedOut,
-    /// The owner is restoring after a restart and keeps the call to count once
-    /// restored: its successor decides meanwhile, and owes it nothing.
-    Restoring,
 }
 
 impl Failure {
     /// The failure a forward error stands for.
     pub fn of(error: &ForwardError) -> Self {
-        if let ForwardError::Restoring(..) = error {
-            return Failure::Restoring;
-        }
         match (error.owner_unreachable(), error.may_have_charged()) {
             (true, true) => Failure::TimedOut,
             (true, false) => Failure::Unreachable,
@@ -295,8 +289,8 @@ impl Flight {
         };
         let mut failover = item.clone();
         failover.target = Target::Replica(match failure {
-            // The owner has (or will have) counted it: nothing is owed to it.
-            Failure::TimedOut | Failure::Restoring => Doubt::InDoubt,
+            // The owner may have counted it: nothing is owed to it.
+            Failure::TimedOut => Doubt::InDoubt,
             Failure::Unreachable | Failure::Refused => Doubt::Owed,
         });
         if successor == me {
@@ -489,29 +483,6 @@ mod tests {
         assert_eq!(Failure::of(&refused), Failure::Refused);
         let rescues = on.settle("a", [Err(refused)], &deny);
         assert!(matches!(rescues[0].1, Rescue::Fallback));
-    }
-
-    #[test]
-    fn a_restoring_owner_that_keeps_the_check_leaves_the_successor_owing_nothing() {
-        let view = Arc::new(view(&["a", "b", "c"]));
-        let key = key_of(&view, "b");
-        let deny = DenyCache::new(16);
-        let mut flight = planned(&view, &key, &deny, FailOver::ToSuccessor);
-        let restoring = ForwardError::from_status("b", tonic::Code::Aborted, "restoring".into());
-        assert_eq!(Failure::of(&restoring), Failure::Restoring);
-        let rescues = flight.settle("a", [Err(restoring)], &deny);
-        match &rescues[0].1 {
-            Rescue::Replica(_, item) | Rescue::ReplicaHere(item) => {
-                assert_eq!(item.target, Target::Replica(Doubt::InDoubt))
-            }
-            Rescue::Fallback => panic!("a restoring owner's checks fail over"),
-        }
-        let plain = ForwardError::from_status("b", tonic::Code::Unavailable, "restoring".into());
-        assert_eq!(
-            Failure::of(&plain),
-            Failure::Unreachable,
-            "kept nothing: owed"
-        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::cluster::deny_cache::{Denial, DenyCache};
 use crate::cluster::{Answer, Charged, CheckItem, Decided, Decider, DescriptorOutcome, Remote};
 use crate::config::rules::{FailMode, Rule};
 use crate::membership::{ClusterView, Member};
-use crate::shard::{Doubt, Refund, Target};
+use crate::shard::Refund;
 
 /// How long a denial is answered for a fail-closed rule whose owner is unreachable.
 pub const CLOSED_RETRY_MS: u64 = 1_000;
@@ -170,7 +170,7 @@ pub fn local_answer(
         sequence,
         at,
         decider: me.clone(),
-        degraded: false,
+        degraded: charge.target.is_replica(),
         hops: 0,
         rule: item.rule.name.clone(),
         algorithm: item.rule.limiter.kind(),
@@ -372,43 +372,6 @@ pub fn strays(items: &[CheckItem], view: &ClusterView, me: &str) -> usize {
                 .is_some_and(|o| o.node_id != me)
         })
         .count()
-}
-
-/// `items` a peer forwarded, with each owner's check of a key whose owner this node's
-/// ring names another member, and whose successor it names this node, turned into a
-/// fail-over decided on the replica here (its admissions owed to that owner); `None`
-/// when there is none. The sender's ring no longer holds the owner (it saw it die)
-/// while this node's still does: deciding as owner would promote the replica into a
-/// live key here that the owner never hears of, and an owner that was only
-/// restarting would then restore without these admissions. On the replica they stay
-/// in what its restore takes back, or reach it as owed deltas; once this node's ring
-/// drops the owner too, the next check promotes the replica, admissions and all. A
-/// key live here (handed away, or promoted already) is still decided live by the
-/// shard.
-pub fn on_replicas(items: &[CheckItem], view: &ClusterView, me: &str) -> Option<Vec<CheckItem>> {
-    let stray_here = |item: &CheckItem| {
-        item.target == Target::Owner
-            && view
-                .ring
-                .owner_of_hash(item.id.placement)
-                .is_some_and(|owner| owner != me)
-            && view.ring.successor_of_hash(item.id.placement) == Some(me)
-    };
-    if !items.iter().any(stray_here) {
-        return None;
-    }
-    Some(
-        items
-            .iter()
-            .map(|item| {
-                let mut item = item.clone();
-                if stray_here(&item) {
-                    item.target = Target::Replica(Doubt::Owed);
-                }
-                item
-            })
-            .collect(),
-    )
 }
 
 /// A forwarded batch that arrives after its deadline (`0`: none) is refused: the

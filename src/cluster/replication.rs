@@ -42,7 +42,7 @@ use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 pub use super::replica_batches::ReplicaBatches;
 pub use memory::{per_owner, Memory, RestoreAnswer, TakeBack, ViewWork};
-pub use restore::{restore_from_peers, Kept, Restore, Restoring, Step, RESTORE_SETTLE};
+pub use restore::{restore_from_peers, Restore, Restoring, Step, RESTORE_SETTLE};
 
 mod memory;
 mod restore;

@@ -402,23 +402,15 @@ impl Router {
             self.restore.is_done(),
             items.iter().map(|i| i.target.is_replica()),
         ) {
-            // Not an owner yet: the sender fails over to the successor, and this node
-            // counts the checks once restored (unless it finished meanwhile).
-            if let Some(refusal) = self.restore.refuse(items) {
-                return Err(refusal);
-            }
+            // Not an owner yet: the sender fails over to the successor.
+            return Err(ShardError::Restoring);
         }
         let view = self.view();
         let strays = policy::strays(items, &view, &self.me.node_id);
-        let retargeted;
-        let items = if strays > 0 {
+        if strays > 0 {
             // The sender's ring and ours disagree (a membership change in flight).
             self.metrics.not_owner.increment(strays as u64);
-            retargeted = policy::on_replicas(items, &view, &self.me.node_id);
-            retargeted.as_deref().unwrap_or(items)
-        } else {
-            items
-        };
+        }
         // The same policy as a client's batch, from the peer's side: everything is
         // decided here (never forwarded again), nothing is answered from the cache.
         let refs: smallvec::SmallVec<[&CheckItem; 4]> = items.iter().collect();

@@ -70,9 +70,7 @@ impl From<CheckError> for tonic::Status {
             CheckError::InvalidArgument { field, .. } => ("invalid_argument", field_label(field)),
             CheckError::Shard(ShardError::Overloaded(_)) => ("overloaded", String::new()),
             CheckError::Shard(ShardError::Stopped(_)) => ("unavailable", String::new()),
-            CheckError::Shard(ShardError::Restoring | ShardError::RestoringCounted) => {
-                ("restoring", String::new())
-            }
+            CheckError::Shard(ShardError::Restoring) => ("restoring", String::new()),
             CheckError::Unavailable { .. } | CheckError::Unreachable(_) => {
                 ("owner_unreachable", String::new())
             }
@@ -95,11 +93,6 @@ impl From<CheckError> for tonic::Status {
             CheckError::Exhausted(_) => tonic::Status::resource_exhausted(error.to_string()),
             CheckError::Shard(ShardError::Stopped(_) | ShardError::Restoring) => {
                 tonic::Status::unavailable(error.to_string())
-            }
-            // Its own code: the entry node fails over without owing the successor's
-            // admissions to this node (see `ForwardError::Restoring`).
-            CheckError::Shard(ShardError::RestoringCounted) => {
-                tonic::Status::aborted(error.to_string())
             }
         };
         // The same reason, machine-readable: a client tells "overloaded, try another

@@ -157,9 +157,8 @@ pub enum Doubt {
     /// The forward never reached it (refused connection, reset): what the replica
     /// admits is owed to the owner when it comes back.
     Owed,
-    /// The forward timed out, so the owner may have charged it, or the owner is
-    /// restoring and will count it itself once restored: decided on the replica like
-    /// any fail-over but not owed (pushing it could charge it twice there).
+    /// The forward timed out, so the owner may have charged it: decided on the replica
+    /// like any fail-over but not owed (pushing it could charge it twice there).
     InDoubt,
 }
 
@@ -243,13 +242,6 @@ pub enum ShardError {
     /// it does not answer as owner yet (the sender fails over to the successor).
     #[error("this node is restoring its keys from their successors after a restart")]
     Restoring,
-    /// Restoring as for [`ShardError::Restoring`], and the refused checks are kept:
-    /// this node counts them as their owner once restored, so the successor that
-    /// decides them meanwhile decides on its replica without owing them to anyone.
-    #[error(
-        "this node is restoring its keys after a restart; it counts these checks once restored"
-    )]
-    RestoringCounted,
 }
 
 enum Command {

@@ -198,19 +198,13 @@ fn seeds() {
 }
 
 /// Fresh seeds that each found an ordering the fixed range never met, kept as
-/// regressions (each name says what it pinned):
-/// - a restoring owner's refused check, decided on the successor's replica, counted by
-///   the owner only once the successor's delta arrived, after it answered;
-/// - a successor promoting its replica into a live key for a forward from a node that
-///   saw the owner die, while its own view still held the owner, which then restarted
-///   and restored without that count;
-/// - a restarted owner answering before the deltas of the member that had owned its
-///   keys meanwhile (and handed them back) arrived.
+/// regressions (each name says what it pinned): a restarted owner answering before
+/// the deltas of the member that had owned its keys meanwhile (and handed them back)
+/// arrived. A seed pins an ordering only as long as the code before it draws the same
+/// random numbers: a change that reshuffles histories can make it pass vacuously.
 #[test]
 fn regression_seeds_hold_every_property() {
     let cases = [
-        ("restore-keeps-refused-checks", 19_299_970_855),
-        ("stray-forward-on-the-replica", 19_299_967_954),
         ("rejoin-settles-for-deltas", 19_299_975_478),
     ];
     let seeds: Vec<u64> = cases.iter().map(|(_, seed)| *seed).collect();

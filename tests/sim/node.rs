@@ -15,8 +15,7 @@
 //!
 //! A client's check is the production [`Flight`] (plan, fail-over to the
 //! successor, fallbacks, combining, refunds): this file only performs what it asks for.
-//! A forwarded batch is refused, kept and retargeted as production's
-//! (`flight::owner_refuses`, `replication::Kept`, `policy::on_replicas`).
+//! A forwarded batch is refused as production's (`flight::owner_refuses`).
 //!
 //! What is a model: the async shells around them (this file mirrors
 //! `decide_forwarded`'s shard calls, the shard actor's `Check`, and the handoff watcher
@@ -50,7 +49,7 @@ use ringlimit::proto::peer::{
     ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, RefundRequest, RestoreRequest,
     RestoreResponse,
 };
-use ringlimit::shard::{Charge, Exported, KeyId, Outcome, ShardCore};
+use ringlimit::shard::{Charge, Exported, KeyId, Outcome, ShardCore, ShardError};
 
 use crate::history::Entry;
 use crate::link::{Effects, Link, LinkConfig, Waiter};
@@ -855,26 +854,19 @@ impl Node {
                 )
                 .map_err(|e| e.to_string());
                 // `Router::decide_forwarded`: not an owner until restored (the sender
-                // fails over to the successor; the checks are kept to count once
-                // restored, while the table has room).
-                let refused = planned.as_ref().ok().and_then(|items| {
+                // fails over to the successor).
+                let refused = planned.as_ref().is_ok_and(|items| {
                     let replicas = items.iter().map(|i| i.target.is_replica());
-                    if !flight::owner_refuses(!self.restoring(), replicas) {
-                        return None;
-                    }
-                    self.restore.kept.refuse(items)
+                    flight::owner_refuses(!self.restoring(), replicas)
                 });
                 match planned {
                     Err(e) => refuse(3, e),
-                    Ok(_) if refused.is_some() => {
-                        let status =
-                            tonic::Status::from(CheckError::from(refused.expect("refused")));
+                    Ok(_) if refused => {
+                        let status = tonic::Status::from(CheckError::from(ShardError::Restoring));
                         refuse(status.code() as u32, status.message().to_string())
                     }
                     Ok(items) => {
                         let view = self.view.clone();
-                        let items =
-                            policy::on_replicas(&items, &view, &self.me.node_id).unwrap_or(items);
                         let refs: Vec<&CheckItem> = items.iter().collect();
                         let plan = policy::plan(
                             &refs,

@@ -157,20 +157,13 @@ pub enum ForwardError {
     /// second decider beside a live owner.
     #[error("owner {0} refused the batch: {1}")]
     Refused(String, String),
-    /// The owner is restoring its keys after a restart and keeps the batch to count
-    /// once restored: the key's successor decides it meanwhile, on its replica, owing
-    /// the owner nothing (it will have counted the check itself).
-    #[error("owner {0} is restoring: {1}")]
-    Restoring(String, String),
 }
 
 impl ForwardError {
     /// The error for a status `peer` answered with: a refusal when the code says the
     /// peer decided to refuse, unreachable when it says the call did not get through
     /// (tonic reports transport failures as UNAVAILABLE, UNKNOWN or CANCELLED, and a
-    /// restarting owner that cannot keep a batch refuses with UNAVAILABLE so its checks
-    /// fail over), restoring when it is ABORTED (a restarting owner that keeps the
-    /// batch to count once restored).
+    /// restarting owner refuses with UNAVAILABLE so its checks fail over).
     pub fn from_status(peer: &str, code: tonic::Code, message: String) -> Self {
         use tonic::Code;
         match code {
@@ -179,7 +172,6 @@ impl ForwardError {
             | Code::Cancelled
             | Code::Internal
             | Code::DataLoss => ForwardError::Unreachable(peer.to_string(), message),
-            Code::Aborted => ForwardError::Restoring(peer.to_string(), message),
             _ => ForwardError::Refused(peer.to_string(), message),
         }
     }

@@ -3,7 +3,7 @@
 //! [`Restoring`], the steps; [`restore_from_peers`], their async shell).
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -11,82 +11,14 @@ use tokio::sync::watch;
 
 use super::Replicator;
 use crate::algorithms::Millis;
-use crate::cluster::CheckItem;
 use crate::membership::{ClusterView, Member};
-use crate::shard::{Charge, ShardError, Target};
 
 /// Whether this node has restored its keys' replicas since it started: until then it
 /// does not answer as owner (client checks wait; forwarded ones are refused, so their
 /// entry nodes fail over to the keys' successors, which hold the replicas).
-///
-/// A forwarded check refused meanwhile is kept ([`Kept`]) and counted here as its
-/// owner's once the replicas are in, before anything else is answered as owner: the
-/// successor decides it on its replica in the meantime and owes this node nothing.
-/// Owing it instead (a delta pushed on the successor's next round) left a window
-/// after the restore in which this node answered from a count that lacked what its
-/// successor had admitted for it while it restored.
 #[derive(Debug)]
 pub struct Restore {
     done: watch::Sender<bool>,
-    kept: Mutex<Kept>,
-}
-
-/// The charges of checks a restoring owner refused, to count once restored; closed
-/// once restored. Bounded: a full table keeps nothing more, and its refusals say so
-/// (the successor then owes what it admits, as for an unreachable owner).
-#[derive(Debug, Default)]
-pub struct Kept {
-    charges: Vec<Charge>,
-    closed: bool,
-}
-
-impl Kept {
-    /// Most charges kept during one restore: a bound on memory while refusing.
-    pub const MAX: usize = 65_536;
-
-    /// A table already closed: the node answers as owner from the start.
-    pub fn closed() -> Self {
-        Self {
-            charges: Vec::new(),
-            closed: true,
-        }
-    }
-
-    /// Refuse the owner's checks among `items` while open: `None` once closed (decide
-    /// them), else the refusal, [`ShardError::RestoringCounted`] when their charges
-    /// are kept here to count once restored, [`ShardError::Restoring`] when the table
-    /// is full. Reports and probes count nothing and are not kept.
-    pub fn refuse(&mut self, items: &[CheckItem]) -> Option<ShardError> {
-        if self.closed {
-            return None;
-        }
-        let counted = || {
-            items
-                .iter()
-                .filter(|i| i.target == Target::Owner && !i.peek && !i.probe)
-        };
-        if self.charges.len() + counted().count() > Self::MAX {
-            return Some(ShardError::Restoring);
-        }
-        self.charges.extend(counted().map(CheckItem::charge));
-        Some(ShardError::RestoringCounted)
-    }
-
-    /// The charges kept so far, to count now; closes the table when there are none
-    /// left (the caller counts what it took, then asks again, so no charge kept
-    /// between the two is left behind).
-    pub fn take_or_close(&mut self) -> Vec<Charge> {
-        let taken = std::mem::take(&mut self.charges);
-        if taken.is_empty() {
-            self.closed = true;
-        }
-        taken
-    }
-
-    /// Whether the table is closed (the restore is over).
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
 }
 
 impl Restore {
@@ -94,11 +26,6 @@ impl Restore {
     pub fn new(done: bool) -> Self {
         Self {
             done: watch::Sender::new(done),
-            kept: Mutex::new(if done {
-                Kept::closed()
-            } else {
-                Kept::default()
-            }),
         }
     }
 
@@ -107,28 +34,8 @@ impl Restore {
         *self.done.borrow()
     }
 
-    /// Refuse the owner's checks among `items` unless restored (see [`Kept::refuse`]).
-    pub fn refuse(&self, items: &[CheckItem]) -> Option<ShardError> {
-        self.kept.lock().expect("kept lock").refuse(items)
-    }
-
-    /// The restore is over: count the checks refused meanwhile on `shards`, then
-    /// answer as owner.
-    pub async fn finish(&self, shards: &crate::shard::Shards) {
-        loop {
-            let charges = self.kept.lock().expect("kept lock").take_or_close();
-            if charges.is_empty() {
-                break;
-            }
-            let n = charges.len();
-            // In slices, so no shard's inbox takes one message of 65,536 charges.
-            for chunk in charges.chunks(1024) {
-                if let Err(error) = shards.check(chunk.iter().cloned().collect()).await {
-                    tracing::warn!(%error, checks = n, "counting checks refused while restoring failed");
-                }
-            }
-            tracing::info!(checks = n, "counted the checks refused while restoring");
-        }
+    /// The restore is over: answer as owner.
+    pub fn finish(&self) {
         self.done.send_replace(true);
     }
 
@@ -331,8 +238,8 @@ impl Restoring {
 
 /// Restore this node's keys from the members it sees (the shell of [`Restoring`]):
 /// asks in parallel, each call bounded by `deadline`, the whole restore too. When it
-/// is over, counts the checks refused meanwhile and lets this node answer as owner
-/// ([`Restore::finish`]). Returns whether every member asked answered.
+/// is over, this node answers as owner ([`Restore::finish`]). Returns whether every
+/// member asked answered.
 pub async fn restore_from_peers(
     replicator: &Replicator,
     mut views: watch::Receiver<Arc<ClusterView>>,
@@ -404,15 +311,13 @@ pub async fn restore_from_peers(
             "restore deadline passed: answering as owner with what was restored"
         );
     }
-    restore.finish(&replicator.shards).await;
+    restore.finish();
     complete
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::policy::testkit::item;
-    use crate::shard::Doubt;
 
     use crate::cluster::policy::testkit::view;
 
@@ -502,43 +407,5 @@ mod tests {
             Step::Done { complete: false },
             "nobody asked"
         );
-    }
-
-    #[test]
-    fn a_restoring_owner_keeps_what_it_refuses_and_counts_it_before_it_closes() {
-        let mut kept = Kept::default();
-        let check = item("k", "GET /", 3);
-        let mut peek = item("k", "GET /", 1);
-        peek.peek = true;
-        let mut failover = item("k", "GET /", 1);
-        failover.target = Target::Replica(Doubt::Owed);
-        assert_eq!(
-            kept.refuse(&[check.clone(), peek, failover]),
-            Some(ShardError::RestoringCounted)
-        );
-        let taken = kept.take_or_close();
-        assert_eq!(taken.len(), 1, "only the owner's charge counts");
-        assert_eq!(taken[0].cost.get(), 3);
-        assert!(!kept.is_closed(), "open until a take finds nothing");
-        assert_eq!(
-            kept.refuse(std::slice::from_ref(&check)),
-            Some(ShardError::RestoringCounted),
-            "refused between the count and the close: kept, counted next"
-        );
-        assert_eq!(kept.take_or_close().len(), 1);
-        assert!(kept.take_or_close().is_empty());
-        assert!(kept.is_closed());
-        assert_eq!(kept.refuse(&[check]), None, "restored: decide it");
-    }
-
-    #[test]
-    fn a_full_table_refuses_without_keeping_so_the_successor_owes_its_admissions() {
-        let mut kept = Kept::default();
-        let batch = vec![item("k", "GET /", 1); 1024];
-        for _ in 0..Kept::MAX / 1024 {
-            assert_eq!(kept.refuse(&batch), Some(ShardError::RestoringCounted));
-        }
-        assert_eq!(kept.refuse(&batch[..1]), Some(ShardError::Restoring));
-        assert_eq!(kept.take_or_close().len(), Kept::MAX);
     }
 }

@@ -21,7 +21,7 @@ use ringlimit::clock::Clock;
 use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
 use ringlimit::cluster::link::calls;
 use ringlimit::cluster::replication::{
-    self, Kept, RestoreAnswer, Restoring, Step, TakeBack, MAX_PER_ROUND,
+    self, RestoreAnswer, Restoring, Step, TakeBack, MAX_PER_ROUND,
 };
 use ringlimit::membership::ClusterView;
 use ringlimit::proto::peer::{InstallRequest, RestoreRequest, RestoreResponse};
@@ -39,8 +39,6 @@ pub struct Restore {
     wake: Option<u64>,
     /// Client checks that arrived meanwhile: (client, op, key, route, cost).
     pub queued: Vec<(u32, u64, String, String, u64)>,
-    /// The charges of forwarded checks refused meanwhile (production's table).
-    pub kept: Kept,
 }
 
 impl Restore {
@@ -52,11 +50,6 @@ impl Restore {
             machine: Restoring::new(deadline),
             wake: None,
             queued: Vec::new(),
-            kept: if needed {
-                Kept::default()
-            } else {
-                Kept::closed()
-            },
         }
     }
 }
@@ -444,16 +437,6 @@ impl Node {
 
     /// The restore is over: answer as owner, and take the client checks that waited.
     fn finish_restore(&mut self) -> Vec<Out> {
-        // `Restore::finish`: the checks refused meanwhile are counted first.
-        loop {
-            let charges = self.restore.kept.take_or_close();
-            if charges.is_empty() {
-                break;
-            }
-            for charge in &charges {
-                self.shard_check(charge);
-            }
-        }
         self.restore.done = true;
         let mut out = Vec::new();
         for (client, op, key, route, cost) in std::mem::take(&mut self.restore.queued) {
