@@ -204,9 +204,7 @@ fn seeds() {
 /// random numbers: a change that reshuffles histories can make it pass vacuously.
 #[test]
 fn regression_seeds_hold_every_property() {
-    let cases = [
-        ("rejoin-settles-for-deltas", 19_299_975_478),
-    ];
+    let cases = [("rejoin-settles-for-deltas", 19_299_975_478)];
     let seeds: Vec<u64> = cases.iter().map(|(_, seed)| *seed).collect();
     let failed: Vec<String> = run_seeds(&seeds, false, replicate_ms())
         .into_iter()
