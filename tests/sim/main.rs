@@ -197,30 +197,6 @@ fn seeds() {
     );
 }
 
-/// Fresh seeds that each found an ordering the fixed range never met, kept as
-/// regressions (each name says what it pinned): a restarted owner answering before
-/// the deltas of the member that had owned its keys meanwhile (and handed them back)
-/// arrived. A seed pins an ordering only as long as the code before it draws the same
-/// random numbers: a change that reshuffles histories can make it pass vacuously.
-#[test]
-fn regression_seeds_hold_every_property() {
-    let cases = [("rejoin-settles-for-deltas", 19_299_975_478)];
-    let seeds: Vec<u64> = cases.iter().map(|(_, seed)| *seed).collect();
-    let failed: Vec<String> = run_seeds(&seeds, false, replicate_ms())
-        .into_iter()
-        .filter(|o| o.violations() > 0)
-        .map(|o| {
-            let name = cases.iter().find(|(_, s)| *s == o.seed).map_or("", |c| c.0);
-            format!(
-                "{name} (RINGLIMIT_SIM_SEED={}): {}",
-                o.seed,
-                o.report.details(3)
-            )
-        })
-        .collect();
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
-}
-
 /// `--replicate-interval-ms 0` must still give what ringlimit gave before replicas:
 /// these 100 seeds run the nodes without them and check every property but
 /// S3-replicated, which only replication promises.
