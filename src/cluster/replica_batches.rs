@@ -4,14 +4,13 @@
 use std::collections::HashMap;
 
 /// The latest replication batch a successor held from each sender, as (incarnation,
-/// batch number): a batch is held only if it is later than that. The 60-minute chaos
-/// run at b03ac84: a node cut off by a partition timed out its batches to a successor
-/// and sent the next ones on a fresh connection; after the heal the old connection
-/// delivered the earlier batches, 3 to 8 s old, and they replaced the replicas of a key
-/// at 10 of 10 with a state of the window before. The owner was killed 60 ms later
-/// and the successor's fail-over admitted 6 more in that window (S3-replicated). A
-/// batch refused so lost nothing: the sender marks the keys of a batch that timed out
-/// as changed again, and later batches carry their newer states.
+/// batch number): a batch is held only if it is later than that. A node cut off by a
+/// partition can time out its batches to a successor and send the next ones on a fresh
+/// connection; after the heal the old connection may deliver the earlier batches,
+/// seconds old, which would replace the replicas of a key at its limit with a state of
+/// the window before, and a fail-over after the owner's death would admit again from
+/// that. A batch refused so loses nothing: the sender marks the keys of a batch that
+/// timed out as changed again, and later batches carry their newer states.
 #[derive(Debug, Default)]
 pub struct ReplicaBatches {
     last: std::sync::Mutex<HashMap<String, (u64, u64)>>,

@@ -324,8 +324,8 @@ enum Flight {
 /// States handed over on a view change, to push to `to`. The view change takes them
 /// out of the shards there and then; the push runs beside the replication rounds
 /// rather than inside the view change, so a slow or unreachable new owner (the install
-/// deadline is 5 s) holds back no replica of this node's (the 60-minute chaos run at
-/// 3cd5f0f: two owners killed 1.5 s after admissions their successors never got).
+/// deadline is 5 s) holds back no replica of this node's: otherwise an owner killed a
+/// second after its admissions may have sent its successor none of them.
 struct Push {
     to: Member,
     states: Vec<Exported>,

@@ -516,10 +516,9 @@ mod tests {
 
     #[test]
     fn a_promoted_key_handed_back_to_its_live_owner_is_joined_not_added() {
-        // The 60-minute chaos run at c5f6d92 (S4): a successor whose view dropped the
-        // owner for a moment promoted its replica, admitted on it, then handed the key
-        // back; the owner added that count to its own, which the replica already held,
-        // and denied below the limit.
+        // A successor whose view dropped the owner for a moment promoted its replica,
+        // admitted on it, then handed the key back; added to the owner's own count,
+        // which the replica already held, it made the owner deny below the limit.
         let rule = rule_r();
         let item = charge(&rule, b"k");
         let mut owner = ShardCore::new(true, 100, 1 << 20, 0);

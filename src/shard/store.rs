@@ -560,8 +560,8 @@ impl Store {
     /// hands the key back now that it does): the state already includes what this
     /// node had admitted when it sent the replica, so a held key is joined with it
     /// (the stricter of the two), never added to. Adding counted this node's own
-    /// admissions twice (the 60-minute chaos run at c5f6d92: a count of 3 became 7
-    /// on a handback of 4, and the owner denied at 7 of 10).
+    /// admissions twice (a count of 3 became 7 on a handback of 4, and the owner
+    /// denied at 7 of 10).
     pub fn install_joined(&mut self, item: Exported, limiter: &Limiter, now: Millis) -> bool {
         self.install_as(item, limiter, now, true)
     }
