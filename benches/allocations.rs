@@ -132,7 +132,7 @@ fn main() {
         std::fs::write(&rules, RULES).expect("write rules");
         let replicate = replicate_interval();
         // `RINGLIMIT_BENCH_FORWARD_HTTP2=1`: forwards on an HTTP/2 stream instead of
-        // the framed connection (`--forward-http2`), to compare the two.
+        // the framed connection (`--forward-frames` on a node), to compare the two.
         let http2 = std::env::var("RINGLIMIT_BENCH_FORWARD_HTTP2").is_ok_and(|v| v == "1");
         let config = |id: &str, seeds: Vec<String>| {
             let mut config = NodeConfig {

@@ -179,11 +179,12 @@ pub struct ServeArgs {
     /// to compare the two.
     #[arg(long)]
     forward_unary: bool,
-    /// Carry the forward stream as an HTTP/2 `Peer/ForwardStream` instead of a framed
-    /// connection (what a node does anyway with peer TLS, or for a peer of an older
-    /// build): to compare the two.
+    /// Carry the forward stream as length-prefixed frames on a connection of its own
+    /// instead of an HTTP/2 `Peer/ForwardStream` (3–12 % less CPU per forwarded check;
+    /// not with peer TLS). Off by default: the long chaos profile finds entries
+    /// answering from denials they should not have cached with it, and none without.
     #[arg(long)]
-    forward_http2: bool,
+    forward_frames: bool,
     /// Largest rule document accepted, in bytes (or KiB/MiB/GiB): the rule file, the
     /// seed, a `PUT /v1/rules` body and the copies nodes exchange. The default fits
     /// 100,000 per-client rules (about 7.4 MB).
@@ -385,7 +386,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.forward.max_batch = args.forward_max_batch;
     config.forward.max_in_flight = args.forward_max_in_flight;
     config.forward.stream = !args.forward_unary;
-    config.forward.frames = !args.forward_http2;
+    config.forward.frames = args.forward_frames;
     config.max_rules_bytes = args.max_rules_bytes as u64;
     config.grpc.max_connections = args.max_connections;
     config.grpc.max_concurrent_streams = args.max_concurrent_streams;

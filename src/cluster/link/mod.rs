@@ -99,7 +99,7 @@ pub struct ForwardConfig {
     /// (`--forward-unary`).
     pub stream: bool,
     /// Carry that stream as a framed connection ([`frames`]) where the link has no TLS
-    /// and the peer speaks frames; `false`: an HTTP/2 stream (`--forward-http2`).
+    /// and the peer speaks frames (`--forward-frames`); `false`: an HTTP/2 stream.
     pub frames: bool,
     /// Source IP for outbound peer connections (so partition rules that match a
     /// node's address also match its outbound traffic); `None` lets the OS choose.
