@@ -80,7 +80,7 @@ MUTANTS = [
     ("restore-no-settle", "src/cluster/replication/restore.rs",
      "if !self.restarted {\n            return self.finish(true);",
      "if true {\n            return self.finish(true);",
-     "a restore is done as soon as its members answered, even when they hold this node's counts"),
+     "a restore is done as soon as its members answered, even when one knew an earlier incarnation"),
 
     ("view-change-no-take-back", "src/cluster/replication/memory.rs",
      "if !gone.is_empty() {",

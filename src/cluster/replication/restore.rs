@@ -57,8 +57,8 @@ enum Phase {
     Waiting,
     /// Asked members; their answers are due.
     Asking,
-    /// Every member asked answered and one holds counts of this node's keys (it knew
-    /// an earlier incarnation, or handed it keys it decided meanwhile): waiting for the membership to stay still until `until` (or change: ask the
+    /// Every member asked answered and one knew an earlier incarnation of this node:
+    /// waiting for the membership to stay still until `until` (or change: ask the
     /// new members).
     Settling { until: Millis },
     /// Over.
@@ -72,14 +72,11 @@ enum Phase {
 ///
 /// It waits for a view with another member and asks each member it sees for its
 /// replicas of this node's keys (each pushes them here, merged into whatever this node
-/// decided since). If none of them held counts of its keys, it is a new member and
-/// owns nothing yet: done. Otherwise (it restarted, before the cluster noticed or after,
-/// and members hold its keys' counts) it asks each member that appears later too, and
-/// is done once the membership has been still for [`RESTORE_SETTLE`]: a member that
-/// handed it keys it decided meanwhile goes on counting on them for nodes whose view
-/// does not hold this node yet, and sends those admissions on as deltas; settling lets
-/// the views catch up and those deltas arrive before this node answers as owner. At the
-/// deadline it is done whatever happened.
+/// decided since). If none of them knew an earlier incarnation of this node, it is a
+/// new member and owns nothing yet: done. Otherwise it restarted before the cluster
+/// noticed: it asks each member that appears later too, and is done once the
+/// membership has been still for [`RESTORE_SETTLE`]. At the deadline it is done
+/// whatever happened.
 ///
 /// A member back after the cluster dropped it (or a new one) is not an earlier
 /// incarnation to anyone: a member whose view does not hold it yet hands it its keys
@@ -175,14 +172,14 @@ impl Restoring {
         }
     }
 
-    /// `from`'s answer: whether it held counts of this node's keys (it knew an earlier
-    /// incarnation, or handed it keys), or `None` when it did not answer.
-    pub fn answered(&mut self, from: &str, held: Option<bool>, now: Millis) -> Step {
+    /// `from`'s answer: whether it knew an earlier incarnation of this node, or `None`
+    /// when it did not answer.
+    pub fn answered(&mut self, from: &str, earlier: Option<bool>, now: Millis) -> Step {
         if let Some(step) = self.over(now) {
             return step;
         }
-        match held {
-            Some(held) => self.restarted |= held,
+        match earlier {
+            Some(earlier) => self.restarted |= earlier,
             None => self.answered_all = false,
         }
         if self.phase != Phase::Asking || !self.waiting.remove(from) || !self.waiting.is_empty() {
@@ -271,18 +268,18 @@ pub async fn restore_from_peers(
         let at = start + Duration::from_millis(wake);
         step = tokio::select! {
             Some((from, answer)) = asks.next(), if !asks.is_empty() => {
-                let held = match answer {
+                let earlier = match answer {
                     Ok((s, i, earlier)) => {
                         sent += s;
                         installed += i;
-                        Some(earlier || s > 0)
+                        Some(earlier)
                     }
                     Err(error) => {
                         tracing::warn!(peer = %from, %error, "restore: a member did not answer");
                         None
                     }
                 };
-                machine.answered(&from, held, now())
+                machine.answered(&from, earlier, now())
             }
             changed = views.changed() => match changed {
                 Ok(()) => {
@@ -368,18 +365,6 @@ mod tests {
         );
         assert_eq!(r.timer(40 + SETTLE - 1), Step::Wait { wake: 40 + SETTLE });
         assert_eq!(r.timer(40 + SETTLE), Step::Done { complete: true });
-    }
-
-    #[test]
-    fn a_member_handed_keys_it_decided_meanwhile_settles_before_answering() {
-        let mut r = Restoring::new(10_000);
-        assert_eq!(asked(r.view("a", &view(&["a", "b"]), 0)), ["b"]);
-        // b did not know this incarnation but handed it keys (it owned them meanwhile).
-        assert_eq!(
-            r.answered("b", Some(true), 10),
-            Step::Wait { wake: 10 + SETTLE }
-        );
-        assert_eq!(r.timer(10 + SETTLE), Step::Done { complete: true });
     }
 
     #[test]

@@ -382,7 +382,7 @@ impl Node {
                 for install in installs {
                     self.repl.restore_installed += self.install(install);
                 }
-                Some(response.earlier || response.sent > 0)
+                Some(response.earlier)
             }
             Err(_) => None,
         };
