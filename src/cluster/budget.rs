@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::algorithms::{Decision, Millis};
 use crate::cluster::{Answer, Charged, CheckItem, Decider};
-use crate::shard::budget::entry::{HeldLease, Returned};
+use crate::shard::budget::entry::{HeldLease, Returned, SpendAsk, Step};
+use crate::shard::budget::gate::{Gated, LeaseGate};
+use crate::shard::budget::GrantReply;
 
 /// A lease (or its refusal) as the owner answered a request for one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +33,23 @@ pub struct LeaseGrant {
 }
 
 impl LeaseGrant {
+    /// What owner `me` answers for its shard's `reply` (no lease: units 0).
+    pub fn of(reply: GrantReply, me: Decider) -> Self {
+        let lease = reply.lease.unwrap_or(crate::shard::budget::Granted {
+            serial: 0,
+            units: 0,
+            ttl_ms: 0,
+        });
+        Self {
+            owner: me,
+            serial: lease.serial,
+            units: lease.units,
+            ttl_ms: lease.ttl_ms,
+            decision: reply.decision,
+            sequence: reply.sequence,
+        }
+    }
+
     /// The lease to hold for `item`, asked for at `sent` (this node's clock); `None`
     /// for a refusal.
     pub fn held(&self, item: &CheckItem, sent: Millis) -> Option<HeldLease> {
@@ -60,6 +79,45 @@ pub fn eligible(item: &CheckItem, single: bool) -> bool {
         && item.give_back.is_none()
         && !item.rule.shadow
         && item.rule.lease
+}
+
+/// What an entry node asks its lease store about one check of `item`, a remote
+/// counter, or `None` when the check goes on without it: not [`eligible`], or the
+/// `gate` forwards it. `answered`: the deny cache answered it already, so only a lease
+/// held here could change that (and it neither counts in the rate nor asks).
+pub fn spend_ask(
+    item: &CheckItem,
+    single: bool,
+    answered: bool,
+    gate: &LeaseGate,
+) -> Option<SpendAsk> {
+    if !eligible(item, single) {
+        return None;
+    }
+    let weight = match gate.route(item.id, answered) {
+        Gated::Shard(weight) => weight,
+        Gated::Forward => return None,
+    };
+    Some(SpendAsk {
+        counter: item.id,
+        fingerprint: item.rule.fingerprint,
+        cost: item.cost.get(),
+        held_only: answered,
+        weight,
+    })
+}
+
+/// What the lease store's `step` means for the check of `item` at `now`: its answer,
+/// if a lease covered it, and the rate at which to ask the owner for a lease.
+pub fn spent(item: &CheckItem, step: Step, now: Millis) -> (Option<Answer>, Option<u64>) {
+    let answer = step.leased.map(|(decision, (node_id, generation))| {
+        let owner = Decider {
+            node_id,
+            generation,
+        };
+        leased_answer(item, decision, owner, now)
+    });
+    (answer, step.ask)
 }
 
 /// The answer to `item` decided at `now` from a lease `owner` charged: allowed, with

@@ -18,7 +18,7 @@
 //! because their owner died are counted in `ringlimit_ownership_resets_total` (see
 //! `docs/ownership.md`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -29,8 +29,8 @@ use crate::clock::Clock;
 use crate::cluster::link::PeerPool;
 use crate::cluster::Inherited;
 use crate::config::rules::{Rule, RuleSet};
-use crate::membership::ClusterView;
-use crate::ring::diff;
+use crate::membership::{ClusterView, Member};
+use crate::ring::{diff, RingDiff};
 use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 /// States per `Install` call: the sender pushes at most this many at once and the
@@ -86,104 +86,56 @@ impl Handoff {
         mut views: watch::Receiver<Arc<ClusterView>>,
         cancel: CancellationToken,
     ) {
-        let mut current = views.borrow_and_update().clone();
+        let first = views.borrow_and_update().clone();
         // A node's first rings inherit nothing from a dead member.
-        self.inherited.accounted(current.ring.digest());
-        let mut history: VecDeque<Arc<ClusterView>> = VecDeque::with_capacity(HISTORY + 1);
+        self.inherited.accounted(first.ring.digest());
+        let mut watcher = Watcher::new(self.me.clone(), first);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 changed = views.changed() => if changed.is_err() { return },
             }
-            let next = views.borrow_and_update().clone();
-            self.note_restarts(&current, &next);
-            history.push_back(current.clone());
-            if history.len() > HISTORY {
-                history.pop_front();
-            }
-            if next.ring.digest() != current.ring.digest() {
-                self.ring_changed(&current, &next, &history).await;
-            }
-            current = next;
+            let step = watcher.next(views.borrow_and_update().clone());
+            self.apply(step).await;
         }
     }
 
-    /// A member that came back with a higher generation before it was declared dead
-    /// keeps its ring ranges, so no ring change shows it, but it restarted empty: every
-    /// key it owned restarts from zero. Say so, loudly, and count it.
-    fn note_restarts(&self, old: &ClusterView, new: &ClusterView) {
-        for member in &new.members {
-            if let Some(before) = old.member(&member.node_id) {
-                if member.generation > before.generation && !old.members.is_empty() {
-                    self.restarts.increment(1);
-                    tracing::warn!(
-                        node = %member.node_id,
-                        from = before.generation,
-                        to = member.generation,
-                        "member restarted: the keys it owned restart from empty (see docs/ownership.md)"
-                    );
-                }
-            }
+    /// Do what one view change asks: say which members restarted, log and account for
+    /// a ring change, and push away what is no longer ours.
+    async fn apply(&self, step: ViewStep) {
+        for (node, from, to) in &step.restarts {
+            self.restarts.increment(1);
+            tracing::warn!(
+                node = %node,
+                from,
+                to,
+                "member restarted: the keys it owned restart from empty (see docs/ownership.md)"
+            );
         }
-    }
-
-    /// Log and account for one ring change, and push away what is no longer ours.
-    async fn ring_changed(
-        &self,
-        old: &ClusterView,
-        new: &ClusterView,
-        history: &VecDeque<Arc<ClusterView>>,
-    ) {
-        let moves = diff(&old.ring, &new.ring);
-        let me = &*self.me;
-        let mut from_dead: Vec<&str> = Vec::new();
-        for member in &old.members {
-            if new.member(&member.node_id).is_none() && !member.leaving {
-                from_dead.push(&member.node_id);
-            }
-        }
-        let inherited_from_dead = crate::ring::RingDiff {
-            moves: moves
-                .moves
-                .iter()
-                .filter(|m| m.to == me && from_dead.contains(&m.from.as_str()))
-                .cloned()
-                .collect(),
+        let Some(ring) = step.ring else {
+            return;
         };
-        let share_to_me: f64 = moves
-            .moves
-            .iter()
-            .filter(|m| m.to == me)
-            .map(|m| m.fraction())
-            .sum();
-        let share_from_me: f64 = moves
-            .moves
-            .iter()
-            .filter(|m| m.from == me)
-            .map(|m| m.fraction())
-            .sum();
         tracing::info!(
-            members_before = old.ring.len(),
-            members_after = new.ring.len(),
-            digest = format_args!("{:016x}", new.ring.digest()),
-            moved = %percent(moves.moved_fraction()),
-            to_me = %percent(share_to_me),
-            from_me = %percent(share_from_me),
+            members_before = ring.members_before,
+            members_after = ring.view.ring.len(),
+            digest = format_args!("{:016x}", ring.view.ring.digest()),
+            moved = %percent(ring.moved),
+            to_me = %percent(ring.share_to_me),
+            from_me = %percent(ring.share_from_me),
             "ring changed"
         );
-        if !inherited_from_dead.is_empty() {
+        if !ring.inherited_from_dead.is_empty() {
             tracing::warn!(
-                dead = %from_dead.join(","),
-                share = %percent(inherited_from_dead.moved_fraction()),
+                dead = %ring.from_dead.join(","),
+                share = %percent(ring.inherited_from_dead.moved_fraction()),
                 "inherited keys of a dead node: their counts restart from empty here (see docs/ownership.md)"
             );
             self.inherited
-                .record(inherited_from_dead, self.clock.now_ms());
+                .record(ring.inherited_from_dead, self.clock.now_ms());
         }
-        self.inherited.accounted(new.ring.digest());
-        if share_from_me > 0.0 {
-            let earlier = earlier_owners(history.iter().cloned().collect(), self.me.clone());
-            self.hand_over(new, Some(earlier)).await;
+        self.inherited.accounted(ring.view.ring.digest());
+        if let Some(earlier) = ring.hand_over {
+            self.hand_over(&ring.view, Some(earlier)).await;
         }
     }
 
@@ -252,17 +204,14 @@ impl Handoff {
         items: Vec<(Arc<str>, Exported)>,
         what: &'static str,
     ) -> u64 {
-        let mut by_owner: HashMap<Arc<str>, Vec<Exported>> = HashMap::new();
-        for (to, item) in items {
-            by_owner.entry(to).or_default().push(item);
+        let routed = destinations(view, items);
+        for (owner_id, keys) in routed.gone {
+            tracing::error!(to = %owner_id, keys, "handoff target left the cluster: these counts are lost");
+            self.lost.increment(keys as u64);
         }
         let mut installed = 0;
-        for (owner_id, states) in by_owner {
-            let Some(owner) = view.member(&owner_id).cloned() else {
-                tracing::error!(to = %owner_id, keys = states.len(), "handoff target left the cluster: these counts are lost");
-                self.lost.increment(states.len() as u64);
-                continue;
-            };
+        for (owner, states) in routed.to {
+            let owner_id = owner.node_id.clone();
             let total = states.len();
             let mut delivered = 0;
             for chunk in states.chunks(MAX_INSTALL_STATES) {
@@ -298,6 +247,158 @@ pub fn new_owners(view: &ClusterView, me: Arc<str>) -> NewOwner {
         let member = view.member(owner)?;
         Some(Recipient::new(owner, member.generation))
     })
+}
+
+/// The handoff watcher's memory and step, pure: each view the node publishes goes
+/// in, and what to do about it comes out ([`ViewStep`]). The async [`Handoff::watch`]
+/// performs it; the simulator drives the same step.
+#[derive(Debug)]
+pub struct Watcher {
+    me: Arc<str>,
+    current: Arc<ClusterView>,
+    /// The views before `current`, oldest first, at most [`HISTORY`].
+    history: VecDeque<Arc<ClusterView>>,
+}
+
+/// What one new view asks of the handoff.
+#[derive(Default)]
+pub struct ViewStep {
+    /// Members that came back with a higher generation before they were declared dead
+    /// (node, generation before, generation now): they keep their ring ranges, so no
+    /// ring change shows it, but they restarted empty, and every key they owned
+    /// restarts from zero.
+    pub restarts: Vec<(String, u64, u64)>,
+    /// The ring changed.
+    pub ring: Option<RingStep>,
+}
+
+/// A ring change, as the handoff sees it.
+pub struct RingStep {
+    /// The new view.
+    pub view: Arc<ClusterView>,
+    /// Ring members before.
+    pub members_before: usize,
+    /// Share of the hash space that moved.
+    pub moved: f64,
+    /// Shares that moved to and away from this node.
+    pub share_to_me: f64,
+    /// See `share_to_me`.
+    pub share_from_me: f64,
+    /// Members that left without saying so (dead, not leaving).
+    pub from_dead: Vec<String>,
+    /// The ranges this node inherited from them: their counts restart here.
+    pub inherited_from_dead: RingDiff,
+    /// Some of the hash space moved away from this node: hand its keys over, and those
+    /// it promoted back to these earlier owners ([`earlier_owners`]).
+    pub hand_over: Option<NewOwner>,
+}
+
+impl Watcher {
+    /// The watcher of node `me`, whose first view is `first`.
+    pub fn new(me: Arc<str>, first: Arc<ClusterView>) -> Self {
+        Self {
+            me,
+            current: first,
+            history: VecDeque::with_capacity(HISTORY + 1),
+        }
+    }
+
+    /// The node published `next`.
+    pub fn next(&mut self, next: Arc<ClusterView>) -> ViewStep {
+        let current = std::mem::replace(&mut self.current, next.clone());
+        let restarts = restarts(&current, &next);
+        self.history.push_back(current.clone());
+        if self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+        let ring =
+            (next.ring.digest() != current.ring.digest()).then(|| self.ring_step(&current, next));
+        ViewStep { restarts, ring }
+    }
+
+    fn ring_step(&self, old: &ClusterView, new: Arc<ClusterView>) -> RingStep {
+        let moves = diff(&old.ring, &new.ring);
+        let me = &*self.me;
+        let from_dead: Vec<String> = old
+            .members
+            .iter()
+            .filter(|m| new.member(&m.node_id).is_none() && !m.leaving)
+            .map(|m| m.node_id.clone())
+            .collect();
+        let inherited_from_dead = RingDiff {
+            moves: moves
+                .moves
+                .iter()
+                .filter(|m| m.to == me && from_dead.contains(&m.from))
+                .cloned()
+                .collect(),
+        };
+        let share = |to_me: bool| -> f64 {
+            moves
+                .moves
+                .iter()
+                .filter(|m| if to_me { m.to == me } else { m.from == me })
+                .map(|m| m.fraction())
+                .sum()
+        };
+        let (share_to_me, share_from_me) = (share(true), share(false));
+        let hand_over = (share_from_me > 0.0)
+            .then(|| earlier_owners(self.history.iter().cloned().collect(), self.me.clone()));
+        RingStep {
+            members_before: old.ring.len(),
+            moved: moves.moved_fraction(),
+            share_to_me,
+            share_from_me,
+            from_dead,
+            inherited_from_dead,
+            hand_over,
+            view: new,
+        }
+    }
+}
+
+/// Members of `new` that `old` lists under a lower generation.
+fn restarts(old: &ClusterView, new: &ClusterView) -> Vec<(String, u64, u64)> {
+    if old.members.is_empty() {
+        return Vec::new();
+    }
+    new.members
+        .iter()
+        .filter_map(|member| {
+            let before = old.member(&member.node_id)?;
+            (member.generation > before.generation)
+                .then(|| (member.node_id.clone(), before.generation, member.generation))
+        })
+        .collect()
+}
+
+/// States to push, by destination.
+#[derive(Debug, Default)]
+pub struct Destinations {
+    /// Each destination `view` lists, with its states in key order.
+    pub to: Vec<(Member, Vec<Exported>)>,
+    /// Destinations `view` no longer lists, with how many states they lose.
+    pub gone: Vec<(Arc<str>, usize)>,
+}
+
+/// Group `items` (destination, state) by destination member of `view`, in id order
+/// (one order for a run, whatever order the stores iterated in).
+pub fn destinations(view: &ClusterView, items: Vec<(Arc<str>, Exported)>) -> Destinations {
+    let mut by_owner: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
+    for (to, item) in items {
+        by_owner.entry(to).or_default().push(item);
+    }
+    let mut routed = Destinations::default();
+    for (owner, mut states) in by_owner {
+        match view.member(&owner) {
+            Some(member) => {
+                states.sort_by_key(|s| (s.id.placement, s.id.disc));
+                routed.to.push((member.clone(), states));
+            }
+            None => routed.gone.push((owner, states.len())),
+        }
+    }
+    routed
 }
 
 /// What [`Handoff::push`] says of keys handed back to be joined (see

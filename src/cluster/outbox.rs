@@ -3,12 +3,10 @@
 //! One batch per successor is in flight at a time, and a successor's batch never waits
 //! for another's. A successor that is paused or dead costs its own keys a timeout
 //! (the peer link's 250 ms) per batch, and nothing else: the others keep getting their
-//! replicas every interval. Before this, a round sent to every successor and waited for
-//! all of them, so one stalled successor (or a fail-over push to an unreachable owner,
-//! which waits up to the install deadline of 5 s) held back every replica of the node:
-//! an owner killed then had lost far more than one interval (the 60-minute chaos run at
-//! df0c8c9: a key's 10 admissions, made 0.7 s before its owner's kill, never reached
-//! its successor, which admitted 10 more).
+//! replicas every interval. A round that waited for every successor would let one
+//! stalled successor (or a fail-over push to an unreachable owner, which waits up to
+//! the install deadline of 5 s) hold back every replica of the node, and an owner
+//! killed then would lose far more than one interval.
 //!
 //! While a successor's batch is in flight, the keys changed for it wait here, newest
 //! state per key (each is the key's whole state: a newer one replaces an older), with
@@ -45,8 +43,8 @@ impl Outbox {
         queue.insert(state.id, (state, since));
     }
 
-    /// The waiting states of every successor without a batch in flight, taken out;
-    /// those successors count as busy until [`Outbox::done`].
+    /// The waiting states of every successor without a batch in flight, taken out, in
+    /// successor and key order; those successors count as busy until [`Outbox::done`].
     pub fn ready(&mut self) -> Vec<(Arc<str>, Batch)> {
         let free: Vec<Arc<str>> = self
             .waiting
@@ -54,13 +52,19 @@ impl Outbox {
             .filter(|(successor, queue)| !queue.is_empty() && !self.busy.contains(*successor))
             .map(|(successor, _)| successor.clone())
             .collect();
-        free.into_iter()
+        let mut ready: Vec<(Arc<str>, Batch)> = free
+            .into_iter()
             .filter_map(|successor| {
                 let queue = self.waiting.remove(&successor)?;
                 self.busy.insert(successor.clone());
-                Some((successor, queue.into_values().collect()))
+                let mut batch: Batch = queue.into_values().collect();
+                batch.sort_unstable_by_key(|(state, _)| (state.id.placement, state.id.disc));
+                Some((successor, batch))
             })
-            .collect()
+            .collect();
+        // One order whatever the maps iterated in: a run replays (the simulator).
+        ready.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        ready
     }
 
     /// `successor`'s batch is over (delivered or not).

@@ -32,12 +32,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use crate::algorithms::Millis;
 use crate::clock::Clock;
-use crate::cluster::handoff::{new_owners, MAX_INSTALL_STATES};
+use crate::cluster::handoff::{destinations, new_owners, Destinations, MAX_INSTALL_STATES};
 use crate::cluster::link::PeerPool;
 use crate::cluster::outbox::Outbox;
 use crate::membership::{ClusterView, Member};
 use crate::ring::Ring;
-use crate::shard::replication::{Gone, Pick};
+use crate::shard::replication::{Changed, Gone, Pick};
 use crate::shard::{Exported, NewOwner, Recipient, Shards};
 
 pub use super::replica_batches::ReplicaBatches;
@@ -81,6 +81,34 @@ impl Metrics {
             handoff_lost: metrics::counter!("ringlimit_handoff_failed_total"),
         }
     }
+}
+
+/// Queue, from the keys that `changed` on this node (`me`), those it owns under `view`
+/// for their successors (a replica of a key owned elsewhere is that owner's to send).
+pub fn collect(view: &ClusterView, me: &str, changed: Vec<Changed>, outbox: &mut Outbox) {
+    for c in changed {
+        let p = c.state.id.placement;
+        if view.ring.owner_of_hash(p) != Some(me) {
+            continue;
+        }
+        if let Some(successor) = view.ring.successor_of_hash(p) {
+            outbox.add(successor, c.state, c.since);
+        }
+    }
+}
+
+/// Where the admissions this node (`me`) made on replicas for unreachable owners go:
+/// to each key's owner under `view`. A key this node owns now has none to go to (its
+/// replica was, or will be, promoted here).
+pub fn failover_destinations(view: &ClusterView, me: &str, owed: Vec<Exported>) -> Destinations {
+    let to = owed.into_iter().filter_map(|state| {
+        let owner = view
+            .ring
+            .owner_of_hash(state.id.placement)
+            .filter(|o| *o != me)?;
+        Some((Arc::from(owner), state))
+    });
+    destinations(view, to.collect())
 }
 
 /// Whether the key at ring position `p` must go to its successor in full after the ring
@@ -617,17 +645,7 @@ impl Replicator {
     /// replicates them).
     async fn collect(&self, view: &ClusterView, outbox: &mut Outbox) {
         match self.shards.drain_replication(MAX_PER_ROUND).await {
-            Ok(changed) => {
-                for c in changed {
-                    let p = c.state.id.placement;
-                    if view.ring.owner_of_hash(p) != Some(&*self.me) {
-                        continue;
-                    }
-                    if let Some(successor) = view.ring.successor_of_hash(p) {
-                        outbox.add(successor, c.state, c.since);
-                    }
-                }
-            }
+            Ok(changed) => collect(view, &self.me, changed, outbox),
             Err(error) => tracing::debug!(%error, "replication drain failed"),
         }
     }
@@ -701,21 +719,13 @@ impl Replicator {
             Ok(owed) if !owed.is_empty() => owed,
             _ => return,
         };
-        let mut to: HashMap<&str, Vec<Exported>> = HashMap::new();
-        for state in owed {
-            match view.ring.owner_of_hash(state.id.placement) {
-                Some(owner) if owner != &*self.me => to.entry(owner).or_default().push(state),
-                // This node owns the key now: its replica was (or will be) promoted.
-                _ => {}
-            }
+        let routed = failover_destinations(view, &self.me, owed);
+        for (_, lost) in &routed.gone {
+            self.metrics.failover_lost.increment(*lost as u64);
         }
         // Every owner at once: these owners were unreachable a moment ago, and each
         // one still down costs a timeout.
-        let pushes = to.into_iter().map(|(owner, states)| async move {
-            let Some(member) = view.member(owner) else {
-                self.metrics.failover_lost.increment(states.len() as u64);
-                return;
-            };
+        let pushes = routed.to.iter().map(|(member, states)| async move {
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 match self.peers.install(member, chunk, "failover").await {
                     Ok(_) => self.metrics.failover_pushed.increment(chunk.len() as u64),

@@ -44,6 +44,7 @@ pub mod frames;
 mod replicas;
 mod reserve;
 mod stream;
+pub use budget::lease_response;
 pub use stream::{ForwardAnswers, Intake, STREAM_IN_FLIGHT};
 
 /// A rule named on the wire, as the check layer's input.
@@ -72,7 +73,7 @@ fn decode_inline(wire: &WireInline) -> Option<InlineRule> {
 }
 
 /// A forwarded item as the check layer's input.
-fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
+pub fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
     ForwardedInput {
         key: item.key.as_str(),
         route: item.route.as_str(),
@@ -88,7 +89,7 @@ fn forwarded_input(item: &ForwardItem) -> ForwardedInput<'_> {
 }
 
 /// A refunded item as the check layer's input, with the time of its admission.
-fn refund_input(item: &RefundItem) -> (ForwardedInput<'_>, u64) {
+pub fn refund_input(item: &RefundItem) -> (ForwardedInput<'_>, u64) {
     let input = ForwardedInput {
         key: &item.key,
         route: &item.route,

@@ -7,8 +7,10 @@
 //! is one check of cost `n` on the counter, in the shard's single-threaded step, so
 //! every unit an entry spends was admitted by the owner first, and no lease adds a
 //! decider. What comes back (a holder's unused units) is a refund of that admission,
-//! never more than it charged, and once per lease. Pure: no clock, no I/O; the actor
-//! glue is at the end of the file, the entry's side in [`entry`].
+//! never more than it charged, and once per lease. Pure: no clock, no I/O.
+//! [`BudgetCore`] is both sides of one shard in one step (the shard actor and the
+//! simulator drive it); the actor's glue is at the end of the file, the entry's side
+//! in [`entry`].
 //!
 //! Sizing ([`size`]): a holder asks with its recent rate; it gets enough for one TTL at
 //! that rate, but never more than half of its share of what remains (shares in
@@ -30,7 +32,7 @@ use tokio::sync::oneshot;
 use crate::algorithms::{Decision, Millis};
 use crate::config::rules::Rule;
 
-use super::{Charge, Churn, KeyId, ShardError, Shards, Store};
+use super::{Charge, Churn, KeyId, ShardCore, ShardError, Shards, Store};
 
 /// How long after its end the owner still takes a lease's unused units back: a
 /// return sent at the holder's expiry tick is a round trip late.
@@ -375,11 +377,79 @@ pub enum Command {
     },
 }
 
-/// One shard's budget leases, both sides, and their metrics.
+/// One shard's budget leases, both sides, as a pure step: the owner's grants and the
+/// entry's held leases, and how each message changes them and the shard's counters.
+/// The shard actor drives it (with metrics, the ledger and replies around it), and so
+/// does the simulator, so both run one implementation of every lease decision.
+#[derive(Debug)]
+pub struct BudgetCore {
+    /// What this shard lent as the counters' owner.
+    pub owner: BudgetLeases,
+    /// What this shard holds as an entry node, and the rates it sees.
+    pub entry: entry::EntryLeases,
+    /// How this node grants.
+    pub policy: LeasePolicy,
+}
+
+impl BudgetCore {
+    /// An empty core that asks for leases of counters seen `threshold` times a second
+    /// (0: never), counting held leases in `gate`, and grants by `policy`.
+    pub fn new(threshold: u64, gate: Arc<gate::LeaseGate>, policy: LeasePolicy) -> Self {
+        Self {
+            owner: BudgetLeases::default(),
+            entry: entry::EntryLeases::with_gate(threshold, gate),
+            policy,
+        }
+    }
+
+    /// Owner: grant `ask` a lease at `now`, charging its units as a check of the
+    /// counter runs on `core` (replica promoted first, the change replicated after).
+    pub fn grant(
+        &mut self,
+        core: &mut ShardCore,
+        ask: &GrantAsk,
+        now: Millis,
+        sequence: impl FnOnce() -> u64,
+    ) -> (GrantReply, Churn) {
+        let (owner, policy) = (&mut self.owner, &self.policy);
+        let ((reply, c), mut churn) = core.step_live(Some(&ask.charge), now, |store| {
+            owner.grant(store, ask, policy, now, sequence)
+        });
+        churn += c;
+        (reply, churn)
+    }
+
+    /// Owner: take back `unused` units of lease `serial` of `counter` from `holder`;
+    /// the units given back to the counter.
+    pub fn give_back(
+        &mut self,
+        core: &mut ShardCore,
+        holder: &str,
+        serial: u64,
+        counter: KeyId,
+        unused: u64,
+        now: Millis,
+    ) -> (u64, Churn) {
+        let charged = self.owner.charged(serial);
+        let owner = &mut self.owner;
+        core.step_live(charged.as_ref(), now, |store| {
+            owner.give_back(store, holder, serial, counter, unused)
+        })
+    }
+
+    /// The expiry tick: forget grants past their grace (how many), and put the unused
+    /// units of held leases that ended in `returns`.
+    pub fn expire(&mut self, now: Millis, returns: &mut Vec<entry::Returned>) -> u64 {
+        let forgotten = self.owner.expire(now);
+        self.entry.expire(now, returns);
+        forgotten
+    }
+}
+
+/// One shard's budget leases and the actor's glue around them: metrics and where
+/// returns go.
 pub(super) struct BudgetShard {
-    pub(super) owner: BudgetLeases,
-    pub(super) entry: entry::EntryLeases,
-    pub(super) policy: LeasePolicy,
+    pub(super) core: BudgetCore,
     /// Where expired leases' unused units go to be returned to their owners.
     pub(super) returns: Option<tokio::sync::mpsc::Sender<Vec<entry::Returned>>>,
     metrics: BudgetMetrics,
@@ -400,9 +470,7 @@ impl BudgetShard {
         let event =
             |e: &'static str| metrics::counter!("ringlimit_budget_leases_total", "event" => e);
         Self {
-            owner: BudgetLeases::default(),
-            entry: entry::EntryLeases::with_gate(config.lease_threshold, gate),
-            policy: config.lease_policy,
+            core: BudgetCore::new(config.lease_threshold, gate, config.lease_policy),
             returns: config.lease_returns.clone(),
             metrics: BudgetMetrics {
                 granted: event("granted"),
@@ -422,14 +490,10 @@ impl super::Actor {
     pub(super) fn budget(&mut self, command: Command, now: Millis) {
         match command {
             Command::Grant { ask, reply } => {
-                let (budget, sequence) = (&mut self.budget, &self.sequence);
-                let ((answer, c), mut churn) =
-                    self.core.step_live(Some(&ask.charge), now, |store| {
-                        budget.owner.grant(store, &ask, &budget.policy, now, || {
-                            sequence.fetch_add(1, Ordering::Relaxed) + 1
-                        })
-                    });
-                churn += c;
+                let sequence = &self.sequence;
+                let (answer, churn) = self.budget.core.grant(&mut self.core, &ask, now, || {
+                    sequence.fetch_add(1, Ordering::Relaxed) + 1
+                });
                 if let Some(lease) = answer.lease {
                     tracing::debug!(
                         target: LEDGER,
@@ -461,11 +525,14 @@ impl super::Actor {
                 unused,
                 reply,
             } => {
-                let charged = self.budget.owner.charged(serial);
-                let owner = &mut self.budget.owner;
-                let (units, churn) = self.core.step_live(charged.as_ref(), now, |store| {
-                    owner.give_back(store, &holder, serial, counter, unused)
-                });
+                let (units, churn) = self.budget.core.give_back(
+                    &mut self.core,
+                    &holder,
+                    serial,
+                    counter,
+                    unused,
+                    now,
+                );
                 if units > 0 {
                     // Ordered among this node's decisions like one (the grant's window
                     // is on its grant's line).
@@ -490,7 +557,7 @@ impl super::Actor {
             }
             Command::Spend { spend, reply } => {
                 let mut returns = Vec::new();
-                let step = self.budget.entry.spend(&spend, now, &mut returns);
+                let step = self.budget.core.entry.spend(&spend, now, &mut returns);
                 if step.leased.is_some() {
                     self.budget.metrics.from_lease.increment(1);
                 }
@@ -499,6 +566,7 @@ impl super::Actor {
             }
             Command::Hold { counter, lease } => {
                 self.budget
+                    .core
                     .entry
                     .hold(counter, lease.map(|lease| *lease), now)
             }
@@ -508,10 +576,9 @@ impl super::Actor {
     /// The expiry tick's part: forget grants past their grace; return the unused
     /// units of held leases that ended.
     pub(super) fn expire_budget(&mut self, now: Millis) {
-        let forgotten = self.budget.owner.expire(now);
-        self.budget.metrics.expired.increment(forgotten);
         let mut returns = Vec::new();
-        self.budget.entry.expire(now, &mut returns);
+        let forgotten = self.budget.core.expire(now, &mut returns);
+        self.budget.metrics.expired.increment(forgotten);
         self.budget.send_returns(returns);
     }
 }

@@ -406,6 +406,22 @@ impl ShardCore {
         self.replicas.resync(&self.store, pick, &|_| now)
     }
 
+    /// Mark the live keys at the placements of `owed` changed again, each owed since
+    /// the time beside it: their replication batch was not delivered, so they go in
+    /// the next round, and the lag recorded then counts from their first change.
+    /// Returns how many.
+    pub fn retry(
+        &mut self,
+        owed: Arc<std::collections::HashMap<u64, Millis>>,
+        now: Millis,
+    ) -> usize {
+        let placements = owed.clone();
+        let pick: Pick = Arc::new(move |p| placements.contains_key(&p));
+        self.replicas.resync(&self.store, &pick, &|p| {
+            owed.get(&p).copied().unwrap_or(now)
+        })
+    }
+
     /// Keep replicas sent by their owners; returns how many are held.
     pub fn hold(&mut self, items: Vec<(Exported, Arc<Rule>)>, now: Millis) -> (usize, Churn) {
         self.replicas.hold(&self.store, items, now)

@@ -86,6 +86,23 @@ MUTANTS = [
      "if !gone.is_empty() {",
      "if false && !gone.is_empty() {",
      "keys handed to members that left are not taken back"),
+
+    ("lease-uncharged", "src/shard/budget.rs",
+     "let (decision, churn, _) = store.check(counter, now, units);",
+     "let (decision, churn) = (store.peek(counter, now), Churn::default());",
+     "a budget lease is granted without charging its units on the owner's counter"),
+    ("lease-spend-past-left", "src/shard/budget/entry.rs",
+     ".filter(|&i| f.leases[i].left >= ask.cost)",
+     ".filter(|&i| f.leases[i].left > 0)",
+     "an entry spends from a lease with fewer units left than the check costs"),
+    ("lease-past-window-end", "src/algorithms/leasing.rs",
+     "Some(by_ttl.min(end))",
+     "Some(by_ttl)",
+     "a fixed window's lease outlives its window (its units are spent in the next one)"),
+    ("handoff-never", "src/cluster/handoff.rs",
+     "let hand_over = (share_from_me > 0.0)",
+     "let hand_over = (share_from_me > 1.0)",
+     "the handoff watcher never hands keys over when the ring moves them away"),
 ]
 
 

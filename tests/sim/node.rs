@@ -13,24 +13,29 @@
 //! The peer link's sender is the real `cluster::link` state machines, driven by
 //! `link.rs`; refunds and installs are built by `cluster::link::calls`.
 //!
-//! A client's check is the production [`Flight`] (plan, fail-over to the
+//! A client's check is the production [`Flight`] (plan, budget leases, fail-over to the
 //! successor, fallbacks, combining, refunds): this file only performs what it asks for.
-//! A forwarded batch is refused as production's (`flight::owner_refuses`).
+//! A forwarded batch is refused as production's (`flight::owner_refuses`). The handoff
+//! watcher is production's `handoff::Watcher` (which view changes hand keys over, to
+//! whom, and where promoted keys go back), its pushes grouped by
+//! `handoff::destinations`. Budget leases are `node/leases.rs`, replication
+//! `node/replication.rs`.
 //!
-//! What is a model: the async shells around them (this file mirrors
-//! `decide_forwarded`'s shard calls, the shard actor's `Check`, and the handoff watcher
-//! step by step, each noted where it is), the peer link's shell (`link.rs`), and gossip
-//! (heartbeats, a timeout failure detector, push-pull dissemination: chitchat itself is
-//! exercised by the process suite, `tests/jepsen-like`).
+//! What is a model: the async shells around them (this file performs
+//! `decide_forwarded`'s and the shard actor's calls on the shard cores, and the
+//! phases of `Router::decide` in the order it awaits them), the peer link's shell
+//! (`link.rs`), and gossip (heartbeats, a timeout failure detector, push-pull
+//! dissemination: chitchat itself is exercised by the process suite,
+//! `tests/jepsen-like`).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prost::Message;
 use ringlimit::algorithms::{AlgorithmKind, KeyState, Millis};
-use ringlimit::check::forwarded::{self, ForwardedInput, OwnerRules};
+use ringlimit::check::forwarded::{self, OwnerRules};
 use ringlimit::check::plan::{plan_check, At, FieldNames, Leaf};
 use ringlimit::check::verdict::Verdict;
 use ringlimit::check::{CheckError, CheckInput, DescriptorInput};
@@ -40,21 +45,25 @@ use ringlimit::cluster::flight::{self, FailOver, Flight, Rescue};
 use ringlimit::cluster::handoff::{self, MAX_INSTALL_STATES};
 use ringlimit::cluster::link::calls;
 use ringlimit::cluster::policy::{self, Now, Origin, Routing};
-use ringlimit::cluster::{Answer, CheckItem, Checks, Decider, InlineRules, Remote};
+use ringlimit::cluster::{Answer, Charged, CheckItem, Checks, Decider, InlineRules, Remote};
 use ringlimit::config::rules::{Rule, RuleSet};
 use ringlimit::membership::{
     build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
 };
 use ringlimit::proto::peer::{
-    ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, RefundRequest, RestoreRequest,
-    RestoreResponse,
+    ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, PeerLeaseRequest,
+    PeerLeaseResponse, PeerReturnLeaseRequest, RefundRequest, RestoreRequest, RestoreResponse,
 };
+use ringlimit::server::peer::{forwarded_input, refund_input};
+use ringlimit::shard::budget::gate::LeaseGate;
+use ringlimit::shard::budget::{BudgetCore, LeasePolicy};
 use ringlimit::shard::{Charge, Exported, KeyId, Outcome, ShardCore, ShardError};
 
 use crate::history::Entry;
 use crate::link::{Effects, Link, LinkConfig, Waiter};
 use crate::rng::Rng;
 
+mod leases;
 mod replication;
 pub use replication::ReplicationStats;
 use replication::Restore;
@@ -145,6 +154,18 @@ pub enum Msg {
     GossipAck(Arc<Vec<GossipEntry>>),
     /// A forwarded batch (TCP, on the sender's peer stream `stream`).
     Forward { stream: u64, call: ForwardCall },
+    /// A request for a budget lease, numbered `ask` by the asking node (TCP).
+    Lease {
+        ask: u64,
+        request: Box<PeerLeaseRequest>,
+    },
+    /// The owner's answer to request `ask`; `Err`: refused as a call (and why).
+    Leased {
+        ask: u64,
+        answer: Result<Box<PeerLeaseResponse>, String>,
+    },
+    /// A lease's unused units, given back to the owner that granted it (TCP).
+    ReturnLease(PeerReturnLeaseRequest),
     /// Its answer on that stream, for the sender incarnation `to_inc`; `Err`: the
     /// stream broke (the owner's process is gone) and why.
     Answer {
@@ -156,9 +177,12 @@ pub enum Msg {
     Refund(RefundRequest),
     /// Handed-over state, or fail-over admissions for their owner (TCP).
     Install(InstallRequest),
-    /// Replicas for the keys' successor (TCP; a call that cannot be made in time is
-    /// lost, see `World::deliver`).
-    Replicate(InstallRequest),
+    /// Replicas for the keys' successor, chunk `batch` of the sender's (TCP; a call that
+    /// cannot be made in time fails, see `World::deliver`).
+    Replicate { batch: u64, request: InstallRequest },
+    /// The successor's answer to chunk `batch`, for the sender incarnation `to_inc`;
+    /// `ok` false: the call failed (refused, or not made in time).
+    Replicated { to_inc: u64, batch: u64, ok: bool },
     /// A restarted node asking for the replicas of its keys.
     Restore(RestoreRequest),
     /// The replicas pushed back (each an `Install` call, made before the answer) and
@@ -183,7 +207,11 @@ impl Msg {
             Msg::Forward { call, .. } => grpc(call.encoded_len()),
             Msg::Answer { answer, .. } => answer.as_ref().map_or(0, |a| grpc(a.encoded_len())),
             Msg::Refund(r) => grpc(r.encoded_len()),
-            Msg::Install(r) | Msg::Replicate(r) => grpc(r.encoded_len()),
+            Msg::Lease { request, .. } => grpc(request.encoded_len()),
+            Msg::Leased { answer, .. } => answer.as_ref().map_or(0, |a| grpc(a.encoded_len())),
+            Msg::ReturnLease(r) => grpc(r.encoded_len()),
+            Msg::Install(r) | Msg::Replicate { request: r, .. } => grpc(r.encoded_len()),
+            Msg::Replicated { .. } => grpc(2),
             Msg::Restore(r) => grpc(r.encoded_len()),
             Msg::Restored(r) => r.as_ref().map_or(0, |(installs, response)| {
                 installs
@@ -247,6 +275,8 @@ pub struct NodeStats {
 struct Shard {
     /// The shard's real core: live keys, replicas and every decision on them.
     core: ShardCore,
+    /// Its budget leases, both sides (the real lease stores).
+    budget: BudgetCore,
     clock: Clamped,
 }
 
@@ -307,6 +337,12 @@ pub struct NodeConfig {
     pub replicate_ms: u64,
     /// `--restore-timeout-ms`.
     pub restore_timeout_ms: u64,
+    /// `--lease-threshold` (0: no budget leases). Below
+    /// `shard::budget::gate::SAMPLES_AT_THRESHOLD` the gate meters every check, so no
+    /// sampling draw (the gate's own random one) enters a run.
+    pub lease_threshold: u64,
+    /// `--lease-ttl-ms` and `--lease-floor`.
+    pub lease_policy: LeasePolicy,
 }
 
 pub struct Node {
@@ -319,8 +355,8 @@ pub struct Node {
     sequence: u64,
     deny: DenyCache,
     pub view: Arc<ClusterView>,
-    /// The views before `view`, newest last (`Handoff::watch`'s history).
-    history: VecDeque<Arc<ClusterView>>,
+    /// The handoff watcher (production's), fed every view this node publishes.
+    watcher: handoff::Watcher,
     /// The latest replication batch held from each sender.
     held_batches: ringlimit::cluster::replication::ReplicaBatches,
     rules: Arc<RuleSet>,
@@ -348,6 +384,15 @@ pub struct Node {
     restore: Restore,
     /// What the replicator remembers of the members (production's).
     memory: ringlimit::cluster::replication::Memory,
+    /// The replicator's sends in flight.
+    replicas: replication::Sending,
+    /// The node's lease gate, shared by its shards' lease stores.
+    gate: Arc<LeaseGate>,
+    /// Lease requests this node sent and has no answer to: (counter, when sent).
+    lease_asks: BTreeMap<u64, (CheckItem, ringlimit::algorithms::Millis)>,
+    next_ask: u64,
+    /// Grants and returns since the world last took them (the owners' ledger).
+    ledger: Vec<Entry>,
 }
 
 impl Node {
@@ -364,6 +409,12 @@ impl Node {
         let time_now = time.load(Ordering::SeqCst);
         let clock = Arc::new(SimClock::new(time));
         let replicate = cfg.replicate_ms > 0;
+        let gate = Arc::new(LeaseGate::new(cfg.lease_threshold));
+        assert_eq!(
+            gate.sample(),
+            1,
+            "a sampling gate would draw outside the seed"
+        );
         let shards = (0..SHARDS)
             .map(|index| Shard {
                 core: ShardCore::new(
@@ -372,6 +423,7 @@ impl Node {
                     SHARD_CAP * ringlimit::shard::DEFAULT_STATE_BYTES_PER_KEY,
                     index,
                 ),
+                budget: BudgetCore::new(cfg.lease_threshold, gate.clone(), cfg.lease_policy),
                 clock: Clamped::new(clock.clone()),
             })
             .collect();
@@ -383,6 +435,7 @@ impl Node {
             gossip_addr: addrs.gossip,
             leaving: false,
         };
+        let first = Arc::new(ClusterView::single(me_member));
         let mut node = Node {
             id: Arc::from(id),
             generation,
@@ -395,8 +448,8 @@ impl Node {
             shards,
             sequence: 0,
             deny: DenyCache::new(100_000),
-            view: Arc::new(ClusterView::single(me_member)),
-            history: VecDeque::new(),
+            view: first.clone(),
+            watcher: handoff::Watcher::new(Arc::from(id), first),
             held_batches: Default::default(),
             rules,
             inline: InlineRules::default(),
@@ -421,6 +474,11 @@ impl Node {
             stats: NodeStats::default(),
             repl: ReplicationStats::default(),
             memory: ringlimit::cluster::replication::Memory::default(),
+            replicas: replication::Sending::default(),
+            gate,
+            lease_asks: BTreeMap::new(),
+            next_ask: 0,
+            ledger: Vec::new(),
         };
         // `Replicator::run` starts from the node's first view.
         let first = node.view.clone();
@@ -472,7 +530,8 @@ impl Node {
                     let now = shard.clock.now_ms();
                     shard.core.expire(now);
                 }
-                let mut out = self.flush_deltas();
+                let mut out = self.expire_leases();
+                out.extend(self.flush_deltas());
                 out.push(Out::Timer {
                     at: self.clock.monotonic_ms() + self.cfg.delta_ms,
                     timer: Timer::Deltas,
@@ -517,12 +576,32 @@ impl Node {
                 self.on_refund(request);
                 Vec::new()
             }
+            Msg::Lease { ask, request } => self.on_lease(from, ask, *request),
+            Msg::Leased { ask, answer } => {
+                self.on_leased(ask, answer);
+                Vec::new()
+            }
+            Msg::ReturnLease(request) => {
+                self.on_return(request);
+                Vec::new()
+            }
             Msg::Install(request) => {
                 self.on_install(request);
                 Vec::new()
             }
-            Msg::Replicate(request) => {
+            Msg::Replicate { batch, request } => {
                 self.on_replicate(request);
+                vec![Out::Send {
+                    to: from.to_string(),
+                    msg: Msg::Replicated {
+                        to_inc: u64::MAX,
+                        batch,
+                        ok: true,
+                    },
+                }]
+            }
+            Msg::Replicated { batch, ok, .. } => {
+                self.on_replicated(batch, ok);
                 Vec::new()
             }
             Msg::Restore(request) => self.on_restore(from, request),
@@ -624,6 +703,7 @@ impl Node {
             self.routing,
             failover,
         );
+        let mut out = self.spend_leases(&mut flight);
         let local: Vec<&CheckItem> = flight.local().collect();
         let answers = self.decide_here(&local);
         flight.answer_here(answers);
@@ -652,9 +732,11 @@ impl Node {
             },
         );
         if n == 0 {
-            return self.finish(id);
+            out.extend(self.finish(id));
+        } else {
+            out.extend(self.link_effects(fx));
         }
-        self.link_effects(fx)
+        out
     }
 
     /// Apply what the link did: send its calls, hand answers to their checks, and keep a
@@ -764,7 +846,7 @@ impl Node {
                 hops: first.hops,
                 rule: v.rule.to_string(),
                 retry_after_ms: v.retry_after_ms,
-                leased: false,
+                leased: matches!(first.charged, Charged::Lease),
             },
         });
         out
@@ -838,18 +920,7 @@ impl Node {
             Some(request) => {
                 // `PeerService::forward_batch`: the owner's one planning path.
                 let planned = forwarded::plan_batch(
-                    request.items.iter().map(|it| ForwardedInput {
-                        key: it.key.as_str(),
-                        route: it.route.as_str(),
-                        tier: it.tier.as_ref().map(|t| t.as_str()),
-                        cost: it.cost,
-                        named: None,
-                        give_back: it.give_back,
-                        drain: it.drain,
-                        peek: it.peek,
-                        failover: it.failover,
-                        in_doubt: it.failover_in_doubt,
-                    }),
+                    request.items.iter().map(forwarded_input),
                     self.owner_rules(),
                 )
                 .map_err(|e| e.to_string());
@@ -919,24 +990,9 @@ impl Node {
     /// `Peer/Refund`: each item planned like a forwarded one (`forwarded::plan_refunds`),
     /// refunded at its time; an invalid call refunds nothing.
     fn on_refund(&mut self, request: RefundRequest) {
-        let Ok(refunds) = forwarded::plan_refunds(
-            request.items.iter().map(|it| {
-                let input = ForwardedInput {
-                    key: &it.key,
-                    route: &it.route,
-                    tier: it.tier.as_deref(),
-                    cost: it.cost,
-                    named: None,
-                    give_back: 0,
-                    drain: false,
-                    peek: false,
-                    failover: false,
-                    in_doubt: false,
-                };
-                (input, it.at)
-            }),
-            self.owner_rules(),
-        ) else {
+        let Ok(refunds) =
+            forwarded::plan_refunds(request.items.iter().map(refund_input), self.owner_rules())
+        else {
             return;
         };
         for r in refunds {
@@ -996,25 +1052,18 @@ impl Node {
 
     // ---- handoff -----------------------------------------------------------------------
 
-    /// The handoff watcher's step for a new view: if the ring moved anything away from
-    /// this node, export it and push it to its new owners.
-    fn view_changed(&mut self, old: &ClusterView, new: Arc<ClusterView>) -> Vec<Out> {
-        if new.ring.digest() == old.ring.digest() {
+    /// `Handoff::apply`: if the ring moved anything away from this node (production's
+    /// `Watcher` says), export it and push it to its new owners.
+    fn view_changed(&mut self, step: handoff::ViewStep) -> Vec<Out> {
+        let Some(handoff::RingStep {
+            view,
+            hand_over: Some(earlier),
+            ..
+        }) = step.ring
+        else {
             return Vec::new();
-        }
-        let moves = ringlimit::ring::diff(&old.ring, &new.ring);
-        let from_me: f64 = moves
-            .moves
-            .iter()
-            .filter(|m| m.from == *self.id)
-            .map(|m| m.fraction())
-            .sum();
-        if from_me <= 0.0 {
-            return Vec::new();
-        }
-        let new_owner = handoff::new_owners(&new, self.id.clone());
-        let earlier =
-            handoff::earlier_owners(self.history.iter().cloned().collect(), self.id.clone());
+        };
+        let new_owner = handoff::new_owners(&view, self.id.clone());
         let (mut merged, mut joined) = (Vec::new(), Vec::new());
         for shard in &mut self.shards {
             let now = shard.clock.now_ms();
@@ -1022,8 +1071,8 @@ impl Node {
             merged.extend(exports.merged);
             joined.extend(exports.joined);
         }
-        let mut out = self.push(&new, merged);
-        out.extend(self.push_as(&new, joined, true));
+        let mut out = self.push(&view, merged);
+        out.extend(self.push_as(&view, joined, true));
         out
     }
 
@@ -1052,25 +1101,17 @@ impl Node {
         items: Vec<(Arc<str>, Exported)>,
         joined: bool,
     ) -> Vec<Out> {
-        let mut by_owner: BTreeMap<Arc<str>, Vec<Exported>> = BTreeMap::new();
-        for (to, item) in items {
-            by_owner.entry(to).or_default().push(item);
-        }
+        let routed = handoff::destinations(view, items);
+        self.stats.handoff_lost += routed.gone.iter().map(|(_, n)| *n as u64).sum::<u64>();
         let mut out = Vec::new();
-        for (owner, mut states) in by_owner {
-            // The store's moved-key table iterates in hash order: sort for one history.
-            states.sort_by_key(|s| (s.id.placement, s.id.disc));
-            if view.member(&owner).is_none() {
-                self.stats.handoff_lost += states.len() as u64;
-                continue;
-            }
+        for (owner, states) in routed.to {
             self.stats.handed_over += states.len() as u64;
             if joined {
                 self.stats.handed_back += states.len() as u64;
             }
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 out.push(Out::Send {
-                    to: owner.to_string(),
+                    to: owner.node_id.clone(),
                     msg: Msg::Install(if joined {
                         calls::hand_back_request(&self.id, chunk, &self.inline)
                     } else {
@@ -1305,13 +1346,10 @@ impl Node {
             return Vec::new();
         }
         let old = std::mem::replace(&mut self.view, Arc::new(new));
-        self.history.push_back(old.clone());
-        if self.history.len() > 16 {
-            self.history.pop_front();
-        }
         let new = self.view.clone();
+        let step = self.watcher.next(new.clone());
         let mut out = self.successors_changed(&old, &new);
-        out.extend(self.view_changed(&old, new));
+        out.extend(self.view_changed(step));
         out.extend(self.restore_step(true));
         out
     }

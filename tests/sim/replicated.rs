@@ -19,7 +19,8 @@
 //! answered by fail-over; this module takes the shared checker's S4 and S6 messages
 //! about those ops back and judges them by the fail-over rules instead:
 //! - S4-failover: a fail-over denial is legal only if everything acknowledged in the
-//!   (key, window) before it completed, plus every charge in doubt (unanswered ops,
+//!   (key, window) before it completed (lent units counted as their owner charged them,
+//!   from the owners' ledger), plus every charge in doubt (unanswered ops,
 //!   and degraded ones, which their owner may have charged late), plus its cost, is
 //!   more than L (the replica holds the owner's count, not a stand-in's).
 //! - S6-failover: a fail-over answer took at most one hop.
@@ -56,6 +57,30 @@ struct Ans {
     window: Option<u64>,
     degraded: bool,
     hops: u32,
+    /// Decided from a budget lease (its unit was charged by the owner's grant).
+    leased: bool,
+}
+
+/// Budget leases of the fixed-window rule, from the owners' ledger lines: (key,
+/// window) → each grant's (when, units).
+///
+/// Returns are not subtracted: a return goes to the node that granted the lease, which
+/// may have handed the key on since (docs/leases.md: those units are lost, an
+/// under-admission), so the history cannot tell whether the count a fail-over read got
+/// them back. Counting every grant in full keeps S4-failover from flagging a denial the
+/// lost units explain; it is laxer by at most the units returned.
+#[derive(Default)]
+struct Lending {
+    grants: BTreeMap<(String, u64), Vec<(u64, u64)>>,
+}
+
+impl Lending {
+    /// Units of (`key`, `win`) that grants had charged by `t`.
+    fn lent(&self, key: &str, win: u64, t: u64) -> u64 {
+        self.grants.get(&(key.to_string(), win)).map_or(0, |g| {
+            g.iter().filter(|(at, _)| *at <= t).map(|(_, u)| u).sum()
+        })
+    }
 }
 
 struct Step {
@@ -95,6 +120,7 @@ pub fn check(
     let mut ops: BTreeMap<u64, Op> = BTreeMap::new();
     let mut steps: BTreeMap<u32, Step> = BTreeMap::new();
     let mut kills: Vec<(u64, String, u64)> = Vec::new();
+    let mut lending = Lending::default();
     for e in history {
         match e {
             Entry::Meta { rules, .. } => {
@@ -132,6 +158,7 @@ pub fn check(
                 window_id,
                 degraded,
                 hops,
+                leased,
                 ..
             } => {
                 if let Some(op) = ops.get_mut(id) {
@@ -144,9 +171,22 @@ pub fn check(
                         window: *window_id,
                         degraded: *degraded,
                         hops: *hops,
+                        leased: *leased,
                     });
                 }
             }
+            Entry::Lent {
+                t,
+                key,
+                route,
+                units,
+                window: Some(win),
+                ..
+            } if *route == fw_route => lending
+                .grants
+                .entry((key.clone(), *win))
+                .or_default()
+                .push((*t, *units)),
             Entry::Fail { id, t, .. } => {
                 if let Some(op) = ops.get_mut(id) {
                     op.complete = *t;
@@ -194,7 +234,13 @@ pub fn check(
             windows.entry((&op.key, win)).or_default().push(op);
         }
     }
-    rejudge(&ops, failover_ops, &windows, l, w, report, &mut figures);
+    let judged = Judged {
+        ops: &ops,
+        failover_ops,
+        windows: &windows,
+        lending: &lending,
+    };
+    rejudge(&judged, l, w, report, &mut figures);
     pair_availability(&steps, &kills, report, &mut figures);
 
     for (t_d, node, generation) in &kills {
@@ -301,17 +347,23 @@ fn pair_availability(
     }
 }
 
+/// What [`rejudge`] reads of the history.
+struct Judged<'a> {
+    ops: &'a BTreeMap<u64, Op>,
+    failover_ops: &'a BTreeSet<u64>,
+    windows: &'a BTreeMap<(&'a str, u64), Vec<&'a Op>>,
+    lending: &'a Lending,
+}
+
 /// Take back the shared checker's S4 and S6 messages about fail-over ops, and judge
 /// those ops by the fail-over rules (module docs).
-fn rejudge(
-    ops: &BTreeMap<u64, Op>,
-    failover_ops: &BTreeSet<u64>,
-    windows: &BTreeMap<(&str, u64), Vec<&Op>>,
-    l: u64,
-    w: u64,
-    report: &mut Report,
-    figures: &mut Figures,
-) {
+fn rejudge(judged: &Judged, l: u64, w: u64, report: &mut Report, figures: &mut Figures) {
+    let Judged {
+        ops,
+        failover_ops,
+        windows,
+        lending,
+    } = *judged;
     let about_failover = |m: &String| {
         m.strip_prefix("op ")
             .and_then(|r| r.split([' ', ':']).next())
@@ -341,14 +393,17 @@ fn rejudge(
         let (true, false, Some(win)) = (op.fw, a.allowed, a.window) else {
             continue;
         };
-        let admitted: u64 = windows.get(&(op.key.as_str(), win)).map_or(0, |answered| {
+        // What the owner's count held: admissions it or a replica decided, and the
+        // units its grants lent (leased answers spend those).
+        let decided: u64 = windows.get(&(op.key.as_str(), win)).map_or(0, |answered| {
             answered
                 .iter()
                 .filter(|o| o.invoke <= op.complete)
-                .filter(|o| o.answer.as_ref().is_some_and(|b| b.allowed))
+                .filter(|o| o.answer.as_ref().is_some_and(|b| b.allowed && !b.leased))
                 .map(|o| o.cost)
                 .sum()
         });
+        let admitted = decided + lending.lent(&op.key, win, op.complete);
         // In doubt: ops on the key without an answer, and ops answered degraded (a
         // forward that timed out may still have been charged by the owner, late),
         // whose span (± the largest clock offset, 3 s) may reach the window.

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use ringlimit::config::rules::RuleSet;
+use ringlimit::shard::budget::LeasePolicy;
 
 use crate::checker;
 use crate::history::Entry;
@@ -215,8 +216,28 @@ pub fn node_config(broken: bool, seeds: Vec<String>) -> NodeConfig {
         seeds,
         replicate_ms: REPLICATE_MS,
         restore_timeout_ms: 3000,
+        lease_threshold: lease_threshold(),
+        lease_policy: LeasePolicy::default(),
     }
 }
+
+/// `--lease-threshold` of the simulated nodes: the process suite's chaos threshold (3
+/// checks/s, which the whale key crosses at every entry node and the hot keys now and
+/// then), so budget leases run under every fault; `RINGLIMIT_SIM_LEASES=N` sets it
+/// (0: off).
+pub fn lease_threshold() -> u64 {
+    std::env::var("RINGLIMIT_SIM_LEASES")
+        .ok()
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("RINGLIMIT_SIM_LEASES must be a whole number"))
+        })
+        .unwrap_or(LEASE_THRESHOLD)
+}
+
+/// The default of [`lease_threshold`].
+pub const LEASE_THRESHOLD: u64 = 3;
 
 /// The replication interval the simulated nodes run with: the node's default
 /// (`--replicate-interval-ms 50`); `RINGLIMIT_SIM_REPLICATE_MS=0` runs without replicas.
@@ -421,6 +442,7 @@ pub fn run_profile(
     let seeds = ids.iter().take(3).cloned().collect();
     let mut cfg = node_config(broken, seeds);
     cfg.replicate_ms = replicate_ms;
+    let leases = (cfg.lease_threshold, cfg.lease_policy.ttl_ms);
     let mut w = World::new(seed, rules, cfg);
     let schedule: Vec<String> = profile.steps.iter().map(Step::describe).collect();
     let mut errors = Vec::new();
@@ -433,6 +455,14 @@ pub fn run_profile(
         schedule: schedule.clone(),
         rules: rule_infos(),
     });
+    if leases.0 > 0 {
+        w.log(Entry::Leases {
+            t: w.now,
+            threshold: leases.0,
+            ttl_ms: leases.1,
+            ledger: true,
+        });
+    }
     for id in &ids {
         w.start(id);
         let gap = w.rng.range(0, 300);
@@ -445,7 +475,14 @@ pub fn run_profile(
         w.serve(id);
     }
     w.start_sampler();
-    w.start_clients(profile.clients, Workload::standard());
+    let whale = if leases.0 > 0 { 0.25 } else { 0.0 };
+    w.start_clients(
+        profile.clients,
+        Workload {
+            whale,
+            ..Workload::standard()
+        },
+    );
     phase(&mut w, "fault-free-1", "start", false);
     w.run_for(profile.fault_free_ms);
     phase(&mut w, "fault-free-1", "end", false);

@@ -1,5 +1,5 @@
 //! The clients' workload, as in the process suite (`tests/jepsen-like/workload.rs`):
-//! a few hot keys plus Zipf-distributed ones, costs 1-3, three algorithms' routes, and
+//! a few hot keys plus Zipf-distributed ones (and a whale key with budget leases on), costs 1-3, three algorithms' routes, and
 //! requests bunched around window boundaries.
 
 use crate::rng::Rng;
@@ -37,6 +37,10 @@ pub struct Workload {
     pub window_ms: u64,
     /// (route, weight).
     pub routes: Vec<(String, u64)>,
+    /// Share of the ops sent to the one key `whale` (0: none, and no draw for it): with
+    /// budget leases on, a key hot at every entry node, so its owner lends it all the
+    /// time (the process suite's `whale`).
+    pub whale: f64,
 }
 
 impl Workload {
@@ -46,6 +50,7 @@ impl Workload {
             hot_keys: 4,
             zipf_keys: 200,
             window_ms: 2000,
+            whale: 0.0,
             routes: vec![
                 ("GET /fw".into(), 60),
                 ("GET /log".into(), 25),
@@ -66,7 +71,9 @@ impl Workload {
             }
             w -= weight;
         }
-        let key = if rng.chance(0.4) {
+        let key = if self.whale > 0.0 && rng.f64() < self.whale {
+            "whale".to_string()
+        } else if rng.chance(0.4) {
             format!("hot-{}", rng.range(0, self.hot_keys - 1))
         } else {
             format!("z-{}", zipf.sample(rng))

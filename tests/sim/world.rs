@@ -482,6 +482,18 @@ impl World {
                         msg: Msg::Restore(_),
                         ..
                     } => Some((from, Msg::Restored(Err("connection refused".into())))),
+                    NodeEv::Msg {
+                        from,
+                        from_inc,
+                        msg: Msg::Replicate { batch, .. },
+                    } => Some((
+                        from,
+                        Msg::Replicated {
+                            to_inc: from_inc,
+                            batch,
+                            ok: false,
+                        },
+                    )),
                     _ => None,
                 };
                 if let Some((from, msg)) = refused {
@@ -515,7 +527,7 @@ impl World {
                 let mut outs = node.on_msg(&from, msg);
                 for o in &mut outs {
                     if let Out::Send {
-                        msg: Msg::Answer { to_inc, .. },
+                        msg: Msg::Answer { to_inc, .. } | Msg::Replicated { to_inc, .. },
                         ..
                     } = o
                     {
@@ -525,6 +537,7 @@ impl World {
                 outs
             }
         };
+        let ledger = node.take_ledger();
         let changed = !Arc::ptr_eq(&view_before, &node.view);
         if changed && self.sampling {
             // Every view a node publishes is sampled (in the current round): the
@@ -533,6 +546,13 @@ impl World {
             // gossip.
             let entry = self.ring_entry(&id);
             self.log(entry);
+        }
+        let now = self.now;
+        for mut line in ledger {
+            if let Entry::Lent { t, .. } | Entry::Returned { t, .. } = &mut line {
+                *t = now;
+            }
+            self.log(line);
         }
         self.apply(&id, inc, outs);
     }
@@ -578,16 +598,42 @@ impl World {
         }
     }
 
+    /// Replication chunk `batch` from `from` to `to` was not delivered: its sender's
+    /// call fails at the peer link's timeout.
+    fn call_failed(&mut self, from: String, from_inc: u64, to: String, batch: u64) {
+        self.at(
+            self.now + crate::link::LinkConfig::default().timeout_ms,
+            Ev::Node {
+                id: from,
+                inc: Some(from_inc),
+                what: NodeEv::Msg {
+                    from: to,
+                    from_inc: u64::MAX,
+                    msg: Msg::Replicated {
+                        to_inc: from_inc,
+                        batch,
+                        ok: false,
+                    },
+                },
+            },
+        );
+    }
+
     /// Put a message on the simulated network with base delay `d`.
     fn deliver(&mut self, from: String, from_inc: u64, to: String, msg: Msg, d: u64) {
         let side = |id: &str| self.net.side.get(id).copied().unwrap_or(0);
-        // A replication call that cannot arrive within the forward timeout fails (the
-        // replicator counts it and its states wait for their keys' next change): one
-        // held behind a partition, or one whose segment is lost.
-        let call = matches!(msg, Msg::Replicate(_));
+        // A replication call that cannot arrive within the peer link's timeout fails
+        // (the replicator sends its keys again next round): one held behind a
+        // partition, or one whose segment is lost.
+        let call = match &msg {
+            Msg::Replicate { batch, .. } => Some(*batch),
+            _ => None,
+        };
         if side(&from) != side(&to) {
-            if msg.tcp() && !call {
-                self.net.held.push((from, from_inc, to, msg));
+            match call {
+                Some(batch) => self.call_failed(from, from_inc, to, batch),
+                None if msg.tcp() => self.net.held.push((from, from_inc, to, msg)),
+                None => {}
             }
             return;
         }
@@ -596,14 +642,18 @@ impl World {
             delay += self.rng.range(lo, hi);
         }
         if self.net.loss > 0.0 && self.rng.chance(self.net.loss) {
-            if !msg.tcp() || call {
+            if let Some(batch) = call {
+                self.call_failed(from, from_inc, to, batch);
+                return;
+            }
+            if !msg.tcp() {
                 return;
             }
             // TCP retransmits after its timeout.
             delay += self.rng.range(200, 600);
         }
         let inc = match &msg {
-            Msg::Answer { to_inc, .. } => Some(*to_inc),
+            Msg::Answer { to_inc, .. } | Msg::Replicated { to_inc, .. } => Some(*to_inc),
             _ => None,
         };
         self.at(

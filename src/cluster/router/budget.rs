@@ -12,11 +12,8 @@ use std::sync::Arc;
 
 use crate::cluster::budget::{self, LeaseGrant};
 use crate::cluster::flight::Flight;
-use crate::cluster::policy::Now;
-use crate::cluster::{CheckItem, Decider};
+use crate::cluster::CheckItem;
 use crate::membership::Member;
-use crate::shard::budget::entry::SpendAsk;
-use crate::shard::budget::gate::Gated;
 use crate::shard::budget::GrantAsk;
 use crate::shard::{KeyId, ShardError};
 
@@ -41,59 +38,30 @@ impl Router {
         let now = flight.now();
         for candidate in flight.lease_candidates() {
             let item = flight.item(candidate.position);
-            // A descriptor is leasable only as a check's one descriptor (no sibling can
-            // ask for its unit back).
-            if !budget::eligible(item, candidate.single) {
-                continue;
-            }
+            // `None`: a check the deny cache answered (spend only, no rate, no request).
             let owner = flight.candidate_owner(&candidate);
-            if let Some(answer) = self.spend_one(item, owner, now).await? {
+            let gate = self.shards.lease_gate();
+            let Some(spend) = budget::spend_ask(item, candidate.single, owner.is_none(), gate)
+            else {
+                // Forwarded without a round trip to the shard, or the cached answer
+                // stands.
+                continue;
+            };
+            let step = match self.shards.spend(spend).await {
+                Ok(step) => step,
+                // A busy shard: decided as without leases.
+                Err(ShardError::Overloaded(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            let (answer, ask) = budget::spent(item, step, now.wall);
+            if let (Some(rate), Some(owner)) = (ask, owner) {
+                self.ask_lease(owner, item, rate, now.wall);
+            }
+            if let Some(answer) = answer {
                 flight.leased(candidate.position, answer);
             }
-            // Else it is forwarded, or the cached answer stands.
         }
         Ok(())
-    }
-
-    /// One check of a remote counter on the lease store of its shard: its answer if a
-    /// lease covers it. `owner` is `None` for a check the deny cache answered (spend
-    /// only, no rate, no request).
-    async fn spend_one(
-        &self,
-        item: &CheckItem,
-        owner: Option<&Member>,
-        now: Now,
-    ) -> Result<Option<crate::cluster::Answer>, ShardError> {
-        let held_only = owner.is_none();
-        let weight = match self.shards.lease_gate().route(item.id, held_only) {
-            Gated::Shard(weight) => weight,
-            // No lease held here, and not sampled: forwarded (or the cached answer
-            // stands) without a round trip to the shard.
-            Gated::Forward => return Ok(None),
-        };
-        let spend = SpendAsk {
-            counter: item.id,
-            fingerprint: item.rule.fingerprint,
-            cost: item.cost.get(),
-            held_only,
-            weight,
-        };
-        let step = match self.shards.spend(spend).await {
-            Ok(step) => step,
-            // A busy shard: decided as without leases.
-            Err(ShardError::Overloaded(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if let (Some(rate), Some(owner)) = (step.ask, owner) {
-            self.ask_lease(owner, item, rate, now.wall);
-        }
-        Ok(step.leased.map(|(decision, (node_id, generation))| {
-            let owner = Decider {
-                node_id,
-                generation,
-            };
-            budget::leased_answer(item, decision, owner, now.wall)
-        }))
     }
 
     /// Ask `owner` for a lease of `item`'s counter in the background; its answer (or
@@ -145,19 +113,7 @@ impl Router {
                 label: (Arc::from(item.client()), Arc::from(item.route())),
             })
             .await?;
-        let lease = reply.lease.unwrap_or(crate::shard::budget::Granted {
-            serial: 0,
-            units: 0,
-            ttl_ms: 0,
-        });
-        Ok(LeaseGrant {
-            owner: self.me.clone(),
-            serial: lease.serial,
-            units: lease.units,
-            ttl_ms: lease.ttl_ms,
-            decision: reply.decision,
-            sequence: reply.sequence,
-        })
+        Ok(LeaseGrant::of(reply, self.me.clone()))
     }
 
     /// Take back `unused` units of lease `serial` of `counter`, which this node granted

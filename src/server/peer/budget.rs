@@ -9,12 +9,35 @@ use tonic::Status;
 
 use crate::check::forwarded;
 use crate::check::CheckError;
+use crate::cluster::budget::LeaseGrant;
+use crate::cluster::CheckItem;
 use crate::proto::peer::{
     PeerLeaseRequest, PeerLeaseResponse, PeerReturnLeaseRequest, PeerReturnLeaseResponse,
 };
 use crate::shard::KeyId;
 
 use super::{forward_outcome, forwarded_input, OwnerRules, PeerService};
+
+/// The peer answer to a lease request for `item` that the owner's shard answered with
+/// `grant`: the counter's numbers (never compact), and the lease if there is one.
+pub fn lease_response(item: &CheckItem, grant: &LeaseGrant) -> PeerLeaseResponse {
+    let answer = crate::cluster::policy::local_answer(
+        item,
+        &grant.owner,
+        grant.decision,
+        grant.sequence,
+        0,
+        item.charge(),
+    );
+    PeerLeaseResponse {
+        node_id: grant.owner.node_id.to_string(),
+        generation: grant.owner.generation,
+        outcome: Some(forward_outcome(&answer, 0, false)),
+        serial: grant.serial,
+        units: grant.units,
+        ttl_ms: grant.ttl_ms,
+    }
+}
 
 impl PeerService {
     /// Grant (or refuse) a member a lease of a counter this node owns.
@@ -47,22 +70,7 @@ impl PeerService {
             .lease_here(&item, Arc::from(r.from_node.as_str()), r.rate)
             .await
             .map_err(CheckError::from)?;
-        let answer = crate::cluster::policy::local_answer(
-            &item,
-            &grant.owner,
-            grant.decision,
-            grant.sequence,
-            0,
-            item.charge(),
-        );
-        Ok(PeerLeaseResponse {
-            node_id: grant.owner.node_id.to_string(),
-            generation: grant.owner.generation,
-            outcome: Some(forward_outcome(&answer, 0, false)),
-            serial: grant.serial,
-            units: grant.units,
-            ttl_ms: grant.ttl_ms,
-        })
+        Ok(lease_response(&item, &grant))
     }
 
     /// Take back the unused units of a lease this node granted the sender.

@@ -97,6 +97,10 @@ impl Ledger {
     /// grants before that step, less what came back before it; and, per other decider
     /// (another node or generation), every unit it lent in the window, returned or not
     /// (its count may have reached `denier` by a handoff or a replica, at any time).
+    /// `joined`: another decider had a copy of the count in the window (a replica it
+    /// promoted, or a fail-over), which may come back and be joined with the denier's
+    /// after a return: the join keeps the larger count, so the returned units count
+    /// as still lent (an under-admission the handback join causes, docs/leases.md).
     pub fn outstanding(
         &self,
         key: &str,
@@ -104,6 +108,7 @@ impl Ledger {
         win: u64,
         denier: &Decider,
         sequence: u64,
+        joined: bool,
     ) -> (u64, BTreeMap<Decider, u64>) {
         let mut own = 0u64;
         let mut others: BTreeMap<Decider, u64> = BTreeMap::new();
@@ -118,7 +123,7 @@ impl Ledger {
                 let back = self
                     .returns
                     .get(&(g.owner.clone(), g.counter, g.serial))
-                    .filter(|(_, at)| *at < sequence)
+                    .filter(|(_, at)| *at < sequence && !joined)
                     .map_or(0, |(units, _)| (*units).min(g.units));
                 own += g.units - back;
             }

@@ -90,7 +90,12 @@ pub fn lent_denials(ctx: &Context) -> usize {
 /// counter `a`'s decider denied on, by the ledger (see `no_false_deny`).
 fn lent_units(ledger: &Ledger, window: &Window, key: &str, win: u64, o: &Op, a: &Answer) -> u64 {
     let denier = a.decider_id();
-    let (own, mut others) = ledger.outstanding(key, &o.route, win, &denier, a.sequence);
+    let joined = window
+        .decided
+        .iter()
+        .chain(&window.failovers)
+        .any(|(x, b)| !b.leased && x.invoke <= o.complete && b.decider_id() != denier);
+    let (own, mut others) = ledger.outstanding(key, &o.route, win, &denier, a.sequence, joined);
     // A grant line lost with its node (killed between its charge and its write) still
     // shows in the leased admissions it paid for.
     let mut spent: BTreeMap<Decider, u64> = BTreeMap::new();

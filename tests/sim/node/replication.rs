@@ -3,23 +3,25 @@
 //! whose owner cannot be reached, and a restarted node's restore.
 //!
 //! Real (called): the shard's [`ShardCore`](ringlimit::shard::ShardCore) does every
-//! decision, hold, drain, resync, promotion and selection; the ring's
+//! decision, hold, drain, resync, retry, promotion and selection; the ring's
 //! `successor_of_hash` places replicas; `link::calls` builds the requests (so their
-//! sizes are the protocol's); `policy` answers. A view change's work is production's
-//! `replication::Memory::view_changed`, a restore request's answer its
-//! `Memory::restore_answer`, and the restore's steps its `replication::Restoring`:
-//! this file performs them on the simulated shards and network. Still modelled, step
-//! by step, as noted on each function: the replication round and the fail-over push
-//! (`Replicator::run`'s tick: `collect`, `send`, `push_failover`), and the service
-//! side of `Peer/Replicate` and `Peer/Restore` (`hold_replicas`, `send_replicas`,
+//! sizes are the protocol's); `policy` answers. A round's routing is production's
+//! (`replication::collect` into the replicator's [`Outbox`], one batch per successor in
+//! flight, failed chunks retried; `replication::failover_destinations` for the
+//! fail-over push), a view change's work is `replication::Memory::view_changed`, a
+//! restore request's answer its `Memory::restore_answer`, and the restore's steps its
+//! `replication::Restoring`: this file performs them on the simulated shards and
+//! network. Still modelled, as noted on each function: the service side of
+//! `Peer/Replicate` and `Peer/Restore` (`hold_replicas`, `send_replicas`,
 //! `hand_over_to_joiner`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ringlimit::clock::Clock;
 use ringlimit::cluster::handoff::MAX_INSTALL_STATES;
 use ringlimit::cluster::link::calls;
+use ringlimit::cluster::outbox::{Batch, Outbox};
 use ringlimit::cluster::replication::{
     self, RestoreAnswer, Restoring, Step, TakeBack, MAX_PER_ROUND,
 };
@@ -54,13 +56,29 @@ impl Restore {
     }
 }
 
+/// The replicator's sends in flight: production's [`Outbox`], and the chunks of each
+/// successor's batch not answered yet.
+#[derive(Default)]
+pub struct Sending {
+    outbox: Outbox,
+    /// Chunk number → (successor, its keys' placements with when each first changed).
+    flying: BTreeMap<u64, (Arc<str>, Owed)>,
+    /// Chunks of each successor's batch still unanswered.
+    chunks: BTreeMap<Arc<str>, usize>,
+    /// Keys of chunks that failed, retried when their batch is over.
+    failed: Owed,
+}
+
+/// Keys' placements, each with when the key first changed.
+type Owed = Vec<(u64, ringlimit::algorithms::Millis)>;
+
 /// Counts of the replication, for the figures.
 #[derive(Default, Debug, Clone)]
 pub struct ReplicationStats {
     /// States sent to successors, and in how many batches.
     pub replicated: u64,
     pub batches: u64,
-    /// Changed keys whose successor was not in the view.
+    /// States whose chunk failed or whose successor was not in the view (sent again).
     pub lost: u64,
     /// Checks this node sent to a key's successor (its owner unreachable), and of
     /// those the successor could not answer either (failed open or closed).
@@ -79,88 +97,128 @@ impl Node {
         self.cfg.replicate_ms > 0
     }
 
-    /// `Replicator::round`: every changed key this node owns to its successor (in
-    /// chunks of `MAX_INSTALL_STATES`, one `Peer/Replicate` each), then the fail-over
-    /// admissions made here to their owners (`push_failover`, by `Peer/Install`).
+    /// `Replicator::run`'s tick: the changed keys this node owns into production's
+    /// [`Outbox`] (`replication::collect`), a batch to each successor without one in
+    /// flight (in chunks of `MAX_INSTALL_STATES`, one `Peer/Replicate` each), then the
+    /// fail-over admissions made here to their owners (`push_failover`).
     pub(super) fn replicate_round(&mut self) -> Vec<Out> {
-        // `Replicator::run`: no round until the restore is over.
+        let next = Out::Timer {
+            at: self.clock.monotonic_ms() + self.cfg.replicate_ms,
+            timer: Timer::Replicate,
+        };
+        // No round until the restore is over.
         if self.restoring() {
-            return vec![Out::Timer {
-                at: self.clock.monotonic_ms() + self.cfg.replicate_ms,
-                timer: Timer::Replicate,
-            }];
+            return vec![next];
         }
         let mut changed = Vec::new();
         for shard in &mut self.shards {
             changed.extend(shard.core.drain_changed(MAX_PER_ROUND));
         }
         let view = self.view.clone();
-        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
-        for c in changed {
-            let p = c.state.id.placement;
-            if view.ring.owner_of_hash(p) != Some(&*self.id) {
-                continue;
-            }
-            if let Some(successor) = view.ring.successor_of_hash(p) {
-                to.entry(successor.to_string()).or_default().push(c.state);
-            }
-        }
+        replication::collect(&view, &self.id, changed, &mut self.replicas.outbox);
         let mut out = Vec::new();
-        for (successor, mut states) in to {
-            // The shard's changed-key table iterates in hash order: sort for one history.
-            states.sort_by_key(|s| (s.id.placement, s.id.disc));
-            if view.member(&successor).is_none() {
-                self.repl.lost += states.len() as u64;
-                continue;
-            }
-            for chunk in states.chunks(MAX_INSTALL_STATES) {
-                self.repl.replicated += chunk.len() as u64;
-                self.repl.batches += 1;
-                let stamp = (self.generation, self.repl.batches);
-                out.push(Out::Send {
-                    to: successor.clone(),
-                    msg: Msg::Replicate(calls::replicate_request(
-                        &self.id,
-                        chunk,
-                        &self.inline,
-                        stamp,
-                    )),
-                });
-            }
+        for (successor, batch) in self.replicas.outbox.ready() {
+            out.extend(self.send_batch(&view, successor, batch));
         }
         out.extend(self.push_failover(&view));
-        out.push(Out::Timer {
-            at: self.clock.monotonic_ms() + self.cfg.replicate_ms,
-            timer: Timer::Replicate,
-        });
+        out.push(next);
         out
     }
 
-    /// `Replicator::push_failover`.
+    /// `Replicator::send`: `batch` to `successor` in chunks; a successor the view no
+    /// longer lists fails them all at once.
+    fn send_batch(&mut self, view: &ClusterView, successor: Arc<str>, batch: Batch) -> Vec<Out> {
+        if view.member(&successor).is_none() {
+            self.repl.lost += batch.len() as u64;
+            self.replicas.outbox.done(&successor);
+            let owed = batch.iter().map(|(s, since)| (s.id.placement, *since));
+            self.retry(owed.collect());
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for chunk in batch.chunks(MAX_INSTALL_STATES) {
+            let (states, since): (Vec<Exported>, Vec<_>) = chunk.iter().cloned().unzip();
+            self.repl.replicated += states.len() as u64;
+            self.repl.batches += 1;
+            let number = self.repl.batches;
+            let owed = states.iter().map(|s| s.id.placement).zip(since).collect();
+            self.replicas
+                .flying
+                .insert(number, (successor.clone(), owed));
+            *self.replicas.chunks.entry(successor.clone()).or_default() += 1;
+            out.push(Out::Send {
+                to: successor.to_string(),
+                msg: Msg::Replicate {
+                    batch: number,
+                    request: calls::replicate_request(
+                        &self.id,
+                        &states,
+                        &self.inline,
+                        (self.generation, number),
+                    ),
+                },
+            });
+        }
+        out
+    }
+
+    /// A successor's answer to chunk `batch` (or the call's failure): once every chunk
+    /// of its batch is over, the successor may get the next one, and the keys of
+    /// chunks that failed go again (`Replicator::retry`).
+    pub(super) fn on_replicated(&mut self, batch: u64, ok: bool) {
+        let Some((successor, owed)) = self.replicas.flying.remove(&batch) else {
+            return;
+        };
+        if !ok {
+            self.repl.lost += owed.len() as u64;
+            self.replicas.failed.extend(owed);
+        }
+        let left = self.replicas.chunks.entry(successor.clone()).or_default();
+        *left -= 1;
+        if *left == 0 {
+            self.replicas.chunks.remove(&successor);
+            self.replicas.outbox.done(&successor);
+            let failed = std::mem::take(&mut self.replicas.failed);
+            self.retry(failed);
+        }
+    }
+
+    /// `Replicator::retry`: mark the keys at the placements of `owed` changed again
+    /// (each owed since its first change), so the next round sends them.
+    pub(super) fn retry(&mut self, owed: Owed) {
+        let mut groups: Vec<HashMap<u64, ringlimit::algorithms::Millis>> =
+            vec![HashMap::new(); self.shards.len()];
+        for (placement, since) in owed {
+            let t = groups[Self::shard_of(placement)]
+                .entry(placement)
+                .or_insert(since);
+            *t = (*t).min(since);
+        }
+        for (shard, owed) in self.shards.iter_mut().zip(groups) {
+            if !owed.is_empty() {
+                let now = shard.clock.now_ms();
+                shard.core.retry(Arc::new(owed), now);
+            }
+        }
+    }
+
+    /// `Replicator::push_failover`: each owner's admissions by `Peer/Install`
+    /// (`replication::failover_destinations`).
     fn push_failover(&mut self, view: &ClusterView) -> Vec<Out> {
         let mut owed = Vec::new();
         for shard in &mut self.shards {
             owed.extend(shard.core.drain_failover());
         }
-        let mut to: BTreeMap<String, Vec<Exported>> = BTreeMap::new();
-        for state in owed {
-            match view.ring.owner_of_hash(state.id.placement) {
-                Some(owner) if owner != &*self.id => {
-                    to.entry(owner.to_string()).or_default().push(state)
-                }
-                _ => {}
-            }
+        if owed.is_empty() {
+            return Vec::new();
         }
+        let routed = replication::failover_destinations(view, &self.id, owed);
         let mut out = Vec::new();
-        for (owner, mut states) in to {
-            states.sort_by_key(|s| (s.id.placement, s.id.disc));
-            if view.member(&owner).is_none() {
-                continue;
-            }
+        for (owner, states) in routed.to {
             self.repl.failover_pushed += states.len() as u64;
             for chunk in states.chunks(MAX_INSTALL_STATES) {
                 out.push(Out::Send {
-                    to: owner.clone(),
+                    to: owner.node_id.clone(),
                     msg: Msg::Install(calls::install_request(&self.id, chunk, &self.inline)),
                 });
             }
@@ -177,6 +235,9 @@ impl Node {
         }
         let now = self.clock.now_ms();
         let work = self.memory.view_changed(&self.id, old, new, now);
+        // States waiting for a successor go where the new view says.
+        let waiting = self.replicas.outbox.take_waiting();
+        self.retry(waiting);
         if !work.forgotten.is_empty() {
             self.held_batches
                 .retain(|id| !work.forgotten.iter().any(|f| f == id));
@@ -232,7 +293,8 @@ impl Node {
     /// `PeerService::hold_replicas`: vet like an install, keep as replicas.
     pub(super) fn on_replicate(&mut self, request: InstallRequest) {
         let from = request.from_node.clone();
-        // `Replicator::admit_batch`: a batch older than one held is refused.
+        // `Replicator::admit_batch`: a batch older than one held is refused (and
+        // answered: the sender's call succeeded).
         if !self
             .held_batches
             .admit(&from, request.sender_generation, request.batch)
