@@ -43,22 +43,19 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::algorithms::AlgorithmKind;
 use crate::check::domain::bounded_key;
 use crate::check::plan::bounded;
 use crate::check::CheckError;
-use crate::cluster::{CheckItem, DescriptorOutcome, InlineRule, NamedRule};
-use crate::config::route::Route;
-use crate::config::rules::{AlgorithmSpec, CountPer, FailMode, Rule, MAX_LIMIT, MAX_WINDOW};
+use crate::cluster::{CheckItem, DescriptorOutcome, InlineRule};
+use crate::config::rules::{MAX_LIMIT, MAX_WINDOW};
 
+pub use super::inline::{inline_item, inline_rule, GUBERNATOR_ROUTE};
 pub use crate::cluster::{InlineRules, MAX_INLINE_RULES};
 use crate::config::bounds::Text;
 /// Most items in one `GetRateLimits` call (Gubernator's own bound).
 pub use crate::config::bounds::MAX_GUBERNATOR_ITEMS as MAX_ITEMS;
-/// The route part of every Gubernator counter: see the module docs.
-pub const GUBERNATOR_ROUTE: &str = "/gubernator";
 
 /// Gubernator's `Behavior` flags (its enum values, OR-ed together).
 pub mod behavior {
@@ -176,58 +173,6 @@ fn gregorian(unit: i64) -> Result<u64, CheckError> {
     }
 }
 
-/// Validate an inline rule's numbers and build its rule: what the sender does when it
-/// plans an item, and what the owner does again with the numbers a peer forwarded
-/// (bounded like any input: a peer is not trusted to have checked them). A leaky
-/// bucket (GCRA) is `CL.THROTTLE`'s ([`throttle::inline_rule`](super::throttle::inline_rule)).
-pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
-    if inline.kind == AlgorithmKind::LeakyBucket {
-        return super::throttle::inline_rule(inline);
-    }
-    let limit = NonZeroU64::new(inline.limit)
-        .filter(|l| l.get() <= MAX_LIMIT)
-        .ok_or_else(|| format!("limit must be 1..={MAX_LIMIT}"))?;
-    let window = Duration::from_millis(inline.window_ms);
-    if inline.window_ms == 0 || window > MAX_WINDOW {
-        return Err(format!(
-            "duration must be 1..={} ms",
-            MAX_WINDOW.as_millis()
-        ));
-    }
-    let (spec, name) = match inline.kind {
-        AlgorithmKind::FixedWindow if inline.burst == 0 => (
-            AlgorithmSpec::FixedWindow { limit, window },
-            "gubernator~token_bucket",
-        ),
-        AlgorithmKind::TokenBucket => {
-            let capacity = NonZeroU64::new(inline.burst)
-                .filter(|b| b.get() <= MAX_LIMIT)
-                .ok_or_else(|| format!("burst must be 1..={MAX_LIMIT}"))?;
-            (
-                AlgorithmSpec::TokenBucket {
-                    capacity,
-                    refill: limit,
-                    period: window,
-                },
-                "gubernator~leaky_bucket",
-            )
-        }
-        other => {
-            return Err(format!(
-                "an inline rule is a fixed_window (burst 0), a token_bucket or a \
-                 leaky_bucket, not {} with burst {}",
-                other.as_str(),
-                inline.burst
-            ))
-        }
-    };
-    // Fail closed: an unreachable owner is an error for the item, as in Gubernator,
-    // rather than a guess under a share of a limit the caller chose.
-    Rule::unlisted(name, spec, FailMode::Closed, CountPer::Route)
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
-}
-
 /// The counter key of (name, unique_key): length-prefixed, so no two pairs collide, and
 /// bounded like every counter key.
 fn counter_key(name: &str, unique_key: &str) -> String {
@@ -236,27 +181,6 @@ fn counter_key(name: &str, unique_key: &str) -> String {
         name.len(),
         unique_key.len()
     ))
-}
-
-/// The item for a counter under an inline rule (Gubernator's, or `CL.THROTTLE`'s GCRA,
-/// whose route part is [`THROTTLE_ROUTE`](super::throttle::THROTTLE_ROUTE)): what the
-/// sender plans and what the owner rebuilds from a forwarded item (`key` is the counter
-/// key).
-pub fn inline_item(rule: Arc<Rule>, key: &str, cost: NonZeroU64, inline: InlineRule) -> CheckItem {
-    let route = if inline.kind == AlgorithmKind::LeakyBucket {
-        super::throttle::THROTTLE_ROUTE
-    } else {
-        GUBERNATOR_ROUTE
-    };
-    let route = Route::parse(route).expect("a route");
-    let named = NamedRule {
-        name: rule.name.clone(),
-        override_limit: None,
-        inline: Some(inline),
-    };
-    let mut item = CheckItem::new(rule, key, route, None, cost).named(named);
-    item.uncached = true;
-    item
 }
 
 /// Validate one item and plan it. An invalid item is its own error (the others are
@@ -413,6 +337,8 @@ pub fn status(planned: &PlannedItem, outcome: &DescriptorOutcome) -> RateLimitSt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::rules::AlgorithmSpec;
+    use std::time::Duration;
 
     fn item(algorithm: i32, hits: i64, limit: i64, duration: i64) -> RateLimitInput<'static> {
         RateLimitInput {

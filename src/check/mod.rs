@@ -25,6 +25,7 @@
 pub mod domain;
 pub mod forwarded;
 pub mod gubernator;
+pub mod inline;
 pub mod plan;
 pub mod reserve;
 pub mod throttle;

@@ -38,23 +38,17 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
-use std::time::Duration;
 
+pub use super::inline::{THROTTLE_ROUTE, THROTTLE_RULE};
 use crate::algorithms::{AlgorithmKind, NEVER};
 use crate::check::domain::bounded_key;
-use crate::check::gubernator::inline_item;
+use crate::check::inline::inline_item;
 use crate::check::plan::bounded;
 use crate::check::CheckError;
 use crate::cluster::{CheckItem, DescriptorOutcome, InlineRule, InlineRules};
 use crate::config::bounds::Text;
-use crate::config::rules::{
-    AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, MAX_LIMIT, MAX_WINDOW,
-};
+use crate::config::rules::{Rule, MAX_LIMIT, MAX_WINDOW};
 
-/// The rule name of every `CL.THROTTLE` counter: see the module docs.
-pub const THROTTLE_RULE: &str = "redis~cl.throttle";
-/// The route part of every `CL.THROTTLE` counter.
-pub const THROTTLE_ROUTE: &str = "/cl.throttle";
 /// Most `CL.THROTTLE` calls decided together (one pipelined read of one connection):
 /// the bound a front end batches up to, the same as a Gubernator call's items.
 pub const MAX_CALLS: usize = crate::config::bounds::MAX_GUBERNATOR_ITEMS;
@@ -103,32 +97,6 @@ pub struct PlannedThrottle {
 
 fn invalid(field: &str, reason: impl Into<String>) -> CheckError {
     CheckError::invalid(field, reason)
-}
-
-/// The rule of `CL.THROTTLE` numbers: a GCRA meter at `limit` per `window_ms` with a
-/// burst of `burst`. Called through [`crate::check::gubernator::inline_rule`] for a forwarded or
-/// handed-over counter, so it validates as for any input.
-pub fn inline_rule(inline: &InlineRule) -> Result<Arc<Rule>, String> {
-    let limit = NonZeroU64::new(inline.limit)
-        .filter(|l| l.get() <= MAX_LIMIT)
-        .ok_or_else(|| format!("count must be 1..={MAX_LIMIT}"))?;
-    let burst = NonZeroU64::new(inline.burst)
-        .filter(|b| b.get() <= MAX_LIMIT)
-        .ok_or_else(|| format!("max_burst + 1 must be 1..={MAX_LIMIT}"))?;
-    let period = Duration::from_millis(inline.window_ms);
-    if inline.window_ms == 0 || period > MAX_WINDOW {
-        return Err(format!("period must be 1..={} s", MAX_WINDOW.as_secs()));
-    }
-    let spec = AlgorithmSpec::LeakyBucket {
-        limit,
-        period,
-        mode: LeakyMode::Meter { burst },
-    };
-    // Fail closed: an unreachable owner is an error for the call (redis-cell has no
-    // fallback either), rather than a guess under a share of a limit the caller chose.
-    Rule::unlisted(THROTTLE_RULE, spec, FailMode::Closed, CountPer::Route)
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
 }
 
 /// The numbers of a call's rule, each validated and named by its argument.
@@ -224,6 +192,8 @@ pub fn reply(planned: &PlannedThrottle, outcome: &DescriptorOutcome) -> Throttle
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::rules::{AlgorithmSpec, LeakyMode};
+    use std::time::Duration;
 
     fn call(max_burst: i64, count: i64, period: i64, quantity: i64) -> ThrottleInput<'static> {
         ThrottleInput {

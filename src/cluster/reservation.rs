@@ -204,9 +204,10 @@ pub enum ReservationError {
     #[error("{0}")]
     Invalid(String),
     /// The owner could not be asked, or did not answer in time (a reservation may have
-    /// been made there, and then expires at its TTL; a commit may have been applied).
+    /// been made there, and then expires at its TTL; a commit may have been applied):
+    /// what the failed call said.
     #[error("{0}")]
-    Unreachable(crate::cluster::link::ForwardError),
+    Unreachable(String),
     /// This node's shard could not answer.
     #[error(transparent)]
     Shard(#[from] crate::shard::ShardError),

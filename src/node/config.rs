@@ -132,7 +132,7 @@ pub struct NodeConfig {
     /// The RESP face for Redis clients (`--resp-listen`: redis-cell's `CL.THROTTLE`);
     /// `None`, the default, serves none. Each call carries its own limit, so serving it
     /// is this node's opt-in to caller-chosen limits (docs/redis-clients.md).
-    pub resp: Option<super::resp_listener::RespConfig>,
+    pub resp: Option<RespConfig>,
     /// NEGATIVE CONTROL ONLY: decide every check on the receiving node, ignoring the
     /// ring. A deliberately broken cluster (each node enforces the full limit alone,
     /// the design reference's N × L failure) so the chaos checkers can be shown to fail.
@@ -451,11 +451,6 @@ impl NodeConfig {
         if let Some(check_http) = &self.check_http {
             check_http.validate()?;
         }
-        if let Some(tls) = &self.public_tls {
-            // A certificate, key or CA that cannot be used stops the node here, not
-            // at the first handshake.
-            super::grpc::check_public_tls(tls)?;
-        }
         self.grpc.validate()
     }
 }
@@ -634,7 +629,7 @@ impl CheckHttpConfig {
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
             max_connection_age: Duration::from_secs(3600),
-            max_head_bytes: super::ops_listener::MAX_HEAD_BYTES,
+            max_head_bytes: MAX_HEAD_BYTES,
             max_body_bytes: crate::server::http_check::DEFAULT_MAX_BODY_BYTES,
             body_timeout: crate::server::http_check::DEFAULT_BODY_TIMEOUT,
         }
@@ -682,6 +677,39 @@ pub fn machine_hostname() -> Option<String> {
 /// peer-call proofs).
 fn valid_hostname_id(h: &str) -> bool {
     !h.is_empty() && h.len() <= 64 && h.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Largest request head (request line and headers) a bounded HTTP connection reads
+/// (the ops listener, the HTTP check face): past it the connection is closed before
+/// the head is parsed.
+pub const MAX_HEAD_BYTES: usize = 16 << 10;
+
+/// The RESP face's settings (`serve --resp-listen` and its companions).
+#[derive(Debug, Clone)]
+pub struct RespConfig {
+    /// Address to listen on (port 0 picks a free port).
+    pub listen: std::net::SocketAddr,
+    /// The password `AUTH` must present; `None`: every connection is served at once.
+    pub token: Option<crate::server::resp::RespToken>,
+    /// Per-connection and per-listener bounds.
+    pub limits: crate::server::resp::RespLimits,
+}
+
+impl RespConfig {
+    /// A face on `listen` with the default bounds and no token.
+    pub fn on(listen: std::net::SocketAddr) -> Self {
+        Self {
+            listen,
+            token: None,
+            limits: crate::server::resp::RespLimits::default(),
+        }
+    }
+
+    /// This face with the token in the first line of `path`.
+    pub fn with_token_file(mut self, path: &std::path::Path) -> Result<Self, String> {
+        self.token = Some(crate::server::resp::RespToken::from_file(path)?);
+        Ok(self)
+    }
 }
 
 #[cfg(test)]

@@ -282,13 +282,24 @@ pub async fn start_with_clock(
     start_in_span(config, clock, cancel).instrument(span).await
 }
 
+/// Refuse a configuration the node cannot run with: its values, then the public
+/// face's certificate, key and CA, built once so that files that cannot be used stop
+/// the node here rather than at the first handshake.
+fn validate(config: &NodeConfig) -> Result<(), NodeError> {
+    config.validate().map_err(NodeError::Config)?;
+    if let Some(tls) = &config.public_tls {
+        grpc::check_public_tls(tls).map_err(NodeError::Config)?;
+    }
+    Ok(())
+}
+
 /// [`start_with_clock`] inside the node's span: the start, step by step.
 async fn start_in_span(
     config: NodeConfig,
     clock: Arc<dyn Clock>,
     cancel: CancellationToken,
 ) -> Result<RunningNode, NodeError> {
-    config.validate().map_err(NodeError::Config)?;
+    validate(&config)?;
     // Install the recorder before any metric handle is created: handles made
     // earlier would be bound to the no-op recorder for good.
     metrics_handle();

@@ -50,9 +50,7 @@ pub const MAX_OPS_CONNECTION_AGE: Duration = Duration::from_secs(30);
 /// keep-alive connections.
 pub const OPS_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Largest request head (request line and headers) a bounded connection reads: past
-/// it the connection is closed before the head is parsed.
-pub const MAX_HEAD_BYTES: usize = 16 << 10;
+pub use super::config::MAX_HEAD_BYTES;
 
 /// The bounds of the ops listener (and of the HTTP check face, which shares it).
 #[derive(Debug, Clone, Copy)]

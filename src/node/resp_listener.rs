@@ -5,7 +5,6 @@
 //! told `-ERR max number of clients reached` (what Redis says) and closed; under TLS
 //! it is closed without a word.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,35 +16,9 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::public_tls::PublicAcceptor;
-use crate::server::resp::{serve_connection, ConnectionEnd, RespFace, RespLimits, RespToken};
+use crate::server::resp::{serve_connection, ConnectionEnd, RespFace};
 
-/// The RESP face's settings (`serve --resp-listen` and its companions).
-#[derive(Debug, Clone)]
-pub struct RespConfig {
-    /// Address to listen on (port 0 picks a free port).
-    pub listen: SocketAddr,
-    /// The password `AUTH` must present; `None`: every connection is served at once.
-    pub token: Option<RespToken>,
-    /// Per-connection and per-listener bounds.
-    pub limits: RespLimits,
-}
-
-impl RespConfig {
-    /// A face on `listen` with the default bounds and no token.
-    pub fn on(listen: SocketAddr) -> Self {
-        Self {
-            listen,
-            token: None,
-            limits: RespLimits::default(),
-        }
-    }
-
-    /// This face with the token in the first line of `path`.
-    pub fn with_token_file(mut self, path: &std::path::Path) -> Result<Self, String> {
-        self.token = Some(RespToken::from_file(path)?);
-        Ok(self)
-    }
-}
+pub use super::config::RespConfig;
 
 /// How long open connections get to end after the node's stop begins.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

@@ -1,6 +1,6 @@
 //! Budget leases, the owner's side: slices of a hot counter's budget charged on the
 //! owner at once and lent to an entry node, which decides checks of that counter from
-//! them without a hop (`docs/leases.md`). Not the concurrency leases of `leases.rs`
+//! them without a hop (`docs/leases.md`). Not the concurrency leases of `concurrency.rs`
 //! (places in flight, `Acquire`/`Release`): a budget lease holds *units of a rate*.
 //!
 //! Exact because a lease is budget the owner has already charged: granting `n` units

@@ -14,15 +14,16 @@
 //! queue: a limiter that queues without bound under overload stops protecting anything.
 
 pub mod budget;
+pub mod concurrency;
 pub mod core;
 pub mod counters;
 pub mod identity;
-pub mod leases;
 pub mod replicas;
 pub mod replication;
 pub mod reservations;
 pub mod snapshot;
 pub mod store;
+pub mod tickets;
 
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -771,7 +772,7 @@ struct Actor {
     unlogged_denied_evictions: u64,
     last_eviction_log: Millis,
     /// Open reservations and concurrency leases of this shard's keys
-    /// (`reservations.rs`, `leases.rs`).
+    /// (`reservations.rs`, `concurrency.rs`).
     reservations: reservations::ReservationShard,
     /// Budget leases this shard granted as owner and holds as entry (`budget.rs`).
     budget: budget::BudgetShard,

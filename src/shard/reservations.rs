@@ -36,35 +36,14 @@ use std::sync::Arc;
 use crate::algorithms::{AlgorithmKind, Decision, Millis};
 use crate::config::rules::Rule;
 
-use super::leases::{LeaseRefused, Leases};
-use super::{Charge, Churn, Counter, KeyId, Outcome, ShardError, Shards, Store};
+use super::concurrency::{Concurrency, LeaseRefused};
+pub use super::tickets::{Claim, Full, Ticket};
+use super::{Charge, Churn, Counter, Outcome, ShardError, Shards, Store};
 
 /// Most open reservations (and records of commits applied for moved keys) one shard
 /// holds. Past it a new reservation is refused, charging nothing: a flood of
 /// reservations never committed must not grow a node's memory without bound.
 pub const MAX_RESERVATIONS_PER_SHARD: usize = 65_536;
-
-/// One reservation within its shard: what an id carries so the owner finds it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ticket {
-    /// Per-shard serial, never reused while the node runs.
-    pub serial: u64,
-    /// Keyed hash of the serial and of what the reservation charged.
-    pub tag: u64,
-}
-
-/// What a reservation charged, as its id states it: the part of an id the tag covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    /// The counter charged.
-    pub counter: KeyId,
-    /// Fingerprint of the numbers of the rule it was charged under.
-    pub fingerprint: u64,
-    /// Units reserved.
-    pub amount: u64,
-    /// When an uncommitted reservation is committed at its amount (owner's Unix ms).
-    pub expires_at: Millis,
-}
 
 /// Which reservation a commit closes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,14 +139,6 @@ pub struct Settled {
     /// This node's sequence number for the commit.
     pub sequence: u64,
 }
-
-/// Why a reservation was not opened; nothing was charged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the key's owner holds {0} open reservations on this key's shard, the most it keeps; \
-     commit some or let their TTLs end (nothing was charged)"
-)]
-pub struct Full(pub usize);
 
 /// Why a commit changed nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -397,7 +368,7 @@ impl ReservationMetrics {
 /// A shard's reservations and leases, and their metrics: what the shard actor owns.
 pub struct ReservationShard {
     table: Reservations,
-    leases: Leases,
+    leases: Concurrency,
     metrics: ReservationMetrics,
 }
 
@@ -406,13 +377,13 @@ impl ReservationShard {
     pub fn new(index: usize, key: [u8; 32]) -> Self {
         Self {
             table: Reservations::new(MAX_RESERVATIONS_PER_SHARD, key),
-            leases: Leases::new(MAX_RESERVATIONS_PER_SHARD, key),
+            leases: Concurrency::new(MAX_RESERVATIONS_PER_SHARD, key),
             metrics: ReservationMetrics::new(index),
         }
     }
 
     /// The leases.
-    pub fn leases(&self) -> &Leases {
+    pub fn leases(&self) -> &Concurrency {
         &self.leases
     }
 

@@ -307,10 +307,13 @@ pub fn reserve_answer(
         generation: r.generation,
     };
     let outcome = r.outcome.ok_or_else(|| {
-        ReservationError::Unreachable(ForwardError::Unreachable(
-            r.node_id.clone(),
-            "a reservation answer without its check".into(),
-        ))
+        ReservationError::Unreachable(
+            ForwardError::Unreachable(
+                r.node_id.clone(),
+                "a reservation answer without its check".into(),
+            )
+            .to_string(),
+        )
     })?;
     let remote = super::wire::remote(outcome, &decider, item.rule.name.clone());
     let id = (!r.reservation_id.is_empty()).then_some((r.reservation_id, r.expires_at));
@@ -380,7 +383,7 @@ pub fn reservation_error(peer: &str, status: Option<&tonic::Status>) -> Reservat
         Some((tonic::Code::ResourceExhausted, m)) => ReservationError::Full(m),
         Some((tonic::Code::FailedPrecondition, m)) => ReservationError::Refused(m),
         Some((tonic::Code::InvalidArgument, m)) => ReservationError::Invalid(m),
-        _ => ReservationError::Unreachable(call_error(peer, status)),
+        _ => ReservationError::Unreachable(call_error(peer, status).to_string()),
     }
 }
 

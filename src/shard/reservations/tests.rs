@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::rules::RuleSet;
+use crate::shard::KeyId;
 use proptest::prelude::*;
 
 const KEY: [u8; 32] = [7; 32];
@@ -43,7 +44,7 @@ impl Harness {
         Self {
             shard: ReservationShard {
                 table: Reservations::new(cap, KEY),
-                leases: Leases::new(cap, KEY),
+                leases: Concurrency::new(cap, KEY),
                 metrics: ReservationMetrics::new(0),
             },
             store: Store::new(1_000, 1),

@@ -35,7 +35,7 @@ pub struct Leases {
     /// step stretches) + the largest clock offset + slack.
     pub lead_ms: u64,
     /// The largest clock offset of the run.
-    offset_ms: u64,
+    pub offset_ms: u64,
     /// (key, route) → the earliest real time a lease of it may have been granted.
     from: BTreeMap<(String, String), u64>,
     /// Every grant and return, when the history has the nodes' ledger.

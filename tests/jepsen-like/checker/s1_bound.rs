@@ -19,10 +19,25 @@ use super::Report;
 /// the window of the grant, and is not degraded, so it counts here among the owner's
 /// admissions of that window. That is the exactness of leases, kept strict: the owner
 /// charged every lent unit in that window before any entry spent it, so leased
-/// admissions (from every holder) plus the owner's own ≤ L per window.
+/// admissions (from every holder) plus the owner's own ≤ L per window. A lease ends
+/// with its window, so a leased answer is decided within the window it names: one
+/// invoked after that window's end (on any clock the run's offsets allow) spent units
+/// of a window that was over, in the next one, on top of its own L.
 pub fn fixed_window(ctx: &Context, report: &mut Report) {
     let l = ctx.l;
     for ((key, win), window) in &ctx.windows {
+        let end = (win + 1) * ctx.w + ctx.leases.offset_ms;
+        for (o, a) in &window.decided {
+            if a.leased && o.invoke > end {
+                report.violate(
+                    "S1-fw",
+                    format!(
+                        "op {} key {key}: leased in window {win}, which ended at {end} (± clock offsets) before the op began at {}",
+                        o.id, o.invoke
+                    ),
+                );
+            }
+        }
         for (d, g) in &window.deciders {
             let admitted: Vec<&Op> = window
                 .decided

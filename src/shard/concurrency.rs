@@ -1,5 +1,7 @@
 //! Concurrency leases: "at most N of this client's requests in flight" (Stripe's
-//! concurrent requests limiter), exact on the key's owner.
+//! concurrent requests limiter), exact on the key's owner. Not the budget leases of
+//! `budget.rs`, which lend units of a rate to an entry node: a concurrency lease is a
+//! place in flight, held by a caller's request.
 //!
 //! A lease is one request in flight. The table counts the leases held per counter and
 //! grants one only while fewer than the rule's `concurrency` are held; a lease ends when
@@ -19,7 +21,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::algorithms::Millis;
 
-use super::reservations::{Claim, Full, Ticket};
+use super::tickets::{Claim, Full, Ticket};
 use super::KeyId;
 
 /// Why a release changed nothing.
@@ -49,18 +51,18 @@ pub struct Acquired {
 
 /// The leases of one shard.
 #[derive(Debug)]
-pub struct Leases {
+pub struct Concurrency {
     held: HashMap<u64, Claim>,
     in_flight: HashMap<KeyId, u32>,
     expiry: BTreeSet<(Millis, u64)>,
     next_serial: u64,
     key: [u8; 32],
     cap: usize,
-    /// Leases ended by their TTL since [`Leases::take_expired`] last asked.
+    /// Leases ended by their TTL since [`Concurrency::take_expired`] last asked.
     expired: u64,
 }
 
-impl Leases {
+impl Concurrency {
     /// No lease held; at most `cap` at once; ids tagged with `key`.
     pub fn new(cap: usize, key: [u8; 32]) -> Self {
         Self {
@@ -229,7 +231,7 @@ mod tests {
 
     #[test]
     fn at_most_the_limit_is_held_and_a_release_frees_one() {
-        let mut leases = Leases::new(100, [1; 32]);
+        let mut leases = Concurrency::new(100, [1; 32]);
         let c = counter("a");
         let mut held = Vec::new();
         for i in 1..=3 {
@@ -255,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_lease_ends_at_its_ttl_even_without_a_sweep() {
-        let mut leases = Leases::new(100, [1; 32]);
+        let mut leases = Concurrency::new(100, [1; 32]);
         let c = counter("a");
         let (ticket, expires_at) = leases.acquire(c, 1, 1_000, 0).unwrap().lease.unwrap();
         assert!(leases.acquire(c, 1, 1_000, 999).unwrap().lease.is_none());
@@ -272,7 +274,7 @@ mod tests {
 
     #[test]
     fn forged_lease_ids_are_unknown_and_change_nothing() {
-        let mut leases = Leases::new(100, [1; 32]);
+        let mut leases = Concurrency::new(100, [1; 32]);
         let c = counter("a");
         let (ticket, expires_at) = leases.acquire(c, 5, 1_000, 0).unwrap().lease.unwrap();
         let forged = [
@@ -301,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_full_table_refuses_and_grants_nothing() {
-        let mut leases = Leases::new(2, [1; 32]);
+        let mut leases = Concurrency::new(2, [1; 32]);
         leases.acquire(counter("a"), 9, 1_000, 0).unwrap();
         leases.acquire(counter("b"), 9, 1_000, 0).unwrap();
         assert_eq!(leases.acquire(counter("c"), 9, 1_000, 0), Err(Full(2)));
@@ -334,7 +336,7 @@ mod tests {
                 1 => Just(Step::Sweep),
             ], 1..80),
         ) {
-            let mut leases = Leases::new(1_000, [3; 32]);
+            let mut leases = Concurrency::new(1_000, [3; 32]);
             let c = counter("a");
             let mut now = 0;
             let mut model: Vec<(Ticket, Millis, bool)> = Vec::new();
