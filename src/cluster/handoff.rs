@@ -522,6 +522,119 @@ mod tests {
     }
 
     #[test]
+    fn the_watcher_hands_over_only_when_the_ring_moves_keys_away_from_this_node() {
+        use crate::cluster::policy::testkit::view;
+        let two = Arc::new(view(&["a", "b"]));
+        let three = Arc::new(view(&["a", "b", "c"]));
+        // A joiner takes ranges from both: each hands over.
+        for me in ["a", "b"] {
+            let mut w = Watcher::new(Arc::from(me), two.clone());
+            let step = w.next(three.clone());
+            let ring = step.ring.expect("the ring changed");
+            assert!(ring.share_from_me > 0.0 && ring.hand_over.is_some(), "{me}");
+            assert!(ring.from_dead.is_empty() && ring.inherited_from_dead.is_empty());
+        }
+        // A node that was alone owned everything: joining, it hands the others theirs.
+        let mut c = Watcher::new(Arc::from("c"), Arc::new(view(&["c"])));
+        let ring = c.next(three.clone()).ring.expect("the ring changed");
+        assert!(ring.hand_over.is_some() && ring.share_from_me > 0.5);
+        // The same ring again: nothing to do.
+        let mut a = Watcher::new(Arc::from("a"), three.clone());
+        let step = a.next(Arc::new(view(&["a", "b", "c"])));
+        assert!(step.ring.is_none() && step.restarts.is_empty());
+    }
+
+    #[test]
+    fn the_watcher_names_dead_members_and_restarts_but_not_leavers() {
+        use crate::cluster::policy::testkit::view;
+        let three = Arc::new(view(&["a", "b", "c"]));
+        // c dies: a inherits some of its ranges, which restart from empty there.
+        let mut a = Watcher::new(Arc::from("a"), three.clone());
+        let ring = a.next(Arc::new(view(&["a", "b"]))).ring.expect("changed");
+        assert_eq!(ring.from_dead, vec!["c".to_string()]);
+        assert!(ring.share_to_me > 0.0 && !ring.inherited_from_dead.is_empty());
+        assert!(ring.hand_over.is_none(), "nothing moved away from a");
+        // c leaves: not dead, nothing inherited from the dead.
+        let mut leaving = three.members.clone();
+        leaving
+            .iter_mut()
+            .find(|m| m.node_id == "c")
+            .unwrap()
+            .leaving = true;
+        let mut a = Watcher::new(Arc::from("a"), Arc::new(ClusterView::from_members(leaving)));
+        let step = a.next(Arc::new(view(&["a", "b"])));
+        assert!(step
+            .ring
+            .is_none_or(|r| r.from_dead.is_empty() && r.inherited_from_dead.is_empty()));
+        // b back under a new generation before it was dropped: a restart, same ring.
+        let mut b2 = three.members.clone();
+        b2.iter_mut().find(|m| m.node_id == "b").unwrap().generation = 7;
+        let mut a = Watcher::new(Arc::from("a"), three.clone());
+        let step = a.next(Arc::new(ClusterView::from_members(b2)));
+        assert_eq!(step.restarts, vec![("b".to_string(), 1, 7)]);
+        assert!(step.ring.is_none());
+    }
+
+    #[test]
+    fn the_watcher_remembers_sixteen_views_for_the_earlier_owners() {
+        use crate::cluster::policy::testkit::view;
+        let full = Arc::new(view(&["a", "b", "c"]));
+        let without_a = Arc::new(view(&["b", "c"]));
+        let p = (0..20_000u64)
+            .map(|i| crate::ring::Ring::key_hash(format!("k{i}").as_bytes()))
+            .find(|&p| {
+                full.ring.owner_of_hash(p) == Some("a")
+                    && without_a.ring.owner_of_hash(p) == Some("b")
+            })
+            .expect("a key of a's that goes to b");
+        // b saw a, then a long run of views without it, then a back: the key goes back
+        // to a, and whether b remembers a as its earlier owner depends on how far back.
+        let run = |between: usize| {
+            let mut w = Watcher::new(Arc::from("b"), full.clone());
+            w.next(without_a.clone());
+            for i in 0..between {
+                // Views that differ (a generation bump of c) but keep the ring.
+                let mut m = without_a.members.clone();
+                m.iter_mut().find(|m| m.node_id == "c").unwrap().generation = 2 + i as u64;
+                w.next(Arc::new(ClusterView::from_members(m)));
+            }
+            let ring = w.next(full.clone()).ring.expect("a is back");
+            ring.hand_over.expect("b gives a's range back")(p)
+        };
+        assert_eq!(run(3), Some(Recipient::new("a", 1)));
+        assert_eq!(run(HISTORY + 1), None, "a is out of the watcher's memory");
+    }
+
+    #[test]
+    fn pushes_go_to_members_in_id_order_and_those_gone_are_counted() {
+        use crate::cluster::policy::testkit::view;
+        let v = view(&["a", "b"]);
+        let rules = testkit::rules();
+        let default = rules.default_rule().clone();
+        let state = |k: &str| Exported {
+            id: KeyId::of("default", k.as_bytes(), "/x"),
+            fingerprint: default.fingerprint,
+            state: default.limiter.new_state(),
+        };
+        let items = vec![
+            (Arc::from("b"), state("k1")),
+            (Arc::from("gone"), state("k2")),
+            (Arc::from("a"), state("k3")),
+            (Arc::from("b"), state("k4")),
+        ];
+        let routed = destinations(&v, items);
+        let to: Vec<(&str, usize)> = routed
+            .to
+            .iter()
+            .map(|(m, s)| (m.node_id.as_str(), s.len()))
+            .collect();
+        assert_eq!(to, vec![("a", 1), ("b", 2)]);
+        assert_eq!(routed.gone, vec![(Arc::from("gone"), 1)]);
+        let b = &routed.to[1].1;
+        assert!(b[0].id.placement <= b[1].id.placement, "key order");
+    }
+
+    #[test]
     fn handed_over_states_find_their_rule_by_fingerprint_or_are_dropped() {
         let rules = testkit::rules();
         let default = rules.default_rule().clone();
