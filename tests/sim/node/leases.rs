@@ -187,7 +187,16 @@ impl Node {
 
     /// `budget::return_leases`: each return to its owner if the view still has the
     /// generation that granted it (else its units are lost: an under-admission).
-    fn send_returns(&self, returns: Vec<Returned>) -> Vec<Out> {
+    fn send_returns(&self, mut returns: Vec<Returned>) -> Vec<Out> {
+        // The stores end leases in their tables' (hash) order: sort for one history.
+        returns.sort_by(|a, b| {
+            (&a.owner, a.counter.placement, a.counter.disc, a.serial).cmp(&(
+                &b.owner,
+                b.counter.placement,
+                b.counter.disc,
+                b.serial,
+            ))
+        });
         returns
             .into_iter()
             .filter(|r| {
