@@ -169,8 +169,8 @@ fn welcome(code: tonic::Code, message: String) -> ForwardAnswer {
 /// otherwise than by its sender's end of writing is counted in
 /// `ringlimit_peer_frames_closed_total{reason}` ([`FramesEnded::reason`]). A member
 /// of the same build never sends a bad magic, a frame too large or one that is not a
-/// call, nor a refused proof: those are strangers, another cluster or a bug, and were
-/// otherwise only in the debug log. `idle` and `io` also come from members (a link
+/// call, nor a refused proof: those are strangers, another cluster or a bug, worth an
+/// alert rather than a debug line. `idle` and `io` also come from members (a link
 /// quiet past the idle bound, a crashed or partitioned node).
 pub async fn serve_frames<IO>(io: IO, face: FramesFace) -> FramesEnded
 where
