@@ -93,6 +93,39 @@ async fn closed_silently(stream: &mut TcpStream) -> bool {
     matches!(read.expect("closed in time"), Ok(0) | Err(_))
 }
 
+/// How many framed connections the node's process closed for `reason`
+/// (`ringlimit_peer_frames_closed_total`; the recorder is process-wide, so other tests'
+/// connections count too: compare before and after).
+async fn closed_for(node: &RunningNode, reason: &str) -> u64 {
+    let mut stream = TcpStream::connect(node.http_addr.expect("an ops port"))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    let label = format!("reason=\"{reason}\"");
+    body.lines()
+        .filter(|l| l.starts_with("ringlimit_peer_frames_closed_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Wait until `reason`'s count is past `before` (the node counts a connection once it
+/// has let go of it, just after the sender saw it closed); whether it got there.
+async fn counted_past(node: &RunningNode, reason: &str, before: u64) -> bool {
+    let until = std::time::Instant::now() + PATIENCE;
+    while std::time::Instant::now() < until {
+        if closed_for(node, reason).await > before {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 /// A framed connection to `node`, opened with `hello`.
 async fn open(node: &RunningNode, hello: &[u8]) -> (TcpStream, BytesMut) {
     let mut stream = TcpStream::connect(node.peer_addr).await.unwrap();
@@ -192,28 +225,37 @@ async fn oversized_and_malformed_frames_close_the_connection_and_charge_nothing(
     let node = start(NodeConfig::for_test()).await;
 
     // A huge length prefix after the welcome: closed, nothing buffered or decided.
+    let too_large = closed_for(&node, "too_large").await;
     let (mut stream, _) = member(&node, 1).await;
     stream.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
     assert!(closed_silently(&mut stream).await);
+    assert!(counted_past(&node, "too_large", too_large).await, "counted");
 
-    // A frame that is not a call, then a real one behind it: neither is decided.
+    // A frame that is not a call, then a real one behind it: neither is decided, and
+    // the close is counted (not only logged at debug).
+    let malformed = closed_for(&node, "malformed").await;
     let (mut stream, _) = member(&node, 2).await;
     let mut garbage = BytesMut::new();
     frames::put_raw_frame(&[0xff; 64], &mut garbage);
     garbage.extend_from_slice(&call(1, "victim", 50));
     stream.write_all(&garbage).await.unwrap();
     assert!(closed_silently(&mut stream).await);
+    assert!(counted_past(&node, "malformed", malformed).await, "counted");
 
     // A hello larger than any proof.
+    let too_large = closed_for(&node, "too_large").await;
     let mut big = BytesMut::new();
     big.extend_from_slice(MAGIC);
     frames::put_raw_frame(&vec![b'a'; MAX_HELLO + 1], &mut big);
     let (mut stream, _) = open(&node, &big).await;
     assert!(closed_silently(&mut stream).await);
+    assert!(counted_past(&node, "too_large", too_large).await, "counted");
 
     // The magic's first byte, then something else: not ours, closed unanswered.
+    let bad_magic = closed_for(&node, "bad_magic").await;
     let (mut stream, _) = open(&node, b"RLxx/1\r\n").await;
     assert!(closed_silently(&mut stream).await);
+    assert!(counted_past(&node, "bad_magic", bad_magic).await, "counted");
 
     let (limit, remaining) = spend_one(&node, "victim", 3).await;
     assert_eq!(remaining, limit - 1, "nothing was charged");

@@ -321,6 +321,10 @@ fn describe_security() {
         "Peer calls refused UNAUTHENTICATED, by reason. Alert on any increase."
     );
     describe_counter!(
+        "ringlimit_peer_frames_closed_total",
+        "Framed peer connections ended other than by their sender, by reason: bad_magic, too_large, malformed (a frame that is not a call) and unauthenticated never come from a member of the same build; idle and io also do (a quiet link, a crashed or cut-off node)."
+    );
+    describe_counter!(
         "ringlimit_gossip_rejected_total",
         "Gossip datagrams dropped before chitchat saw them, by reason."
     );

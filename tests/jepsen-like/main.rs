@@ -20,6 +20,8 @@
 //!   which the short profile's keys do not reach, and 5 checks/s in the long profile,
 //!   so that leases run under every nemesis; 0: off) and adds a whale key to the
 //!   workload (N > 0); `short_profile_with_budget_leases` runs the short profile so (CI).
+//! - `RINGLIMIT_CHAOS_FRAMES=1` starts the nodes with `--forward-frames` (forwarded
+//!   batches on framed connections rather than the HTTP/2 stream).
 
 mod checker;
 mod harness;
@@ -150,6 +152,10 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
     }
     if let Some(ms) = replicate {
         extra.extend(["--replicate-interval-ms".into(), ms.to_string()]);
+    }
+    if frames_from_env() {
+        eprintln!("[chaos] forwards on framed connections (--forward-frames)");
+        extra.push("--forward-frames".into());
     }
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let h = Harness::new(
@@ -359,6 +365,14 @@ fn leases_from_env() -> Option<u64> {
             .parse()
             .expect("RINGLIMIT_CHAOS_LEASES must be a whole number of checks/s (0: off)")
     })
+}
+
+/// `RINGLIMIT_CHAOS_FRAMES=1`: start the nodes with `--forward-frames` (forwarded batches
+/// on framed connections instead of the HTTP/2 stream), so one seed compares the two.
+fn frames_from_env() -> bool {
+    std::env::var("RINGLIMIT_CHAOS_FRAMES")
+        .ok()
+        .is_some_and(|s| matches!(s.trim(), "1" | "true" | "yes"))
 }
 
 /// `RINGLIMIT_CHAOS_ASSERT_REPLICATED=1|0`: force S3-replicated on or off.

@@ -1017,4 +1017,138 @@ mod tests {
         assert_eq!(peer.stream_calls.load(Ordering::SeqCst), 3);
         assert_eq!(peer.unary_calls.load(Ordering::SeqCst), 0);
     }
+
+    /// A framed owner for the answer-matching tests: it welcomes each connection, reads
+    /// calls, and answers each item with its own cost as `remaining` and `window_id`
+    /// (so a caller can tell its answer from another's). On its first connection it
+    /// reads one call and closes without answering; on later ones it first sends an
+    /// answer for call 0 (a call of the dead connection), then holds the calls until two
+    /// have come and answers them in reverse order.
+    async fn serve_frames_shuffling() -> Member {
+        fn costed(call: &ForwardCall) -> ForwardAnswer {
+            let items = call.request.as_ref().map_or(&[][..], |r| &r.items[..]);
+            ForwardAnswer {
+                call: call.call,
+                response: Some(ForwardResponse {
+                    node_id: "owner".into(),
+                    generation: 1,
+                    outcomes: items
+                        .iter()
+                        .map(|item| ForwardOutcome {
+                            allowed: false,
+                            limit: 100,
+                            remaining: item.cost,
+                            window_id: Some(item.cost),
+                            retry_after_ms: 500,
+                            same_rule: true,
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+                code: 0,
+                message: String::new(),
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let dead = std::mem::replace(&mut first, false);
+                tokio::spawn(async move {
+                    let reader = FrameReader::new(1 << 20);
+                    let mut buf = BytesMut::new();
+                    let mut frames_in = Vec::new();
+                    let (mut magic, mut welcomed) = (false, false);
+                    let mut held: Vec<ForwardCall> = Vec::new();
+                    loop {
+                        if socket.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if !magic {
+                            match frames::take_magic(&mut buf) {
+                                Some(true) => magic = true,
+                                None => continue,
+                                Some(false) => panic!("not the frames magic"),
+                            }
+                        }
+                        while let Some(frame) = reader.next(&mut buf).unwrap() {
+                            frames_in.push(frame);
+                        }
+                        let mut out = BytesMut::new();
+                        for frame in frames_in.drain(..) {
+                            if !welcomed {
+                                welcomed = true;
+                                frames::put_frame(&ForwardAnswer::default(), &mut out);
+                                if !dead {
+                                    // An answer to a call of the connection that died.
+                                    let stale = ForwardCall {
+                                        call: 0,
+                                        request: Some(ForwardRequest {
+                                            items: vec![ForwardItem {
+                                                cost: 77,
+                                                ..ForwardItem::default()
+                                            }],
+                                            ..ForwardRequest::default()
+                                        }),
+                                    };
+                                    frames::put_frame(&costed(&stale), &mut out);
+                                }
+                                continue;
+                            }
+                            let call: ForwardCall = frames::decode(frame).unwrap();
+                            if dead {
+                                return; // closed with the call unanswered
+                            }
+                            held.push(call);
+                            if held.len() == 2 {
+                                for call in held.drain(..).rev() {
+                                    frames::put_frame(&costed(&call), &mut out);
+                                }
+                            }
+                        }
+                        if !out.is_empty() && socket.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        testkit::member("owner", port)
+    }
+
+    #[tokio::test]
+    async fn each_caller_gets_its_own_answer_across_a_reconnect_and_answers_out_of_order() {
+        let owner = serve_frames_shuffling().await;
+        // One check per batch, two batches out at once: the owner's reversed answers
+        // must each reach the batch they name.
+        let pool = framed_pool(ForwardConfig {
+            max_batch: 1,
+            max_in_flight: 2,
+            ..ForwardConfig::default()
+        });
+        // The first connection dies with its call unanswered: that caller fails, and
+        // nothing it carried is answered later to anyone.
+        let lost = pool.forward(&owner, &testkit::item("k", "GET /x", 5)).await;
+        assert!(
+            matches!(lost, Err(ForwardError::Unreachable(..))),
+            "{lost:?}"
+        );
+        // The next connection opens with an answer to that dead call's number, then
+        // answers two calls in reverse order.
+        let a = testkit::item("k", "GET /x", 1);
+        let b = testkit::item("k", "GET /x", 2);
+        let (first, second) = tokio::join!(pool.forward(&owner, &a), pool.forward(&owner, &b));
+        let (first, second) = (first.expect("answered"), second.expect("answered"));
+        assert_eq!(
+            (first.decision.remaining, first.decision.window_id),
+            (1, Some(1)),
+            "the cost-1 check got its own answer"
+        );
+        assert_eq!(
+            (second.decision.remaining, second.decision.window_id),
+            (2, Some(2)),
+            "the cost-2 check got its own answer"
+        );
+    }
 }

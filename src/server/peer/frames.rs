@@ -57,6 +57,22 @@ pub enum FramesEnded {
     Finished,
 }
 
+impl FramesEnded {
+    /// Why the node closed the connection, as `ringlimit_peer_frames_closed_total`
+    /// labels it; `None` for a connection the sender ended once answered.
+    pub fn reason(&self) -> Option<&'static str> {
+        Some(match self {
+            FramesEnded::Frame(FrameError::BadMagic) => "bad_magic",
+            FramesEnded::Frame(FrameError::TooLarge { .. }) => "too_large",
+            FramesEnded::Frame(FrameError::Malformed(_)) => "malformed",
+            FramesEnded::Refused(_) => "unauthenticated",
+            FramesEnded::Idle(_) => "idle",
+            FramesEnded::Io(_) => "io",
+            FramesEnded::Finished => return None,
+        })
+    }
+}
+
 /// The settings a framed connection is served with.
 #[derive(Clone)]
 pub struct FramesFace {
@@ -149,8 +165,25 @@ fn welcome(code: tonic::Code, message: String) -> ForwardAnswer {
 }
 
 /// Serve one framed connection whose first bytes are [`frames::MAGIC`] until the sender
-/// ends it, it breaks a bound, or the node stops; why it ended.
+/// ends it, it breaks a bound, or the node stops; why it ended. A connection that ended
+/// otherwise than by its sender's end of writing is counted in
+/// `ringlimit_peer_frames_closed_total{reason}` ([`FramesEnded::reason`]). A member
+/// of the same build never sends a bad magic, a frame too large or one that is not a
+/// call, nor a refused proof: those are strangers, another cluster or a bug, worth an
+/// alert rather than a debug line. `idle` and `io` also come from members (a link
+/// quiet past the idle bound, a crashed or partitioned node).
 pub async fn serve_frames<IO>(io: IO, face: FramesFace) -> FramesEnded
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let ended = serve_connection(io, face).await;
+    if let Some(reason) = ended.reason() {
+        metrics::counter!("ringlimit_peer_frames_closed_total", "reason" => reason).increment(1);
+    }
+    ended
+}
+
+async fn serve_connection<IO>(io: IO, face: FramesFace) -> FramesEnded
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -176,21 +209,28 @@ where
     }
 
     // The calls as a stream for `ForwardAnswers`: its first error ends the reading
-    // (the answers to calls already taken are still written).
+    // (the answers to calls already taken are still written), and is why the
+    // connection ended once they are.
     let reader = FrameReader::new(face.max_frame);
     let idle = face.idle;
-    let calls = futures_util::stream::unfold(Some((rd, buf, reader)), move |state| async move {
-        let (mut rd, mut buf, reader) = state?;
-        let next = match next_frame(&mut rd, &mut buf, &reader, idle).await {
-            Ok(Some(frame)) => frames::decode::<ForwardCall>(frame).map_err(FramesEnded::from),
-            Ok(None) => return None,
-            Err(ended) => Err(ended),
-        };
-        match next {
-            Ok(call) => Some((Ok(call), Some((rd, buf, reader)))),
-            Err(ended) => {
-                tracing::debug!(%ended, "framed peer connection: reading ends");
-                Some((Err(ended), None))
+    let why: Arc<std::sync::Mutex<Option<FramesEnded>>> = Arc::default();
+    let reading = why.clone();
+    let calls = futures_util::stream::unfold(Some((rd, buf, reader)), move |state| {
+        let reading = reading.clone();
+        async move {
+            let (mut rd, mut buf, reader) = state?;
+            let next = match next_frame(&mut rd, &mut buf, &reader, idle).await {
+                Ok(Some(frame)) => frames::decode::<ForwardCall>(frame).map_err(FramesEnded::from),
+                Ok(None) => return None,
+                Err(ended) => Err(ended),
+            };
+            match next {
+                Ok(call) => Some((Ok(call), Some((rd, buf, reader)))),
+                Err(ended) => {
+                    let message = ended.to_string();
+                    *reading.lock().unwrap_or_else(|e| e.into_inner()) = Some(ended);
+                    Some((Err(message), None))
+                }
             }
         }
     });
@@ -213,5 +253,6 @@ where
         }
     }
     let _ = wr.shutdown().await;
-    FramesEnded::Finished
+    let read_error = why.lock().unwrap_or_else(|e| e.into_inner()).take();
+    read_error.unwrap_or(FramesEnded::Finished)
 }
