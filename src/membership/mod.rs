@@ -684,7 +684,14 @@ impl Driver {
     /// The fence as of `now` for the current view.
     fn publish_fence(&mut self, now: u64) {
         let view = self.view_tx.borrow().clone();
-        self.quorum.view(view.members.len(), now);
+        self.quorum.view(
+            view.ring.len(),
+            view.members
+                .iter()
+                .filter(|m| m.leaving)
+                .map(|m| m.node_id.as_str()),
+            now,
+        );
         self.quorum.tick(now);
         let fence = self
             .quorum

@@ -119,6 +119,8 @@ pub struct Quorum {
     /// Whether a majority was ever held (the hold after a break is longer than the
     /// first one).
     broke: bool,
+    /// Members seen announcing a leave (each lowers the basis once).
+    leaving: std::collections::BTreeSet<String>,
 }
 
 impl Quorum {
@@ -138,6 +140,7 @@ impl Quorum {
             view_since: now,
             majority_since: None,
             broke: false,
+            leaving: std::collections::BTreeSet::new(),
         }
     }
 
@@ -171,7 +174,22 @@ impl Quorum {
     }
 
     /// The view now has `members` members (leaving ones included).
-    pub fn view(&mut self, members: usize, now: u64) {
+    /// The view now has `members` members off the ring's leaving ones, and these
+    /// `leaving` ones. A member seen announcing its leave is a planned departure: the
+    /// basis drops by one at once (a crash is not, and waits for the shrink rule).
+    pub fn view<'a>(
+        &mut self,
+        members: usize,
+        leaving: impl IntoIterator<Item = &'a str>,
+        now: u64,
+    ) {
+        for id in leaving {
+            if self.leaving.insert(id.to_string()) && self.config.cluster_size.is_none() {
+                if let Some(b) = self.basis.as_mut() {
+                    *b = b.saturating_sub(1).max(members).max(1);
+                }
+            }
+        }
         if members != self.view {
             self.view = members;
             self.view_since = now;
@@ -376,7 +394,7 @@ mod tests {
         let mut q = Quorum::new(config(size), "a", 0);
         q.heartbeats(others.iter().map(|o| (*o, 1, 1)), at - 100);
         q.heartbeats(others.iter().map(|o| (*o, 1, 2)), at);
-        q.view(others.len() + 1, at);
+        q.view(others.len() + 1, [], at);
         q.tick(at);
         q
     }
@@ -467,7 +485,7 @@ mod tests {
         // The minority: a alone for a long time.
         let mut q = heard_all(None, &["b", "c"], 1_000);
         assert_eq!(q.basis, Some(3));
-        q.view(1, 1_100);
+        q.view(1, [], 1_100);
         for t in (1_100..=20_000).step_by(100) {
             q.heartbeats([("b", 1, 2), ("c", 1, 2)], t);
             q.tick(t);
@@ -477,7 +495,7 @@ mod tests {
 
         // The majority: c is gone, a still hears b.
         let mut q = heard_all(None, &["b", "c"], 1_000);
-        q.view(2, 1_100);
+        q.view(2, [], 1_100);
         for t in (1_100..=7_000).step_by(100) {
             q.heartbeats([("b", 1, t), ("c", 1, 2)], t);
             q.tick(t);
@@ -485,6 +503,25 @@ mod tests {
         assert_eq!(q.basis, Some(2), "shrunk once the view of two stood 5 s");
         let fence = q.fence(members(&ids[..2]), 7_000);
         assert!(fence.holds_majority(7_000));
+    }
+
+    #[test]
+    fn a_graceful_leave_lowers_the_basis_at_once_and_a_crash_does_not() {
+        let mut q = heard_all(None, &["b", "c", "d"], 1_000);
+        assert_eq!(q.basis, Some(4));
+        q.view(3, ["d"], 1_100);
+        q.tick(1_100);
+        assert_eq!(q.basis, Some(3), "d announced its leave");
+        q.view(3, ["d"], 1_200);
+        assert_eq!(q.basis, Some(3), "each leaver counts once");
+        // Then c crashes: a and b are a majority of 3 without it.
+        q.view(2, [], 1_300);
+        for t in (1_300..=2_000).step_by(100) {
+            q.heartbeats([("b", 1, t), ("c", 1, 2), ("d", 1, 2)], t);
+            q.tick(t);
+        }
+        assert_eq!(q.basis, Some(3), "a crash waits for the shrink rule");
+        assert!(q.fence(members(&["a", "b"]), 2_000).holds_majority(2_000));
     }
 
     #[test]

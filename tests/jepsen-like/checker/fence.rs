@@ -221,7 +221,8 @@ mod tests {
 
     #[test]
     fn a_partitions_victim_is_excused_what_it_admitted_until_its_fence_and_no_more() {
-        let start = T0 + 600;
+        // All in window T0 / W.
+        let start = T0 + 400;
         let mut h = Hist::new();
         h.nemesis_with(
             1,
@@ -234,14 +235,14 @@ mod tests {
         );
         // n1 owned k: 7 before the cut, 2 in the replica's lag and its lease.
         admit(&mut h, 7, T0, "n1");
-        admit(&mut h, 2, start + 100, "n1");
+        admit(&mut h, 2, start + 10, "n1");
         // The successor n2 took over from the replica (7): 3 more reach L + 2.
-        admit(&mut h, 3, start + 1_600, "n2");
+        admit(&mut h, 3, start + 1_200, "n2");
         let (r, s) = check(&h);
         assert_eq!(r.count("FENCE"), 0, "{}", r.details(3));
         assert_eq!(s.by_cause.len(), 1);
         // A victim still deciding after its lease ran out is not excused.
-        admit(&mut h, 1, start + 2_000, "n1");
+        admit(&mut h, 1, start + 1_500, "n1");
         let (r, _) = check(&h);
         assert_eq!(r.count("FENCE"), 1, "{}", r.details(3));
     }
