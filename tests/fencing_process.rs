@@ -275,12 +275,17 @@ async fn a_fenced_key_is_admitted_at_most_its_limit_across_both_sides_of_a_parti
         let mut client = cluster.client(owner).await;
         let started = Instant::now();
         loop {
-            let a = check(&mut client, &warm, "GET /exact").await.expect("an answer");
+            let a = check(&mut client, &warm, "GET /exact")
+                .await
+                .expect("an answer");
             if a.allowed {
                 break;
             }
             assert!(a.degraded, "a fenced denial is degraded: {a:?}");
-            assert!(started.elapsed() < CONVERGE_TIMEOUT, "{owner} never decided its fenced keys");
+            assert!(
+                started.elapsed() < CONVERGE_TIMEOUT,
+                "{owner} never decided its fenced keys"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -401,11 +401,7 @@ impl Membership {
         let (view_tx, view_rx) = watch::channel(Arc::new(ClusterView::single(self_member.clone())));
         let (values_tx, values_rx) = watch::channel(Arc::new(MemberValues::new()));
         let fence_config = FenceConfig::new(config.cluster_size, !config.seeds.is_empty());
-        let quorum = Quorum::new(
-            fence_config,
-            &config.node_id,
-            config.clock.monotonic_ms(),
-        );
+        let quorum = Quorum::new(fence_config, &config.node_id, config.clock.monotonic_ms());
         let (fence_tx, fence_rx) = watch::channel(Arc::new(Fence::closed(&config.node_id)));
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let stop = cancel.child_token();
@@ -596,8 +592,7 @@ impl Driver {
         let mut gossip_running = true;
         let mut tick = tokio::time::interval(DEFAULT_GOSSIP_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut fence_tick =
-            tokio::time::interval(Duration::from_millis(quorum::FENCE_TICK_MS));
+        let mut fence_tick = tokio::time::interval(Duration::from_millis(quorum::FENCE_TICK_MS));
         fence_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -669,11 +664,7 @@ impl Driver {
             let chitchat = self.chitchat.lock().await;
             self.quorum.heartbeats(
                 chitchat.node_states().iter().map(|(id, state)| {
-                    (
-                        &*id.node_id,
-                        id.generation_id,
-                        u64::from(state.heartbeat()),
-                    )
+                    (&*id.node_id, id.generation_id, u64::from(state.heartbeat()))
                 }),
                 now,
             );

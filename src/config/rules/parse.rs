@@ -1039,7 +1039,11 @@ mod tests {
             let rs = set(&format!(
                 "[[rule]]\nname = \"x\"\ntier = \"free\"\nlimit = 1\nwindow = \"1s\"\n{fields}\n"
             ));
-            rs.rules().iter().find(|r| &*r.name == "x").unwrap().partition
+            rs.rules()
+                .iter()
+                .find(|r| &*r.name == "x")
+                .unwrap()
+                .partition
         };
         assert_eq!(partition(""), Partition::Split);
         assert_eq!(partition("on_unavailable = \"closed\""), Partition::Fence);
@@ -1059,7 +1063,9 @@ mod tests {
     fn a_bad_partition_or_a_fenced_rule_that_fails_open_is_rejected_with_why() {
         let e = one_rule("limit = 1\nwindow = \"1s\"\npartition = \"maybe\"");
         assert!(
-            e.contains("rule \"x\": field \"partition\": \"maybe\" is not a partition mode (use \"fence\""),
+            e.contains(
+                "rule \"x\": field \"partition\": \"maybe\" is not a partition mode (use \"fence\""
+            ),
             "{e}"
         );
         let e = one_rule("limit = 1\nwindow = \"1s\"\npartition = \"fence\"");

@@ -419,7 +419,14 @@ impl Hist {
 
     /// A check of the fenced rule through `node` at `t`, answered by `decider`
     /// (`allowed` or not), in the window of `t`.
-    pub fn fenced_op(&mut self, t: u64, node: &str, key: &str, decider: &str, allowed: bool) -> u64 {
+    pub fn fenced_op(
+        &mut self,
+        t: u64,
+        node: &str,
+        key: &str,
+        decider: &str,
+        allowed: bool,
+    ) -> u64 {
         let g = self.generation(decider);
         let sequence = self.seq(decider, g);
         let id = self.invoke(t, node, FENCED, key, 1);
