@@ -179,13 +179,17 @@ impl Rule {
         per: CountPer,
     ) -> Result<Self, AlgorithmError> {
         spec.limiter()?;
+        // Caller-chosen limits (Gubernator's, `CL.THROTTLE`'s) fail closed for their
+        // protocols' sake, not as abuse limits: they split in partitions, as before
+        // fencing existed.
         Ok(Rule::new(
             name,
             Selector::default(),
             spec,
             on_unavailable,
             per,
-        ))
+        )
+        .partitioned(Partition::Split))
     }
 
     /// Only called with specs that [`parse::build_spec`] accepted, which already built the
