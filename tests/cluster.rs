@@ -36,6 +36,9 @@ algorithm = "sliding_window_log"
 limit = 5
 window = "1h"
 on_unavailable = "closed"
+# These tests are about fail-over and handoff: the rule splits in partitions (a fenced
+# one waits for a majority and a silent owner: tests/fencing_process.rs).
+partition = "split"
 "#;
 
 const LIMIT: usize = 20;

@@ -190,7 +190,7 @@ fn override_rule(base: &Rule, requests: u32, unit: EnvoyUnit) -> Option<Arc<Rule
     let name = override_rule_name(&base.name, requests, unit);
     envoy_rule(&name, spec, base.shadow, base.on_unavailable)
         .ok()
-        .map(Arc::new)
+        .map(|rule| Arc::new(rule.partitioned(base.partition)))
 }
 
 /// Validate a domain request and plan it. Nothing is charged for an invalid one.

@@ -109,6 +109,20 @@ fn check(file: &std::path::Path) -> anyhow::Result<ExitCode> {
                     rules.len()
                 ),
             }
+            // Which rules stop deciding on a side of a partition without a majority:
+            // an operator should know before a partition tells them.
+            let fenced: Vec<&str> = rules
+                .rules()
+                .iter()
+                .filter(|r| r.is_fenced())
+                .map(|r| &*r.name)
+                .collect();
+            if !fenced.is_empty() {
+                println!(
+                    "fenced in partitions (denied where a node sees no majority): {}",
+                    fenced.join(", ")
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

@@ -153,6 +153,11 @@ pub struct ServeArgs {
     /// Longest a restarted node waits for its keys' replicas before it answers as owner.
     #[arg(long, default_value_t = 3000)]
     restore_timeout_ms: u64,
+    /// How many members the cluster has (a StatefulSet's replicas): a node decides the
+    /// keys of fenced rules (`partition = "fence"`) only while it hears a majority of
+    /// them. Unset: a majority of the largest view it held (docs/ownership.md).
+    #[arg(long)]
+    cluster_size: Option<std::num::NonZeroUsize>,
     /// Budget leases of hot counters (docs/leases.md): checks per second of one
     /// counter, through this node, at which it asks the counter's owner for a lease and
     /// decides its checks locally from it. 0: never (leases off).
@@ -380,6 +385,7 @@ fn node_config(args: ServeArgs) -> anyhow::Result<NodeConfig> {
     config.replicate_interval = std::time::Duration::from_millis(args.replicate_interval_ms);
     config.deny_cache = args.deny_cache;
     config.restore_timeout = std::time::Duration::from_millis(args.restore_timeout_ms);
+    config.cluster_size = args.cluster_size;
     config.snapshot_interval = std::time::Duration::from_millis(args.snapshot_interval_ms);
     config.snapshot_min_window = std::time::Duration::from_millis(args.snapshot_min_window_ms);
     config.forward.flush_delay = std::time::Duration::from_micros(args.forward_flush_us);

@@ -28,9 +28,10 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::link::ForwardError;
 use std::sync::Arc;
 
+use crate::algorithms::Millis;
 use crate::cluster::policy::{self, Fallback, Now, Origin, Positions, Routing};
 use crate::cluster::{Answer, CheckItem, Checks, DecidedChecks, Decider, Remote};
-use crate::membership::{ClusterView, Member};
+use crate::membership::{ClusterView, Fence, Member};
 use crate::shard::{Charge, Doubt, Outcome, Target};
 
 /// What a node does with a descriptor whose owner could not be reached.
@@ -96,6 +97,9 @@ pub struct Tally {
     pub closed: u64,
     /// Fail-open stand-in decisions.
     pub open: u64,
+    /// Fenced rules' checks denied because this node may not decide their key now
+    /// (no majority lease, or another live owner): [`Flight::fence`], [`Flight::fenced`].
+    pub fenced: u64,
 }
 
 /// One client batch in flight: its checks, the view it was planned on, the answers so
@@ -171,6 +175,38 @@ impl Flight {
     /// The view the flight was planned on.
     pub fn view(&self) -> &Arc<ClusterView> {
         &self.view
+    }
+
+    /// Deny, without deciding, every descriptor planned here whose rule is fenced and
+    /// whose key this node may not decide at `now` ([`policy::fence_check`]): they
+    /// leave [`Flight::local`]. Returns how many. A node that models no fencing (the
+    /// simulator's, for now) does not call it, and decides them all.
+    pub fn fence(&mut self, me: &Decider, fence: &Fence, now: Now) -> usize {
+        let mut denied = 0;
+        let mut kept = Positions::new();
+        for &i in &self.local {
+            let item = self.item(i);
+            match policy::fence_check(item, fence, now) {
+                Ok(()) => kept.push(i),
+                Err(why) => {
+                    tracing::debug!(key = %item.client(), rule = %item.rule.name, %why, "fenced");
+                    self.answers[i] = Some(policy::closed_denial(item, me, now.wall));
+                    denied += 1;
+                }
+            }
+        }
+        self.local = kept;
+        self.tally.fenced += denied as u64;
+        denied
+    }
+
+    /// Descriptor `i` is denied, not decided: its rule is fenced and this node may not
+    /// decide its key now (a [`Rescue::ReplicaHere`] checked against the fence when it
+    /// ran, or an answer that came back after the lease ran out and was given back).
+    pub fn fenced(&mut self, i: usize, me: &Decider, now: Millis) {
+        let answer = policy::closed_denial(self.item(i), me, now);
+        self.tally.fenced += 1;
+        self.answers[i] = Some(answer);
     }
 
     /// What to decide on this node's shards, in the order [`Flight::answer_here`]
@@ -507,6 +543,60 @@ mod tests {
         // The test rules fail open: the stand-in divides the limit by the ring size.
         assert_eq!(flight.fall_back(*i, &decider("a")), Some(3));
         assert_eq!(flight.tally().open, 1);
+    }
+
+    #[test]
+    fn a_fenced_key_this_node_may_not_decide_is_denied_and_never_reaches_its_shards() {
+        let view = Arc::new(view(&["a", "b", "c"]));
+        let key = key_of(&view, "a");
+        let deny = DenyCache::new(16);
+        let checks: Checks = smallvec::smallvec![smallvec::smallvec![
+            item(&key, "GET /closed", 1),
+            item(&key, "GET /", 1)
+        ]];
+        let now = Now {
+            wall: 1_000,
+            mono: 1_000,
+        };
+        let mut flight = Flight::plan(
+            checks,
+            view.clone(),
+            "a",
+            &deny,
+            now,
+            Routing::default(),
+            FailOver::ToSuccessor,
+        );
+        assert_eq!(flight.local().count(), 2);
+        assert_eq!(flight.fence(&decider("a"), &Fence::open("a"), now), 0);
+        assert_eq!(flight.fence(&decider("a"), &Fence::closed("a"), now), 1);
+        let left: Vec<&str> = flight.local().map(|i| &*i.rule.name).collect();
+        assert_eq!(left, ["default"], "only the unfenced rule is decided");
+        assert_eq!(flight.tally().fenced, 1);
+        let it = flight.item(1).clone();
+        flight.answer_here([policy::local_answer(
+            &it,
+            &decider("a"),
+            crate::algorithms::Decision {
+                allowed: true,
+                limit: 100,
+                remaining: 99,
+                retry_after_ms: 0,
+                reset_at_ms: 0,
+                window_id: None,
+                delay_ms: 0,
+            },
+            1,
+            1_000,
+            it.charge(),
+        )]);
+        let decided = flight.land();
+        let fenced = &decided[0].descriptors[0];
+        assert!(!fenced.answer.decision.allowed && fenced.answer.degraded);
+        assert!(
+            decided[0].descriptors[1].refunded,
+            "the sibling's admission is given back"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::algorithms::{Decision, Millis};
 use crate::cluster::deny_cache::{Denial, DenyCache};
 use crate::cluster::{Answer, Charged, CheckItem, Decided, Decider, DescriptorOutcome, Remote};
 use crate::config::rules::{FailMode, Rule};
-use crate::membership::{ClusterView, Member};
+use crate::membership::{ClusterView, Fence, Fenced, Member};
 use crate::shard::Refund;
 
 /// How long a denial is answered for a fail-closed rule whose owner is unreachable.
@@ -185,12 +185,15 @@ pub fn local_answer(
 /// The answer an owner gave for `item`. An algorithm name this node does not know
 /// is reported as the one its own rule names (the rule sets differ for a moment).
 pub fn remote_answer(item: &CheckItem, remote: Remote, owner: &Member) -> Answer {
+    // An owner's denial without a sequence number decided nothing: a fenced rule's key
+    // the owner may not decide now ([`closed_denial`]). The caller sees it degraded.
+    let undecided = !remote.decision.allowed && remote.sequence == 0;
     Answer {
         decision: remote.decision,
         sequence: remote.sequence,
         at: remote.at,
         decider: remote.decider,
-        degraded: false,
+        degraded: undecided,
         hops: 1,
         rule: remote.rule,
         algorithm: remote.algorithm.unwrap_or_else(|| item.rule.limiter.kind()),
@@ -203,10 +206,13 @@ pub fn remote_answer(item: &CheckItem, remote: Remote, owner: &Member) -> Answer
 }
 
 /// The denial to cache after an owner denied `item` at this node's monotonic `now`;
-/// `None` when the wait is zero or unbounded (nothing useful to cache).
+/// `None` when the wait is zero or unbounded (nothing useful to cache), or the denial
+/// decided nothing.
 pub fn denial(item: &CheckItem, answer: &Answer, now: Millis) -> Option<Denial> {
     let retry = answer.decision.retry_after_ms;
-    if answer.decision.allowed || retry == 0 || retry == u64::MAX {
+    // A degraded denial (an owner fenced off its key for now) says nothing about the
+    // key's count: the next check asks again.
+    if answer.decision.allowed || answer.degraded || retry == 0 || retry == u64::MAX {
         return None;
     }
     Some(Denial {
@@ -250,32 +256,52 @@ pub fn is_fail_closed(answer: &Answer, me: &Decider) -> bool {
         && answer.decider == *me
 }
 
-/// The fallback for `item` when its owner is unreachable, on a ring of `nodes`.
+/// The fallback for `item` when its owner is unreachable, on a ring of `nodes`. A
+/// fenced rule never fails open: a share decided here would be a decider of its own.
 pub fn on_unreachable(item: &CheckItem, me: &Decider, nodes: usize, now: Millis) -> Fallback {
     match item.rule.on_unavailable {
-        FailMode::Closed => Fallback::Closed(Box::new(Answer {
-            decision: Decision {
-                allowed: false,
-                limit: item.rule.limiter.max_cost(),
-                remaining: 0,
-                retry_after_ms: CLOSED_RETRY_MS,
-                reset_at_ms: now + CLOSED_RETRY_MS,
-                window_id: None,
-                delay_ms: 0,
-            },
-            sequence: 0,
-            at: now,
-            decider: me.clone(),
-            degraded: true,
-            hops: 0,
-            rule: item.rule.name.clone(),
-            algorithm: item.rule.limiter.kind(),
-            charged: Charged::Nothing,
-        })),
+        _ if item.rule.is_fenced() => Fallback::Closed(Box::new(closed_denial(item, me, now))),
+        FailMode::Closed => Fallback::Closed(Box::new(closed_denial(item, me, now))),
         FailMode::Open => Fallback::Open {
             nodes: nodes.max(1) as u64,
         },
     }
+}
+
+/// A denial made by `me` without deciding (nothing charged, degraded, retry after
+/// [`CLOSED_RETRY_MS`]): a fail-closed rule whose owner is unreachable, or a fenced
+/// rule's key this node may not decide now. [`is_fail_closed`] tells it apart.
+pub fn closed_denial(item: &CheckItem, me: &Decider, now: Millis) -> Answer {
+    Answer {
+        decision: Decision {
+            allowed: false,
+            limit: item.rule.limiter.max_cost(),
+            remaining: 0,
+            retry_after_ms: CLOSED_RETRY_MS,
+            reset_at_ms: now + CLOSED_RETRY_MS,
+            window_id: None,
+            delay_ms: 0,
+        },
+        sequence: 0,
+        at: now,
+        decider: me.clone(),
+        degraded: true,
+        hops: 0,
+        rule: item.rule.name.clone(),
+        algorithm: item.rule.limiter.kind(),
+        charged: Charged::Nothing,
+    }
+}
+
+/// Whether this node may decide `item` now (`now.mono` against `fence`): `Err` with
+/// why not for a fenced rule's key this node does not hold a majority lease for, or
+/// whose owner among the live is another member (docs/ownership.md, "Fencing").
+/// Rules that split in partitions are always decided.
+pub fn fence_check(item: &CheckItem, fence: &Fence, now: Now) -> Result<(), Fenced> {
+    if !item.rule.is_fenced() || item.rule.is_node_local() {
+        return Ok(());
+    }
+    fence.check(item.id.placement, now.mono)
 }
 
 /// Mark the descriptors of one check to give back: admitted while another denied.
@@ -783,6 +809,40 @@ mod tests {
         assert_eq!(flags(&decided[0]), vec![false]);
         assert_eq!(flags(&decided[1]), vec![false, true]);
         assert_eq!(refunds(&decided).here.len(), 1);
+    }
+
+    #[test]
+    fn a_fenced_rules_key_is_denied_without_a_majority_and_other_rules_are_not_fenced() {
+        let fenced = item("k", "GET /closed", 1);
+        let open = item("k", "/x", 1);
+        assert!(
+            fenced.rule.is_fenced(),
+            "fail-closed rules fence by default"
+        );
+        assert!(!open.rule.is_fenced());
+        let closed = Fence::closed("a");
+        assert_eq!(
+            fence_check(&fenced, &closed, same(1_000)),
+            Err(Fenced::NoMajority)
+        );
+        assert_eq!(fence_check(&open, &closed, same(1_000)), Ok(()));
+        assert_eq!(fence_check(&fenced, &Fence::open("a"), same(1_000)), Ok(()));
+        let denial = closed_denial(&fenced, &decider("a"), 1_000);
+        assert!(!denial.decision.allowed && denial.degraded);
+        assert!(is_fail_closed(&denial, &decider("a")));
+    }
+
+    #[test]
+    fn a_fenced_rule_never_fails_open_even_if_its_rule_says_open() {
+        let mut it = item("k", "/x", 1);
+        let rule = (*it.rule)
+            .clone()
+            .partitioned(crate::config::rules::Partition::Fence);
+        it.rule = Arc::new(rule);
+        assert!(matches!(
+            on_unreachable(&it, &decider("a"), 3, 1_000),
+            Fallback::Closed(_)
+        ));
     }
 
     #[test]

@@ -18,14 +18,14 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::flight::{self, FailOver, Flight, Rescue, Tally};
 use crate::cluster::link::CountersError;
 use crate::cluster::link::PeerPool;
-use crate::cluster::policy::{self, Origin, Routing};
+use crate::cluster::policy::{self, Origin, Positions, Routing};
 use crate::cluster::replication::Restore;
-use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
+use crate::cluster::{Answer, Charged, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::{Rule, RuleSet};
-use crate::membership::ClusterView;
+use crate::membership::{ClusterView, Fence};
 use crate::ring::RingDiff;
 use crate::shard::counters::{ClientCounters, ClientQuery};
-use crate::shard::{Charge, ShardError, Shards};
+use crate::shard::{Charge, Refund, ShardError, Shards};
 
 mod budget;
 mod reserve;
@@ -97,6 +97,7 @@ struct RouterMetrics {
     resets: metrics::Counter,
     not_owner: metrics::Counter,
     failed_over: metrics::Counter,
+    fenced: metrics::Counter,
 }
 
 impl RouterMetrics {
@@ -110,6 +111,7 @@ impl RouterMetrics {
             resets: metrics::counter!("ringlimit_ownership_resets_total"),
             not_owner: metrics::counter!("ringlimit_forwarded_not_owner_total"),
             failed_over: metrics::counter!("ringlimit_degraded_total", "reason" => "fail_over"),
+            fenced: metrics::counter!("ringlimit_degraded_total", "reason" => "fenced"),
         }
     }
 }
@@ -132,6 +134,10 @@ pub struct Router {
     restore: Arc<Restore>,
     /// Decide checks of hot remote counters from budget leases (`router/budget.rs`).
     budget_leases: bool,
+    /// Whether this node may decide fenced rules' keys (membership's quorum tracker),
+    /// read on `fence_clock`'s monotonic clock, the one the lease was measured on.
+    fence: watch::Receiver<Arc<Fence>>,
+    fence_clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Router {
@@ -153,7 +159,6 @@ impl Router {
         inherited: Arc<Inherited>,
     ) -> Self {
         Self {
-            me,
             shards,
             view,
             peers,
@@ -166,7 +171,56 @@ impl Router {
             failover: FailOver::Off,
             restore: Arc::new(Restore::new(true)),
             budget_leases: false,
+            fence: watch::channel(Arc::new(Fence::open(&me.node_id))).1,
+            fence_clock: Arc::new(crate::clock::SystemClock),
+            me,
         }
+    }
+
+    /// This router fencing fenced rules by membership's `fence`, whose leases are
+    /// instants of `clock`'s monotonic reading. Without it every key is decided.
+    pub fn with_fence(mut self, fence: watch::Receiver<Arc<Fence>>, clock: Arc<dyn Clock>) -> Self {
+        self.fence = fence;
+        self.fence_clock = clock;
+        self
+    }
+
+    /// The latest fence, and `now` with the fence clock's monotonic reading.
+    fn fence_now(&self, now: policy::Now) -> (Arc<Fence>, policy::Now) {
+        let fence = self.fence.borrow().clone();
+        let now = policy::Now {
+            wall: now.wall,
+            mono: self.fence_clock.monotonic_ms(),
+        };
+        (fence, now)
+    }
+
+    /// Answers decided here on a fenced rule's key whose lease ran out (or whose owner
+    /// came back) while the shard decided them: a stall between the check and the
+    /// decision must not make this node a second decider. Each such admission becomes
+    /// a denial, and its charge is returned (given back on the shard).
+    fn recheck_fenced<'a>(
+        &self,
+        items: impl IntoIterator<Item = &'a CheckItem>,
+        answers: &mut [Answer],
+    ) -> Vec<Refund> {
+        let mut refunds = Vec::new();
+        let (fence, now) = self.fence_now(policy::Now::of(&*self.clock));
+        for (item, answer) in items.into_iter().zip(answers.iter_mut()) {
+            if !answer.decision.allowed || policy::fence_check(item, &fence, now).is_ok() {
+                continue;
+            }
+            if let Charged::Here(charge) = &answer.charged {
+                refunds.push(Refund {
+                    charge: charge.clone(),
+                    at: answer.at,
+                });
+            }
+            tracing::debug!(key = %item.client(), rule = %item.rule.name, "fence lost while deciding: given back");
+            *answer = policy::closed_denial(item, &self.me, now.wall);
+            self.metrics.fenced.increment(1);
+        }
+        refunds
     }
 
     /// This router sending checks whose owner is unreachable to the key's successor
@@ -296,6 +350,12 @@ impl Router {
             self.routing,
             self.failover,
         );
+        // Only a batch with a fenced rule's descriptor pays for reading the fence.
+        let fenced = flight.local().any(|item| item.rule.is_fenced());
+        if fenced {
+            let (fence, fence_now) = self.fence_now(now);
+            flight.fence(&self.me, &fence, fence_now);
+        }
         self.spend_leases(&mut flight).await?;
 
         // The one step with I/O: this node's shards and the owners, concurrently.
@@ -318,7 +378,13 @@ impl Router {
             (local, Remotes::from_vec(remote))
         };
         // Collected (inline for a unary check) so the answers stop borrowing the flight.
-        let local_answers: smallvec::SmallVec<[Answer; 2]> = local_answers?.collect();
+        let mut local_answers: smallvec::SmallVec<[Answer; 2]> = local_answers?.collect();
+        if fenced {
+            let late = self.recheck_fenced(flight.local(), &mut local_answers);
+            if !late.is_empty() {
+                self.shards.refund(late).await?;
+            }
+        }
         flight.answer_here(local_answers);
         let rescues = flight.settle(&self.me.node_id, remote_results, &self.deny);
         if !rescues.is_empty() {
@@ -339,6 +405,7 @@ impl Router {
         m.failed_over.increment(tally.failed_over);
         m.degraded_closed.increment(tally.closed);
         m.degraded_open.increment(tally.open);
+        m.fenced.increment(tally.fenced);
     }
 
     /// Perform each descriptor's [`Rescue`]: its replica at the key's successor (here
@@ -353,11 +420,32 @@ impl Router {
         for (i, rescue) in rescues {
             let answered = match rescue {
                 Rescue::ReplicaHere(failover) => {
+                    // Checked now, not when the flight was planned: the forward to the
+                    // owner took its time.
+                    let (fence, now) = self.fence_now(policy::Now::of(&*self.clock));
+                    if policy::fence_check(&failover, &fence, now).is_err() {
+                        flight.fenced(i, &self.me, now.wall);
+                        continue;
+                    }
                     let charge = failover.charge();
                     let outcome = self
                         .shards
                         .check(smallvec::smallvec![charge.clone()])
                         .await?;
+                    let mut answer = [policy::local_answer(
+                        &failover,
+                        &self.me,
+                        outcome[0].decision,
+                        outcome[0].sequence,
+                        outcome[0].at,
+                        charge.clone(),
+                    )];
+                    let late = self.recheck_fenced([&failover], &mut answer);
+                    if !late.is_empty() {
+                        self.shards.refund(late).await?;
+                        flight.fenced(i, &self.me, answer[0].at);
+                        continue;
+                    }
                     flight.replica_decided_here(i, &self.me, charge, outcome[0]);
                     true
                 }
@@ -396,7 +484,7 @@ impl Router {
     pub async fn decide_forwarded<T>(
         &self,
         items: &[CheckItem],
-        wire: impl FnMut(Answer) -> T,
+        mut wire: impl FnMut(Answer) -> T,
     ) -> Result<Vec<T>, ShardError> {
         if flight::owner_refuses(
             self.restore.is_done(),
@@ -424,12 +512,54 @@ impl Router {
             self.routing,
         );
         debug_assert!(plan.remote.is_empty() && plan.cached == 0);
-        let answers = self
-            .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+        if !refs.iter().any(|item| item.rule.is_fenced()) {
+            let answers = self
+                .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+                .await?
+                .map(wire)
+                .collect();
+            return Ok(answers);
+        }
+        // Fenced rules' keys this node may not decide now (as owner, or as successor on
+        // a replica) are denied here, degraded, and never reach the shards.
+        let (fence, now) = self.fence_now(policy::Now::of(&*self.clock));
+        let (decide, denied): (Positions, Positions) = plan
+            .local
+            .iter()
+            .copied()
+            .partition(|&i| policy::fence_check(refs[i], &fence, now).is_ok());
+        if denied.is_empty() {
+            let mut answers: Vec<Answer> = self
+                .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
+                .await?
+                .collect();
+            let late = self.recheck_fenced(plan.local.iter().map(|&i| refs[i]), &mut answers);
+            if !late.is_empty() {
+                self.shards.refund(late).await?;
+            }
+            return Ok(answers.into_iter().map(wire).collect());
+        }
+        self.metrics.fenced.increment(denied.len() as u64);
+        let mut answers: Vec<Option<Answer>> = vec![None; refs.len()];
+        for &i in &denied {
+            answers[i] = Some(policy::closed_denial(refs[i], &self.me, now.wall));
+        }
+        let mut decided: Vec<Answer> = self
+            .decide_here(decide.iter().map(|&i| refs[i]), &view)
             .await?
-            .map(wire)
             .collect();
-        Ok(answers)
+        let late = self.recheck_fenced(decide.iter().map(|&i| refs[i]), &mut decided);
+        if !late.is_empty() {
+            self.shards.refund(late).await?;
+        }
+        for (&i, answer) in decide.iter().zip(decided) {
+            answers[i] = Some(answer);
+        }
+        Ok(plan
+            .local
+            .iter()
+            .map(|&i| wire(answers[i].take().expect("every forwarded item is answered")))
+            .collect())
     }
 
     /// Decide on this node's shards, each item on its own counter. The answers come

@@ -14,8 +14,8 @@ use arc_swap::ArcSwap;
 
 pub use route::{Route, RouteError, RouteErrorKind, RoutePattern, Specificity};
 pub use rules::{
-    parse_duration, AlgorithmSpec, DurationError, FailMode, LeakyMode, MatchLevel, Rule, RuleIssue,
-    RuleRef, RuleSet, RulesError, Selector,
+    parse_duration, AlgorithmSpec, DurationError, FailMode, LeakyMode, MatchLevel, Partition, Rule,
+    RuleIssue, RuleRef, RuleSet, RulesError, Selector,
 };
 
 /// The rules every check is matched against; swapped whole on reload, so a check sees

@@ -250,6 +250,7 @@ mod tests {
                     replaces: vec![],
                     algorithm: None,
                     on_unavailable: None,
+                    partition: None,
                 }),
                 shadow_mode: false,
                 detailed_metric: false,

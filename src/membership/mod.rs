@@ -65,6 +65,7 @@
 //! `detection_time_of_a_killed_node` asserts the bound (≤ 3 s).
 
 pub mod auth;
+pub mod quorum;
 mod reconnect;
 mod view;
 
@@ -87,6 +88,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{debug, error, info, warn};
 
 pub use auth::{transport, AuthUdpTransport, GossipAuthStats};
+pub use quorum::{Fence, FenceConfig, Fenced, Quorum};
 pub use view::{
     build_view, build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING,
     KEY_PEER_ADDR,
@@ -169,6 +171,12 @@ pub struct MembershipConfig {
     pub heartbeat_max_interval: Duration,
     /// How long a dead identity's state is kept before it is forgotten.
     pub dead_node_grace_period: Duration,
+    /// `--cluster-size`: fenced rules are decided only by a node that hears a majority
+    /// of this many members; `None`: of the largest view it held ([`quorum`]).
+    pub cluster_size: Option<std::num::NonZeroUsize>,
+    /// The clock fencing measures silences on (its monotonic reading): the node's, so
+    /// the router compares a lease with the same clock it was made on.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl MembershipConfig {
@@ -190,6 +198,8 @@ impl MembershipConfig {
             heartbeat_initial_interval: DEFAULT_HEARTBEAT_INITIAL_INTERVAL,
             heartbeat_max_interval: DEFAULT_HEARTBEAT_MAX_INTERVAL,
             dead_node_grace_period: DEFAULT_DEAD_NODE_GRACE_PERIOD,
+            cluster_size: None,
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 
@@ -244,6 +254,8 @@ pub fn generation_now() -> u64 {
 /// gossip in the background; [`Membership::shutdown`] does the same and waits.
 pub struct Membership {
     view: watch::Receiver<Arc<ClusterView>>,
+    fence: watch::Receiver<Arc<Fence>>,
+    fence_clock: Arc<dyn crate::clock::Clock>,
     values: watch::Receiver<Arc<MemberValues>>,
     gossip_addr: SocketAddr,
     commands: mpsc::Sender<Command>,
@@ -388,6 +400,9 @@ impl Membership {
         let live = chitchat.lock().await.live_nodes_watcher();
         let (view_tx, view_rx) = watch::channel(Arc::new(ClusterView::single(self_member.clone())));
         let (values_tx, values_rx) = watch::channel(Arc::new(MemberValues::new()));
+        let fence_config = FenceConfig::new(config.cluster_size, !config.seeds.is_empty());
+        let quorum = Quorum::new(fence_config, &config.node_id, config.clock.monotonic_ms());
+        let (fence_tx, fence_rx) = watch::channel(Arc::new(Fence::closed(&config.node_id)));
         let (commands_tx, commands_rx) = mpsc::channel(4);
         let stop = cancel.child_token();
         let gossip_stopped = CancellationToken::new();
@@ -404,6 +419,9 @@ impl Membership {
             lost: reconnect::Lost::default(),
             warned_alone: None,
             gossip_stopped: gossip_stopped.clone(),
+            quorum,
+            fence_tx,
+            clock: config.clock.clone(),
         };
         // In the caller's span (a node's), so view changes name the node that saw them.
         let driver = tokio::spawn(tracing::Instrument::in_current_span(driver.run(
@@ -413,6 +431,8 @@ impl Membership {
         )));
         Ok(Membership {
             view: view_rx,
+            fence: fence_rx,
+            fence_clock: config.clock.clone(),
             values: values_rx,
             gossip_addr,
             commands: commands_tx,
@@ -426,6 +446,17 @@ impl Membership {
     /// member's address, generation or `leaving` flag changes.
     pub fn view(&self) -> watch::Receiver<Arc<ClusterView>> {
         self.view.clone()
+    }
+
+    /// Whether this node may decide fenced rules' keys ([`quorum`]): a new snapshot
+    /// every [`quorum::FENCE_TICK_MS`] and on every view change.
+    pub fn fence(&self) -> watch::Receiver<Arc<Fence>> {
+        self.fence.clone()
+    }
+
+    /// The clock whose monotonic reading the fence's leases are instants of.
+    pub fn fence_clock(&self) -> Arc<dyn crate::clock::Clock> {
+        self.fence_clock.clone()
     }
 
     /// Every view member's key-values, updated whenever one changes.
@@ -530,6 +561,10 @@ struct Driver {
     warned_alone: Option<tokio::time::Instant>,
     /// Cancelled when chitchat's gossip loop ended on its own.
     gossip_stopped: CancellationToken,
+    /// Heartbeats heard and when, for fencing.
+    quorum: Quorum,
+    fence_tx: watch::Sender<Arc<Fence>>,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// A gap this long between two runs of the driver means the process itself was frozen.
@@ -557,9 +592,12 @@ impl Driver {
         let mut gossip_running = true;
         let mut tick = tokio::time::interval(DEFAULT_GOSSIP_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut fence_tick = tokio::time::interval(Duration::from_millis(quorum::FENCE_TICK_MS));
+        fence_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = fence_tick.tick() => self.measure().await,
                 _ = tick.tick() => {
                     self.note_stall();
                     if self
@@ -616,6 +654,49 @@ impl Driver {
             warn!(%error, "chitchat shutdown reported an error");
         }
         info!(node_id = %self.self_id.node_id, "membership stopped");
+    }
+
+    /// Read every incarnation's heartbeat into the fencing tracker and publish what
+    /// this node may decide now.
+    async fn measure(&mut self) {
+        let now = self.clock.monotonic_ms();
+        {
+            let chitchat = self.chitchat.lock().await;
+            self.quorum.heartbeats(
+                chitchat.node_states().iter().map(|(id, state)| {
+                    (&*id.node_id, id.generation_id, u64::from(state.heartbeat()))
+                }),
+                now,
+            );
+        }
+        self.publish_fence(now);
+    }
+
+    /// The fence as of `now` for the current view.
+    fn publish_fence(&mut self, now: u64) {
+        let view = self.view_tx.borrow().clone();
+        self.quorum.view(
+            view.ring.len(),
+            view.members
+                .iter()
+                .filter(|m| m.leaving)
+                .map(|m| m.node_id.as_str()),
+            now,
+        );
+        self.quorum.tick(now);
+        let fence = self
+            .quorum
+            .fence(view.members.iter().map(|m| m.node_id.as_str()), now);
+        let majority = fence.holds_majority(now);
+        if majority != self.fence_tx.borrow().holds_majority(now) {
+            if majority {
+                info!(node_id = %self.self_id.node_id, basis = ?fence.basis, "fence: a majority is heard; fenced rules are decided here again");
+            } else {
+                warn!(node_id = %self.self_id.node_id, basis = ?fence.basis, "fence: no majority heard; fenced rules are denied here (degraded)");
+            }
+        }
+        metrics::gauge!("ringlimit_fence_majority").set(if majority { 1.0 } else { 0.0 });
+        self.fence_tx.send_replace(Arc::new(fence));
     }
 
     /// Gossips with every live peer at once instead of waiting for the next round.
@@ -755,6 +836,8 @@ impl Driver {
             true
         });
         if changed {
+            // Members added to the view take ranges away at once (the fence's ring).
+            self.publish_fence(self.clock.monotonic_ms());
             let view = self.view_tx.borrow();
             info!(
                 node_id = %self.self_id.node_id,

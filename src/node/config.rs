@@ -112,6 +112,10 @@ pub struct NodeConfig {
     /// Longest a node that starts with seeds waits to restore its keys' replicas before
     /// it answers as owner anyway (`--restore-timeout-ms`).
     pub restore_timeout: Duration,
+    /// `--cluster-size`: fenced rules (`partition = "fence"`) are decided only by a node
+    /// that hears a majority of this many members; `None`: of the largest view it held
+    /// (docs/ownership.md, "Fencing").
+    pub cluster_size: Option<std::num::NonZeroUsize>,
     /// HTTP/2 and connection limits of the gRPC listener.
     pub grpc: GrpcLimits,
     /// The cluster key: peer calls and gossip datagrams are signed and checked with it.
@@ -184,6 +188,7 @@ impl Default for NodeConfig {
             leave_settle: Duration::from_millis(600),
             replicate_interval: Duration::from_millis(50),
             restore_timeout: Duration::from_secs(3),
+            cluster_size: None,
             grpc: GrpcLimits::default(),
             broken_decide_locally: false,
             resp: None,
@@ -357,6 +362,7 @@ impl NodeConfig {
             gossip_listen: self.gossip_listen,
             gossip_advertise: self.gossip_advertise,
             seeds: self.seeds.clone(),
+            cluster_size: self.cluster_size,
             ..MembershipConfig::new(&self.node_id, grpc_advertise)
         }
     }

@@ -208,7 +208,11 @@ fn describe_checks() {
     );
     describe_counter!(
         "ringlimit_degraded_total",
-        "Answers given without the owner, by reason (fail_over: the successor decided on its replica; fail_open; fail_closed)."
+        "Answers given without the owner, by reason (fail_over: the successor decided on its replica; fail_open; fail_closed; fenced: a fenced rule's key this node may not decide now, denied)."
+    );
+    describe_gauge!(
+        "ringlimit_fence_majority",
+        "1 while this node hears a majority of the cluster and may decide fenced rules' keys, else 0 (their checks here are denied, degraded)."
     );
     describe_counter!(
         "ringlimit_deny_cache_hits_total",

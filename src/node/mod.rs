@@ -808,7 +808,9 @@ fn start_routing(
     if config.broken_decide_locally {
         router = router.break_decide_locally();
     }
-    router = router.with_budget_leases(config.shards.lease_threshold > 0);
+    router = router
+        .with_budget_leases(config.shards.lease_threshold > 0)
+        .with_fence(membership.fence(), membership.fence_clock());
     let replicating = !config.replicate_interval.is_zero();
     // A node with seeds may be one that restarted (same id, empty memory): it answers
     // as owner once it has its keys' replicas back. One without seeds starts a cluster.

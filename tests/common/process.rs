@@ -538,3 +538,96 @@ mod tests {
         assert!(parse_ready("ringlimit ready node_id=a", "a").is_err());
     }
 }
+
+/// Run `iptables -w ARGS`; Err: its stderr.
+pub fn iptables(args: &[String]) -> Result<(), String> {
+    let out = Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Whether iptables works here (root, binary present): probes with a rule on a
+/// reserved address and removes it again.
+pub fn iptables_available() -> bool {
+    let spec: Vec<String> = [
+        "INPUT",
+        "-s",
+        "127.254.254.253",
+        "-d",
+        "127.254.254.254",
+        "-j",
+        "DROP",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut add = vec!["-I".to_string()];
+    add.extend(spec.iter().cloned());
+    if iptables(&add).is_err() {
+        return false;
+    }
+    let mut del = vec!["-D".to_string()];
+    del.extend(spec);
+    iptables(&del).is_ok()
+}
+
+/// iptables rules that cut one address off from others, both directions, on INPUT (the
+/// chaos nemesis's partition): every node binds an address of its own, so a rule names
+/// exactly one pair of nodes. Dropping the value removes the rules it added.
+#[derive(Debug, Default)]
+pub struct Cut {
+    rules: Vec<Vec<String>>,
+}
+
+impl Cut {
+    /// Cut `victim` off from each of `others`. Err: iptables failed (the rules added so
+    /// far are removed again).
+    pub fn apart(victim: IpAddr, others: &[IpAddr]) -> Result<Cut, String> {
+        let mut cut = Cut::default();
+        for other in others {
+            for (s, d) in [(victim, *other), (*other, victim)] {
+                let spec: Vec<String> = [
+                    "INPUT",
+                    "-s",
+                    &s.to_string(),
+                    "-d",
+                    &d.to_string(),
+                    "-j",
+                    "DROP",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+                let mut args = vec!["-I".to_string()];
+                args.extend(spec.iter().cloned());
+                iptables(&args)?;
+                cut.rules.push(spec);
+            }
+        }
+        Ok(cut)
+    }
+
+    /// Remove every rule of this cut now.
+    pub fn heal(&mut self) {
+        for spec in std::mem::take(&mut self.rules) {
+            let mut args = vec!["-D".to_string()];
+            args.extend(spec);
+            if let Err(e) = iptables(&args) {
+                eprintln!("[harness] WARNING: could not remove iptables rule: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        self.heal();
+    }
+}

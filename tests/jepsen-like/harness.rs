@@ -10,7 +10,6 @@ pub mod process;
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::history::{now_ms, Entry, History, MemberView};
-use process::{Process, Serve, Signal};
+use process::{iptables, iptables_available, Process, Serve, Signal};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeState {
@@ -80,44 +79,6 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.0.cleanup();
     }
-}
-
-fn iptables(args: &[String]) -> Result<(), String> {
-    let out = Command::new("iptables")
-        .arg("-w")
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
-
-/// Whether iptables works here (root, binary present): probes with a rule on a
-/// reserved address and removes it again.
-pub fn iptables_available() -> bool {
-    let spec: Vec<String> = [
-        "INPUT",
-        "-s",
-        "127.254.254.253",
-        "-d",
-        "127.254.254.254",
-        "-j",
-        "DROP",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut add = vec!["-I".to_string()];
-    add.extend(spec.iter().cloned());
-    if iptables(&add).is_err() {
-        return false;
-    }
-    let mut del = vec!["-D".to_string()];
-    del.extend(spec);
-    iptables(&del).is_ok()
 }
 
 /// Debian's libfaketime (package `faketime`, installed by `.ci/deps`), the

@@ -26,6 +26,9 @@ pub struct RuleInfo {
     pub limit: u64,
     pub window_ms: u64,
     pub burst: u64,
+    /// `partition = "fence"` (a fail-closed rule's default): FENCE holds it to L.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// One member as a node's Status reported it.

@@ -215,6 +215,7 @@ async fn run(profile: Profile, seed: u64) -> Outcome {
             ("GET /fw".into(), 60),
             ("GET /log".into(), 25),
             ("GET /tb".into(), 15),
+            ("GET /fence".into(), 10),
         ],
     });
     let clients = workload::spawn(h.clone(), cfg, seed, stop_clients.clone());

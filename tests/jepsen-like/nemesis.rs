@@ -411,15 +411,21 @@ pub async fn run_step(h: &Arc<Harness>, n: u32, step: &Step) -> Result<(), Strin
                 return Ok(());
             }
             h.set_state(&victim, NodeState::Partitioned);
+            let cutting = std::time::Instant::now();
             match h.partition(&victim) {
                 Ok(rules) => {
+                    // The first rule cut the victim off from one peer this long before
+                    // the line: FENCE counts its replica lag from there.
                     record(
                         h,
                         n,
                         step.kind,
                         &victim,
                         "start",
-                        format!("{rules} iptables DROP rules"),
+                        format!(
+                            "{rules} iptables DROP rules in {} ms",
+                            cutting.elapsed().as_millis()
+                        ),
                     );
                     tokio::time::sleep(hold).await;
                     h.heal_partitions();

@@ -27,6 +27,16 @@ algorithm = "token_bucket"
 limit = 10
 window = "2s"
 burst = 5
+
+# Fail-closed, so fenced in partitions by default: FENCE holds it to L. Its share of
+# the ops is small (10 %), so a low limit: hot keys reach it in most windows.
+[[rule]]
+name = "fence"
+route = "GET /fence"
+algorithm = "fixed_window"
+limit = 3
+window = "2s"
+on_unavailable = "closed"
 "#;
 
 /// What the history records of each rule in [`RULES`], for the checkers.
@@ -37,10 +47,12 @@ pub fn rule_infos() -> Vec<RuleInfo> {
         limit,
         window_ms: 2000,
         burst,
+        fenced: route == "GET /fence",
     };
     vec![
         info("GET /fw", "fixed_window", 10, 10),
         info("GET /log", "sliding_window_log", 8, 8),
         info("GET /tb", "token_bucket", 10, 5),
+        info("GET /fence", "fixed_window", 3, 3),
     ]
 }

@@ -76,6 +76,9 @@ pub struct DocDefault {
     pub queue_depth: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unavailable: Option<String>,
+    /// `"fence"` or `"split"`; unset: fence when `on_unavailable = "closed"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
 }
@@ -107,6 +110,9 @@ pub struct DocRule {
     pub queue_depth: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_unavailable: Option<String>,
+    /// `"fence"` or `"split"`; unset: fence when `on_unavailable = "closed"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<String>,
     /// At most this many of a client's requests in flight at once (`Acquire`/`Release`).
@@ -153,6 +159,8 @@ pub struct TierLimit {
     pub queue_depth: Option<i64>,
     #[serde(default)]
     pub on_unavailable: Option<String>,
+    #[serde(default)]
+    pub partition: Option<String>,
     #[serde(default)]
     pub per: Option<String>,
 }
@@ -260,6 +268,7 @@ impl RulesDoc {
             mode: limit.mode,
             queue_depth: limit.queue_depth,
             on_unavailable: limit.on_unavailable,
+            partition: limit.partition,
             per: limit.per,
             concurrency: None,
             lease: None,
@@ -443,6 +452,9 @@ mod tests {
                     (name, client, tier, route, algorithm, limit),
                     (window, burst, mode, queue_depth, on_unavailable, per),
                 )| DocRule {
+                    // Any text, drawn from the name so the strategy tuples stay within
+                    // proptest's arity.
+                    partition: name.as_ref().map(|n| format!("{n}\n\"fence")),
                     name,
                     client,
                     tier,

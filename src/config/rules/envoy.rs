@@ -672,6 +672,8 @@ impl Builder<'_> {
                 ))
             }
         };
+        let partition = super::parse_partition(raw.partition.as_deref(), on_unavailable)
+            .map_err(|e| format!("{at}.partition: {e}"))?;
         if u64::from(requests) > super::MAX_LIMIT {
             return Err(format!(
                 "{at}.requests_per_unit: {requests} is over the limit of {}",
@@ -690,7 +692,8 @@ impl Builder<'_> {
                     shadow || quota,
                     on_unavailable,
                 )
-                .map_err(|e| format!("{at}: {e}"))?;
+                .map_err(|e| format!("{at}: {e}"))?
+                .partitioned(partition);
                 let rule = Arc::new(rule);
                 self.rules.insert(name.clone(), rule.clone());
                 Some(rule)

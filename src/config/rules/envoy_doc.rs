@@ -68,6 +68,9 @@ pub struct RateLimitDoc {
     pub algorithm: Option<String>,
     /// ringlimit's `on_unavailable` (YAML only).
     pub on_unavailable: Option<String>,
+    /// ringlimit's `partition` (YAML only): `fence` or `split`.
+    #[serde(default)]
+    pub partition: Option<String>,
 }
 
 /// One entry of `replaces`.

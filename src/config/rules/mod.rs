@@ -83,6 +83,10 @@ pub struct Rule {
     pub spec: AlgorithmSpec,
     /// What to do when the key's owner cannot be reached.
     pub on_unavailable: FailMode,
+    /// What a partition does to this rule's counters: two deciders (`split`), or only
+    /// a side that sees a majority of the cluster decides (`fence`). Not part of the
+    /// fingerprint: the counters mean the same either way.
+    pub partition: Partition,
     /// What one counter is: one per client key, or one per client key and route.
     pub per: CountPer,
     /// [`rule_fingerprint`] of `spec` and `per`, precomputed so a reload can tell in O(1)
@@ -175,13 +179,17 @@ impl Rule {
         per: CountPer,
     ) -> Result<Self, AlgorithmError> {
         spec.limiter()?;
+        // Caller-chosen limits (Gubernator's, `CL.THROTTLE`'s) fail closed for their
+        // protocols' sake, not as abuse limits: they split in partitions, as before
+        // fencing existed.
         Ok(Rule::new(
             name,
             Selector::default(),
             spec,
             on_unavailable,
             per,
-        ))
+        )
+        .partitioned(Partition::Split))
     }
 
     /// Only called with specs that [`parse::build_spec`] accepted, which already built the
@@ -203,12 +211,25 @@ impl Rule {
             limiter,
             spec,
             on_unavailable,
+            partition: Partition::default_for(on_unavailable),
             per,
             shadow: false,
             concurrency: None,
             lease: true,
             snapshot: true,
         }
+    }
+
+    /// This rule fenced in partitions or not: see [`Rule::partition`].
+    pub fn partitioned(mut self, partition: Partition) -> Self {
+        self.partition = partition;
+        self
+    }
+
+    /// Whether only a node that sees a majority of the cluster may decide this rule's
+    /// counters ([`Partition::Fence`]).
+    pub fn is_fenced(&self) -> bool {
+        self.partition == Partition::Fence
     }
 
     /// This rule's counters in the node's snapshot or not: see [`Rule::snapshot`].
@@ -576,6 +597,66 @@ pub enum FailMode {
     Open,
     /// Deny: for limits whose whole point is that they are never exceeded.
     Closed,
+}
+
+/// What a network partition does to a rule's counters (`partition` in the rule file).
+///
+/// Fail-closed rules fence by default: they are the limits that must not be exceeded
+/// (abuse prevention), so they trade availability in the minority for exactness.
+/// Fail-open rules split by default: a quota that admits up to L per side for the
+/// length of a partition beats one that stops serving (docs/ownership.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Partition {
+    /// Every side decides: a key's owner for the entry nodes that reach it, its
+    /// successor for the others. A (key, window) admits at most L per decider.
+    Split,
+    /// Only a node that sees a majority of the cluster, and is the key's only live
+    /// owner, decides; any other denies, degraded. A (key, window) admits at most L
+    /// (the exceptions are in docs/ownership.md).
+    Fence,
+}
+
+impl Partition {
+    /// The default for a rule with this fail mode: closed fences, open splits.
+    pub fn default_for(on_unavailable: FailMode) -> Partition {
+        match on_unavailable {
+            FailMode::Closed => Partition::Fence,
+            FailMode::Open => Partition::Split,
+        }
+    }
+
+    /// The rule file's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partition::Split => "split",
+            Partition::Fence => "fence",
+        }
+    }
+}
+
+/// Parses a rule's `partition` field against its fail mode: `None` (the default for
+/// `on_unavailable`), `"split"` or `"fence"`. The error says what is wrong, in the
+/// rule file's terms, for every format that carries the field.
+pub fn parse_partition(field: Option<&str>, on_unavailable: FailMode) -> Result<Partition, String> {
+    let partition = match field {
+        None => return Ok(Partition::default_for(on_unavailable)),
+        Some("split") => Partition::Split,
+        Some("fence") => Partition::Fence,
+        Some(other) => {
+            return Err(format!(
+                "{other:?} is not a partition mode (use \"fence\": only a side that sees a \
+                 majority of the cluster decides, or \"split\": every side decides)"
+            ))
+        }
+    };
+    if partition == Partition::Fence && on_unavailable == FailMode::Open {
+        return Err(
+            "\"fence\" needs on_unavailable = \"closed\": a fenced rule never decides \
+                    on a fail-open share, so its unreachable owner means a denial"
+                .into(),
+        );
+    }
+    Ok(partition)
 }
 
 fn nonzero(v: u64) -> NonZeroU64 {

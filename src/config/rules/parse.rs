@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::error::{quote, RuleIssue, RuleRef, RulesError, MAX_QUOTE_CHARS};
 use super::{
-    nonzero, AlgorithmSpec, CountPer, FailMode, LeakyMode, Rule, RuleSet, Selector,
+    nonzero, AlgorithmSpec, CountPer, FailMode, LeakyMode, Partition, Rule, RuleSet, Selector,
     DEFAULT_RULE_NAME,
 };
 use crate::algorithms::{AlgorithmKind, UnknownAlgorithm};
@@ -105,6 +105,7 @@ struct RawSpec<'a> {
     mode: Option<&'a str>,
     queue_depth: Option<i64>,
     on_unavailable: Option<&'a str>,
+    partition: Option<&'a str>,
     per: Option<&'a str>,
 }
 
@@ -118,6 +119,7 @@ impl RawDefault {
             mode: self.mode.as_deref(),
             queue_depth: self.queue_depth,
             on_unavailable: self.on_unavailable.as_deref(),
+            partition: self.partition.as_deref(),
             per: self.per.as_deref(),
         }
     }
@@ -133,6 +135,7 @@ impl RawRule {
             mode: self.mode.as_deref(),
             queue_depth: self.queue_depth,
             on_unavailable: self.on_unavailable.as_deref(),
+            partition: self.partition.as_deref(),
             per: self.per.as_deref(),
         }
     }
@@ -191,6 +194,7 @@ fn bounded(
 struct Built {
     spec: AlgorithmSpec,
     on_unavailable: FailMode,
+    partition: Partition,
     per: CountPer,
     shadow: bool,
 }
@@ -207,6 +211,11 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
     let burst = burst_field(issues, raw, algo, shaper);
     let queue_depth = queue_depth_field(issues, raw, algo, shaper);
     let on_unavailable = on_unavailable_field(issues, raw);
+    let partition =
+        super::parse_partition(raw.partition, on_unavailable).unwrap_or_else(|message| {
+            issues.field("partition", message);
+            Partition::Split
+        });
     let per = per_field(issues, raw);
     if issues.out.len() != before {
         return None;
@@ -222,6 +231,7 @@ fn build_spec(issues: &mut Issues<'_>, raw: &RawSpec<'_>) -> Option<Built> {
     Some(Built {
         spec,
         on_unavailable,
+        partition,
         per,
         shadow,
     })
@@ -592,6 +602,7 @@ impl RuleSet {
             if let (Some(name), Some(b), true) = (name, built, selector_ok) {
                 rules.push(
                     Rule::new(name, selector, b.spec, b.on_unavailable, b.per)
+                        .partitioned(b.partition)
                         .shadowed(b.shadow)
                         .with_concurrency(concurrency.flatten().map(|n| n as u32))
                         .leasing(r.lease.unwrap_or(true))
@@ -636,6 +647,7 @@ fn default_rule(raw: &RawFile, out: &mut Vec<RuleIssue>) -> Option<Rule> {
             b.on_unavailable,
             b.per,
         )
+        .partitioned(b.partition)
         .shadowed(b.shadow)
     })
 }
@@ -1019,6 +1031,48 @@ mod tests {
         let e =
             one_rule("algorithm = \"leaky_bucket\"\nmode = \"queue\"\nlimit = 1\nwindow = \"1s\"");
         assert!(e.contains("field \"mode\": \"queue\" is not a mode"), "{e}");
+    }
+
+    #[test]
+    fn fail_closed_rules_fence_by_default_and_either_may_say_otherwise() {
+        let partition = |fields: &str| {
+            let rs = set(&format!(
+                "[[rule]]\nname = \"x\"\ntier = \"free\"\nlimit = 1\nwindow = \"1s\"\n{fields}\n"
+            ));
+            rs.rules()
+                .iter()
+                .find(|r| &*r.name == "x")
+                .unwrap()
+                .partition
+        };
+        assert_eq!(partition(""), Partition::Split);
+        assert_eq!(partition("on_unavailable = \"closed\""), Partition::Fence);
+        assert_eq!(
+            partition("on_unavailable = \"closed\"\npartition = \"split\""),
+            Partition::Split
+        );
+        assert_eq!(
+            partition("on_unavailable = \"closed\"\npartition = \"fence\""),
+            Partition::Fence
+        );
+        let d = set("[default]\nlimit = 7\nwindow = \"10s\"\non_unavailable = \"closed\"\n");
+        assert!(d.default_rule().is_fenced(), "the default section too");
+    }
+
+    #[test]
+    fn a_bad_partition_or_a_fenced_rule_that_fails_open_is_rejected_with_why() {
+        let e = one_rule("limit = 1\nwindow = \"1s\"\npartition = \"maybe\"");
+        assert!(
+            e.contains(
+                "rule \"x\": field \"partition\": \"maybe\" is not a partition mode (use \"fence\""
+            ),
+            "{e}"
+        );
+        let e = one_rule("limit = 1\nwindow = \"1s\"\npartition = \"fence\"");
+        assert!(
+            e.contains("field \"partition\": \"fence\" needs on_unavailable = \"closed\""),
+            "{e}"
+        );
     }
 
     #[test]

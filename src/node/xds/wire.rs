@@ -139,6 +139,7 @@ fn policy(p: RateLimitPolicy, at: &str) -> Result<RateLimitDoc, String> {
             .collect(),
         algorithm: None,
         on_unavailable: None,
+        partition: None,
     })
 }
 

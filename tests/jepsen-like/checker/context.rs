@@ -131,6 +131,9 @@ pub struct NemesisEvent {
     pub end: u64,
     pub settled: u64,
     pub skipped: bool,
+    /// A partition's start line is written once its rules are in; the cut began this
+    /// long before (its detail says "… in X ms").
+    pub cut_ms: u64,
 }
 
 /// A phase between its `start` and `end` lines.
@@ -328,7 +331,7 @@ impl Parsed {
                     kind,
                     victim,
                     edge,
-                    ..
+                    detail,
                 } => {
                     let ev = events.entry(*n).or_insert(NemesisEvent {
                         n: *n,
@@ -338,9 +341,17 @@ impl Parsed {
                         end: *t,
                         settled: *t,
                         skipped: false,
+                        cut_ms: 0,
                     });
                     match edge.as_str() {
-                        "start" => ev.start = *t,
+                        "start" => {
+                            ev.start = *t;
+                            ev.cut_ms = detail
+                                .rsplit_once(" in ")
+                                .and_then(|(_, ms)| ms.strip_suffix(" ms"))
+                                .and_then(|ms| ms.parse().ok())
+                                .unwrap_or(0);
+                        }
                         "end" => ev.end = *t,
                         "settled" => ev.settled = *t,
                         "skipped" => ev.skipped = true,

@@ -16,6 +16,7 @@
 //! | S4 | `s4_no_false_deny::no_false_deny` |
 //! | S5 | `s5_exactness::exactness` |
 //! | S6 | `s6_routing::routing` |
+//! | FENCE | `fence::fenced` |
 //! | AVAIL-deadline, AVAIL-rings, AVAIL-unfaulted | `availability::{deadline, rings_agree, unfaulted}` |
 //! | OBS (a warning) | `observability::resets` |
 //!
@@ -24,6 +25,7 @@
 mod availability;
 mod clocks;
 mod context;
+mod fence;
 mod leases;
 mod observability;
 mod s1_bound;
@@ -81,7 +83,7 @@ impl Report {
     }
 }
 
-pub const PROPERTIES: [&str; 15] = [
+pub const PROPERTIES: [&str; 16] = [
     "S1-fw",
     "S1-fallback",
     "S1-log",
@@ -93,6 +95,7 @@ pub const PROPERTIES: [&str; 15] = [
     "S4",
     "S5",
     "S6",
+    "FENCE",
     "AVAIL-deadline",
     "AVAIL-rings",
     "AVAIL-unfaulted",
@@ -135,6 +138,7 @@ pub fn check_with(entries: &[Entry], options: Options) -> Report {
     s4_no_false_deny::no_false_deny(&ctx, &mut report);
     let s5_windows = s5_exactness::exactness(&ctx, &mut report);
     s6_routing::routing(&ctx, &mut report);
+    let fence = fence::fenced(&parsed, &mut report);
     availability::deadline(&ctx, &mut report);
     availability::rings_agree(&ctx, &mut report);
     let impacts = availability::unfaulted(&ctx, &mut report);
@@ -145,6 +149,7 @@ pub fn check_with(entries: &[Entry], options: Options) -> Report {
         s5_windows,
         impacts,
         resets,
+        fence,
     };
     report.summary = summary::render(&ctx, &stats, &report);
     report

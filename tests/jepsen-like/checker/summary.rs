@@ -16,6 +16,7 @@ pub struct Stats {
     pub s5_windows: usize,
     pub impacts: Vec<Impact>,
     pub resets: Resets,
+    pub fence: super::fence::FenceStats,
 }
 
 pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
@@ -83,6 +84,7 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
         }
     );
     replicated_rows(&mut s, &stats.replicated);
+    fence_rows(&mut s, &stats.fence);
     if ctx.leases.on {
         let leased = count(&|o| o.ok().is_some_and(|a| a.leased));
         let _ = writeln!(
@@ -138,6 +140,32 @@ pub fn render(ctx: &Context, stats: &Stats, report: &Report) -> String {
         let _ = writeln!(s, "| {p} | {} |", report.count(p));
     }
     s
+}
+
+/// The FENCE rows: the fenced rule's (key, window)s and what excused those above L.
+fn fence_rows(s: &mut String, f: &super::fence::FenceStats) {
+    let Some(route) = &f.route else { return };
+    let _ = writeln!(
+        s,
+        "| FENCE {route}: answers / denied undecided (fenced or fail-closed) | {} / {} |",
+        f.answers, f.denied_undecided
+    );
+    let causes: Vec<String> = f
+        .by_cause
+        .iter()
+        .map(|(cause, (n, worst))| format!("{cause}: {n} (+{worst})"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "| FENCE {route}: (key, window)s admitted / above L / excused by cause (worst excess) | {} / {} / {} |",
+        f.windows,
+        f.above_l,
+        if causes.is_empty() {
+            "none".into()
+        } else {
+            causes.join("; ")
+        }
+    );
 }
 
 /// The S3-replicated rows: the crash bound with successor replicas.

@@ -15,6 +15,9 @@ use super::Report;
 pub const FW: &str = "GET /fw";
 pub const LOG: &str = "GET /log";
 pub const TB: &str = "GET /tb";
+/// The fenced rule: fixed window, `FENCED_L` per W ms.
+pub const FENCED: &str = "GET /fence";
+pub const FENCED_L: u64 = 10;
 /// The fixed window rule: L per W ms.
 pub const L: u64 = 10;
 pub const W: u64 = 2000;
@@ -149,6 +152,7 @@ impl Hist {
             limit,
             window_ms: W,
             burst,
+            fenced: route == FENCED,
         };
         let meta = Entry::Meta {
             t: T0 - 10_000,
@@ -161,6 +165,7 @@ impl Hist {
                 rule(FW, "fixed_window", L, L),
                 rule(LOG, "sliding_window_log", 8, 8),
                 rule(TB, "token_bucket", 10, 5),
+                rule(FENCED, "fixed_window", FENCED_L, FENCED_L),
             ],
         };
         Hist {
@@ -381,6 +386,67 @@ impl Hist {
             });
         }
         self
+    }
+
+    /// Nemesis step `n` whose start line carries `detail`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nemesis_with(
+        &mut self,
+        n: u32,
+        kind: &str,
+        victim: &str,
+        start: u64,
+        end: u64,
+        settled: u64,
+        detail: &str,
+    ) -> &mut Hist {
+        self.nemesis(n, kind, victim, start, end, settled);
+        for entry in &mut self.entries {
+            if let Entry::Nemesis {
+                n: m,
+                edge,
+                detail: d,
+                ..
+            } = entry
+            {
+                if *m == n && edge == "start" {
+                    *d = detail.to_string();
+                }
+            }
+        }
+        self
+    }
+
+    /// A check of the fenced rule through `node` at `t`, answered by `decider`
+    /// (`allowed` or not), in the window of `t`.
+    pub fn fenced_op(
+        &mut self,
+        t: u64,
+        node: &str,
+        key: &str,
+        decider: &str,
+        allowed: bool,
+    ) -> u64 {
+        let g = self.generation(decider);
+        let sequence = self.seq(decider, g);
+        let id = self.invoke(t, node, FENCED, key, 1);
+        self.entries.push(Entry::Ok {
+            id,
+            t: t + LATENCY,
+            allowed,
+            limit: FENCED_L,
+            remaining: 0,
+            decider: decider.into(),
+            generation: g,
+            window_id: Some(t / W),
+            sequence,
+            degraded: false,
+            hops: u32::from(decider != node),
+            rule: String::new(),
+            retry_after_ms: 0,
+            leased: false,
+        });
+        id
     }
 
     /// Nemesis step `n` that could not run (e.g. no iptables).
