@@ -180,16 +180,12 @@ impl Rule {
     ) -> Result<Self, AlgorithmError> {
         spec.limiter()?;
         // Caller-chosen limits (Gubernator's, `CL.THROTTLE`'s) fail closed for their
-        // protocols' sake, not as abuse limits: they split in partitions, as before
-        // fencing existed.
-        Ok(Rule::new(
-            name,
-            Selector::default(),
-            spec,
-            on_unavailable,
-            per,
+        // protocols' sake, not as abuse limits: they split in partitions (fenced, their
+        // callers would be denied for the hold after every join).
+        Ok(
+            Rule::new(name, Selector::default(), spec, on_unavailable, per)
+                .partitioned(Partition::Split),
         )
-        .partitioned(Partition::Split))
     }
 
     /// Only called with specs that [`parse::build_spec`] accepted, which already built the
