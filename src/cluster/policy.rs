@@ -304,6 +304,66 @@ pub fn fence_check(item: &CheckItem, fence: &Fence, now: Now) -> Result<(), Fenc
     fence.check(item.id.placement, now.mono)
 }
 
+/// A batch decided here, split by the fence: the positions of `local` this node may
+/// decide at `now`, and a fenced denial (degraded, nothing charged) for each of the
+/// rest, by position in `items`. Fenced denials never reach the shards.
+pub fn fence_split(
+    items: &[&CheckItem],
+    local: &[usize],
+    me: &Decider,
+    fence: &Fence,
+    now: Now,
+) -> (Positions, Vec<(usize, Answer)>) {
+    let mut decide = Positions::new();
+    let mut denied = Vec::new();
+    for &i in local {
+        match fence_check(items[i], fence, now) {
+            Ok(()) => decide.push(i),
+            Err(_) => denied.push((i, closed_denial(items[i], me, now.wall))),
+        }
+    }
+    (decide, denied)
+}
+
+/// What [`recheck_fenced`] took back.
+#[derive(Debug, Default)]
+pub struct Retracted {
+    /// The charges to give back on this node's shards.
+    pub refunds: Vec<Refund>,
+    /// How many admissions became fenced denials.
+    pub denied: usize,
+}
+
+/// Answers decided here on a fenced rule's key whose lease ran out (or whose owner
+/// came back) while the shard decided them, read against the fence at `now`, after
+/// the decision: a stall between the check and the decision must not make this node a
+/// second decider. Each such admission becomes a fenced denial, and what it charged
+/// here is to be given back.
+pub fn recheck_fenced<'a>(
+    items: impl IntoIterator<Item = &'a CheckItem>,
+    answers: &mut [Answer],
+    me: &Decider,
+    fence: &Fence,
+    now: Now,
+) -> Retracted {
+    let mut out = Retracted::default();
+    for (item, answer) in items.into_iter().zip(answers.iter_mut()) {
+        if !answer.decision.allowed || fence_check(item, fence, now).is_ok() {
+            continue;
+        }
+        if let Charged::Here(charge) = &answer.charged {
+            out.refunds.push(Refund {
+                charge: charge.clone(),
+                at: answer.at,
+            });
+        }
+        tracing::debug!(key = %item.client(), rule = %item.rule.name, "fence lost while deciding: given back");
+        *answer = closed_denial(item, me, now.wall);
+        out.denied += 1;
+    }
+    out
+}
+
 /// Mark the descriptors of one check to give back: admitted while another denied.
 /// Only what was charged somewhere is given back (not cached or fail-closed answers).
 /// A shadow rule's denial denies nothing, so it refunds nothing. A probe is always

@@ -18,9 +18,9 @@ use crate::cluster::deny_cache::DenyCache;
 use crate::cluster::flight::{self, FailOver, Flight, Rescue, Tally};
 use crate::cluster::link::CountersError;
 use crate::cluster::link::PeerPool;
-use crate::cluster::policy::{self, Origin, Positions, Routing};
+use crate::cluster::policy::{self, Origin, Routing};
 use crate::cluster::replication::Restore;
-use crate::cluster::{Answer, Charged, CheckItem, Checks, Decided, DecidedChecks, Decider};
+use crate::cluster::{Answer, CheckItem, Checks, Decided, DecidedChecks, Decider};
 use crate::config::rules::{Rule, RuleSet};
 use crate::membership::{ClusterView, Fence};
 use crate::ring::RingDiff;
@@ -204,23 +204,10 @@ impl Router {
         items: impl IntoIterator<Item = &'a CheckItem>,
         answers: &mut [Answer],
     ) -> Vec<Refund> {
-        let mut refunds = Vec::new();
         let (fence, now) = self.fence_now(policy::Now::of(&*self.clock));
-        for (item, answer) in items.into_iter().zip(answers.iter_mut()) {
-            if !answer.decision.allowed || policy::fence_check(item, &fence, now).is_ok() {
-                continue;
-            }
-            if let Charged::Here(charge) = &answer.charged {
-                refunds.push(Refund {
-                    charge: charge.clone(),
-                    at: answer.at,
-                });
-            }
-            tracing::debug!(key = %item.client(), rule = %item.rule.name, "fence lost while deciding: given back");
-            *answer = policy::closed_denial(item, &self.me, now.wall);
-            self.metrics.fenced.increment(1);
-        }
-        refunds
+        let late = policy::recheck_fenced(items, answers, &self.me, &fence, now);
+        self.metrics.fenced.increment(late.denied as u64);
+        late.refunds
     }
 
     /// This router sending checks whose owner is unreachable to the key's successor
@@ -523,11 +510,7 @@ impl Router {
         // Fenced rules' keys this node may not decide now (as owner, or as successor on
         // a replica) are denied here, degraded, and never reach the shards.
         let (fence, now) = self.fence_now(policy::Now::of(&*self.clock));
-        let (decide, denied): (Positions, Positions) = plan
-            .local
-            .iter()
-            .copied()
-            .partition(|&i| policy::fence_check(refs[i], &fence, now).is_ok());
+        let (decide, denied) = policy::fence_split(&refs, &plan.local, &self.me, &fence, now);
         if denied.is_empty() {
             let mut answers: Vec<Answer> = self
                 .decide_here(plan.local.iter().map(|&i| refs[i]), &view)
@@ -541,8 +524,8 @@ impl Router {
         }
         self.metrics.fenced.increment(denied.len() as u64);
         let mut answers: Vec<Option<Answer>> = vec![None; refs.len()];
-        for &i in &denied {
-            answers[i] = Some(policy::closed_denial(refs[i], &self.me, now.wall));
+        for (i, denial) in denied {
+            answers[i] = Some(denial);
         }
         let mut decided: Vec<Answer> = self
             .decide_here(decide.iter().map(|&i| refs[i]), &view)

@@ -675,18 +675,7 @@ impl Driver {
     /// The fence as of `now` for the current view.
     fn publish_fence(&mut self, now: u64) {
         let view = self.view_tx.borrow().clone();
-        self.quorum.view(
-            view.ring.len(),
-            view.members
-                .iter()
-                .filter(|m| m.leaving)
-                .map(|m| m.node_id.as_str()),
-            now,
-        );
-        self.quorum.tick(now);
-        let fence = self
-            .quorum
-            .fence(view.members.iter().map(|m| m.node_id.as_str()), now);
+        let fence = self.quorum.observe(&view, now);
         let majority = fence.holds_majority(now);
         if majority != self.fence_tx.borrow().holds_majority(now) {
             if majority {

@@ -257,6 +257,22 @@ impl Quorum {
         };
     }
 
+    /// One tick of the membership driver after this tick's heartbeat readings: the view
+    /// it published ([`Quorum::view`]), the basis and the majority's start
+    /// ([`Quorum::tick`]), and the fence as of `now` ([`Quorum::fence`]).
+    pub fn observe(&mut self, view: &crate::membership::ClusterView, now: u64) -> Fence {
+        self.view(
+            view.ring.len(),
+            view.members
+                .iter()
+                .filter(|m| m.leaving)
+                .map(|m| m.node_id.as_str()),
+            now,
+        );
+        self.tick(now);
+        self.fence(view.members.iter().map(|m| m.node_id.as_str()), now)
+    }
+
     /// What this node may decide, as of `now`, for a view of `members` (node ids).
     pub fn fence<'a>(&self, members: impl IntoIterator<Item = &'a str>, now: u64) -> Fence {
         let lease = match (self.basis, self.majority_since) {

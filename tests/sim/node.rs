@@ -19,7 +19,10 @@
 //! watcher is production's `handoff::Watcher` (which view changes hand keys over, to
 //! whom, and where promoted keys go back), its pushes grouped by
 //! `handoff::destinations`. Budget leases are `node/leases.rs`, replication
-//! `node/replication.rs`.
+//! `node/replication.rs`. Fencing is production's `membership::Quorum`, fed the
+//! heartbeats this node's gossip heard every `FENCE_TICK_MS` and on every view, and
+//! its `Fence` is applied where the router applies it (`Flight::fence`,
+//! `policy::fence_split`, `policy::recheck_fenced`, `Flight::fenced`).
 //!
 //! What is a model: the async shells around them (this file performs
 //! `decide_forwarded`'s and the shard actor's calls on the shard cores, and the
@@ -47,8 +50,10 @@ use ringlimit::cluster::link::calls;
 use ringlimit::cluster::policy::{self, Now, Origin, Routing};
 use ringlimit::cluster::{Answer, Charged, CheckItem, Checks, Decider, InlineRules, Remote};
 use ringlimit::config::rules::{Rule, RuleSet};
+use ringlimit::membership::quorum::FENCE_TICK_MS;
 use ringlimit::membership::{
-    build_view_after, ClusterView, LiveNode, Member, KEY_GRPC_ADDR, KEY_LEAVING, KEY_PEER_ADDR,
+    build_view_after, ClusterView, Fence, FenceConfig, LiveNode, Member, Quorum, KEY_GRPC_ADDR,
+    KEY_LEAVING, KEY_PEER_ADDR,
 };
 use ringlimit::proto::peer::{
     ForwardAnswer, ForwardCall, ForwardResponse, InstallRequest, PeerLeaseRequest,
@@ -234,6 +239,8 @@ pub enum Timer {
     Replicate,
     /// The restore's settle wait or its deadline.
     Restore,
+    /// The membership driver's fence tick (`quorum::FENCE_TICK_MS`).
+    Fence,
 }
 
 /// What a node asks the world to do.
@@ -270,6 +277,8 @@ pub struct NodeStats {
     pub handoff_lost: u64,
     pub installed: u64,
     pub refused_late: u64,
+    /// Fenced rules' checks denied here undecided (no majority, or another live owner).
+    pub fenced: u64,
 }
 
 struct Shard {
@@ -393,6 +402,10 @@ pub struct Node {
     next_ask: u64,
     /// Grants and returns since the world last took them (the owners' ledger).
     ledger: Vec<Entry>,
+    /// The fencing tracker (production's), fed the heartbeats this node heard, and the
+    /// fence it last published: what the router reads for fenced rules.
+    quorum: Quorum,
+    fence: Fence,
 }
 
 impl Node {
@@ -407,6 +420,7 @@ impl Node {
         rng: Rng,
     ) -> Node {
         let time_now = time.load(Ordering::SeqCst);
+        let cfg_seeded = !cfg.seeds.is_empty();
         let clock = Arc::new(SimClock::new(time));
         let replicate = cfg.replicate_ms > 0;
         let gate = Arc::new(LeaseGate::new(cfg.lease_threshold));
@@ -479,6 +493,8 @@ impl Node {
             lease_asks: BTreeMap::new(),
             next_ask: 0,
             ledger: Vec::new(),
+            quorum: Quorum::new(FenceConfig::new(None, cfg_seeded), id, time_now),
+            fence: Fence::closed(id),
         };
         // `Replicator::run` starts from the node's first view.
         let first = node.view.clone();
@@ -498,6 +514,10 @@ impl Node {
             Out::Timer {
                 at: now + self.cfg.delta_ms,
                 timer: Timer::Deltas,
+            },
+            Out::Timer {
+                at: now + FENCE_TICK_MS,
+                timer: Timer::Fence,
             },
         ];
         if self.replicating() {
@@ -544,6 +564,13 @@ impl Node {
             }
             Timer::Replicate => self.replicate_round(),
             Timer::Restore => self.restore_step(false),
+            Timer::Fence => {
+                self.measure_fence();
+                vec![Out::Timer {
+                    at: self.clock.monotonic_ms() + FENCE_TICK_MS,
+                    timer: Timer::Fence,
+                }]
+            }
         }
     }
 
@@ -635,6 +662,65 @@ impl Node {
         outcomes[0]
     }
 
+    /// `Router::decide_forwarded`'s decisions: fenced keys this node may not decide
+    /// denied ([`policy::fence_split`]), the rest decided here and re-checked against
+    /// the fence; answers in `refs` order.
+    fn decide_forwarded_here(&mut self, refs: &[&CheckItem], local: &[usize]) -> Vec<Answer> {
+        let (decide, denied) = policy::fence_split(refs, local, &self.me, &self.fence, self.now());
+        self.stats.fenced += denied.len() as u64;
+        let items: Vec<&CheckItem> = decide.iter().map(|&i| refs[i]).collect();
+        let mut decided = self.decide_here(&items);
+        self.recheck_fenced(&items, &mut decided);
+        let mut answers: Vec<Option<Answer>> = vec![None; refs.len()];
+        for (i, denial) in denied {
+            answers[i] = Some(denial);
+        }
+        for (&i, answer) in decide.iter().zip(decided) {
+            answers[i] = Some(answer);
+        }
+        local
+            .iter()
+            .map(|&i| answers[i].take().expect("every position answered"))
+            .collect()
+    }
+
+    /// `Router::recheck_fenced`: admissions on fenced keys the fence no longer allows
+    /// become denials and are given back here. Whether any did.
+    fn recheck_fenced(&mut self, items: &[&CheckItem], answers: &mut [Answer]) -> bool {
+        let late = policy::recheck_fenced(
+            items.iter().copied(),
+            answers,
+            &self.me,
+            &self.fence,
+            self.now(),
+        );
+        for r in &late.refunds {
+            let shard = &mut self.shards[Self::shard_of(r.charge.id.placement)];
+            let now = shard.clock.now_ms();
+            shard.core.refund(r, now);
+        }
+        self.stats.fenced += late.denied as u64;
+        late.denied > 0
+    }
+
+    /// The membership driver's `measure`: every incarnation's heartbeat as this node
+    /// knows it, read into the tracker, and the fence published.
+    fn measure_fence(&mut self) {
+        let now = self.clock.monotonic_ms();
+        let readings: Vec<(&str, u64, u64)> = self
+            .known
+            .iter()
+            .flat_map(|(id, gens)| gens.iter().map(move |(g, k)| (&**id, *g, k.heartbeat)))
+            .collect();
+        self.quorum.heartbeats(readings, now);
+        self.publish_fence(now);
+    }
+
+    /// The membership driver's `publish_fence`: the fence as of `now` for the view.
+    fn publish_fence(&mut self, now: u64) {
+        self.fence = self.quorum.observe(&self.view, now);
+    }
+
     /// `Router::decide_here`: each item on its own counter, answered as this node.
     fn decide_here(&mut self, items: &[&CheckItem]) -> Vec<Answer> {
         items
@@ -703,9 +789,16 @@ impl Node {
             self.routing,
             failover,
         );
+        let fenced = flight.local().any(|item| item.rule.is_fenced());
+        if fenced {
+            flight.fence(&self.me, &self.fence, now);
+        }
         let mut out = self.spend_leases(&mut flight);
         let local: Vec<&CheckItem> = flight.local().collect();
-        let answers = self.decide_here(&local);
+        let mut answers = self.decide_here(&local);
+        if fenced {
+            self.recheck_fenced(&local, &mut answers);
+        }
         flight.answer_here(answers);
         let id = self.next_check;
         self.next_check += 1;
@@ -811,6 +904,7 @@ impl Node {
         let tally = flight.tally();
         self.repl.failed_over += tally.failed_over;
         self.repl.failover_failed += tally.failover_failed;
+        self.stats.fenced += tally.fenced;
         let mut decided = flight.land();
         // refund
         let refunds = policy::refunds(&decided);
@@ -860,8 +954,25 @@ impl Node {
         for (i, rescue) in rescues {
             match rescue {
                 Rescue::ReplicaHere(item) => {
+                    let now = self.now();
+                    if policy::fence_check(&item, &self.fence, now).is_err() {
+                        p.flight.fenced(i, &self.me, now.wall);
+                        continue;
+                    }
                     let charge = item.charge();
                     let o = self.shard_check(&charge);
+                    let mut answer = [policy::local_answer(
+                        &item,
+                        &self.me,
+                        o.decision,
+                        o.sequence,
+                        o.at,
+                        charge.clone(),
+                    )];
+                    if self.recheck_fenced(&[&item], &mut answer) {
+                        p.flight.fenced(i, &self.me, answer[0].at);
+                        continue;
+                    }
                     p.flight.replica_decided_here(i, &self.me, charge, o);
                 }
                 Rescue::Replica(successor, item) => {
@@ -949,8 +1060,7 @@ impl Node {
                             self.routing,
                         );
                         assert!(plan.remote.is_empty() && plan.cached == 0);
-                        let local: Vec<&CheckItem> = plan.local.iter().map(|&i| refs[i]).collect();
-                        let answers = self.decide_here(&local);
+                        let answers = self.decide_forwarded_here(&refs, &plan.local);
                         let outcomes = request
                             .items
                             .iter()
@@ -1347,6 +1457,7 @@ impl Node {
         }
         let old = std::mem::replace(&mut self.view, Arc::new(new));
         let new = self.view.clone();
+        self.publish_fence(self.clock.monotonic_ms());
         let step = self.watcher.next(new.clone());
         let mut out = self.successors_changed(&old, &new);
         out.extend(self.view_changed(step));

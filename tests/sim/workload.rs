@@ -44,7 +44,8 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// The process suite's mix: `GET /fw` 60, `GET /log` 25, `GET /tb` 15.
+    /// The process suite's mix: `GET /fw` 60, `GET /log` 25, `GET /tb` 15, and the
+    /// fenced rule `GET /fence` 10.
     pub fn standard() -> Workload {
         Workload {
             hot_keys: 4,
@@ -55,6 +56,7 @@ impl Workload {
                 ("GET /fw".into(), 60),
                 ("GET /log".into(), 25),
                 ("GET /tb".into(), 15),
+                ("GET /fence".into(), 10),
             ],
         }
     }

@@ -163,7 +163,8 @@ fn excuses(p: &Parsed, loss: u64, limit: u64) -> Vec<Excuse> {
                 to: ev.start + ANSWER_SLACK_MS,
                 flat: None,
             }),
-            "kill-both" => {
+            // The process suite's kill-both, the simulator's kill-pair.
+            "kill-both" | "kill-pair" => {
                 let victims: Vec<String> = p
                     .exits
                     .iter()
