@@ -55,6 +55,18 @@ MUTANTS = [
      "Some(held) if *held >= (generation, number) => false,",
      "Some(held) if *held > (u64::MAX, u64::MAX) => false,",
      "a successor holds a replication batch older than one it holds (a delayed batch replaces newer replicas)"),
+    ("fence-no-majority", "src/membership/quorum.rs",
+     "_ => return Err(Fenced::NoMajority),",
+     "_ => {}",
+     "a node decides fenced keys without hearing a majority (a cut-off owner keeps deciding)"),
+    ("fence-owner-ignored", "src/membership/quorum.rs",
+     "Some(owner) if owner != self.me => Err(Fenced::OwnerAlive(owner.to_string())),",
+     "Some(owner) if false && owner != self.me => Err(Fenced::OwnerAlive(owner.to_string())),",
+     "a successor decides a fenced key while its owner is still heard (two deciders at a cut)"),
+    ("fence-recheck-never", "src/cluster/policy.rs",
+     "if !answer.decision.allowed || fence_check(item, fence, now).is_ok() {",
+     "if true || !answer.decision.allowed || fence_check(item, fence, now).is_ok() {",
+     "an admission decided after the fence was lost stands"),
     ("handback-added", "src/shard/store.rs",
      "let standing = if join || self.slots[i].has(MOVED) {",
      "let standing = if self.slots[i].has(MOVED) {",
@@ -154,7 +166,7 @@ def main():
         took = time.time() - started
         failed = re.findall(r"sim seed=(\d+) FAILED|seed (\d+): ", test.stdout)
         failed = [a or b for a, b in failed]
-        props = re.findall(r"^\s*(S[0-9A-Za-z_-]+)[: ]", test.stdout, re.M)
+        props = re.findall(r"^\s*(S[0-9A-Za-z_-]+|FENCE)[: ]", test.stdout, re.M)
         if failed:
             print(f"{name}: CAUGHT by {len(failed)} of {args.seeds} seeds, first seed {failed[0]}, "
                   f"properties {sorted(set(props))[:4]} ({took:.0f} s) -- {what}")
