@@ -285,13 +285,23 @@ pub async fn signal(pid: u32, sig: Signal) -> Result<(), String> {
     };
     let started = Instant::now();
     loop {
-        let states = thread_states(pid).map_err(|e| format!("/proc/{pid}/task: {e}"))?;
-        if states.is_empty() || states.contains(&'Z') {
+        // A worker thread that ended (tokio retires idle blocking threads) shows `Z` or
+        // `X` until the kernel has torn it down, which a stopped process delays: only
+        // the leader's state says whether the process exited.
+        let leader = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat_state(&stat));
+        if matches!(leader, None | Some('Z' | 'X')) {
             return Err(format!(
                 "pid {pid} exited before SIG{} took effect",
                 sig.name()
             ));
         }
+        let states = thread_states(pid).map_err(|e| format!("/proc/{pid}/task: {e}"))?;
+        let states: Vec<char> = states
+            .into_iter()
+            .filter(|s| !matches!(s, 'Z' | 'X'))
+            .collect();
         if states.iter().all(|s| (*s == 'T') == stopped) {
             return Ok(());
         }
