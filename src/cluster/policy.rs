@@ -893,6 +893,68 @@ mod tests {
     }
 
     #[test]
+    fn an_admission_on_a_fenced_key_the_fence_no_longer_allows_is_denied_and_given_back() {
+        let fenced = item("k", "GET /closed", 1);
+        let open = item("k", "/x", 1);
+        let me = decider("a");
+        let answers = || {
+            [&fenced, &open, &fenced]
+                .map(|it| local_answer(it, &me, decision(true, 0), 7, 1_000, it.charge()))
+        };
+        let mut kept = answers();
+        let held = recheck_fenced(
+            [&fenced, &open, &fenced],
+            &mut kept,
+            &me,
+            &Fence::open("a"),
+            same(1_000),
+        );
+        assert_eq!(
+            (held.denied, held.refunds.len()),
+            (0, 0),
+            "the fence still allows"
+        );
+        assert!(kept.iter().all(|a| a.decision.allowed));
+        let mut lost = answers();
+        lost[2] = local_answer(&fenced, &me, decision(false, 5), 8, 1_000, fenced.charge());
+        let late = recheck_fenced(
+            [&fenced, &open, &fenced],
+            &mut lost,
+            &me,
+            &Fence::closed("a"),
+            same(1_000),
+        );
+        assert_eq!(
+            late.denied, 1,
+            "only the fenced admission; a denial stays as it is"
+        );
+        assert_eq!(late.refunds.len(), 1);
+        assert_eq!(late.refunds[0].charge.id, fenced.id);
+        assert!(is_fail_closed(&lost[0], &me), "answered as a fenced denial");
+        assert!(
+            lost[1].decision.allowed,
+            "the unfenced rule's admission stands"
+        );
+        assert_eq!(lost[2].sequence, 8, "a denial is left alone");
+    }
+
+    #[test]
+    fn a_batch_splits_on_the_fence_into_decided_and_denied_positions() {
+        let fenced = item("k", "GET /closed", 1);
+        let open = item("k", "/x", 1);
+        let me = decider("a");
+        let items = [&open, &fenced, &open];
+        let (decide, denied) =
+            fence_split(&items, &[0, 1, 2], &me, &Fence::closed("a"), same(1_000));
+        assert_eq!(decide.as_slice(), [0, 2]);
+        assert_eq!(denied.len(), 1);
+        assert_eq!(denied[0].0, 1);
+        assert!(is_fail_closed(&denied[0].1, &me));
+        let (decide, denied) = fence_split(&items, &[1, 2], &me, &Fence::open("a"), same(1_000));
+        assert_eq!((decide.as_slice(), denied.len()), ([1, 2].as_slice(), 0));
+    }
+
+    #[test]
     fn a_fenced_rule_never_fails_open_even_if_its_rule_says_open() {
         let mut it = item("k", "/x", 1);
         let rule = (*it.rule)
