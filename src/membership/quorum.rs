@@ -121,6 +121,9 @@ pub struct Quorum {
     broke: bool,
     /// Members seen announcing a leave (each lowers the basis once).
     leaving: std::collections::BTreeSet<String>,
+    /// When [`Quorum::tick`] last ran: a gap of F or more means this process stood
+    /// still (a pause, a stall), and its majority is counted as broken.
+    last_tick: Option<u64>,
 }
 
 impl Quorum {
@@ -141,6 +144,7 @@ impl Quorum {
             majority_since: None,
             broke: false,
             leaving: std::collections::BTreeSet::new(),
+            last_tick: None,
         }
     }
 
@@ -224,7 +228,19 @@ impl Quorum {
 
     /// Advance the basis and the majority's start to `now`: call after the readings of
     /// one tick.
+    ///
+    /// A tick F or more after the previous one breaks the majority whatever the
+    /// readings say: the process stood still (SIGSTOP, a stall), others may have taken
+    /// its keys over meanwhile, and heartbeats read on waking up all look fresh. So it
+    /// holds a majority for the rejoin hold again before it decides, as after a cut.
     pub fn tick(&mut self, now: u64) {
+        let stood_still = self
+            .last_tick
+            .is_some_and(|last| now.saturating_sub(last) >= self.config.quorum_silence_ms);
+        self.last_tick = Some(now);
+        if stood_still && self.majority_since.take().is_some() {
+            self.broke = true;
+        }
         if self.config.cluster_size.is_none() {
             let stood = now.saturating_sub(self.view_since) >= self.config.shrink_after_ms;
             self.basis = match self.basis {
@@ -636,6 +652,29 @@ mod tests {
             assert_eq!(
                 fence.holds_majority(t),
                 t >= 4_100 + DEFAULT_TAKEOVER_SILENCE_MS,
+                "at {t}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_process_that_stood_still_holds_the_majority_for_the_hold_again_before_it_decides() {
+        let mut q = Quorum::new(config(Some(3)), "a", 0);
+        for t in (100..=2_000).step_by(100) {
+            q.heartbeats([("b", 1, t), ("c", 1, t)], t);
+            q.tick(t);
+        }
+        assert!(q
+            .fence(members(&["a", "b", "c"]), 2_000)
+            .holds_majority(2_000));
+        // Frozen 2,000..5,000: nothing ran; on waking up every heartbeat has advanced.
+        for t in (5_000..=7_000).step_by(100) {
+            q.heartbeats([("b", 1, t), ("c", 1, t)], t);
+            q.tick(t);
+            let fence = q.fence(members(&["a", "b", "c"]), t);
+            assert_eq!(
+                fence.holds_majority(t),
+                t >= 5_000 + DEFAULT_TAKEOVER_SILENCE_MS,
                 "at {t}"
             );
         }
