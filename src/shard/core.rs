@@ -176,6 +176,8 @@ impl ShardCore {
                 Churn::default(),
                 false,
             )
+        } else if item.target == super::Target::Replica(super::Doubt::InDoubt) {
+            self.store.check_in_doubt(item.counter(), now, item.cost)
         } else {
             self.store.check(item.counter(), now, item.cost)
         };
@@ -335,9 +337,13 @@ impl ShardCore {
             .hand_again(&mut self.store, gone, new_owner, now)
     }
 
-    /// Admissions made on handed-over keys since the last call, per destination.
-    pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
-        self.store.drain_deltas()
+    /// Admissions made on handed-over keys since the last call, per destination, for
+    /// the destinations `reachable` (see [`Store::drain_deltas`]).
+    pub fn drain_deltas(
+        &mut self,
+        reachable: impl Fn(&str, u64) -> bool,
+    ) -> Vec<(Arc<str>, Exported)> {
+        self.store.drain_deltas(reachable)
     }
 
     /// Read (or, with `reset`, read then drop) one client's counters.

@@ -262,6 +262,7 @@ enum Command {
         reply: oneshot::Sender<Exports>,
     },
     DrainDeltas {
+        reachable: Reachable,
         reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
     },
     Freeze {
@@ -297,6 +298,10 @@ struct SnapshotItems {
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
 /// must be handed to, or `None` if it stays here.
 pub type NewOwner = Arc<dyn Fn(u64) -> Option<Recipient> + Send + Sync>;
+
+/// Whether a new owner (node id, generation) can take its late deltas now (see
+/// [`Shards::drain_deltas`]).
+pub type Reachable = Arc<dyn Fn(&str, u64) -> bool + Send + Sync>;
 
 /// Who a key is handed to: a member, as one incarnation of it.
 ///
@@ -581,13 +586,18 @@ impl Shards {
         Ok((installed, held))
     }
 
-    /// Admissions made on handed-over keys since the last call, per destination.
-    pub async fn drain_deltas(&self) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
+    /// Admissions made on handed-over keys since the last call, per destination, for
+    /// the destinations `reachable` (the others stay for a later call).
+    pub async fn drain_deltas(
+        &self,
+        reachable: Reachable,
+    ) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
         let mut out = Vec::new();
         for (shard, inbox) in self.inboxes.iter().enumerate() {
             let (reply, rx) = oneshot::channel();
+            let reachable = reachable.clone();
             inbox
-                .send(Command::DrainDeltas { reply })
+                .send(Command::DrainDeltas { reachable, reply })
                 .await
                 .map_err(|_| ShardError::Stopped(shard))?;
             out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
@@ -845,8 +855,8 @@ impl Actor {
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(exported);
             }
-            Command::DrainDeltas { reply } => {
-                let _ = reply.send(self.core.drain_deltas());
+            Command::DrainDeltas { reachable, reply } => {
+                let _ = reply.send(self.core.drain_deltas(|to, g| reachable(to, g)));
             }
             Command::Freeze { reply } => {
                 let _ = reply.send(self.core.freeze());

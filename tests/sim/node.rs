@@ -1079,8 +1079,9 @@ impl Node {
     /// `Handoff::flush_once`.
     fn flush_deltas(&mut self) -> Vec<Out> {
         let mut deltas = Vec::new();
+        let reachable = handoff::reachable(&self.view);
         for shard in &mut self.shards {
-            deltas.extend(shard.core.drain_deltas());
+            deltas.extend(shard.core.drain_deltas(|to, g| reachable(to, g)));
         }
         if deltas.is_empty() {
             return Vec::new();
