@@ -4,19 +4,23 @@
 //! parallel with each other and with the rest of the suite.
 //!
 //! Each node's stderr goes to a log file in the cluster's temp dir; when a test fails
-//! the dir is kept and the log paths (and their last lines) are printed. The process
-//! harness itself (spawn, ready line, signals, status, metrics) is
-//! `tests/common/process.rs`, shared with the jepsen-like tests.
+//! the dir is kept and the log paths (and their last lines) are printed. The cluster
+//! harness is `tests/common/cluster.rs`, shared with the fencing test; the process
+//! harness under it (spawn, ready line, signals, status, metrics) is
+//! `tests/common/process.rs`, shared with the jepsen-like tests too.
 
 #[path = "common/process.rs"]
 mod process;
 
+#[path = "common/cluster.rs"]
+mod cluster;
+
 use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use process::{lazy_channel, ring_status, tail, Process, Serve, Signal};
+use cluster::{Cluster, Setup, CONVERGE_TIMEOUT};
+use process::{lazy_channel, Signal};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
 use ringlimit::ring::Ring;
@@ -39,258 +43,24 @@ algorithm = "fixed_window"
 limit = 100
 window = "1h"
 "#;
-const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Client-side deadline of one check: far above anything a healthy answer needs.
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 
-// ---------------------------------------------------------------------------------
-// Harness
-// ---------------------------------------------------------------------------------
-
-/// A cluster of node processes. Dropping it kills every process still running, so a
-/// failing test never leaves nodes behind.
-struct Cluster {
-    dir: Option<tempfile::TempDir>,
-    rules: PathBuf,
-    extra_args: Vec<String>,
-    /// Each node keeps `--data-dir <dir>/<id>.data` (counter snapshots) across
-    /// restarts.
-    data_dirs: bool,
-    nodes: Vec<Process>,
-    /// Restarts so far (each restarted process logs to a file of its own).
-    restarts: usize,
+/// The nodes `ids` (each on 127.0.0.1), with this file's rules and `extra_args`.
+async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
+    start_with(ids, extra_args, false).await
 }
 
-impl Cluster {
-    /// Start `ids.len()` nodes (the first is every other node's seed) and wait until
-    /// every node sees all of them with equal rings.
-    async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
-        Self::start_with(ids, extra_args, false).await
-    }
-
-    /// [`Cluster::start`]; with `data_dirs`, each node with a data dir of its own that
-    /// outlives it.
-    async fn start_with(ids: &[&str], extra_args: &[&str], data_dirs: bool) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("ringlimit-cluster-")
-            .tempdir()
-            .expect("temp dir");
-        let rules = dir.path().join("rules.toml");
-        std::fs::write(&rules, RULES).expect("write rules");
-        let mut cluster = Cluster {
-            dir: Some(dir),
-            rules,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            data_dirs,
-            nodes: Vec::new(),
-            restarts: 0,
-        };
-        for id in ids {
-            let seeds: Vec<SocketAddr> = cluster
-                .nodes
-                .first()
-                .map(|n| n.ready.gossip)
-                .into_iter()
-                .collect();
-            let args = cluster.args_of(id);
-            let node = Process::spawn(&Serve {
-                id,
-                ip: Ipv4Addr::LOCALHOST.into(),
-                rules: &cluster.rules,
-                seeds: &seeds,
-                extra_args: &args,
-                dir: cluster.dir(),
-                log_name: id,
-                env: &[],
-            })
-            .unwrap_or_else(|message| panic!("{message}"));
-            cluster.nodes.push(node);
-        }
-        let started = Instant::now();
-        cluster.wait_converged(ids).await;
-        let ops: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.ready.metrics).collect();
-        process::wait_ready(&ops, CONVERGE_TIMEOUT)
-            .await
-            .unwrap_or_else(|message| panic!("{message}"));
-        eprintln!(
-            "[harness] {} nodes converged {:?} after the last ready line (logs in {})",
-            ids.len(),
-            started.elapsed(),
-            cluster.dir().display()
-        );
-        cluster
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.as_ref().expect("dir kept until drop").path()
-    }
-
-    /// Node `id`'s data dir (when the cluster keeps them).
-    fn data_dir(&self, id: &str) -> PathBuf {
-        self.dir().join(format!("{id}.data"))
-    }
-
-    /// The arguments node `id` starts with: the cluster's, and its data dir.
-    fn args_of(&self, id: &str) -> Vec<String> {
-        let mut args = self.extra_args.clone();
-        if self.data_dirs {
-            args.push("--data-dir".into());
-            args.push(self.data_dir(id).display().to_string());
-        }
-        args
-    }
-
-    fn node(&self, id: &str) -> &Process {
-        self.nodes
-            .iter()
-            .find(|n| n.id == id)
-            .unwrap_or_else(|| panic!("no node {id}"))
-    }
-
-    fn node_mut(&mut self, id: &str) -> &mut Process {
-        self.nodes
-            .iter_mut()
-            .find(|n| n.id == id)
-            .unwrap_or_else(|| panic!("no node {id}"))
-    }
-
-    /// Send `sig` to node `id`; returns once the kernel shows its effect (STOP: every
-    /// thread stopped; CONT: running again).
-    async fn signal(&self, id: &str, sig: Signal) {
-        let node = self.node(id);
-        node.signal(sig)
-            .await
-            .unwrap_or_else(|e| panic!("SIG{sig:?} to {id} (pid {}): {e}", node.pid));
-    }
-
-    /// Start node `id` again (same id, empty memory, new ports), seeded with a live
-    /// node's gossip address, as a supervisor restarting a crashed process would.
-    fn restart(&mut self, id: &str) {
-        let seeds: Vec<SocketAddr> = self
-            .nodes
-            .iter_mut()
-            .filter(|n| n.id != id)
-            .find_map(|n| n.try_exit().is_none().then_some(n))
-            .map(|n| n.ready.gossip)
-            .into_iter()
-            .collect();
-        let args = self.args_of(id);
-        let restarts = self.restarts;
-        self.restarts += 1;
-        let node = Process::spawn(&Serve {
-            id,
-            ip: Ipv4Addr::LOCALHOST.into(),
-            rules: &self.rules,
-            seeds: &seeds,
-            extra_args: &args,
-            dir: self.dir(),
-            log_name: &format!("{id}.restarted{restarts}"),
-            env: &[],
-        })
-        .unwrap_or_else(|message| panic!("{message}"));
-        let slot = self
-            .nodes
-            .iter()
-            .position(|n| n.id == id)
-            .expect("known node");
-        self.nodes[slot] = node;
-    }
-
-    /// kill -9 node `id` and reap it.
-    fn crash(&mut self, id: &str) {
-        let status = self.node_mut(id).kill();
-        eprintln!("[harness] {id} killed with SIGKILL: {status}");
-    }
-
-    /// Wait up to `timeout` for node `id` to exit; returns its exit status.
-    async fn wait_exit(&mut self, id: &str, timeout: Duration) -> std::process::ExitStatus {
-        self.node_mut(id)
-            .wait_exit(timeout)
-            .await
-            .unwrap_or_else(|message| panic!("{message}"))
-    }
-
-    /// Poll every listed node's `Peer/Status` until each lists exactly `ids` as live
-    /// (non-leaving) members and all report the same ring digest.
-    async fn wait_converged(&self, ids: &[&str]) {
-        let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
-        let started = Instant::now();
-        loop {
-            let last = match self.ring_views(ids).await {
-                Ok(views) => {
-                    let digests: BTreeSet<u64> = views.iter().map(|(_, d, _)| *d).collect();
-                    let all_match = views.iter().all(|(_, _, members)| *members == want);
-                    if all_match && digests.len() == 1 {
-                        return;
-                    }
-                    format!("{views:?}")
-                }
-                Err(error) => error,
-            };
-            assert!(
-                started.elapsed() < CONVERGE_TIMEOUT,
-                "cluster did not converge on {want:?} within {CONVERGE_TIMEOUT:?}; last views \
-                 (node, digest, live members): {last}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// (node, ring digest, live members) as each of `ids` reports it.
-    async fn ring_views(
-        &self,
-        ids: &[&str],
-    ) -> Result<Vec<(String, u64, BTreeSet<String>)>, String> {
-        let mut views = Vec::new();
-        for id in ids {
-            let channel = lazy_channel(self.node(id).ready.peer);
-            let status = ring_status(channel, Duration::from_secs(2))
-                .await
-                .map_err(|e| format!("{id}: status: {e}"))?;
-            views.push((id.to_string(), status.digest, status.live()));
-        }
-        Ok(views)
-    }
-
-    async fn client(&self, id: &str) -> RateLimiterClient<Channel> {
-        RateLimiterClient::connect(format!("http://{}", self.node(id).ready.grpc))
-            .await
-            .unwrap_or_else(|e| panic!("connect to {id}: {e}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let failed = std::thread::panicking();
-        for node in &mut self.nodes {
-            // SIGKILL also ends a SIGSTOPped process; a no-op for one already reaped.
-            node.kill();
-        }
-        if failed {
-            if let Some(dir) = self.dir.take() {
-                let path = dir.keep();
-                eprintln!(
-                    "[harness] test failed; node logs kept in {}",
-                    path.display()
-                );
-                for node in &self.nodes {
-                    eprintln!(
-                        "[harness] ---- {} log: {} (last lines; stdout in {}) ----\n{}",
-                        node.id,
-                        node.log.display(),
-                        node.stdout_log.display(),
-                        tail(&node.log, 25)
-                    );
-                    eprintln!(
-                        "[harness] ---- {} stdout: {} (last lines) ----\n{}",
-                        node.id,
-                        node.stdout_log.display(),
-                        tail(&node.stdout_log, 25)
-                    );
-                }
-            }
-        }
-    }
+/// [`start`]; with `data_dirs`, each node with a data dir of its own that outlives it.
+async fn start_with(ids: &[&str], extra_args: &[&str], data_dirs: bool) -> Cluster {
+    let setup = Setup {
+        rules: RULES,
+        args: extra_args,
+        data_dirs,
+        ips: &[],
+        prefix: "ringlimit-cluster-",
+    };
+    Cluster::start(ids, &setup).await
 }
 
 /// A client key that `owner` owns in the ring of node-a, node-b, node-c and that
@@ -395,7 +165,7 @@ struct Seen {
 /// crash row: the new owner starts the key from empty.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_owner_keys_are_answered_by_a_new_owner_within_5s_and_within_the_bound() {
-    let mut cluster = Cluster::start(
+    let mut cluster = start(
         &["node-a", "node-b", "node-c"],
         &["--replicate-interval-ms", "0"],
     )
@@ -532,7 +302,7 @@ async fn killed_owner_keys_are_answered_by_a_new_owner_within_5s_and_within_the_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
-    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &[]).await;
+    let mut cluster = start(&["node-a", "node-b", "node-c"], &[]).await;
     let key = key_owned_by("leave", "node-c", "node-b");
     eprintln!("[leave] key {key}: owner node-c, heir node-b");
     let mut via_a = cluster.client("node-a").await;
@@ -607,7 +377,7 @@ async fn graceful_leave_hands_an_exhausted_key_to_the_new_owner() {
 /// a graceful leave still hands the state over and exits cleanly.
 #[tokio::test(flavor = "multi_thread")]
 async fn nodes_on_one_thread_decide_to_the_limit_and_leave_gracefully() {
-    let mut cluster = Cluster::start(&["node-a", "node-b", "node-c"], &["--threads", "1"]).await;
+    let mut cluster = start(&["node-a", "node-b", "node-c"], &["--threads", "1"]).await;
     let key = key_owned_by("one-thread", "node-c", "node-b");
     let local = key_owned_by("one-thread-local", "node-a", "node-b");
     let mut via_a = cluster.client("node-a").await;
@@ -638,7 +408,7 @@ async fn nodes_on_one_thread_decide_to_the_limit_and_leave_gracefully() {
 /// key's successor: `tests/cluster.rs`, `an_unreachable_owner_fails_over_to_the_successor`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_owner_gets_degraded_answers_within_the_deadline() {
-    let cluster = Cluster::start(
+    let cluster = start(
         &["node-a", "node-b", "node-c"],
         &[
             "--forward-timeout-ms",
@@ -782,7 +552,7 @@ async fn stopped_owner_checks(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_prints_only_the_ready_line_on_stdout() {
-    let mut cluster = Cluster::start(&["node-a"], &[]).await;
+    let mut cluster = start(&["node-a"], &[]).await;
     let mut client = cluster.client("node-a").await;
     let a = check(&mut client, "stdout-contract")
         .await
@@ -816,7 +586,7 @@ async fn concurrent_forwards_to_one_owner_are_coalesced_into_batches() {
     // from what queues while the previous batch is in flight. A forward deadline of 5 s:
     // on a loaded machine a forward past the default 250 ms is answered by the entry or
     // the key's successor (degraded), which is not what this test is about.
-    let cluster = Cluster::start(
+    let cluster = start(
         &["node-a", "node-b", "node-c"],
         &["--forward-flush-us", "2000", "--forward-timeout-ms", "5000"],
     )
@@ -928,7 +698,7 @@ fn admitted(seen: &[(String, Result<CheckResponse, String>)], tag: &str) -> u64 
 async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
     // No deny cache: every check reaches an owner or the successor, none is answered
     // from a remembered denial.
-    let mut cluster = Cluster::start(
+    let mut cluster = start(
         &["node-a", "node-b", "node-c"],
         &["--deny-cache", "0", "--replicate-interval-ms", "50"],
     )
@@ -994,7 +764,7 @@ async fn killed_owner_at_its_limit_costs_at_most_5_admissions_with_replicas() {
 /// the crash): it restores its keys from their successors before answering as owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_restarted_at_once_restores_its_keys_before_answering() {
-    let mut cluster = Cluster::start(
+    let mut cluster = start(
         &["node-a", "node-b", "node-c"],
         &["--deny-cache", "0", "--replicate-interval-ms", "50"],
     )
@@ -1157,7 +927,7 @@ enum Disks {
 /// without data dirs, its whole limit. Degraded admissions (a forward timed out on a
 /// loaded machine) are a second decider's, counted apart (see [`admitted_now`]).
 async fn whole_cluster_crash(disks: Disks) {
-    let mut cluster = Cluster::start_with(&IDS, &SNAPSHOT_ARGS, disks != Disks::None).await;
+    let mut cluster = start_with(&IDS, &SNAPSHOT_ARGS, disks != Disks::None).await;
     let keys: Vec<(String, &str)> = IDS
         .iter()
         .flat_map(|owner| {
@@ -1371,7 +1141,7 @@ async fn rolling_workload(
 /// deciders, are counted apart), and every key asked for more than its limit gets it
 /// (no count added twice either).
 async fn rolling_restart(persistent: bool) {
-    let mut cluster = Cluster::start_with(
+    let mut cluster = start_with(
         &IDS,
         &[
             "--replicate-interval-ms",
