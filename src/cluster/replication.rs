@@ -271,6 +271,13 @@ pub fn reborn(old: &ClusterView, new: &ClusterView, seen: &HashMap<String, u64>)
 /// restore gets nothing from a member that saw it dropped: without this its count is
 /// lost. An owner back under the same generation (it was
 /// only cut off) still has its count: its replicas stay.
+///
+/// Only the key's successor under `new` hands its replica back, as only it restores
+/// one ([`restorable`]): a view that takes in several members at once (a whole cluster
+/// restarted) can leave another member than the successor holding a copy, such as the
+/// owner's own replica of its new incarnation, sent because its first ring made that
+/// member its successor; handed back beside the successor's, it was added to the count
+/// twice (a key at 6 answered 12).
 pub fn unpromoted(
     me: &str,
     old: &ClusterView,
@@ -284,6 +291,7 @@ pub fn unpromoted(
         (Arc::from(me), old.ring.clone(), new.ring.clone());
     Some(Arc::new(move |p| {
         old_ring.owner_of_hash(p) == Some(&*me)
+            && new_ring.successor_of_hash(p) == Some(&*me)
             && new_ring
                 .owner_of_hash(p)
                 .is_some_and(|owner| reborn.iter().any(|r| r == owner))
