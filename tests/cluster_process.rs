@@ -46,7 +46,8 @@ window = "1h"
 /// Client-side deadline of one check: far above anything a healthy answer needs.
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 
-/// The nodes `ids` (each on 127.0.0.1), with this file's rules and `extra_args`.
+/// The nodes `ids`, with this file's rules and `extra_args`, on a loopback address of
+/// the cluster's own ([`cluster_ip`]).
 async fn start(ids: &[&str], extra_args: &[&str]) -> Cluster {
     start_with(ids, extra_args, false).await
 }
@@ -57,10 +58,24 @@ async fn start_with(ids: &[&str], extra_args: &[&str], data_dirs: bool) -> Clust
         rules: RULES,
         args: extra_args,
         data_dirs,
-        ips: &[],
+        ips: &vec![cluster_ip(); ids.len()],
         prefix: "ringlimit-cluster-",
     };
     Cluster::start(ids, &setup).await
+}
+
+/// A loopback address no other cluster of any test process uses: 127.P.P.N, P the
+/// process id's low 16 bits, N this cluster's number in the process. Every cluster's
+/// nodes share the test cluster key and the ids node-a..node-c, and gossip goes on to a
+/// dead member's address for a while: on one address for all, a port the kernel gave
+/// a dead node of one cluster went to a node of another, which then took the first
+/// cluster's gossip in (a whole-cluster test's views showed another test's leaving
+/// node-b).
+fn cluster_ip() -> std::net::IpAddr {
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pid = std::process::id();
+    std::net::Ipv4Addr::new(127, (pid >> 8) as u8, pid as u8, n).into()
 }
 
 /// A client key that `owner` owns in the ring of node-a, node-b, node-c and that
