@@ -272,6 +272,7 @@ enum Command {
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
+        from_leaver: bool,
         reply: oneshot::Sender<usize>,
     },
     Counters {
@@ -606,12 +607,14 @@ impl Shards {
     }
 
     /// Install handed-over state, each item with the local rule it belongs to, merged
-    /// with what a shard holds (joined with it when `joined`: see
-    /// [`ShardCore::install`]). Returns how many were installed.
+    /// with what a shard holds (joined with it when `joined`, and some from a leaving
+    /// sender, `from_leaver`: see [`ShardCore::install`]). Returns how many were
+    /// installed.
     pub async fn install(
         &self,
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
+        from_leaver: bool,
     ) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
@@ -628,6 +631,7 @@ impl Shards {
                 .send(Command::Install {
                     items,
                     joined,
+                    from_leaver,
                     reply,
                 })
                 .await
@@ -876,9 +880,10 @@ impl Actor {
             Command::Install {
                 items,
                 joined,
+                from_leaver,
                 reply,
             } => {
-                let installed = self.core.install(items, joined, now);
+                let installed = self.core.install(items, joined, from_leaver, now);
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(installed);
             }

@@ -1021,10 +1021,18 @@ impl Node {
     fn install(&mut self, request: InstallRequest) -> u64 {
         let mut installed = 0;
         let joined = request.joined;
+        // As `PeerService::install`.
+        let from_leaver = self
+            .view
+            .member(&request.from_node)
+            .is_some_and(|m| m.leaving);
         for (item, rule) in self.vet(request) {
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
-            installed += shard.core.install(vec![(item, rule)], joined, now) as u64;
+            installed += shard
+                .core
+                .install(vec![(item, rule)], joined, from_leaver, now)
+                as u64;
         }
         installed
     }
