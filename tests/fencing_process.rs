@@ -13,11 +13,14 @@
 #[path = "common/process.rs"]
 mod process;
 
-use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+#[path = "common/cluster.rs"]
+mod cluster;
+
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use process::{iptables_available, lazy_channel, ring_status, tail, Cut, Process, Serve};
+use cluster::{Cluster, Setup, CONVERGE_TIMEOUT};
+use process::{iptables_available, Cut};
 use ringlimit::proto::rate_limiter_client::RateLimiterClient;
 use ringlimit::proto::{CheckRequest, CheckResponse};
 use ringlimit::ring::Ring;
@@ -45,7 +48,6 @@ on_unavailable = "closed"
 partition = "split"
 "#;
 const IDS: [&str; 3] = ["node-a", "node-b", "node-c"];
-const CONVERGE_TIMEOUT: Duration = Duration::from_secs(15);
 const CHECK_DEADLINE: Duration = Duration::from_secs(3);
 /// How long the owner stays cut off: well past detection (~1.1 s) and the takeover
 /// silence (1.5 s), so the majority side decides the key for a while.
@@ -57,129 +59,21 @@ const QUIET_AFTER_CUT: Duration = Duration::from_millis(800);
 /// Between checks, per side.
 const PACE: Duration = Duration::from_millis(40);
 
-struct Cluster {
-    dir: Option<tempfile::TempDir>,
-    nodes: Vec<Process>,
-    ips: Vec<IpAddr>,
-}
-
-impl Cluster {
-    async fn start() -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("ringlimit-fencing-")
-            .tempdir()
-            .expect("temp dir");
-        let rules = dir.path().join("rules.toml");
-        std::fs::write(&rules, RULES).expect("write rules");
-        // An address block of this test's own: its iptables rules name no other test's.
-        let salt = std::process::id() as u8;
-        let ips: Vec<IpAddr> = (1..=3)
-            .map(|i| IpAddr::V4(Ipv4Addr::new(127, 201, salt, i)))
-            .collect();
-        let mut cluster = Cluster {
-            dir: Some(dir),
-            nodes: Vec::new(),
-            ips: ips.clone(),
-        };
-        let args: Vec<String> = ["--deny-cache", "0", "--cluster-size", "3"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        for (id, ip) in IDS.iter().zip(&ips) {
-            let seeds: Vec<SocketAddr> = cluster
-                .nodes
-                .first()
-                .map(|n| n.ready.gossip)
-                .into_iter()
-                .collect();
-            let node = Process::spawn(&Serve {
-                id,
-                ip: *ip,
-                rules: &rules,
-                seeds: &seeds,
-                extra_args: &args,
-                dir: cluster.dir.as_ref().expect("dir").path(),
-                log_name: id,
-                env: &[],
-            })
-            .unwrap_or_else(|message| panic!("{message}"));
-            cluster.nodes.push(node);
-        }
-        cluster.wait_converged(&IDS).await;
-        let ops: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.ready.metrics).collect();
-        process::wait_ready(&ops, CONVERGE_TIMEOUT)
-            .await
-            .unwrap_or_else(|message| panic!("{message}"));
-        cluster
-    }
-
-    fn node(&self, id: &str) -> &Process {
-        self.nodes.iter().find(|n| n.id == id).expect("known node")
-    }
-
-    fn ip(&self, id: &str) -> IpAddr {
-        self.ips[IDS.iter().position(|i| *i == id).expect("known node")]
-    }
-
-    /// Until every one of `ids` lists exactly them as live, with one ring digest.
-    async fn wait_converged(&self, ids: &[&str]) {
-        let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
-        let started = Instant::now();
-        loop {
-            let mut digests = BTreeSet::new();
-            let mut all = true;
-            for id in ids {
-                match ring_status(
-                    lazy_channel(self.node(id).ready.peer),
-                    Duration::from_secs(2),
-                )
-                .await
-                {
-                    Ok(status) => {
-                        digests.insert(status.digest);
-                        all &= status.live() == want;
-                    }
-                    Err(_) => all = false,
-                }
-            }
-            if all && digests.len() == 1 {
-                return;
-            }
-            assert!(
-                started.elapsed() < CONVERGE_TIMEOUT,
-                "{ids:?} did not converge within {CONVERGE_TIMEOUT:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn client(&self, id: &str) -> RateLimiterClient<Channel> {
-        RateLimiterClient::connect(format!("http://{}", self.node(id).ready.grpc))
-            .await
-            .unwrap_or_else(|e| panic!("connect to {id}: {e}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let failed = std::thread::panicking();
-        for node in &mut self.nodes {
-            node.kill();
-        }
-        if failed {
-            if let Some(dir) = self.dir.take() {
-                eprintln!("[fencing] node logs kept in {}", dir.keep().display());
-                for node in &self.nodes {
-                    eprintln!(
-                        "[fencing] ---- {} ({}) ----\n{}",
-                        node.id,
-                        node.log.display(),
-                        tail(&node.log, 30)
-                    );
-                }
-            }
-        }
-    }
+/// Start the three nodes, each on a loopback address of its own.
+async fn start() -> Cluster {
+    // An address block of this test's own: its iptables rules name no other test's.
+    let salt = std::process::id() as u8;
+    let ips: Vec<IpAddr> = (1..=3)
+        .map(|i| IpAddr::V4(Ipv4Addr::new(127, 201, salt, i)))
+        .collect();
+    let setup = Setup {
+        rules: RULES,
+        args: &["--deny-cache", "0", "--cluster-size", "3"],
+        data_dirs: false,
+        ips: &ips,
+        prefix: "ringlimit-fencing-",
+    };
+    Cluster::start(&IDS, &setup).await
 }
 
 async fn check(
@@ -256,7 +150,7 @@ async fn a_fenced_key_is_admitted_at_most_its_limit_across_both_sides_of_a_parti
         );
         return;
     }
-    let cluster = Cluster::start().await;
+    let cluster = start().await;
     // A key node-c owns, with node-a its successor (so node-a decides it once node-c
     // is gone and node-b forwards there).
     let ring = Ring::new(IDS, Ring::DEFAULT_VNODES);

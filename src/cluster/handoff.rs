@@ -184,7 +184,7 @@ impl Handoff {
 
     /// One delta push (also the last step of a graceful leave).
     pub async fn flush_once(&self, view: &ClusterView) -> u64 {
-        match self.shards.drain_deltas().await {
+        match self.shards.drain_deltas(reachable(view)).await {
             Ok(deltas) if !deltas.is_empty() => {
                 self.deltas.increment(deltas.len() as u64);
                 self.push(view, deltas, "pushed late admissions").await
@@ -236,6 +236,19 @@ impl Handoff {
         }
         installed
     }
+}
+
+/// Whether late deltas for a new owner (id, generation) can go out under `view`: it
+/// holds that incarnation or a later one. Keys handed to a member that restores before
+/// this node's view holds it (a joiner, or one back from a graceful leave whose
+/// earlier incarnation the view still holds, leaving) keep their deltas until it does:
+/// pushed to the address of the incarnation the view holds, or to none, they were
+/// lost (a restarted owner at 73 of a key's 77).
+pub fn reachable(view: &ClusterView) -> crate::shard::Reachable {
+    let view = view.clone();
+    Arc::new(move |to: &str, generation: u64| {
+        view.member(to).is_some_and(|m| m.generation >= generation)
+    })
 }
 
 /// The owner under `view` of each key, as the incarnation `view` holds; `None` where

@@ -271,6 +271,13 @@ pub fn reborn(old: &ClusterView, new: &ClusterView, seen: &HashMap<String, u64>)
 /// restore gets nothing from a member that saw it dropped: without this its count is
 /// lost. An owner back under the same generation (it was
 /// only cut off) still has its count: its replicas stay.
+///
+/// Only the key's successor under `new` hands its replica back, as only it restores
+/// one ([`restorable`]): a view that takes in several members at once (a whole cluster
+/// restarted) can leave another member than the successor holding a copy, such as the
+/// owner's own replica of its new incarnation, sent because its first ring made that
+/// member its successor; handed back beside the successor's, it was added to the count
+/// twice (a key at 6 answered 12).
 pub fn unpromoted(
     me: &str,
     old: &ClusterView,
@@ -284,6 +291,7 @@ pub fn unpromoted(
         (Arc::from(me), old.ring.clone(), new.ring.clone());
     Some(Arc::new(move |p| {
         old_ring.owner_of_hash(p) == Some(&*me)
+            && new_ring.successor_of_hash(p) == Some(&*me)
             && new_ring
                 .owner_of_hash(p)
                 .is_some_and(|owner| reborn.iter().any(|r| r == owner))
@@ -744,12 +752,20 @@ impl Replicator {
     ///
     /// A joiner this node saw before under an earlier incarnation (back after the
     /// cluster dropped it) first gets again the keys handed to that incarnation (see
-    /// `shard::replication::Side::hand_again`) that are its own with it in.
-    pub async fn hand_over_to_joiner(&self, view: &ClusterView, joiner: &Member) -> (u64, u64) {
+    /// `shard::replication::Side::hand_again`) that are its own with it in; not one
+    /// `rejoining` after a graceful leave, which handed its keys on itself
+    /// ([`RestoreAnswer::Rejoiner`]).
+    pub async fn hand_over_to_joiner(
+        &self,
+        view: &ClusterView,
+        joiner: &Member,
+        rejoining: bool,
+    ) -> (u64, u64) {
         let mut states: Vec<Exported> = Vec::new();
-        if self
-            .memory()
-            .claim_hand_again(&joiner.node_id, joiner.generation)
+        if !rejoining
+            && self
+                .memory()
+                .claim_hand_again(&joiner.node_id, joiner.generation)
         {
             let owners = owner_with(view, &joiner.node_id, joiner.generation, &self.me);
             let back = vec![(joiner.node_id.clone(), joiner.generation)];
@@ -781,33 +797,50 @@ impl Replicator {
             // its replicas, every state adds.
             states.extend(exported.merged.into_iter().map(|(_, state)| state));
         }
-        let pick = joining_replicas(&self.me, view, &joiner.node_id);
-        let replicas = self.shards.select_replicas(pick).await.unwrap_or_default();
-        let unpromoted = replicas.len() as u64;
-        states.extend(replicas);
-        if states.is_empty() {
-            return (0, 0);
+        // Its replicas are its count once pushed: claimed first, so the view change
+        // that takes it in meanwhile does not hand them over again as unpromoted, nor
+        // this restore those the view change handed (see [`Memory::claim_restore`]).
+        let claimed = self
+            .memory()
+            .claim_restore(&joiner.node_id, joiner.generation);
+        let mut unpromoted = 0;
+        if claimed {
+            let pick = joining_replicas(&self.me, view, &joiner.node_id);
+            let replicas = self.shards.select_replicas(pick).await.unwrap_or_default();
+            unpromoted = replicas.len() as u64;
+            states.extend(replicas);
         }
-        let (sent, installed) = self.push_handed(joiner, &states, "to joiner").await;
-        if unpromoted > 0 && sent == states.len() as u64 {
-            // Its replicas are its count now: the view change that takes it in must not
-            // hand them over again as unpromoted (see [`not_restored_here`]).
+        let (sent, installed) = if states.is_empty() {
+            (0, 0)
+        } else {
+            self.push_handed(joiner, &states, "to joiner").await
+        };
+        if claimed && (unpromoted == 0 || sent < states.len() as u64) {
             self.memory()
-                .served_restore(&joiner.node_id, joiner.generation);
+                .release_restore(&joiner.node_id, joiner.generation);
         }
         (sent, installed)
     }
 
     /// Push `to` every replica held here of a key `view` gives it (it restarted and
-    /// restores): returns (sent, installed). Once every one is in, this node remembers
-    /// that incarnation as restored from here: its replicas are its count now, and
-    /// handing them to it again when the cluster drops its earlier incarnation and
-    /// takes it back would count them twice (see [`not_restored_here`]).
+    /// restores): returns (sent, installed). This node remembers that incarnation as
+    /// restored from here (from before the push until one of them fails to get in):
+    /// its replicas are its count now, and handing them to it again when the cluster
+    /// drops its earlier incarnation and takes it back would count them twice (see
+    /// [`not_restored_here`]).
     pub async fn send_replicas(&self, view: &ClusterView, member: &Member) -> (u64, u64) {
+        // Remembered before the push, so a view change while it is on its way sees it
+        // (see [`Memory::claim_restore`]); given back if they do not all get in.
+        let claimed = self
+            .memory()
+            .claim_restore(&member.node_id, member.generation);
         let pick = restorable(&self.me, view, &member.node_id);
-        let states = match self.shards.select_replicas(pick).await {
-            Ok(states) => states,
-            Err(_) => return (0, 0),
+        let Ok(states) = self.shards.select_replicas(pick).await else {
+            if claimed {
+                self.memory()
+                    .release_restore(&member.node_id, member.generation);
+            }
+            return (0, 0);
         };
         let (mut sent, mut installed) = (0, 0);
         for chunk in states.chunks(MAX_INSTALL_STATES) {
@@ -816,9 +849,9 @@ impl Replicator {
                 installed += n;
             }
         }
-        if sent == states.len() as u64 {
+        if claimed && sent < states.len() as u64 {
             self.memory()
-                .served_restore(&member.node_id, member.generation);
+                .release_restore(&member.node_id, member.generation);
         }
         (sent, installed)
     }

@@ -425,10 +425,15 @@ impl Peer for PeerService {
         let total = request.states.len() as u64;
         let vetted = self.vet_states(request.states, &request.from_node, "handed-over")?;
         let refused = vetted.refused_total();
+        let from_leaver = self
+            .router
+            .view()
+            .member(&request.from_node)
+            .is_some_and(|m| m.leaving);
         let installed = self
             .router
             .shards()
-            .install(vetted.items, request.joined)
+            .install(vetted.items, request.joined, from_leaver)
             .await
             .map_err(CheckError::from)? as u64;
         self.installed.increment(installed);

@@ -83,7 +83,7 @@ impl ShardCore {
         now: Millis,
     ) -> (usize, usize, Churn) {
         let ids: Vec<KeyId> = live.iter().map(|(item, _)| item.id).collect();
-        let installed = self.install(live, false, now);
+        let installed = self.install(live, false, false, now);
         let marks = self.from_snapshot.get_or_insert_with(|| SnapshotMarks {
             keys: Default::default(),
             until,
@@ -176,6 +176,8 @@ impl ShardCore {
                 Churn::default(),
                 false,
             )
+        } else if item.target == super::Target::Replica(super::Doubt::InDoubt) {
+            self.store.check_in_doubt(item.counter(), now, item.cost)
         } else {
             self.store.check(item.counter(), now, item.cost)
         };
@@ -224,10 +226,17 @@ impl ShardCore {
     /// Install handed-over states (merged with what is held, or joined with it when
     /// `joined`: states started from this node's own replicas, see
     /// [`ShardCore::export_back`]); returns how many.
+    ///
+    /// `from_leaver`: the sender is leaving (its handoff). A key this node promoted from
+    /// a replica meanwhile (its view dropped the leaver first, and a check came before
+    /// the leaver's replicas were dropped) holds that leaver's count up to its last
+    /// replica: the first state of it from the leaver is joined, not added, which
+    /// counted it twice (a key at 65 of 100 denied from there on).
     pub fn install(
         &mut self,
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
+        from_leaver: bool,
         now: Millis,
     ) -> usize {
         let mut installed = 0;
@@ -235,7 +244,9 @@ impl ShardCore {
         // algorithm state clamps time to the newest instant it has acted on.
         for (item, rule) in items {
             let id = item.id;
-            let joined = joined || self.loaded_from_snapshot(id, now);
+            let joined = joined
+                || self.loaded_from_snapshot(id, now)
+                || (from_leaver && self.replicas.join_promoted(id));
             let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
             let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
             let incoming = trace.then(|| item.state.clone());
@@ -335,9 +346,13 @@ impl ShardCore {
             .hand_again(&mut self.store, gone, new_owner, now)
     }
 
-    /// Admissions made on handed-over keys since the last call, per destination.
-    pub fn drain_deltas(&mut self) -> Vec<(Arc<str>, Exported)> {
-        self.store.drain_deltas()
+    /// Admissions made on handed-over keys since the last call, per destination, for
+    /// the destinations `reachable` (see [`Store::drain_deltas`]).
+    pub fn drain_deltas(
+        &mut self,
+        reachable: impl Fn(&str, u64) -> bool,
+    ) -> Vec<(Arc<str>, Exported)> {
+        self.store.drain_deltas(reachable)
     }
 
     /// Read (or, with `reset`, read then drop) one client's counters.
@@ -545,7 +560,7 @@ mod tests {
         assert_eq!(exports.joined.len(), 1);
         let state = exports.joined[0].1.clone();
         assert_eq!(
-            owner.install(vec![(state.clone(), rule.clone())], true, NOW),
+            owner.install(vec![(state.clone(), rule.clone())], true, false, NOW),
             1
         );
         assert!(
@@ -557,8 +572,44 @@ mod tests {
         // Added, the owner's own admission counts twice: it denies at 2 of 3.
         let mut adding = ShardCore::new(true, 100, 1 << 20, 2);
         assert!(allowed(&mut adding, &item));
-        assert_eq!(adding.install(vec![(state, rule.clone())], false, NOW), 1);
+        assert_eq!(
+            adding.install(vec![(state, rule.clone())], false, false, NOW),
+            1
+        );
         assert!(!allowed(&mut adding, &item));
+    }
+
+    #[test]
+    fn a_leavers_handoff_is_joined_with_its_replica_promoted_before_it_came() {
+        // The owner leaves: the successor's view drops it, a check promotes the
+        // replica before the successor drops the leaver's replicas, then the leaver's
+        // handoff (the same count, 1) arrives.
+        let rule = rule_r();
+        let item = charge(&rule, b"k");
+        let mut owner = ShardCore::new(true, 100, 1 << 20, 0);
+        let mut successor = promoted_after_one(&mut owner, &rule, &item);
+        let handoff = owner.export(NOW, |_| Some(Recipient::new("successor", 1)));
+        let state = handoff[0].1.clone();
+        let mut adding =
+            promoted_after_one(&mut ShardCore::new(true, 100, 1 << 20, 2), &rule, &item);
+        assert_eq!(
+            successor.install(vec![(state.clone(), rule.clone())], false, true, NOW),
+            1
+        );
+        assert!(
+            allowed(&mut successor, &item),
+            "1 there + 1 here: the third of 3"
+        );
+        assert!(!allowed(&mut successor, &item));
+        // The next state from it (a late delta) adds.
+        assert!(!successor.replicas.join_promoted(item.id), "consumed");
+
+        // From a member not leaving, added: the leaver's admission counts twice.
+        assert_eq!(
+            adding.install(vec![(state, rule.clone())], false, false, NOW),
+            1
+        );
+        assert!(!allowed(&mut adding, &item), "denied at 2 + 1 of 3");
     }
 
     #[test]
@@ -622,7 +673,10 @@ mod tests {
         let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
-        assert_eq!(owner.install(vec![(state, rule.clone())], false, NOW), 1);
+        assert_eq!(
+            owner.install(vec![(state, rule.clone())], false, false, NOW),
+            1
+        );
         assert!(allowed(&mut owner, &item));
         let replica = owner.drain_changed(10).remove(0).state;
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
@@ -663,7 +717,10 @@ mod tests {
         let handed = core.export(NOW, |_| Some(Recipient::new("owner", 1)));
         let mut owner = ShardCore::new(true, 100, 1 << 20, 1);
         let state = handed.into_iter().next().unwrap().1;
-        assert_eq!(owner.install(vec![(state, rule.clone())], false, NOW), 1);
+        assert_eq!(
+            owner.install(vec![(state, rule.clone())], false, false, NOW),
+            1
+        );
         assert!(allowed(&mut owner, &item));
         let replica = owner.drain_changed(10).remove(0).state;
         assert_eq!(core.hold(vec![(replica, rule.clone())], NOW).0, 1);
@@ -795,10 +852,16 @@ mod tests {
         assert_eq!((live, held), (1, 0));
         assert_eq!(remaining(&mut core, &rule, b"k"), 5);
         // The successor's replica: the same history, newer (7 admitted in all).
-        assert_eq!(core.install(vec![counted(&rule, b"k", 7)], false, NOW), 1);
+        assert_eq!(
+            core.install(vec![counted(&rule, b"k", 7)], false, false, NOW),
+            1
+        );
         assert_eq!(remaining(&mut core, &rule, b"k"), 3, "7, not 5 + 7");
         // A later delta is new admissions: added.
-        assert_eq!(core.install(vec![counted(&rule, b"k", 2)], false, NOW), 1);
+        assert_eq!(
+            core.install(vec![counted(&rule, b"k", 2)], false, false, NOW),
+            1
+        );
         assert_eq!(remaining(&mut core, &rule, b"k"), 1);
     }
 
@@ -809,7 +872,7 @@ mod tests {
         core.install_snapshot(vec![counted(&rule, b"k", 5)], vec![], NOW + 1, NOW);
         core.expire(NOW + 1);
         assert_eq!(
-            core.install(vec![counted(&rule, b"k", 2)], false, NOW + 1),
+            core.install(vec![counted(&rule, b"k", 2)], false, false, NOW + 1),
             1
         );
         assert_eq!(

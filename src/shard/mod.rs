@@ -262,6 +262,7 @@ enum Command {
         reply: oneshot::Sender<Exports>,
     },
     DrainDeltas {
+        reachable: Reachable,
         reply: oneshot::Sender<Vec<(Arc<str>, Exported)>>,
     },
     Freeze {
@@ -271,6 +272,7 @@ enum Command {
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
+        from_leaver: bool,
         reply: oneshot::Sender<usize>,
     },
     Counters {
@@ -297,6 +299,10 @@ struct SnapshotItems {
 /// For a key's ring placement ([`Ring::key_hash`] of the client key): the node it
 /// must be handed to, or `None` if it stays here.
 pub type NewOwner = Arc<dyn Fn(u64) -> Option<Recipient> + Send + Sync>;
+
+/// Whether a new owner (node id, generation) can take its late deltas now (see
+/// [`Shards::drain_deltas`]).
+pub type Reachable = Arc<dyn Fn(&str, u64) -> bool + Send + Sync>;
 
 /// Who a key is handed to: a member, as one incarnation of it.
 ///
@@ -581,13 +587,18 @@ impl Shards {
         Ok((installed, held))
     }
 
-    /// Admissions made on handed-over keys since the last call, per destination.
-    pub async fn drain_deltas(&self) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
+    /// Admissions made on handed-over keys since the last call, per destination, for
+    /// the destinations `reachable` (the others stay for a later call).
+    pub async fn drain_deltas(
+        &self,
+        reachable: Reachable,
+    ) -> Result<Vec<(Arc<str>, Exported)>, ShardError> {
         let mut out = Vec::new();
         for (shard, inbox) in self.inboxes.iter().enumerate() {
             let (reply, rx) = oneshot::channel();
+            let reachable = reachable.clone();
             inbox
-                .send(Command::DrainDeltas { reply })
+                .send(Command::DrainDeltas { reachable, reply })
                 .await
                 .map_err(|_| ShardError::Stopped(shard))?;
             out.extend(rx.await.map_err(|_| ShardError::Stopped(shard))?);
@@ -596,12 +607,14 @@ impl Shards {
     }
 
     /// Install handed-over state, each item with the local rule it belongs to, merged
-    /// with what a shard holds (joined with it when `joined`: see
-    /// [`ShardCore::install`]). Returns how many were installed.
+    /// with what a shard holds (joined with it when `joined`, and some from a leaving
+    /// sender, `from_leaver`: see [`ShardCore::install`]). Returns how many were
+    /// installed.
     pub async fn install(
         &self,
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
+        from_leaver: bool,
     ) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
@@ -618,6 +631,7 @@ impl Shards {
                 .send(Command::Install {
                     items,
                     joined,
+                    from_leaver,
                     reply,
                 })
                 .await
@@ -845,8 +859,8 @@ impl Actor {
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(exported);
             }
-            Command::DrainDeltas { reply } => {
-                let _ = reply.send(self.core.drain_deltas());
+            Command::DrainDeltas { reachable, reply } => {
+                let _ = reply.send(self.core.drain_deltas(|to, g| reachable(to, g)));
             }
             Command::Freeze { reply } => {
                 let _ = reply.send(self.core.freeze());
@@ -866,9 +880,10 @@ impl Actor {
             Command::Install {
                 items,
                 joined,
+                from_leaver,
                 reply,
             } => {
-                let installed = self.core.install(items, joined, now);
+                let installed = self.core.install(items, joined, from_leaver, now);
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(installed);
             }

@@ -227,6 +227,13 @@ impl Side {
         !self.promoted_keys.is_empty() && self.promoted_keys.remove(&id)
     }
 
+    /// Whether `id` was started here from a replica and nothing was handed over for it
+    /// since: the caller joins the state handed over now (its leaving owner's, see
+    /// [`super::ShardCore::install`]); the next ones add.
+    pub fn join_promoted(&mut self, id: KeyId) -> bool {
+        !self.promoted_keys.is_empty() && self.promoted_keys.remove(&id)
+    }
+
     /// Forget the promoted keys `live` no longer holds as its own (expired, evicted).
     pub fn forget_promoted(&mut self, live: &Store) {
         if !self.promoted_keys.is_empty() {

@@ -1131,10 +1131,18 @@ impl Node {
     fn install(&mut self, request: InstallRequest) -> u64 {
         let mut installed = 0;
         let joined = request.joined;
+        // As `PeerService::install`.
+        let from_leaver = self
+            .view
+            .member(&request.from_node)
+            .is_some_and(|m| m.leaving);
         for (item, rule) in self.vet(request) {
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
-            installed += shard.core.install(vec![(item, rule)], joined, now) as u64;
+            installed += shard
+                .core
+                .install(vec![(item, rule)], joined, from_leaver, now)
+                as u64;
         }
         installed
     }
@@ -1189,8 +1197,9 @@ impl Node {
     /// `Handoff::flush_once`.
     fn flush_deltas(&mut self) -> Vec<Out> {
         let mut deltas = Vec::new();
+        let reachable = handoff::reachable(&self.view);
         for shard in &mut self.shards {
-            deltas.extend(shard.core.drain_deltas());
+            deltas.extend(shard.core.drain_deltas(|to, g| reachable(to, g)));
         }
         if deltas.is_empty() {
             return Vec::new();

@@ -31,8 +31,9 @@ pub struct Memory {
     /// The incarnation of every member whose earlier incarnation's keys were handed
     /// again (see [`Memory::claim_hand_again`]).
     handed_again: HashMap<String, u64>,
-    /// The incarnation of every member this node pushed its replicas to when it
-    /// restored (see [`Memory::served_restore`]).
+    /// The incarnation of every member this node handed its replicas to: when it
+    /// restored (see [`Memory::claim_restore`]), or as unpromoted when the view took it
+    /// in. Each incarnation gets them once.
     restores_served: HashMap<String, u64>,
     /// When this node last saw each member of `seen` in its view.
     last_seen: HashMap<String, Millis>,
@@ -107,7 +108,16 @@ impl Memory {
             });
         }
         let back = not_restored_here(new, back, &self.restores_served);
-        let unpromoted = unpromoted(me, old, new, back);
+        let unpromoted = unpromoted(me, old, new, back.clone());
+        if unpromoted.is_some() {
+            // Handed now: a restore of the same incarnation that this node's view did
+            // not hold when it asked must not hand them again.
+            for id in &back {
+                if let Some(m) = new.member(id) {
+                    self.restores_served.insert(id.clone(), m.generation);
+                }
+            }
+        }
         let forgotten = self.remember(new, now);
         let mut resync = Vec::new();
         if new.ring.digest() != old.ring.digest() {
@@ -222,6 +232,23 @@ impl Memory {
     pub fn served_restore(&mut self, node: &str, generation: u64) {
         self.restores_served.insert(node.to_string(), generation);
     }
+
+    /// Whether this node is still to hand `node` at `generation` its replicas; claims
+    /// them before they are pushed, so the view change that takes it in while the push
+    /// is on its way does not hand them too (see [`not_restored_here`]; both were
+    /// installed, a key at 6 answered 12). A push that does not get them all in gives
+    /// the claim back ([`Memory::release_restore`]).
+    pub fn claim_restore(&mut self, node: &str, generation: u64) -> bool {
+        self.restores_served.insert(node.to_string(), generation) != Some(generation)
+    }
+
+    /// Give back a claim of [`Memory::claim_restore`]: the replicas did not all get
+    /// in, so a view change that takes `node` in later hands them as unpromoted.
+    pub fn release_restore(&mut self, node: &str, generation: u64) {
+        if self.restores_served.get(node) == Some(&generation) {
+            self.restores_served.remove(node);
+        }
+    }
 }
 
 /// How a node answers a member's restore request (`Peer/Restore`).
@@ -234,6 +261,16 @@ pub enum RestoreAnswer {
     /// before answering, or it would answer as owner from empty while they are on
     /// their way ([`super::joining`]).
     Joiner,
+    /// A member whose earlier incarnation left gracefully and is still in this node's
+    /// view, leaving (a rolling restart that came back before the view dropped it): the
+    /// ring holds neither, so its keys are live here, handed over by that leave. As for
+    /// a joiner, they are handed to it before answering; otherwise it answered as owner
+    /// from its snapshot until this node's view took it in and handed them (a key at
+    /// 48 answered 27, then was joined back to 48: one admission above the limit). What
+    /// was handed to the leaver is not handed again: it handed its keys on itself. The
+    /// answer says it knew an earlier incarnation, so the member also asks those it
+    /// sees later (its first view may hold only its seed).
+    Rejoiner,
     /// A new member, or one back after the cluster dropped it: its keys come back by
     /// the ring's handoff; replicas pushed too would be merged on top and counted twice.
     Nothing,
@@ -244,6 +281,7 @@ impl Memory {
     pub fn restore_answer(&self, view: &ClusterView, node: &str, generation: u64) -> RestoreAnswer {
         match view.member(node) {
             None => RestoreAnswer::Joiner,
+            Some(m) if m.leaving && m.generation < generation => RestoreAnswer::Rejoiner,
             Some(m) if m.generation < generation || self.restarted_in_place(node, generation) => {
                 RestoreAnswer::Replicas
             }
@@ -333,6 +371,67 @@ mod tests {
         memory.served_restore("b", 2);
         let back = memory.view_changed("a", &without_b, &with_b2, 20);
         assert!(back.unpromoted.is_none());
+    }
+
+    #[test]
+    fn a_member_back_from_a_graceful_leave_the_view_still_holds_is_handed_its_keys() {
+        let memory = Memory::default();
+        let mut leaving = view_of(&[("a", 1), ("b", 1), ("c", 1)]);
+        leaving.members[1].leaving = true;
+        let leaving = ClusterView::from_members(leaving.members);
+        assert!(!leaving.ring.contains("b"), "a leaver owns nothing");
+        assert_eq!(
+            memory.restore_answer(&leaving, "b", 2),
+            RestoreAnswer::Rejoiner
+        );
+        let crashed = view_of(&[("a", 1), ("b", 1), ("c", 1)]);
+        assert_eq!(
+            memory.restore_answer(&crashed, "b", 2),
+            RestoreAnswer::Replicas
+        );
+        let gone = view_of(&[("a", 1), ("c", 1)]);
+        assert_eq!(memory.restore_answer(&gone, "b", 2), RestoreAnswer::Joiner);
+        let back = view_of(&[("a", 1), ("b", 2), ("c", 1)]);
+        assert_eq!(memory.restore_answer(&back, "b", 2), RestoreAnswer::Nothing);
+    }
+
+    /// A restarted member asks while this node's view does not hold it yet, and the
+    /// view change that takes it in comes while the replicas are on their way (a
+    /// loaded machine): one of the two hands them, whichever claims them first.
+    #[test]
+    fn a_restore_and_the_view_change_that_takes_its_member_in_hand_the_replicas_once() {
+        let with_b1 = view_of(&[("a", 1), ("b", 1), ("c", 1)]);
+        let without_b = view_of(&[("a", 1), ("c", 1)]);
+        let with_b2 = view_of(&[("a", 1), ("b", 2), ("c", 1)]);
+        let dropped = || {
+            let mut memory = Memory::default();
+            memory.first_view(&with_b1, 0);
+            memory.view_changed("a", &with_b1, &without_b, 10);
+            memory
+        };
+
+        // The restore claims first, its push in flight: the view change hands nothing.
+        let mut memory = dropped();
+        assert!(memory.claim_restore("b", 2));
+        let back = memory.view_changed("a", &without_b, &with_b2, 20);
+        assert!(back.unpromoted.is_none(), "the restore's push hands them");
+
+        // The push failed and gave the claim back before the view change: it hands them.
+        let mut memory = dropped();
+        assert!(memory.claim_restore("b", 2));
+        memory.release_restore("b", 2);
+        let back = memory.view_changed("a", &without_b, &with_b2, 20);
+        assert!(back.unpromoted.is_some());
+
+        // The view change first: a restore of the same incarnation claims nothing.
+        let mut memory = dropped();
+        let back = memory.view_changed("a", &without_b, &with_b2, 20);
+        assert!(back.unpromoted.is_some());
+        assert!(!memory.claim_restore("b", 2), "handed by the view change");
+        assert!(
+            memory.claim_restore("b", 3),
+            "a later incarnation is another"
+        );
     }
 
     #[test]

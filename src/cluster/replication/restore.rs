@@ -80,9 +80,11 @@ enum Phase {
 ///
 /// A member back after the cluster dropped it (or a new one) is not an earlier
 /// incarnation to anyone: a member whose view does not hold it yet hands it its keys
-/// there and then, before answering ([`super::RestoreAnswer::Joiner`]), and one whose
-/// view holds it has handed them over on the ring change already; so it does not
-/// answer as owner from empty while a key's count is on its way.
+/// there and then, before answering ([`super::RestoreAnswer::Joiner`]; so does one
+/// whose view holds only its earlier incarnation, leaving:
+/// [`super::RestoreAnswer::Rejoiner`]), and one whose view holds it has handed them
+/// over on the ring change already; so it does not answer as owner from empty (or
+/// from an older snapshot) while a key's count is on its way.
 #[derive(Debug)]
 pub struct Restoring {
     phase: Phase,

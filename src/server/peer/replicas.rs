@@ -103,11 +103,14 @@ impl PeerService {
         let answer = replicator.restore_answer(&view, &request.from_node, request.generation);
         let mut to = match answer {
             RestoreAnswer::Nothing => return Ok(RestoreResponse::default()),
-            RestoreAnswer::Joiner => {
+            RestoreAnswer::Joiner | RestoreAnswer::Rejoiner => {
                 let Some(joiner) = calls::restoring_member(&request) else {
                     return Err(Status::invalid_argument("restore: bad peer address"));
                 };
-                let (sent, installed) = replicator.hand_over_to_joiner(&view, &joiner).await;
+                let rejoining = answer == RestoreAnswer::Rejoiner;
+                let (sent, installed) = replicator
+                    .hand_over_to_joiner(&view, &joiner, rejoining)
+                    .await;
                 if sent > 0 {
                     tracing::info!(
                         node_id = %self.router.me().node_id,
@@ -117,10 +120,12 @@ impl PeerService {
                         "keys handed over to a restoring member this node's view does not hold yet"
                     );
                 }
+                // Back from a graceful leave, it is not new: other members hold its
+                // keys too, so it asks those it sees later as well (see `Restoring`).
                 return Ok(RestoreResponse {
                     sent,
                     installed,
-                    earlier: false,
+                    earlier: rejoining,
                 });
             }
             RestoreAnswer::Replicas => view

@@ -330,15 +330,17 @@ impl Node {
         let serve = self
             .memory
             .restore_answer(&view, &request.from_node, request.generation);
-        if serve == RestoreAnswer::Joiner {
+        if matches!(serve, RestoreAnswer::Joiner | RestoreAnswer::Rejoiner) {
             // `Replicator::hand_over_to_joiner`: a requester this view does not hold
-            // yet gets its keys handed over before the answer (first again those
-            // handed to an earlier incarnation of it).
+            // yet (or holds as its earlier incarnation, leaving) gets its keys handed
+            // over before the answer (a joiner first again those handed to an earlier
+            // incarnation of it).
             let mut states: Vec<Exported> = Vec::new();
             let mut out = Vec::new();
-            if self
-                .memory
-                .claim_hand_again(&request.from_node, request.generation)
+            if serve == RestoreAnswer::Joiner
+                && self
+                    .memory
+                    .claim_hand_again(&request.from_node, request.generation)
             {
                 let owners = replication::owner_with(
                     &view,
@@ -365,17 +367,23 @@ impl Node {
                         .map(|(_, s)| s),
                 );
             }
-            let pick = replication::joining_replicas(&self.id, &view, &request.from_node);
-            let mut unpromoted = 0;
-            for shard in &mut self.shards {
-                let replicas = shard.core.select_replicas(&pick);
-                unpromoted += replicas.len();
-                states.extend(replicas);
-            }
-            if unpromoted > 0 {
-                // The answer carries the installs: they are in if it arrives.
-                self.memory
-                    .served_restore(&request.from_node, request.generation);
+            // Claimed as the node claims them (the answer carries the installs: they
+            // are in if it arrives, so only an empty pick gives the claim back).
+            if self
+                .memory
+                .claim_restore(&request.from_node, request.generation)
+            {
+                let pick = replication::joining_replicas(&self.id, &view, &request.from_node);
+                let mut unpromoted = 0;
+                for shard in &mut self.shards {
+                    let replicas = shard.core.select_replicas(&pick);
+                    unpromoted += replicas.len();
+                    states.extend(replicas);
+                }
+                if unpromoted == 0 {
+                    self.memory
+                        .release_restore(&request.from_node, request.generation);
+                }
             }
             states.sort_by_key(|s| (s.id.placement, s.id.disc));
             self.stats.handed_over += states.len() as u64;
@@ -389,7 +397,7 @@ impl Node {
                 RestoreResponse {
                     sent: n,
                     installed: n,
-                    earlier: false,
+                    earlier: serve == RestoreAnswer::Rejoiner,
                 },
             ));
             return out;
