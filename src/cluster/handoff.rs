@@ -112,6 +112,9 @@ impl Handoff {
                 "member restarted: the keys it owned restart from empty (see docs/ownership.md)"
             );
         }
+        if let Some(view) = &step.hand_on {
+            self.push_away(view).await;
+        }
         let Some(ring) = step.ring else {
             return;
         };
@@ -283,6 +286,12 @@ pub struct ViewStep {
     pub restarts: Vec<(String, u64, u64)>,
     /// The ring changed.
     pub ring: Option<RingStep>,
+    /// A member restarted and the ring stayed: hand every key this view gives another
+    /// member on to it ([`Handoff::push_away`]). A member that answered a restore on a
+    /// view without the restarted member (out of it while it was down) handed the
+    /// restoring node keys the restarted member owns: held here, no ring change would
+    /// ever move them, and the restarted member answered for them from empty.
+    pub hand_on: Option<Arc<ClusterView>>,
 }
 
 /// A ring change, as the handoff sees it.
@@ -324,9 +333,14 @@ impl Watcher {
         if self.history.len() > HISTORY {
             self.history.pop_front();
         }
-        let ring =
-            (next.ring.digest() != current.ring.digest()).then(|| self.ring_step(&current, next));
-        ViewStep { restarts, ring }
+        let moved = next.ring.digest() != current.ring.digest();
+        let hand_on = (!moved && !restarts.is_empty()).then(|| next.clone());
+        let ring = moved.then(|| self.ring_step(&current, next));
+        ViewStep {
+            restarts,
+            ring,
+            hand_on,
+        }
     }
 
     fn ring_step(&self, old: &ClusterView, new: Arc<ClusterView>) -> RingStep {
@@ -586,6 +600,15 @@ mod tests {
         let step = a.next(Arc::new(ClusterView::from_members(b2)));
         assert_eq!(step.restarts, vec![("b".to_string(), 1, 7)]);
         assert!(step.ring.is_none());
+        assert!(
+            step.hand_on.is_some(),
+            "keys of b's handed here on a view without b go on to it"
+        );
+        let step = a.next(Arc::new(view(&["a", "b", "c"])));
+        assert!(
+            step.hand_on.is_none(),
+            "the ring moved: the ring step hands over"
+        );
     }
 
     #[test]

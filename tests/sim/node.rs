@@ -1173,13 +1173,24 @@ impl Node {
     /// `Handoff::apply`: if the ring moved anything away from this node (production's
     /// `Watcher` says), export it and push it to its new owners.
     fn view_changed(&mut self, step: handoff::ViewStep) -> Vec<Out> {
+        let mut out = Vec::new();
+        if let Some(view) = &step.hand_on {
+            // `Handoff::push_away`.
+            let new_owner = handoff::new_owners(view, self.id.clone());
+            let mut merged = Vec::new();
+            for shard in &mut self.shards {
+                let now = shard.clock.now_ms();
+                merged.extend(shard.core.export(now, |p| new_owner(p)));
+            }
+            out.extend(self.push(view, merged));
+        }
         let Some(handoff::RingStep {
             view,
             hand_over: Some(earlier),
             ..
         }) = step.ring
         else {
-            return Vec::new();
+            return out;
         };
         let new_owner = handoff::new_owners(&view, self.id.clone());
         let (mut merged, mut joined) = (Vec::new(), Vec::new());
@@ -1189,7 +1200,7 @@ impl Node {
             merged.extend(exports.merged);
             joined.extend(exports.joined);
         }
-        let mut out = self.push(&view, merged);
+        out.extend(self.push(&view, merged));
         out.extend(self.push_as(&view, joined, true));
         out
     }
