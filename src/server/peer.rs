@@ -425,17 +425,25 @@ impl Peer for PeerService {
         let total = request.states.len() as u64;
         let vetted = self.vet_states(request.states, &request.from_node, "handed-over")?;
         let refused = vetted.refused_total();
-        let from_leaver = self
-            .router
-            .view()
-            .member(&request.from_node)
-            .is_some_and(|m| m.leaving);
-        let installed = self
-            .router
-            .shards()
-            .install(vetted.items, request.joined, from_leaver)
-            .await
-            .map_err(CheckError::from)? as u64;
+        // States of keys the sender held as its own until now: it leaves, or this
+        // node's view still gives it the key (the sender's view moved the key here
+        // first). See `ShardCore::install`.
+        let view = self.router.view();
+        let leaving = view.member(&request.from_node).is_some_and(|m| m.leaving);
+        let (held, other): (Vec<_>, Vec<_>) = vetted.items.into_iter().partition(|(item, _)| {
+            leaving || view.ring.owner_of_hash(item.id.placement) == Some(&*request.from_node)
+        });
+        let mut installed = 0;
+        for (items, from_holder) in [(held, true), (other, false)] {
+            if !items.is_empty() {
+                installed += self
+                    .router
+                    .shards()
+                    .install(items, request.joined, from_holder)
+                    .await
+                    .map_err(CheckError::from)? as u64;
+            }
+        }
         self.installed.increment(installed);
         tracing::info!(
             node_id = %self.router.me().node_id,

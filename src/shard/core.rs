@@ -227,16 +227,18 @@ impl ShardCore {
     /// `joined`: states started from this node's own replicas, see
     /// [`ShardCore::export_back`]); returns how many.
     ///
-    /// `from_leaver`: the sender is leaving (its handoff). A key this node promoted from
-    /// a replica meanwhile (its view dropped the leaver first, and a check came before
-    /// the leaver's replicas were dropped) holds that leaver's count up to its last
-    /// replica: the first state of it from the leaver is joined, not added, which
-    /// counted it twice (a key at 65 of 100 denied from there on).
+    /// `from_holder`: the sender held these keys as its own until now (it leaves, or
+    /// this node's view still gives them to it). A key this node promoted from a replica
+    /// meanwhile (a check forwarded here by a node whose view had moved it, before the
+    /// holder's handoff came and before this node dropped the holder's replicas) holds
+    /// the holder's count up to its last replica: the first state of it from the holder
+    /// is joined, not added, which counted it twice (a key at 65 of 100 denied from there
+    /// on).
     pub fn install(
         &mut self,
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
-        from_leaver: bool,
+        from_holder: bool,
         now: Millis,
     ) -> usize {
         let mut installed = 0;
@@ -246,7 +248,7 @@ impl ShardCore {
             let id = item.id;
             let joined = joined
                 || self.loaded_from_snapshot(id, now)
-                || (from_leaver && self.replicas.join_promoted(id));
+                || (from_holder && self.replicas.join_promoted(id));
             let trace = tracing::enabled!(target: INSTALL_TRACE, tracing::Level::DEBUG);
             let before = trace.then(|| self.store.snapshot(id).map(|e| e.state));
             let incoming = trace.then(|| item.state.clone());

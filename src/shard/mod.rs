@@ -272,7 +272,7 @@ enum Command {
     Install {
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
-        from_leaver: bool,
+        from_holder: bool,
         reply: oneshot::Sender<usize>,
     },
     Counters {
@@ -607,14 +607,14 @@ impl Shards {
     }
 
     /// Install handed-over state, each item with the local rule it belongs to, merged
-    /// with what a shard holds (joined with it when `joined`, and some from a leaving
-    /// sender, `from_leaver`: see [`ShardCore::install`]). Returns how many were
-    /// installed.
+    /// with what a shard holds (joined with it when `joined`, and some from the sender
+    /// that held them, `from_holder`: see [`ShardCore::install`]). Returns how many
+    /// were installed.
     pub async fn install(
         &self,
         items: Vec<(Exported, Arc<Rule>)>,
         joined: bool,
-        from_leaver: bool,
+        from_holder: bool,
     ) -> Result<usize, ShardError> {
         let mut groups: Vec<Vec<(Exported, Arc<Rule>)>> = vec![Vec::new(); self.len()];
         for item in items {
@@ -631,7 +631,7 @@ impl Shards {
                 .send(Command::Install {
                     items,
                     joined,
-                    from_leaver,
+                    from_holder,
                     reply,
                 })
                 .await
@@ -880,10 +880,10 @@ impl Actor {
             Command::Install {
                 items,
                 joined,
-                from_leaver,
+                from_holder,
                 reply,
             } => {
-                let installed = self.core.install(items, joined, from_leaver, now);
+                let installed = self.core.install(items, joined, from_holder, now);
                 self.metrics.keys.set(self.core.store().len() as f64);
                 let _ = reply.send(installed);
             }

@@ -1132,16 +1132,19 @@ impl Node {
         let mut installed = 0;
         let joined = request.joined;
         // As `PeerService::install`.
-        let from_leaver = self
+        let leaving = self
             .view
             .member(&request.from_node)
             .is_some_and(|m| m.leaving);
+        let from = request.from_node.clone();
         for (item, rule) in self.vet(request) {
+            let from_holder =
+                leaving || self.view.ring.owner_of_hash(item.id.placement) == Some(&*from);
             let shard = &mut self.shards[Self::shard_of(item.id.placement)];
             let now = shard.clock.now_ms();
             installed += shard
                 .core
-                .install(vec![(item, rule)], joined, from_leaver, now)
+                .install(vec![(item, rule)], joined, from_holder, now)
                 as u64;
         }
         installed
