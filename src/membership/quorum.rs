@@ -124,6 +124,9 @@ pub struct Quorum {
     /// When [`Quorum::tick`] last ran: a gap of F or more means this process stood
     /// still (a pause, a stall), and its majority is counted as broken.
     last_tick: Option<u64>,
+    /// The owners' ring of the last fence, and the members it was built of: built
+    /// again only when they change (every tick reads it).
+    owners: Option<(Vec<String>, Arc<Ring>)>,
 }
 
 impl Quorum {
@@ -145,6 +148,7 @@ impl Quorum {
             broke: false,
             leaving: std::collections::BTreeSet::new(),
             last_tick: None,
+            owners: None,
         }
     }
 
@@ -290,7 +294,7 @@ impl Quorum {
     }
 
     /// What this node may decide, as of `now`, for a view of `members` (node ids).
-    pub fn fence<'a>(&self, members: impl IntoIterator<Item = &'a str>, now: u64) -> Fence {
+    pub fn fence<'a>(&mut self, members: impl IntoIterator<Item = &'a str>, now: u64) -> Fence {
         let lease = match (self.basis, self.majority_since) {
             (Some(basis), Some(since)) => self.majority_until(basis).map(|until| {
                 // A cluster of one has nobody to wait for after a break.
@@ -313,9 +317,20 @@ impl Quorum {
         }
         owners.sort_unstable();
         owners.dedup();
+        let ring = match &self.owners {
+            Some((ids, ring)) if ids.iter().map(String::as_str).eq(owners.iter().copied()) => {
+                ring.clone()
+            }
+            _ => {
+                let ring = Arc::new(Ring::new(owners.iter().copied(), Ring::DEFAULT_VNODES));
+                let ids = owners.iter().map(|id| id.to_string()).collect();
+                self.owners = Some((ids, ring.clone()));
+                ring
+            }
+        };
         Fence {
             lease,
-            owners: Some(Arc::new(Ring::new(owners, Ring::DEFAULT_VNODES))),
+            owners: Some(ring),
             me: self.me.clone(),
             basis: self.basis,
         }
@@ -459,11 +474,11 @@ mod tests {
     #[test]
     fn the_lease_lasts_quorum_silence_after_the_majoritys_last_heartbeat_and_starts_after_the_hold()
     {
-        let q = heard_all(Some(3), &["b", "c"], 1_000);
+        let mut q = heard_all(Some(3), &["b", "c"], 1_000);
         let fence = q.fence(members(&["a", "b", "c"]), 1_000);
         // Held since 1,000: decided from 1,000 + the join hold, until 1,000 + F.
         assert!(!fence.holds_majority(1_000), "the join hold comes first");
-        let q = {
+        let mut q = {
             let mut q = q;
             for t in (1_100..=2_600).step_by(100) {
                 q.heartbeats([("b", 1, t), ("c", 1, t)], t);
