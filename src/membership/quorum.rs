@@ -35,8 +35,9 @@
 //! node restarted alone, with all its peers down, stays fenced). Otherwise the largest
 //! view this node has held: a member that leaves or dies still counts until the smaller
 //! view has been unchanged for [`FenceConfig::shrink_after_ms`] *while this node holds
-//! a majority of the larger one*. A side cut off into a minority can never shrink its
-//! basis, so it never becomes a majority of itself. A node started without seeds
+//! a majority of the larger one*, and the smaller view is itself a majority of it. A
+//! side cut off into a minority can never shrink its basis, so it never becomes a
+//! majority of itself. A node started without seeds
 //! founds a cluster of 1; one with seeds knows nothing until it sees another member, or
 //! until its single-member view has been unchanged for the shrink delay.
 
@@ -252,8 +253,13 @@ impl Quorum {
                 None if self.view >= 2 || stood => Some(self.view),
                 None => None,
                 Some(b) if self.view > b => Some(self.view),
+                // The smaller view must itself be a majority of the larger: heartbeats
+                // run ahead of the view, so a cut-off node hears the majority again at
+                // the heal while its view still holds itself alone, and counted of
+                // that view it was a majority of one.
                 Some(b)
                     if self.view < b
+                        && self.view * 2 > b
                         && stood
                         && self.majority_until(b).is_some_and(|until| now < until) =>
                 {
@@ -693,6 +699,29 @@ mod tests {
                 "at {t}"
             );
         }
+    }
+
+    #[test]
+    fn a_node_cut_off_alone_does_not_shrink_to_itself_when_it_hears_the_others_at_the_heal() {
+        let others = ["b", "c", "d", "e", "f"];
+        let mut q = Quorum::new(config(None), "a", 0);
+        for t in (100..=2_000).step_by(100) {
+            q.heartbeats(others.iter().map(|o| (*o, 1, t)), t);
+            q.view(6, [], t);
+            q.tick(t);
+        }
+        assert_eq!(q.basis, Some(6));
+        // Cut off at 2,000: its view drops everyone and stands alone for 6 s.
+        for t in (2_100..=8_000).step_by(100) {
+            q.heartbeats(others.iter().map(|o| (*o, 1, 2_000)), t);
+            q.view(1, [], t);
+            q.tick(t);
+        }
+        // Healed: the heartbeats come back before the view does.
+        q.heartbeats(others.iter().map(|o| (*o, 1, 8_100)), 8_100);
+        q.tick(8_100);
+        assert_eq!(q.basis, Some(6), "a view of one is no majority of six");
+        assert!(!q.fence(members(&["a"]), 8_100).holds_majority(8_100));
     }
 
     #[test]
